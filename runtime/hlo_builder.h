@@ -1,0 +1,119 @@
+// The StableHLO builder: appends ops to one function and prints the module as text.
+// Emitters (generated from specs) call its primitives and return Values, so one lowering
+// serves a one-op eager module and a whole graph alike. Knows no torch and no op spec.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "element_type.h"
+
+namespace torchtpu::rt {
+
+struct Value {
+  int id = -1;
+  TensorType type;
+  const std::vector<int64_t>& dims() const { return type.dims; }
+  ElementType element() const { return type.element; }
+  int rank() const { return type.rank(); }
+};
+
+// Where a view's elements lie in the flat storage (PyTorch's sizes/strides/offset).
+struct ViewGeometry {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t offset = 0;
+};
+
+class Builder {
+ public:
+  Value parameter(const TensorType& type);
+  int num_parameters() const { return static_cast<int>(parameters_.size()); }
+
+  // Constants. A value is stored exactly for ints/bools; floats go through their bit pattern.
+  Value constant(double value, ElementType element);
+  Value constant_int(int64_t value, ElementType element);
+  Value scalar_like(double value, const Value& like) { return constant(value, like.element()); }
+  Value full(double value, const TensorType& type);
+
+  // Structure.
+  Value convert(const Value& v, ElementType element);
+  Value broadcast_in_dim(const Value& v, const std::vector<int64_t>& dims, const std::vector<int64_t>& mapping);
+  Value broadcast_to(const Value& v, const std::vector<int64_t>& dims);  // numpy rules, trailing alignment
+  Value reshape(const Value& v, const std::vector<int64_t>& dims);
+  Value transpose(const Value& v, const std::vector<int64_t>& permutation);
+  Value slice(const Value& v, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+              const std::vector<int64_t>& strides);
+  Value concatenate(const std::vector<Value>& values, int64_t dim);
+  Value iota(const TensorType& type, int64_t dim);
+
+  // Elementwise (both operands broadcast to a common shape; element types must agree).
+  Value binary(const char* op, const Value& a, const Value& b);
+  Value unary(const char* op, const Value& v);
+  Value compare(const char* direction, const Value& a, const Value& b);  // EQ NE LT LE GT GE
+  Value select(const Value& pred, const Value& on_true, const Value& on_false);
+
+  // Contractions and reductions.
+  Value dot_general(const Value& a, const Value& b, const std::vector<int64_t>& lhs_batch,
+                    const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                    const std::vector<int64_t>& rhs_contract);
+  // `combiner` is a binary elementwise op name (add, multiply, maximum, minimum, and, or).
+  Value reduce(const Value& v, const std::vector<int64_t>& dims, const char* combiner, double init);
+
+  // Flat (1-D) element access at computed indices: the general strided view.
+  Value gather_flat(const Value& flat, const Value& indices);
+  Value scatter_flat(const Value& flat, const Value& indices, const Value& updates);
+
+  // --- Primitives that spec lowerings name (specs/*.yaml) ---
+  Value add(const Value& a, const Value& b) { return binary("add", a, b); }
+  Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
+  Value mul(const Value& a, const Value& b) { return binary("multiply", a, b); }
+  Value div(const Value& a, const Value& b) { return binary("divide", a, b); }
+  Value maximum(const Value& a, const Value& b) { return binary("maximum", a, b); }
+  Value minimum(const Value& a, const Value& b) { return binary("minimum", a, b); }
+  Value neg(const Value& v) { return unary("negate", v); }
+  Value exp(const Value& v) { return unary("exponential", v); }
+  Value log(const Value& v) { return unary("log", v); }
+  Value sqrt(const Value& v) { return unary("sqrt", v); }
+  Value eq(const Value& a, const Value& b) { return compare("EQ", a, b); }
+  Value ne(const Value& a, const Value& b) { return compare("NE", a, b); }
+  Value lt(const Value& a, const Value& b) { return compare("LT", a, b); }
+  Value le(const Value& a, const Value& b) { return compare("LE", a, b); }
+  Value gt(const Value& a, const Value& b) { return compare("GT", a, b); }
+  Value ge(const Value& a, const Value& b) { return compare("GE", a, b); }
+  Value where(const Value& pred, const Value& a, const Value& b) { return select(pred, a, b); }
+  Value relu(const Value& v) { return maximum(v, scalar_like(0, v)); }
+  Value matmul(const Value& a, const Value& b);  // 2-D x 2-D
+  // PyTorch reduction conventions: `dims` may be negative; empty = all dims.
+  Value sum(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  Value mean(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  Value cat(const std::vector<Value>& values, int64_t dim);  // skips PyTorch's legacy empty 1-D inputs
+  Value broadcast_like(const Value& v, const Value& like) { return broadcast_to(v, like.dims()); }
+  Value fill(const Value& value, const Value& like) { return broadcast_like(value, like); }
+  Value identity(const Value& v) { return v; }
+
+  // --- Views of a storage (the storage model) ---
+  // Reads the elements a view sees from `storage` (any shape; row-major order).
+  Value read_view(const Value& storage, const ViewGeometry& view);
+  // Returns the new storage contents after writing `value` through `view`. `storage` is the old
+  // contents, or nullptr where nothing needs to be kept (a fresh or lazy storage).
+  Value write_view(const Value* storage, const TensorType& storage_type, const Value& value,
+                   const ViewGeometry& view);
+
+  // Prints the module whose function returns `results`.
+  std::string finish(const std::vector<Value>& results) const;
+
+ private:
+  Value emit(const std::string& op_and_operands, const TensorType& result_type);
+  std::string name(const Value& v) const;
+  Value flat(const Value& v);
+  Value view_indices(const ViewGeometry& view);
+  std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;
+
+  std::vector<Value> parameters_;
+  std::string body_;
+  int next_id_ = 0;
+};
+
+}  // namespace torchtpu::rt

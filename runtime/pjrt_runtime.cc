@@ -1,0 +1,391 @@
+#include "pjrt_runtime.h"
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "compile_cache.h"
+#include "pjrt_c_api.h"
+
+namespace torchtpu::rt {
+namespace {
+
+// Zeroed args struct with its size set: the contract that lets one client run on
+// plugins of older and newer API minor versions.
+template <typename T>
+T make_args(size_t struct_size) {
+  T args;
+  std::memset(&args, 0, sizeof args);
+  args.struct_size = struct_size;
+  return args;
+}
+#define PJRT_ARGS(type) make_args<type>(type##_STRUCT_SIZE)
+
+// A serialized xla.CompileOptionsProto: executable_build_options {num_replicas: 1, num_partitions: 1}
+// plus compile_portable_executable: true, so one executable runs on any device we name at execute time.
+const std::string kCompileOptions("\x1a\x04\x20\x01\x28\x01\x20\x01", 8);
+
+PJRT_Buffer_Type to_pjrt(ElementType t) {
+  switch (t) {
+    case ElementType::Pred: return PJRT_Buffer_Type_PRED;
+    case ElementType::S8: return PJRT_Buffer_Type_S8;
+    case ElementType::S16: return PJRT_Buffer_Type_S16;
+    case ElementType::S32: return PJRT_Buffer_Type_S32;
+    case ElementType::S64: return PJRT_Buffer_Type_S64;
+    case ElementType::U8: return PJRT_Buffer_Type_U8;
+    case ElementType::U16: return PJRT_Buffer_Type_U16;
+    case ElementType::U32: return PJRT_Buffer_Type_U32;
+    case ElementType::U64: return PJRT_Buffer_Type_U64;
+    case ElementType::F16: return PJRT_Buffer_Type_F16;
+    case ElementType::BF16: return PJRT_Buffer_Type_BF16;
+    case ElementType::F32: return PJRT_Buffer_Type_F32;
+    case ElementType::F64: return PJRT_Buffer_Type_F64;
+  }
+  return PJRT_Buffer_Type_INVALID;
+}
+
+Runtime* g_runtime = nullptr;
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// DeviceBuffer / Executable
+
+DeviceBuffer::DeviceBuffer(Runtime* runtime, PJRT_Buffer* buffer, ElementType type, std::vector<int64_t> dims,
+                           int device)
+    : runtime_(runtime), buffer_(buffer), type_(type), dims_(std::move(dims)), device_(device) {
+  auto& m = runtime_->metrics();
+  m.live_buffers++;
+  const int64_t live = m.live_bytes += nbytes();
+  int64_t peak = m.peak_live_bytes.load();
+  while (live > peak && !m.peak_live_bytes.compare_exchange_weak(peak, live)) {
+  }
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  args.buffer = buffer_;
+  PJRT_Error* error = runtime_->api()->PJRT_Buffer_Destroy(&args);
+  if (error) {
+    auto destroy = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    destroy.error = error;
+    runtime_->api()->PJRT_Error_Destroy(&destroy);
+  }
+  runtime_->note_buffer_freed(nbytes());
+}
+
+int64_t DeviceBuffer::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims_) n *= d;
+  return n;
+}
+
+Executable::~Executable() {
+  if (loaded && runtime) {
+    auto args = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
+    args.executable = loaded;
+    runtime->check(runtime->api()->PJRT_LoadedExecutable_Destroy(&args), "destroying an executable");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime
+
+void Runtime::check(PJRT_Error* error, const char* what) {
+  if (!error) return;
+  auto message = PJRT_ARGS(PJRT_Error_Message_Args);
+  message.error = error;
+  api_->PJRT_Error_Message(&message);
+  std::string text(message.message, message.message_size);
+  auto destroy = PJRT_ARGS(PJRT_Error_Destroy_Args);
+  destroy.error = error;
+  api_->PJRT_Error_Destroy(&destroy);
+  throw RuntimeError(std::string("torchtpu: PJRT error while ") + what + ": " + text);
+}
+
+void Runtime::note_buffer_freed(int64_t nbytes) {
+  metrics_.live_buffers--;
+  metrics_.live_bytes -= nbytes;
+}
+
+Runtime::Runtime(const std::string& plugin_path, const std::string& cache_dir)
+    : plugin_path_(plugin_path), cache_(std::make_unique<CompileCache>(cache_dir)) {
+  library_ = dlopen(plugin_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!library_) {
+    throw RuntimeError("torchtpu: cannot load the PJRT plugin '" + plugin_path + "': " + dlerror() +
+                       " (choose one with TORCHTPU_PJRT_PLUGIN=cpu|tpu|cuda|<path to a PJRT plugin .so>)");
+  }
+  using GetApi = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetApi>(dlsym(library_, "GetPjrtApi"));
+  if (!get_api) {
+    throw RuntimeError("torchtpu: '" + plugin_path + "' exports no GetPjrtApi: it is not a PJRT plugin " +
+                       "(set TORCHTPU_PJRT_PLUGIN to a PJRT plugin)");
+  }
+  api_ = get_api();
+  api_major_ = api_->pjrt_api_version.major_version;
+  api_minor_ = api_->pjrt_api_version.minor_version;
+  if (api_major_ != PJRT_API_MAJOR) {
+    throw RuntimeError("torchtpu: the PJRT plugin '" + plugin_path + "' speaks PJRT C API " +
+                       std::to_string(api_major_) + "." + std::to_string(api_minor_) + ", this build speaks " +
+                       std::to_string(PJRT_API_MAJOR) + ".x");
+  }
+  auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+  check(api_->PJRT_Plugin_Initialize(&init), "initializing the plugin");
+
+  auto create = PJRT_ARGS(PJRT_Client_Create_Args);
+  check(api_->PJRT_Client_Create(&create), "creating the client");
+  client_ = create.client;
+
+  auto devices = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  devices.client = client_;
+  check(api_->PJRT_Client_AddressableDevices(&devices), "listing devices");
+  devices_.assign(devices.addressable_devices, devices.addressable_devices + devices.num_addressable_devices);
+
+  auto name = PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  name.client = client_;
+  check(api_->PJRT_Client_PlatformName(&name), "reading the platform name");
+  platform_name_.assign(name.platform_name, name.platform_name_size);
+  auto version = PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
+  version.client = client_;
+  check(api_->PJRT_Client_PlatformVersion(&version), "reading the platform version");
+  platform_version_.assign(version.platform_version, version.platform_version_size);
+}
+
+Runtime::~Runtime() {
+  if (client_) {
+    auto args = PJRT_ARGS(PJRT_Client_Destroy_Args);
+    args.client = client_;
+    PJRT_Error* error = api_->PJRT_Client_Destroy(&args);
+    if (error) {
+      auto destroy = PJRT_ARGS(PJRT_Error_Destroy_Args);
+      destroy.error = error;
+      api_->PJRT_Error_Destroy(&destroy);
+    }
+  }
+  // The library stays loaded: plugins commonly leave threads and atexit hooks behind.
+}
+
+Runtime& Runtime::get() {
+  if (!g_runtime) throw RuntimeError("torchtpu: the PJRT runtime is not initialized");
+  return *g_runtime;
+}
+
+Runtime* Runtime::get_if_installed() { return g_runtime; }
+
+void Runtime::install(std::unique_ptr<Runtime> runtime) {
+  // Deliberately leaked at exit: tensors may outlive any static destructor order.
+  g_runtime = runtime.release();
+}
+
+std::string Runtime::device_kind(int device) const {
+  auto desc = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  desc.device = devices_.at(device);
+  const_cast<Runtime*>(this)->check(api_->PJRT_Device_GetDescription(&desc), "describing a device");
+  auto kind = PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+  kind.device_description = desc.device_description;
+  const_cast<Runtime*>(this)->check(api_->PJRT_DeviceDescription_Kind(&kind), "reading a device kind");
+  return std::string(kind.device_kind, kind.device_kind_size);
+}
+
+const std::string& Runtime::identity() {
+  if (identity_.empty()) {
+    identity_ = "plugin=" + file_digest(plugin_path_) + ";api=" + std::to_string(api_major_) + "." +
+                std::to_string(api_minor_) + ";platform=" + platform_name_ + " " + platform_version_;
+  }
+  return identity_;
+}
+
+BufferPtr Runtime::to_device(const void* data, ElementType type, const std::vector<int64_t>& dims, int device) {
+  auto args = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  args.client = client_;
+  args.data = data;
+  args.type = to_pjrt(type);
+  args.dims = dims.data();
+  args.num_dims = dims.size();
+  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  args.device = devices_.at(device);
+  check(api_->PJRT_Client_BufferFromHostBuffer(&args), "copying to the device");
+  if (args.done_with_host_buffer) {
+    auto await = PJRT_ARGS(PJRT_Event_Await_Args);
+    await.event = args.done_with_host_buffer;
+    PJRT_Error* error = api_->PJRT_Event_Await(&await);
+    auto destroy = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    destroy.event = args.done_with_host_buffer;
+    api_->PJRT_Event_Destroy(&destroy);
+    check(error, "copying to the device");
+  }
+  auto buffer = std::make_shared<DeviceBuffer>(this, args.buffer, type, dims, device);
+  metrics_.bytes_to_device += buffer->nbytes();
+  return buffer;
+}
+
+void Runtime::to_host(const DeviceBuffer& buffer, void* dst, size_t nbytes) {
+  if (nbytes == 0) return;
+  auto args = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  args.src = buffer.raw();
+  args.dst = dst;
+  args.dst_size = nbytes;
+  check(api_->PJRT_Buffer_ToHostBuffer(&args), "copying to the host");
+  if (args.event) {
+    auto await = PJRT_ARGS(PJRT_Event_Await_Args);
+    await.event = args.event;
+    PJRT_Error* error = api_->PJRT_Event_Await(&await);
+    auto destroy = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    destroy.event = args.event;
+    api_->PJRT_Event_Destroy(&destroy);
+    check(error, "copying to the host");
+  }
+  metrics_.bytes_to_host += static_cast<int64_t>(nbytes);
+}
+
+ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector<TensorType>& output_types) {
+  // Everything a serialized executable depends on; stored in the entry and compared on load.
+  const std::string key_material = identity() + "\noptions=" + hex_digest(kCompileOptions) + "\n" + module_text;
+  std::string blob;
+  switch (cache_->load(key_material, &blob)) {
+    case CompileCache::LoadResult::Hit:
+      try {
+        auto exe = load_serialized(blob, output_types);
+        metrics_.disk_cache_hits++;
+        return exe;
+      } catch (const RuntimeError&) {
+        // The plugin refused the blob: drop it and compile afresh.
+        std::remove(cache_->entry_path(key_material).c_str());
+        metrics_.disk_cache_rejected++;
+      }
+      break;
+    case CompileCache::LoadResult::Rejected:
+      metrics_.disk_cache_rejected++;
+      break;
+    case CompileCache::LoadResult::Missing:
+      break;
+  }
+  auto exe = compile_uncached(module_text, output_types);
+  if (cache_->enabled()) {
+    if (cache_->store(key_material, serialize(*exe))) metrics_.disk_cache_writes++;
+  }
+  return exe;
+}
+
+ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
+                                        const std::vector<TensorType>& output_types) {
+  const auto start = std::chrono::steady_clock::now();
+  auto program = PJRT_ARGS(PJRT_Program);
+  std::string code = module_text;
+  program.code = code.data();
+  program.code_size = code.size();
+  program.format = "mlir";
+  program.format_size = 4;
+  auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
+  args.client = client_;
+  args.program = &program;
+  args.compile_options = kCompileOptions.data();
+  args.compile_options_size = kCompileOptions.size();
+  PJRT_Error* error = api_->PJRT_Client_Compile(&args);
+  if (error) {
+    try {
+      check(error, "compiling");
+    } catch (const RuntimeError& e) {
+      throw RuntimeError(std::string(e.what()) + "\nmodule:\n" + module_text);
+    }
+  }
+  auto exe = std::make_shared<Executable>();
+  exe->loaded = args.executable;
+  exe->runtime = this;
+  exe->output_types = output_types;
+  exe->num_outputs = output_types.size();
+  metrics_.compiles++;
+  metrics_.compile_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  return exe;
+}
+
+std::string Runtime::serialize(const Executable& exe) {
+  auto get = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = exe.loaded;
+  check(api_->PJRT_LoadedExecutable_GetExecutable(&get), "reading an executable");
+  auto args = PJRT_ARGS(PJRT_Executable_Serialize_Args);
+  args.executable = get.executable;
+  PJRT_Error* error = api_->PJRT_Executable_Serialize(&args);
+  auto destroy = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  destroy.executable = get.executable;
+  api_->PJRT_Executable_Destroy(&destroy);
+  check(error, "serializing an executable");
+  std::string blob(args.serialized_bytes, args.serialized_bytes_size);
+  if (args.serialized_executable_deleter) args.serialized_executable_deleter(args.serialized_executable);
+  return blob;
+}
+
+ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vector<TensorType>& output_types) {
+  auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  args.client = client_;
+  args.serialized_executable = blob.data();
+  args.serialized_executable_size = blob.size();
+  check(api_->PJRT_Executable_DeserializeAndLoad(&args), "loading a cached executable");
+  auto exe = std::make_shared<Executable>();
+  exe->loaded = args.loaded_executable;
+  exe->runtime = this;
+  exe->output_types = output_types;
+  exe->num_outputs = output_types.size();
+  return exe;
+}
+
+std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args_in,
+                                        int device) {
+  auto options = PJRT_ARGS(PJRT_ExecuteOptions);
+  // Inputs are storages other tensors still read: never let the plugin donate them.
+  std::vector<int64_t> keep(args_in.size());
+  for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
+  options.non_donatable_input_indices = keep.data();
+  options.num_non_donatable_input_indices = keep.size();
+
+  std::vector<PJRT_Buffer*> outputs(exe.num_outputs, nullptr);
+  PJRT_Buffer* const* arg_list = args_in.data();
+  PJRT_Buffer** output_list = outputs.data();
+  auto args = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  args.executable = exe.loaded;
+  args.options = &options;
+  args.argument_lists = &arg_list;
+  args.num_devices = 1;
+  args.num_args = args_in.size();
+  args.output_lists = &output_list;
+  args.execute_device = devices_.at(device);
+  check(api_->PJRT_LoadedExecutable_Execute(&args), "executing");
+  metrics_.executions++;
+
+  std::vector<BufferPtr> result;
+  result.reserve(outputs.size());
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  if (pending_.size() > 4096) pending_.clear();  // only the newest work matters to synchronize()
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    result.push_back(std::make_shared<DeviceBuffer>(this, outputs[i], exe.output_types[i].element,
+                                                    exe.output_types[i].dims, device));
+    pending_.push_back(result.back());
+  }
+  return result;
+}
+
+void Runtime::synchronize() {
+  std::vector<std::weak_ptr<DeviceBuffer>> pending;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    pending.swap(pending_);
+  }
+  for (auto& weak : pending) {
+    auto buffer = weak.lock();
+    if (!buffer) continue;
+    auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+    ready.buffer = buffer->raw();
+    check(api_->PJRT_Buffer_ReadyEvent(&ready), "waiting for the device");
+    auto await = PJRT_ARGS(PJRT_Event_Await_Args);
+    await.event = ready.event;
+    PJRT_Error* error = api_->PJRT_Event_Await(&await);
+    auto destroy = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    destroy.event = ready.event;
+    api_->PJRT_Event_Destroy(&destroy);
+    check(error, "waiting for the device");
+  }
+}
+
+}  // namespace torchtpu::rt

@@ -1,0 +1,148 @@
+// The PJRT runtime: loads one PJRT C API plugin, owns its client and devices,
+// moves buffers, compiles StableHLO text (through the compile cache) and executes.
+// Knows no torch and no particular op.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "element_type.h"
+
+struct PJRT_Api;
+struct PJRT_Client;
+struct PJRT_Device;
+struct PJRT_Buffer;
+struct PJRT_LoadedExecutable;
+struct PJRT_Error;
+
+namespace torchtpu::rt {
+
+// Every failure of the runtime surfaces as this exception (never a crash).
+class RuntimeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Runtime;
+
+// One device buffer. Destroyed (and uncounted) when the last owner lets go.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Runtime* runtime, PJRT_Buffer* buffer, ElementType type, std::vector<int64_t> dims, int device);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  PJRT_Buffer* raw() const { return buffer_; }
+  ElementType type() const { return type_; }
+  const std::vector<int64_t>& dims() const { return dims_; }
+  int device() const { return device_; }
+  int64_t numel() const;
+  int64_t nbytes() const { return numel() * element_size(type_); }
+
+ private:
+  Runtime* runtime_;
+  PJRT_Buffer* buffer_;
+  ElementType type_;
+  std::vector<int64_t> dims_;
+  int device_;
+};
+using BufferPtr = std::shared_ptr<DeviceBuffer>;
+
+// A loaded executable plus what we need to call it.
+struct Executable {
+  PJRT_LoadedExecutable* loaded = nullptr;
+  size_t num_outputs = 0;
+  std::vector<TensorType> output_types;
+  Runtime* runtime = nullptr;
+  ~Executable();
+};
+using ExecutablePtr = std::shared_ptr<Executable>;
+
+// Counters for tools and tests (bench, metrics_report, leak tests).
+struct Metrics {
+  std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> compiles{0};
+  std::atomic<int64_t> compile_ns{0};
+  std::atomic<int64_t> memory_cache_hits{0};
+  std::atomic<int64_t> disk_cache_hits{0};
+  std::atomic<int64_t> disk_cache_writes{0};
+  std::atomic<int64_t> disk_cache_rejected{0};
+  std::atomic<int64_t> bytes_to_device{0};
+  std::atomic<int64_t> bytes_to_host{0};
+  std::atomic<int64_t> live_buffers{0};
+  std::atomic<int64_t> live_bytes{0};
+  std::atomic<int64_t> peak_live_bytes{0};
+};
+
+class CompileCache;
+
+class Runtime {
+ public:
+  // Loads the plugin at `plugin_path` and creates a client. Throws RuntimeError naming the path.
+  // `cache_dir` empty = no persistent cache.
+  Runtime(const std::string& plugin_path, const std::string& cache_dir);
+  ~Runtime();
+
+  // The process-wide runtime (set by install()); throws if none was installed.
+  static Runtime& get();
+  static Runtime* get_if_installed();
+  static void install(std::unique_ptr<Runtime> runtime);
+
+  int device_count() const { return static_cast<int>(devices_.size()); }
+  const std::string& plugin_path() const { return plugin_path_; }
+  const std::string& platform_name() const { return platform_name_; }
+  const std::string& platform_version() const { return platform_version_; }
+  std::string device_kind(int device) const;
+  int api_major() const { return api_major_; }
+  int api_minor() const { return api_minor_; }
+  // Plugin file hash + API version + platform: what a serialized executable depends on.
+  const std::string& identity();
+
+  BufferPtr to_device(const void* data, ElementType type, const std::vector<int64_t>& dims, int device);
+  void to_host(const DeviceBuffer& buffer, void* dst, size_t nbytes);
+
+  // Compiles (or fetches from the two cache tiers) a StableHLO module in text form.
+  ExecutablePtr compile(const std::string& module_text, const std::vector<TensorType>& output_types);
+
+  // Enqueues an execution; returns the output buffers at once (they become ready later).
+  std::vector<BufferPtr> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args, int device);
+
+  // Waits for everything enqueued so far.
+  void synchronize();
+
+  Metrics& metrics() { return metrics_; }
+  CompileCache& cache() { return *cache_; }
+
+  // Internal plumbing shared with DeviceBuffer/Executable.
+  const PJRT_Api* api() const { return api_; }
+  void check(PJRT_Error* error, const char* what);
+  void note_buffer_freed(int64_t nbytes);
+
+ private:
+  ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types);
+  ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types);
+  std::string serialize(const Executable& exe);
+
+  std::string plugin_path_;
+  void* library_ = nullptr;
+  const PJRT_Api* api_ = nullptr;
+  PJRT_Client* client_ = nullptr;
+  std::vector<PJRT_Device*> devices_;
+  std::string platform_name_;
+  std::string platform_version_;
+  std::string identity_;
+  int api_major_ = 0;
+  int api_minor_ = 0;
+  Metrics metrics_;
+  std::unique_ptr<CompileCache> cache_;
+  std::mutex pending_mutex_;
+  std::vector<std::weak_ptr<DeviceBuffer>> pending_;  // outputs not yet awaited by synchronize()
+};
+
+}  // namespace torchtpu::rt
