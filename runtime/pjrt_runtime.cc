@@ -2,7 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "compile_cache.h"
@@ -239,7 +241,28 @@ void Runtime::to_host(const DeviceBuffer& buffer, void* dst, size_t nbytes) {
   metrics_.bytes_to_host += static_cast<int64_t>(nbytes);
 }
 
+void Runtime::clear_in_process_cache() {
+  std::lock_guard<std::mutex> lock(compiled_mutex_);
+  compiled_.clear();
+}
+
 ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector<TensorType>& output_types) {
+  {
+    std::lock_guard<std::mutex> lock(compiled_mutex_);
+    auto it = compiled_.find(module_text);
+    if (it != compiled_.end()) {
+      metrics_.memory_cache_hits++;
+      return it->second;
+    }
+  }
+  auto exe = compile_through_disk(module_text, output_types);
+  std::lock_guard<std::mutex> lock(compiled_mutex_);
+  compiled_.emplace(module_text, exe);
+  return exe;
+}
+
+ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
+                                            const std::vector<TensorType>& output_types) {
   // Everything a serialized executable depends on; stored in the entry and compared on load.
   const std::string key_material = identity() + "\noptions=" + hex_digest(kCompileOptions) + "\n" + module_text;
   std::string blob;
@@ -357,7 +380,11 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   std::vector<BufferPtr> result;
   result.reserve(outputs.size());
   std::lock_guard<std::mutex> lock(pending_mutex_);
-  if (pending_.size() > 4096) pending_.clear();  // only the newest work matters to synchronize()
+  if (pending_.size() > 4096) {
+    // Outputs already freed need no waiting; keep the list short.
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& w) { return w.expired(); }),
+                   pending_.end());
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     result.push_back(std::make_shared<DeviceBuffer>(this, outputs[i], exe.output_types[i].element,
                                                     exe.output_types[i].dims, device));

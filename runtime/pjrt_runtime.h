@@ -9,6 +9,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "element_type.h"
@@ -116,6 +117,9 @@ class Runtime {
   // Waits for everything enqueued so far.
   void synchronize();
 
+  // Drops the in-process tier (tests use it to prove the disk tier works).
+  void clear_in_process_cache();
+
   Metrics& metrics() { return metrics_; }
   CompileCache& cache() { return *cache_; }
 
@@ -125,6 +129,7 @@ class Runtime {
   void note_buffer_freed(int64_t nbytes);
 
  private:
+  ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types);
   ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types);
   ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types);
   std::string serialize(const Executable& exe);
@@ -141,6 +146,8 @@ class Runtime {
   int api_minor_ = 0;
   Metrics metrics_;
   std::unique_ptr<CompileCache> cache_;
+  std::mutex compiled_mutex_;
+  std::unordered_map<std::string, ExecutablePtr> compiled_;  // module text -> executable
   std::mutex pending_mutex_;
   std::vector<std::weak_ptr<DeviceBuffer>> pending_;  // outputs not yet awaited by synchronize()
 };

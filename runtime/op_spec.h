@@ -1,0 +1,83 @@
+// What codegen knows about one ATen overload, as a table the kernel machinery reads.
+// Torch-free, so the generated emitters compile in seconds.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "hlo_builder.h"
+
+namespace torchtpu {
+
+// How each schema argument takes part in the kernel.
+enum class ArgKind : uint8_t {
+  Tensor,      // read from its storage inside the executable (CPU 0-d tensors: a runtime scalar)
+  TensorList,  // each element as Tensor
+  Scalar,      // runtime value: a 0-d parameter, so new values reuse the executable
+  Attr,        // compile-time: part of the cache key and a constant in the module
+  Ignored,     // no effect on the computation (layout, pin_memory, non_blocking, ...)
+};
+
+enum class Variant : uint8_t { Functional, Inplace, Out };
+
+// The dtype the lowering computes in; results are converted to the output dtype afterwards.
+enum class Compute : uint8_t {
+  Output,       // the output's dtype (reductions, conversions, fill)
+  Common,       // torch.result_type of the promoted arguments (add, eq, where, ...)
+  CommonFloat,  // as Common, integers promoted to the default float dtype (div, exp, sqrt, ...)
+};
+
+// A schema argument as the emitter sees it.
+using EmitArg = std::variant<std::monostate, rt::Value, std::vector<rt::Value>, int64_t, double, bool,
+                             std::vector<int64_t>, std::string>;
+
+class EmitArgs {
+ public:
+  std::vector<EmitArg> args;
+
+  const rt::Value& value(int i) const { return get<rt::Value>(i, "a tensor or scalar"); }
+  const std::vector<rt::Value>& values(int i) const { return get<std::vector<rt::Value>>(i, "a tensor list"); }
+  int64_t integer(int i) const { return get<int64_t>(i, "an int"); }
+  double real(int i) const {
+    if (auto* v = std::get_if<int64_t>(&args.at(i))) return static_cast<double>(*v);
+    return get<double>(i, "a float");
+  }
+  bool boolean(int i) const { return get<bool>(i, "a bool"); }
+  // int[] arguments; None reads as empty (PyTorch's "all dims" for reductions).
+  std::vector<int64_t> ints(int i) const {
+    if (std::holds_alternative<std::monostate>(args.at(i))) return {};
+    if (auto* v = std::get_if<int64_t>(&args.at(i))) return {*v};
+    return get<std::vector<int64_t>>(i, "an int list");
+  }
+  const std::string& string(int i) const { return get<std::string>(i, "a string"); }
+  bool is_none(int i) const { return std::holds_alternative<std::monostate>(args.at(i)); }
+
+ private:
+  template <typename T>
+  const T& get(int i, const char* what) const {
+    if (auto* v = std::get_if<T>(&args.at(i))) return *v;
+    throw std::invalid_argument("torchtpu: argument " + std::to_string(i) + " is not " + what);
+  }
+};
+
+using Emitter = std::vector<rt::Value> (*)(rt::Builder&, const EmitArgs&);
+
+struct OpSpec {
+  const char* overload;  // e.g. "add.Tensor"
+  const char* source;    // "specs/elementwise.yaml:12": where errors point
+  Variant variant;
+  std::vector<ArgKind> args;       // one per schema argument
+  std::vector<int> promoted;       // arguments converted to the compute dtype
+  Compute compute;
+  int written_arg;                 // Inplace: self; Out: the out argument; else -1
+  std::vector<std::string> dtypes; // supported compute dtypes, torch names ("float32", ...)
+  Emitter emit;
+};
+
+// The generated table (generated/ops/emitters.cpp).
+const std::vector<OpSpec>& op_specs();
+
+}  // namespace torchtpu

@@ -1,0 +1,678 @@
+// The spec kernel (cache key -> executable + output metadata; on a miss: Meta pass, emission,
+// compile), host<->device copies, scalar reads, and the CPU fallback for ops without a spec.
+#include "torch_kernel.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/TypeProperties.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "torch_tpu.h"
+
+namespace torchtpu {
+namespace {
+
+// --- cache keys -------------------------------------------------------------------------------
+
+struct KeyWriter {
+  std::string s;
+  void tag(char c) { s.push_back(c); }
+  void i(int64_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void ints(c10::IntArrayRef v) {
+    i(static_cast<int64_t>(v.size()));
+    s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+  }
+  void str(const std::string& v) {
+    i(static_cast<int64_t>(v.size()));
+    s += v;
+  }
+};
+
+bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+bool is_cpu_scalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }
+
+void key_tensor(KeyWriter& k, const at::Tensor& t, int& device) {
+  if (!t.defined()) return k.tag('N');
+  if (is_cpu_scalar(t)) {
+    k.tag('S');
+    k.i(static_cast<int64_t>(t.scalar_type()));
+    return;
+  }
+  TORCH_CHECK(is_tpu(t), "Expected all tensors to be on the same device, but found at least two devices, tpu:",
+              device < 0 ? 0 : device, " and ", t.device(), "!");
+  if (device < 0) device = t.device().index();
+  TORCH_CHECK(t.device().index() == device,
+              "Expected all tensors to be on the same device, but found at least two devices, tpu:", device,
+              " and ", t.device(), "!");
+  k.tag('T');
+  k.i(static_cast<int64_t>(t.scalar_type()));
+  k.ints(t.sizes());
+  k.ints(t.strides());
+  k.i(t.storage_offset());
+  const TpuStorage& s = storage_of(t);
+  if (s.buffer) {
+    TORCH_CHECK_NOT_IMPLEMENTED(s.buffer->type() == element_type(t.scalar_type()),
+                                "torchtpu: a ", t.scalar_type(), " view of a storage holding ",
+                                scalar_type(s.buffer->type()), " elements is not supported yet");
+    k.i(static_cast<int64_t>(s.buffer->type()));
+    k.ints(s.buffer->dims());
+  } else {
+    k.tag('L');
+    k.i(static_cast<int64_t>(s.nbytes));
+  }
+}
+
+void key_attr(KeyWriter& k, const c10::IValue& v) {
+  if (v.isNone()) return k.tag('N');
+  if (v.isBool()) return k.tag(v.toBool() ? 'y' : 'n');
+  if (v.isInt()) return k.tag('i'), k.i(v.toInt());
+  if (v.isDouble()) {
+    const double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, 8);
+    return k.tag('d'), k.i(bits);
+  }
+  if (v.isIntList()) return k.tag('l'), k.ints(v.toIntVector());
+  if (v.isString()) return k.tag('s'), k.str(v.toStringRef());
+  if (v.isDevice()) return k.tag('D'), k.i(static_cast<int64_t>(v.toDevice().type()));
+  if (v.isScalar()) return k.tag('c'), k.str(v.toScalar().toDouble() == 0 ? "0" : std::to_string(v.toScalar().toDouble()));
+  TORCH_CHECK(false, "torchtpu: cannot key a compile-time argument of type ", v.tagKind());
+}
+
+// --- Meta pass --------------------------------------------------------------------------------
+
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!is_tpu(t)) return t;  // undefined or a CPU scalar: the Meta kernels take those as they are
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
+c10::IValue to_meta(const c10::IValue& v) {
+  if (v.isTensor()) return to_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorList()) list.push_back(to_meta(t));
+    return list;
+  }
+  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
+  return v;
+}
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kBool: return "bool";
+    case at::kByte: return "uint8";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    default: return c10::toString(t);
+  }
+}
+
+rt::ElementType natural_element(const c10::Scalar& s) {
+  if (s.isBoolean()) return rt::ElementType::Pred;
+  if (s.isIntegral(false)) return rt::ElementType::S64;
+  return rt::ElementType::F64;
+}
+
+// --- the spec kernel --------------------------------------------------------------------------
+
+struct ParamSource {
+  enum Kind : uint8_t { Storage, Scalar } kind;
+  int arg;
+  int index;  // element of a tensor list, or -1
+  rt::ElementType element;
+};
+
+struct OutputPlan {
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+};
+
+struct Entry {
+  rt::ExecutablePtr exe;
+  std::vector<ParamSource> params;
+  std::vector<OutputPlan> outputs;
+  bool resize_out = false;  // an out= whose out must first be resized (then keyed again)
+  std::vector<int64_t> resize_sizes, resize_strides;
+};
+
+std::mutex g_all_kernels_mutex;
+std::vector<class SpecKernel*> g_all_kernels;
+
+class SpecKernel final : public c10::OperatorKernel {
+ public:
+  explicit SpecKernel(const OpSpec& spec) : spec_(spec) {
+    std::lock_guard<std::mutex> lock(g_all_kernels_mutex);
+    g_all_kernels.push_back(this);
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = spec_.args.size();
+    TORCH_INTERNAL_ASSERT(stack->size() >= n);
+    c10::IValue* args = stack->data() + (stack->size() - n);
+
+    // A device argument naming another device (x.to("cpu")): the composite kernel copies.
+    for (size_t i = 0; i < n; ++i) {
+      if (args[i].isDevice() && args[i].toDevice().type() != c10::DeviceType::PrivateUse1) {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
+        return;
+      }
+    }
+
+    int device = -1;
+    KeyWriter key;
+    key.s.reserve(160);
+    for (size_t i = 0; i < n; ++i) {
+      switch (spec_.args[i]) {
+        case ArgKind::Tensor:
+          key_tensor(key, args[i].isTensor() ? args[i].toTensor() : at::Tensor(), device);
+          break;
+        case ArgKind::TensorList: {
+          const auto list = args[i].toTensorList();
+          key.i(static_cast<int64_t>(list.size()));
+          for (const at::Tensor& t : list) key_tensor(key, t, device);
+          break;
+        }
+        case ArgKind::Scalar:
+          key.tag(args[i].isNone() ? 'N' : args[i].toScalar().isFloatingPoint() ? 'f'
+                                         : args[i].toScalar().isBoolean()      ? 'b'
+                                                                                 : 'i');
+          break;
+        case ArgKind::Attr:
+          key_attr(key, args[i]);
+          break;
+        case ArgKind::Ignored:
+          break;
+      }
+    }
+    if (device < 0) device = current_device();
+
+    Entry* entry = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = cache_.find(key.s);
+      if (it != cache_.end()) entry = it->second.get();
+    }
+    if (!entry) {
+      auto built = build(op, args, device);
+      std::lock_guard<std::mutex> lock(mutex_);
+      entry = cache_.emplace(key.s, std::move(built)).first->second.get();
+    }
+    if (entry->resize_out) {
+      const at::Tensor& out = args[spec_.written_arg].toTensor();
+      out.resize_(entry->resize_sizes);
+      if (out.strides() != c10::IntArrayRef(entry->resize_strides)) {
+        out.unsafeGetTensorImpl()->set_sizes_and_strides(entry->resize_sizes, entry->resize_strides);
+      }
+      return (*this)(op, c10::DispatchKeySet(), stack);
+    }
+    run(*entry, args, n, device, stack);
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cache_.clear();
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cache_.size();
+  }
+
+ private:
+  const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {
+    if (index < 0) {
+      holder = args[arg].toTensor();
+    } else {
+      holder = args[arg].toTensorList().get(index);
+    }
+    return holder;
+  }
+
+  void run(const Entry& entry, c10::IValue* args, size_t n, int device, torch::jit::Stack* stack) {
+    std::vector<rt::BufferPtr> keep;
+    std::vector<PJRT_Buffer*> raw;
+    keep.reserve(entry.params.size());
+    raw.reserve(entry.params.size());
+    at::Tensor holder;
+    for (const ParamSource& p : entry.params) {
+      if (p.kind == ParamSource::Storage) {
+        keep.push_back(storage_of(tensor_at(args, p.arg, p.index, holder)).buffer);
+      } else {
+        const c10::Scalar value =
+            args[p.arg].isTensor() ? args[p.arg].toTensor().item() : args[p.arg].toScalar();
+        keep.push_back(scalar_buffer(value, p.element, device));
+      }
+      raw.push_back(keep.back()->raw());
+    }
+    auto outputs = runtime().execute(*entry.exe, raw, device);
+
+    if (spec_.variant == Variant::Functional) {
+      std::vector<at::Tensor> results;
+      for (size_t j = 0; j < entry.outputs.size(); ++j) {
+        const OutputPlan& plan = entry.outputs[j];
+        results.push_back(wrap_buffer(outputs[j], plan.dtype, plan.sizes, plan.strides, 0, device));
+      }
+      torch::jit::drop(*stack, n);
+      for (auto& r : results) stack->emplace_back(std::move(r));
+    } else {
+      at::Tensor target = args[spec_.written_arg].toTensor();
+      storage_of(target).buffer = outputs[0];
+      torch::jit::drop(*stack, n);
+      stack->emplace_back(std::move(target));
+    }
+  }
+
+  std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args, int device) {
+    const size_t n = spec_.args.size();
+    auto entry = std::make_unique<Entry>();
+
+    // 1. Meta pass: PyTorch's own shape/dtype rules and error messages.
+    std::vector<c10::IValue> meta_args;
+    meta_args.reserve(n);
+    for (size_t i = 0; i < n; ++i) meta_args.push_back(to_meta(args[i]));
+    const at::Tensor meta_written = spec_.written_arg >= 0 ? meta_args[spec_.written_arg].toTensor() : at::Tensor();
+    torch::jit::Stack meta(meta_args.begin(), meta_args.end());
+    op.callBoxed(&meta);
+
+    std::vector<OutputPlan> outs;
+    if (spec_.variant == Variant::Functional) {
+      for (const c10::IValue& r : meta) {
+        if (r.isTensor()) {
+          const at::Tensor& t = r.toTensor();
+          outs.push_back(OutputPlan{t.scalar_type(), t.sizes().vec(), t.strides().vec()});
+        }
+      }
+    } else {
+      const at::Tensor& real = args[spec_.written_arg].toTensor();
+      if (spec_.variant == Variant::Out && (meta_written.sizes() != real.sizes())) {
+        entry->resize_out = true;
+        entry->resize_sizes = meta_written.sizes().vec();
+        entry->resize_strides = meta_written.strides().vec();
+        return entry;
+      }
+      outs.push_back(OutputPlan{real.scalar_type(), real.sizes().vec(), real.strides().vec()});
+    }
+
+    // 2. The dtype the lowering computes in.
+    at::ScalarType compute = outs.at(0).dtype;
+    if (spec_.compute != Compute::Output) {
+      at::native::ResultTypeState state{};
+      for (int i : spec_.promoted) {
+        const c10::IValue& v = meta_args[i];
+        if (v.isTensor() && v.toTensor().defined()) {
+          state = at::native::update_result_type_state(v.toTensor(), state);
+        } else if (v.isTensorList()) {
+          for (const at::Tensor& t : v.toTensorList()) state = at::native::update_result_type_state(t, state);
+        } else if (v.isScalar()) {
+          state = at::native::update_result_type_state(v.toScalar(), state);
+        }
+      }
+      compute = at::native::result_type(state);
+      if (spec_.compute == Compute::CommonFloat && c10::isIntegralType(compute, /*includeBool=*/true)) {
+        compute = c10::typeMetaToScalarType(c10::get_default_dtype());
+      }
+    }
+    const std::string compute_name = dtype_name(compute);
+    bool supported = false;
+    for (const auto& d : spec_.dtypes) supported |= d == compute_name;
+    TORCH_CHECK_NOT_IMPLEMENTED(supported, "torchtpu: aten::", spec_.overload, " does not support dtype ",
+                                compute_name, " on tpu (supported: ", c10::Join(", ", spec_.dtypes),
+                                "; see ", spec_.source, ")");
+    const rt::ElementType compute_element = element_type(compute);
+
+    // 3. Emission: parameters, view reads, promotion, the spec's lowering, then the write-back.
+    rt::Builder b;
+    EmitArgs ea;
+    ea.args.resize(n);
+    rt::Value written_storage;
+    bool written_storage_is_param = false;
+    auto is_promoted = [&](int i) {
+      return std::find(spec_.promoted.begin(), spec_.promoted.end(), i) != spec_.promoted.end();
+    };
+    auto emit_tensor = [&](const at::Tensor& t, int arg, int index, bool promote) -> EmitArg {
+      if (!t.defined()) return std::monostate{};
+      rt::Value v;
+      if (is_cpu_scalar(t)) {
+        const rt::ElementType e = element_type(t.scalar_type());
+        entry->params.push_back(ParamSource{ParamSource::Scalar, arg, index, e});
+        v = b.parameter(rt::TensorType{e, {}});
+      } else {
+        bool lazy = false;
+        const rt::TensorType st = storage_type(t, &lazy);
+        rt::Value storage;
+        if (lazy) {
+          storage = b.full(0, st);
+        } else {
+          entry->params.push_back(ParamSource{ParamSource::Storage, arg, index, st.element});
+          storage = b.parameter(st);
+        }
+        if (arg == spec_.written_arg) {
+          written_storage = storage;
+          written_storage_is_param = !lazy;
+        }
+        v = b.read_view(storage, geometry_of(t));
+      }
+      return promote ? b.convert(v, compute_element) : v;
+    };
+    for (size_t i = 0; i < n; ++i) {
+      const c10::IValue& a = args[i];
+      const int arg = static_cast<int>(i);
+      switch (spec_.args[i]) {
+        case ArgKind::Tensor:
+          ea.args[i] = emit_tensor(a.isTensor() ? a.toTensor() : at::Tensor(), arg, -1, is_promoted(arg));
+          break;
+        case ArgKind::TensorList: {
+          std::vector<rt::Value> values;
+          const auto list = a.toTensorList();
+          for (size_t j = 0; j < list.size(); ++j) {
+            values.push_back(std::get<rt::Value>(emit_tensor(list.get(j), arg, static_cast<int>(j), is_promoted(arg))));
+          }
+          ea.args[i] = std::move(values);
+          break;
+        }
+        case ArgKind::Scalar: {
+          if (a.isNone()) break;
+          const rt::ElementType e = is_promoted(arg) ? compute_element : natural_element(a.toScalar());
+          entry->params.push_back(ParamSource{ParamSource::Scalar, arg, -1, e});
+          ea.args[i] = b.parameter(rt::TensorType{e, {}});
+          break;
+        }
+        case ArgKind::Attr:
+          if (a.isBool()) ea.args[i] = a.toBool();
+          else if (a.isInt()) ea.args[i] = a.toInt();
+          else if (a.isDouble()) ea.args[i] = a.toDouble();
+          else if (a.isIntList()) ea.args[i] = a.toIntVector();
+          else if (a.isString()) ea.args[i] = a.toStringRef();
+          else if (a.isScalar()) ea.args[i] = a.toScalar().toDouble();
+          break;
+        case ArgKind::Ignored:
+          break;
+      }
+    }
+
+    std::vector<rt::Value> results;
+    try {
+      results = spec_.emit(b, ea);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "torchtpu: emitting aten::", spec_.overload, " (", spec_.source, ") failed: ", e.what());
+    }
+
+    std::vector<rt::Value> module_results;
+    if (spec_.variant == Variant::Functional) {
+      TORCH_CHECK(results.size() == outs.size(), "torchtpu: the lowering of aten::", spec_.overload, " (",
+                  spec_.source, ") returns ", results.size(), " values; the op returns ", outs.size());
+      for (size_t j = 0; j < outs.size(); ++j) {
+        const OutputPlan& plan = outs[j];
+        rt::Value v = b.broadcast_to(b.convert(results[j], element_type(plan.dtype)), plan.sizes);
+        const int64_t itemsize = static_cast<int64_t>(c10::elementSize(plan.dtype));
+        const int64_t storage_numel =
+            static_cast<int64_t>(at::detail::computeStorageNbytes(plan.sizes, plan.strides, itemsize)) / itemsize;
+        const bool contiguous = c10::contiguous_strides(plan.sizes) == c10::DimVector(plan.strides.begin(), plan.strides.end());
+        const rt::TensorType st{element_type(plan.dtype), contiguous ? plan.sizes : std::vector<int64_t>{storage_numel}};
+        module_results.push_back(b.write_view(nullptr, st, v, rt::ViewGeometry{plan.sizes, plan.strides, 0}));
+      }
+    } else {
+      const at::Tensor& target = args[spec_.written_arg].toTensor();
+      bool lazy = false;
+      const rt::TensorType st = storage_type(target, &lazy);
+      rt::Value v = b.broadcast_to(b.convert(results.at(0), st.element), target.sizes().vec());
+      module_results.push_back(
+          b.write_view(written_storage_is_param ? &written_storage : nullptr, st, v, geometry_of(target)));
+    }
+
+    std::vector<rt::TensorType> types;
+    for (const auto& r : module_results) types.push_back(r.type);
+    entry->exe = runtime().compile(b.finish(module_results), types);
+    entry->outputs = std::move(outs);
+    return entry;
+  }
+
+  const OpSpec& spec_;
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::unique_ptr<Entry>> cache_;
+};
+
+// --- modules built by the runtime itself (copies, reads, resizes) -----------------------------
+
+std::mutex g_modules_mutex;
+std::unordered_map<std::string, rt::ExecutablePtr> g_modules;
+
+std::mutex g_scalars_mutex;
+std::unordered_map<std::string, rt::BufferPtr> g_scalars;
+
+std::string geometry_key(const at::Tensor& t) {
+  KeyWriter k;
+  int device = t.device().index();
+  key_tensor(k, t, device);
+  return k.s;
+}
+
+// --- host <-> device copies and scalar reads --------------------------------------------------
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (dst.numel() == 0) return dst;
+  if (is_tpu(self) && is_tpu(dst)) {
+    if (self.device() != dst.device()) {
+      dst.copy_(self.cpu());
+      return dst;
+    }
+    // On device: read the source view, convert, broadcast, write through the destination view.
+    bool src_lazy = false, dst_lazy = false;
+    const rt::TensorType src_type = storage_type(self, &src_lazy);
+    const rt::TensorType dst_type = storage_type(dst, &dst_lazy);
+    std::vector<rt::BufferPtr> inputs;
+    if (!src_lazy) inputs.push_back(storage_of(self).buffer);
+    if (!dst_lazy) inputs.push_back(storage_of(dst).buffer);
+    auto out = run_module(
+        "copy:" + geometry_key(self) + "->" + geometry_key(dst), inputs,
+        [&](rt::Builder& b) {
+          rt::Value src = src_lazy ? b.full(0, src_type) : b.parameter(src_type);
+          rt::Value old = dst_lazy ? rt::Value{} : b.parameter(dst_type);
+          rt::Value v = b.broadcast_to(b.convert(b.read_view(src, geometry_of(self)), dst_type.element),
+                                       dst.sizes().vec());
+          return std::vector<rt::Value>{b.write_view(dst_lazy ? nullptr : &old, dst_type, v, geometry_of(dst))};
+        },
+        dst.device().index());
+    storage_of(dst).buffer = out[0];
+    return dst;
+  }
+  if (is_tpu(dst)) {
+    const at::Tensor host = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    auto buffer = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()), dst.sizes().vec(),
+                                      dst.device().index());
+    write_into(dst, buffer);
+    return dst;
+  }
+  TORCH_CHECK(is_tpu(self), "torchtpu: _copy_from between ", self.device(), " and ", dst.device());
+  auto buffer = read_contiguous(self, element_type(self.scalar_type()));
+  at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
+  runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  dst.copy_(host);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  auto buffer = read_contiguous(self, element_type(self.scalar_type()));
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  return host.item();
+}
+
+// --- CPU fallback -----------------------------------------------------------------------------
+
+std::mutex g_fallback_mutex;
+std::unordered_map<std::string, int64_t> g_fallbacks;
+bool g_fallback_is_error = false;
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& name = op.schema().operator_name();
+  const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+  TORCH_CHECK_NOT_IMPLEMENTED(!g_fallback_is_error, "torchtpu: ", full,
+                              " has no spec, and TORCHTPU_FALLBACK=error forbids running it on the CPU. "
+                              "Add it to a file in specs/ and run `python -m codegen.gen`.");
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(g_fallback_mutex);
+    first = g_fallbacks[full]++ == 0;
+  }
+  if (first) {
+    TORCH_WARN("torchtpu: ", full, " has no spec yet, so it runs on the CPU (slow). Add an entry for it to a ",
+               "file in specs/ and run `python -m codegen.gen`.");
+  }
+  at::native::cpu_fallback(op, stack);
+}
+
+}  // namespace
+
+torch::CppFunction spec_kernel(const OpSpec& spec) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SpecKernel>(spec));
+}
+
+std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<rt::BufferPtr>& inputs,
+                                      const std::function<std::vector<rt::Value>(rt::Builder&)>& build, int device) {
+  rt::ExecutablePtr exe;
+  {
+    std::lock_guard<std::mutex> lock(g_modules_mutex);
+    auto it = g_modules.find(key);
+    if (it != g_modules.end()) exe = it->second;
+  }
+  if (!exe) {
+    rt::Builder b;
+    auto results = build(b);
+    std::vector<rt::TensorType> types;
+    for (const auto& r : results) types.push_back(r.type);
+    exe = runtime().compile(b.finish(results), types);
+    std::lock_guard<std::mutex> lock(g_modules_mutex);
+    g_modules.emplace(key, exe);
+  }
+  std::vector<PJRT_Buffer*> raw;
+  for (const auto& in : inputs) raw.push_back(in->raw());
+  return runtime().execute(*exe, raw, device);
+}
+
+rt::BufferPtr scalar_buffer(const c10::Scalar& value, rt::ElementType element, int device) {
+  unsigned char bytes[8] = {0};
+  switch (element) {
+    case rt::ElementType::Pred: bytes[0] = value.toBool() ? 1 : 0; break;
+    case rt::ElementType::S8: { int8_t v = value.toChar(); std::memcpy(bytes, &v, 1); break; }
+    case rt::ElementType::S16: { int16_t v = value.toShort(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::S32: { int32_t v = value.toInt(); std::memcpy(bytes, &v, 4); break; }
+    case rt::ElementType::S64: { int64_t v = value.toLong(); std::memcpy(bytes, &v, 8); break; }
+    case rt::ElementType::U8: { uint8_t v = value.toByte(); std::memcpy(bytes, &v, 1); break; }
+    case rt::ElementType::U16: { uint16_t v = value.to<uint16_t>(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::U32: { uint32_t v = value.to<uint32_t>(); std::memcpy(bytes, &v, 4); break; }
+    case rt::ElementType::U64: { uint64_t v = value.to<uint64_t>(); std::memcpy(bytes, &v, 8); break; }
+    case rt::ElementType::F16: { c10::Half v = value.toHalf(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::BF16: { c10::BFloat16 v = value.toBFloat16(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::F32: { float v = value.toFloat(); std::memcpy(bytes, &v, 4); break; }
+    case rt::ElementType::F64: { double v = value.toDouble(); std::memcpy(bytes, &v, 8); break; }
+  }
+  std::string key(reinterpret_cast<const char*>(bytes), 8);
+  key.push_back(static_cast<char>(element));
+  key.push_back(static_cast<char>(device));
+  {
+    std::lock_guard<std::mutex> lock(g_scalars_mutex);
+    auto it = g_scalars.find(key);
+    if (it != g_scalars.end()) return it->second;
+  }
+  auto buffer = runtime().to_device(bytes, element, {}, device);
+  std::lock_guard<std::mutex> lock(g_scalars_mutex);
+  if (g_scalars.size() > 1024) g_scalars.clear();  // bounded: values seen once (loss scales, lr) don't pile up
+  g_scalars.emplace(key, buffer);
+  return buffer;
+}
+
+void write_into(const at::Tensor& dst, const rt::BufferPtr& value_buffer) {
+  TpuStorage& storage = storage_of(dst);
+  const int64_t itemsize = static_cast<int64_t>(dst.dtype().itemsize());
+  if (dst.is_contiguous() && dst.storage_offset() == 0 &&
+      dst.numel() * itemsize == static_cast<int64_t>(storage.nbytes)) {
+    storage.buffer = value_buffer;  // the write covers the whole storage
+    return;
+  }
+  bool lazy = false;
+  const rt::TensorType st = storage_type(dst, &lazy);
+  std::vector<rt::BufferPtr> inputs{value_buffer};
+  if (!lazy) inputs.push_back(storage.buffer);
+  auto out = run_module(
+      "write:" + geometry_key(dst), inputs,
+      [&](rt::Builder& b) {
+        rt::Value v = b.parameter(rt::TensorType{value_buffer->type(), value_buffer->dims()});
+        rt::Value old = lazy ? rt::Value{} : b.parameter(st);
+        return std::vector<rt::Value>{b.write_view(lazy ? nullptr : &old, st, v, geometry_of(dst))};
+      },
+      storage.device);
+  storage.buffer = out[0];
+}
+
+rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element) {
+  const TpuStorage& storage = storage_of(src);
+  if (storage.buffer && storage.buffer->type() == element && src.is_contiguous() && src.storage_offset() == 0 &&
+      storage.buffer->dims() == src.sizes().vec()) {
+    return storage.buffer;
+  }
+  bool lazy = false;
+  const rt::TensorType st = storage_type(src, &lazy);
+  std::vector<rt::BufferPtr> inputs;
+  if (!lazy) inputs.push_back(storage.buffer);
+  auto out = run_module(
+      "read:" + geometry_key(src) + rt::mlir_name(element), inputs,
+      [&](rt::Builder& b) {
+        rt::Value s = lazy ? b.full(0, st) : b.parameter(st);
+        return std::vector<rt::Value>{b.convert(b.read_view(s, geometry_of(src)), element)};
+      },
+      storage.device);
+  return out[0];
+}
+
+std::vector<std::pair<std::string, int64_t>> fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  return {g_fallbacks.begin(), g_fallbacks.end()};
+}
+
+void set_fallback_is_error(bool error) { g_fallback_is_error = error; }
+
+void clear_kernel_caches() {
+  {
+    std::lock_guard<std::mutex> lock(g_all_kernels_mutex);
+    for (auto* k : g_all_kernels) k->clear();
+  }
+  std::lock_guard<std::mutex> lock(g_modules_mutex);
+  g_modules.clear();
+}
+
+int64_t kernel_cache_size() {
+  int64_t total = 0;
+  std::lock_guard<std::mutex> lock(g_all_kernels_mutex);
+  for (auto* k : g_all_kernels) total += static_cast<int64_t>(k->size());
+  return total;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+}  // namespace torchtpu

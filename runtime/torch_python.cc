@@ -1,0 +1,74 @@
+// torchtpu._C: what the Python package needs from the runtime (init, devices, metrics).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "compile_cache.h"
+#include "torch_tpu.h"
+
+namespace py = pybind11;
+using torchtpu::rt::Runtime;
+
+namespace {
+
+void init(const std::string& plugin_path, const std::string& cache_dir) {
+  if (Runtime::get_if_installed()) return;
+  try {
+    Runtime::install(std::make_unique<Runtime>(plugin_path, cache_dir));
+  } catch (const std::exception& e) {
+    torchtpu::set_init_error(e.what());
+    throw std::runtime_error(e.what());
+  }
+}
+
+py::dict metrics() {
+  auto& m = torchtpu::runtime().metrics();
+  py::dict d;
+  d["executions"] = m.executions.load();
+  d["compiles"] = m.compiles.load();
+  d["compile_seconds"] = static_cast<double>(m.compile_ns.load()) / 1e9;
+  d["memory_cache_hits"] = m.memory_cache_hits.load();
+  d["disk_cache_hits"] = m.disk_cache_hits.load();
+  d["disk_cache_writes"] = m.disk_cache_writes.load();
+  d["disk_cache_rejected"] = m.disk_cache_rejected.load();
+  d["bytes_to_device"] = m.bytes_to_device.load();
+  d["bytes_to_host"] = m.bytes_to_host.load();
+  d["live_buffers"] = m.live_buffers.load();
+  d["live_bytes"] = m.live_bytes.load();
+  d["peak_live_bytes"] = m.peak_live_bytes.load();
+  d["kernel_cache_entries"] = torchtpu::kernel_cache_size();
+  py::dict fallbacks;
+  for (const auto& [op, count] : torchtpu::fallback_counts()) fallbacks[py::str(op)] = count;
+  d["cpu_fallbacks"] = fallbacks;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchtpu runtime bindings";
+  m.def("_init", &init, py::arg("plugin_path"), py::arg("cache_dir"));
+  m.def("_set_init_error", &torchtpu::set_init_error);
+  m.def("_is_initialized", [] { return Runtime::get_if_installed() != nullptr; });
+  m.def("device_count", [] { return torchtpu::runtime().device_count(); });
+  m.def("current_device", &torchtpu::current_device);
+  m.def("set_device", &torchtpu::set_current_device);
+  m.def("platform_name", [] { return torchtpu::runtime().platform_name(); });
+  m.def("platform_version", [] { return torchtpu::runtime().platform_version(); });
+  m.def("plugin_path", [] { return torchtpu::runtime().plugin_path(); });
+  m.def("device_kind", [](int device) { return torchtpu::runtime().device_kind(device); });
+  m.def("api_version", [] {
+    auto& rt = torchtpu::runtime();
+    return py::make_tuple(rt.api_major(), rt.api_minor());
+  });
+  m.def("cache_dir", [] { return torchtpu::runtime().cache().dir(); });
+  m.def("synchronize", [] {
+    py::gil_scoped_release release;
+    torchtpu::runtime().synchronize();
+  });
+  m.def("metrics", &metrics);
+  m.def("set_fallback_is_error", &torchtpu::set_fallback_is_error);
+  m.def("clear_in_process_caches", [] {
+    torchtpu::clear_kernel_caches();
+    torchtpu::runtime().clear_in_process_cache();
+  });
+}

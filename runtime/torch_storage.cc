@@ -1,0 +1,267 @@
+// tpu storages, the allocator, the device guard and the metadata-only ops (views, empty, resize_).
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/strides.h>
+#include <torch/library.h>
+#include <ATen/ops/set_native.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "torch_tpu.h"
+
+namespace torchtpu {
+namespace {
+
+thread_local int g_current_device = 0;
+std::string g_init_error = "torchtpu: the runtime was not initialized (import torchtpu first)";
+
+void delete_storage(void* ctx) { delete static_cast<TpuStorage*>(ctx); }
+
+struct TpuAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    auto* storage = new TpuStorage{nbytes, current_device(), nullptr};
+    // The data pointer is the handle itself: unique, never dereferenced as memory.
+    return {storage, storage, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, storage->device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_storage; }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "torchtpu: tpu storages are not host memory and cannot be copied bytewise");
+  }
+};
+
+TpuAllocator g_allocator;
+
+struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old = getDevice();
+    if (d.index() >= 0) g_current_device = d.index();
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(c10::DeviceType::PrivateUse1, g_current_device); }
+  void setDevice(c10::Device d) const override {
+    if (d.index() >= 0) g_current_device = d.index();
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0) g_current_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    auto* rt = rt::Runtime::get_if_installed();
+    return rt ? static_cast<c10::DeviceIndex>(rt->device_count()) : 0;
+  }
+  // PJRT orders work itself; events are not needed for correctness.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override { runtime().synchronize(); }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
+
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return rt::Runtime::get_if_installed() != nullptr; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    // Random ops run through the CPU generator until tpu RNG specs exist.
+    return at::detail::getDefaultCPUGenerator();
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    return c10::Device(c10::DeviceType::PrivateUse1, static_cast<TpuStorage*>(data)->device);
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    TORCH_CHECK(false, "torchtpu: resize storages through Tensor.resize_");
+  }
+};
+
+bool register_hooks() {
+  at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+  c10::SetAllocator(c10::DeviceType::PrivateUse1, &g_allocator);
+  return true;
+}
+const bool g_hooks_registered = register_hooks();
+
+// --- metadata-only ops ------------------------------------------------------------------------
+
+at::Tensor empty_memory_format(at::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory, std::optional<at::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(device.value_or(c10::Device(c10::DeviceType::PrivateUse1, current_device())));
+  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout, std::optional<at::Device> device,
+                         std::optional<bool> pin_memory) {
+  const c10::DeviceGuard guard(device.value_or(c10::Device(c10::DeviceType::PrivateUse1, current_device())));
+  return at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+// Grows the storage to `nbytes`, keeping its contents (PyTorch's resize_ semantics).
+void grow_storage(const at::Tensor& self, size_t nbytes) {
+  c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
+  TpuStorage& storage = storage_of(self);
+  if (nbytes <= storage.nbytes) return;
+  if (storage.buffer) {
+    rt::BufferPtr old = storage.buffer;
+    const rt::ElementType element = old->type();
+    const int64_t new_numel = static_cast<int64_t>(nbytes) / rt::element_size(element) + 1;
+    const int64_t extra = new_numel - old->numel();
+    auto grown = run_module(
+        std::string("grow:") + rt::mlir_name(element) + ":" + std::to_string(old->numel()) + ":" +
+            std::to_string(extra) + ":" + [&] {
+              std::string s;
+              for (int64_t d : old->dims()) s += std::to_string(d) + ",";
+              return s;
+            }(),
+        {old},
+        [&](rt::Builder& b) {
+          rt::Value v = b.parameter(rt::TensorType{element, old->dims()});
+          rt::Value flat = b.reshape(v, {old->numel()});
+          return std::vector<rt::Value>{b.concatenate({flat, b.full(0, rt::TensorType{element, {extra}})}, 0)};
+        },
+        storage.device);
+    storage.buffer = grown[0];
+  }
+  storage.nbytes = nbytes;
+  impl->set_nbytes(nbytes);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!self.has_names(), "resize_ is not allowed on a tensor with named dimensions");
+  auto* impl = self.unsafeGetTensorImpl();
+  const int64_t old_numel = self.numel();
+  impl->set_sizes_contiguous(size);
+  const auto format = memory_format.value_or(at::MemoryFormat::Contiguous);
+  if (format != at::MemoryFormat::Preserve) impl->empty_tensor_restride(format);
+  if (self.numel() > 0 || old_numel > 0) {
+    const size_t needed =
+        at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(), self.storage_offset());
+    grow_storage(self, needed);
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, at::IntArrayRef size,
+                        at::IntArrayRef stride) {
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "Attempted to set the storage of a tpu tensor to a storage on ", source.device());
+  const auto strides = stride.empty() ? c10::contiguous_strides(size) : c10::DimVector(stride.begin(), stride.end());
+  const size_t needed = at::detail::computeStorageNbytes(size, strides, self.dtype().itemsize(), offset);
+  TORCH_CHECK(size.empty() || c10::multiply_integers(size) == 0 || needed <= source.nbytes(),
+              "setStorage: sizes ", size, ", strides ", c10::IntArrayRef(strides), ", storage offset ", offset,
+              ", and itemsize ", self.dtype().itemsize(), " requiring a storage size of ", needed,
+              " are out of bounds for storage of size ", source.nbytes());
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides, offset);
+  return self;
+}
+
+}  // namespace
+
+TpuStorage& storage_of(const at::Tensor& t) {
+  auto* ctx = static_cast<TpuStorage*>(t.storage().data_ptr().get_context());
+  TORCH_CHECK(ctx != nullptr && t.device().type() == c10::DeviceType::PrivateUse1,
+              "torchtpu: expected a tpu tensor, got one on ", t.device());
+  return *ctx;
+}
+
+at::Tensor wrap_buffer(rt::BufferPtr buffer, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                       int64_t offset, int device) {
+  const size_t nbytes = static_cast<size_t>(buffer->nbytes());
+  auto* storage = new TpuStorage{nbytes, device, std::move(buffer)};
+  c10::DataPtr data(storage, storage, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, device));
+  c10::Storage s(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &g_allocator, /*resizable=*/true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(s), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                    c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+
+rt::ViewGeometry geometry_of(const at::Tensor& t) {
+  return rt::ViewGeometry{t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+}
+
+rt::TensorType storage_type(const at::Tensor& t, bool* lazy) {
+  const TpuStorage& s = storage_of(t);
+  *lazy = s.buffer == nullptr;
+  if (s.buffer) return rt::TensorType{s.buffer->type(), s.buffer->dims()};
+  const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
+  return rt::TensorType{element_type(t.scalar_type()), {static_cast<int64_t>(s.nbytes) / itemsize}};
+}
+
+int current_device() { return g_current_device; }
+void set_current_device(int device) { g_current_device = device; }
+
+rt::Runtime& runtime() {
+  auto* rt = rt::Runtime::get_if_installed();
+  TORCH_CHECK(rt != nullptr, g_init_error);
+  return *rt;
+}
+
+void set_init_error(const std::string& message) { g_init_error = message; }
+
+rt::ElementType element_type(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBool: return rt::ElementType::Pred;
+    case at::kChar: return rt::ElementType::S8;
+    case at::kShort: return rt::ElementType::S16;
+    case at::kInt: return rt::ElementType::S32;
+    case at::kLong: return rt::ElementType::S64;
+    case at::kByte: return rt::ElementType::U8;
+    case at::kUInt16: return rt::ElementType::U16;
+    case at::kUInt32: return rt::ElementType::U32;
+    case at::kUInt64: return rt::ElementType::U64;
+    case at::kHalf: return rt::ElementType::F16;
+    case at::kBFloat16: return rt::ElementType::BF16;
+    case at::kFloat: return rt::ElementType::F32;
+    case at::kDouble: return rt::ElementType::F64;
+    default: TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: dtype ", dtype, " is not supported on tpu");
+  }
+}
+
+at::ScalarType scalar_type(rt::ElementType element) {
+  switch (element) {
+    case rt::ElementType::Pred: return at::kBool;
+    case rt::ElementType::S8: return at::kChar;
+    case rt::ElementType::S16: return at::kShort;
+    case rt::ElementType::S32: return at::kInt;
+    case rt::ElementType::S64: return at::kLong;
+    case rt::ElementType::U8: return at::kByte;
+    case rt::ElementType::U16: return at::kUInt16;
+    case rt::ElementType::U32: return at::kUInt32;
+    case rt::ElementType::U64: return at::kUInt64;
+    case rt::ElementType::F16: return at::kHalf;
+    case rt::ElementType::BF16: return at::kBFloat16;
+    case rt::ElementType::F32: return at::kFloat;
+    case rt::ElementType::F64: return at::kDouble;
+  }
+  return at::kFloat;
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage", TORCH_FN(at::native::set_));
+  m.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,64 @@
+// The bridge between PyTorch and the runtime: tpu storages, tensors and executing modules.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include <functional>
+#include <string>
+
+#include "hlo_builder.h"
+#include "pjrt_runtime.h"
+
+namespace torchtpu {
+
+// The context of a tpu storage's DataPtr: a handle to one PJRT buffer holding the storage's
+// elements in row-major order. `buffer` is null until first written (empty is lazy).
+struct TpuStorage {
+  size_t nbytes = 0;
+  int device = 0;
+  rt::BufferPtr buffer;
+};
+
+TpuStorage& storage_of(const at::Tensor& t);
+
+rt::ElementType element_type(at::ScalarType dtype);
+at::ScalarType scalar_type(rt::ElementType element);
+
+// A new tpu tensor whose storage holds `buffer`.
+at::Tensor wrap_buffer(rt::BufferPtr buffer, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
+                       int64_t offset, int device);
+
+rt::ViewGeometry geometry_of(const at::Tensor& t);
+
+// The storage's contents as the module parameter type it is passed as (its buffer's type, or for
+// a lazy storage the flat type of the view's dtype), and whether it is lazy.
+rt::TensorType storage_type(const at::Tensor& t, bool* lazy);
+
+// Compiles (once per key, then from the in-process map) and runs a module built by `build`,
+// which receives the Builder and returns its results.
+std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<rt::BufferPtr>& inputs,
+                                      const std::function<std::vector<rt::Value>(rt::Builder&)>& build, int device);
+
+// Uploads a host scalar as a 0-d buffer; repeated values come from a small cache.
+rt::BufferPtr scalar_buffer(const c10::Scalar& value, rt::ElementType element, int device);
+
+// Replaces a tensor view's elements with `value_buffer` (a buffer of the view's sizes and dtype).
+void write_into(const at::Tensor& dst, const rt::BufferPtr& value_buffer);
+
+// Reads a view into a new buffer of its sizes (contiguous), in dtype `element`.
+rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element);
+
+int current_device();
+void set_current_device(int device);
+
+rt::Runtime& runtime();  // throws the reason init failed, if it did
+void set_init_error(const std::string& message);
+
+// CPU fallbacks by op (metrics) and whether they are allowed.
+std::vector<std::pair<std::string, int64_t>> fallback_counts();
+void set_fallback_is_error(bool error);
+void clear_kernel_caches();
+int64_t kernel_cache_size();
+
+}  // namespace torchtpu
