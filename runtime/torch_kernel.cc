@@ -8,6 +8,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/strides.h>
 
 #include <cstring>
 #include <mutex>
@@ -148,14 +149,21 @@ struct Entry {
   std::vector<int64_t> resize_sizes, resize_strides;
 };
 
-std::mutex g_all_kernels_mutex;
-std::vector<class SpecKernel*> g_all_kernels;
+// Function-local statics: kernels are constructed by other translation units' static registrations.
+std::mutex& all_kernels_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<class SpecKernel*>& all_kernels() {
+  static std::vector<class SpecKernel*> kernels;
+  return kernels;
+}
 
 class SpecKernel final : public c10::OperatorKernel {
  public:
   explicit SpecKernel(const OpSpec& spec) : spec_(spec) {
-    std::lock_guard<std::mutex> lock(g_all_kernels_mutex);
-    g_all_kernels.push_back(this);
+    std::lock_guard<std::mutex> lock(all_kernels_mutex());
+    all_kernels().push_back(this);
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -163,12 +171,20 @@ class SpecKernel final : public c10::OperatorKernel {
     TORCH_INTERNAL_ASSERT(stack->size() >= n);
     c10::IValue* args = stack->data() + (stack->size() - n);
 
-    // A device argument naming another device (x.to("cpu")): the composite kernel copies.
+    // A transfer between devices (x.to("cpu"), cpu_tensor.to("tpu")): the composite kernel
+    // allocates on the target and copies.
+    bool has_device_arg = false, crosses_devices = false;
     for (size_t i = 0; i < n; ++i) {
-      if (args[i].isDevice() && args[i].toDevice().type() != c10::DeviceType::PrivateUse1) {
-        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
-        return;
+      if (args[i].isDevice()) {
+        has_device_arg = true;
+        crosses_devices |= args[i].toDevice().type() != c10::DeviceType::PrivateUse1;
+      } else if (args[i].isTensor() && args[i].toTensor().defined()) {
+        crosses_devices |= !is_tpu(args[i].toTensor());
       }
+    }
+    if (has_device_arg && crosses_devices) {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
+      return;
     }
 
     int device = -1;
@@ -345,7 +361,7 @@ class SpecKernel final : public c10::OperatorKernel {
       if (!t.defined()) return std::monostate{};
       rt::Value v;
       if (is_cpu_scalar(t)) {
-        const rt::ElementType e = element_type(t.scalar_type());
+        const rt::ElementType e = promote ? compute_element : element_type(t.scalar_type());
         entry->params.push_back(ParamSource{ParamSource::Scalar, arg, index, e});
         v = b.parameter(rt::TensorType{e, {}});
       } else {
@@ -651,8 +667,8 @@ void set_fallback_is_error(bool error) { g_fallback_is_error = error; }
 
 void clear_kernel_caches() {
   {
-    std::lock_guard<std::mutex> lock(g_all_kernels_mutex);
-    for (auto* k : g_all_kernels) k->clear();
+    std::lock_guard<std::mutex> lock(all_kernels_mutex());
+    for (auto* k : all_kernels()) k->clear();
   }
   std::lock_guard<std::mutex> lock(g_modules_mutex);
   g_modules.clear();
@@ -660,8 +676,8 @@ void clear_kernel_caches() {
 
 int64_t kernel_cache_size() {
   int64_t total = 0;
-  std::lock_guard<std::mutex> lock(g_all_kernels_mutex);
-  for (auto* k : g_all_kernels) total += static_cast<int64_t>(k->size());
+  std::lock_guard<std::mutex> lock(all_kernels_mutex());
+  for (auto* k : all_kernels()) total += static_cast<int64_t>(k->size());
   return total;
 }
 

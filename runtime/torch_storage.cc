@@ -141,7 +141,6 @@ void grow_storage(const at::Tensor& self, size_t nbytes) {
 
 const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
-  TORCH_CHECK(!self.has_names(), "resize_ is not allowed on a tensor with named dimensions");
   auto* impl = self.unsafeGetTensorImpl();
   const int64_t old_numel = self.numel();
   impl->set_sizes_contiguous(size);

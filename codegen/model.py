@@ -1,0 +1,357 @@
+"""The spec model: reads specs/*.yaml, validates every entry against torchgen's schemas,
+and resolves each lowering expression into the builder calls the templates print.
+
+A spec entry (see README "Adding an op"):
+
+    - op: add.Tensor                  # functional overload; its schema comes from native_functions.yaml
+      lowering: add(self, mul(other, alpha))
+      compute: common                 # output | common | common_float   (the dtype the lowering runs in)
+      promote: [self, other, alpha]   # converted to the compute dtype (default: every Tensor/Scalar argument)
+      compile_time: []                # Scalars baked into the module instead of passed at run time
+      dtypes: all                     # a group (all, floating, integral, numeric) or a list of torch dtype names
+      variants: [inplace, out]        # which of ATen's in-place / out= overloads to derive (default: all)
+      test: {opinfo: add, dtypes: [float32, int64], atol: 1e-5, rtol: 1e-5}
+
+Errors name the spec file and line and what is wrong; codegen stops on the first file with errors.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import yaml
+
+DTYPE_GROUPS = {
+    "floating": ["float16", "bfloat16", "float32", "float64"],
+    "integral": ["uint8", "int8", "int16", "int32", "int64"],
+}
+DTYPE_GROUPS["numeric"] = DTYPE_GROUPS["integral"] + DTYPE_GROUPS["floating"]
+DTYPE_GROUPS["all"] = ["bool"] + DTYPE_GROUPS["numeric"]
+ALL_DTYPES = set(DTYPE_GROUPS["all"])
+
+# What parity tests run by default: one of each kind, to keep the suite fast on 2 cores.
+DEFAULT_TEST_DTYPES = ("bool", "int64", "bfloat16", "float32")
+
+COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
+VARIANTS = ("inplace", "out")
+KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "test", "__line__"}
+TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "skip", "__line__"}
+
+# The builder primitives a lowering may name, with the kind of each parameter:
+# value = a tensor/scalar Value, values = a list of Values, ints/int/bool = compile-time attributes.
+PRIMITIVES: dict[str, tuple[str, ...]] = {
+    "add": ("value", "value"),
+    "sub": ("value", "value"),
+    "mul": ("value", "value"),
+    "div": ("value", "value"),
+    "maximum": ("value", "value"),
+    "minimum": ("value", "value"),
+    "neg": ("value",),
+    "exp": ("value",),
+    "log": ("value",),
+    "sqrt": ("value",),
+    "relu": ("value",),
+    "eq": ("value", "value"),
+    "ne": ("value", "value"),
+    "lt": ("value", "value"),
+    "le": ("value", "value"),
+    "gt": ("value", "value"),
+    "ge": ("value", "value"),
+    "where": ("value", "value", "value"),
+    "matmul": ("value", "value"),
+    "sum": ("value", "ints", "bool"),
+    "mean": ("value", "ints", "bool"),
+    "cat": ("values", "int"),
+    "fill": ("value", "value"),
+    "broadcast_like": ("value", "value"),
+    "identity": ("value",),
+}
+
+# How a schema argument reaches the kernel and the emitter, by its torchgen type.
+ATTR_TYPES = {"int": "int", "SymInt": "int", "bool": "bool", "float": "float", "str": "str", "int[]": "ints",
+              "SymInt[]": "ints", "ScalarType": "int", "MemoryFormat": "none", "Device": "none", "Layout": "none"}
+IGNORED_NAMES = {"layout", "pin_memory", "non_blocking", "generator"}
+
+
+class SpecError(Exception):
+    """A problem in a spec file, located at file:line."""
+
+    def __init__(self, path: str, line: int, message: str):
+        super().__init__(f"{path}:{line}: {message}")
+
+
+class _LineLoader(yaml.SafeLoader):
+    """Records the line of every mapping so that errors can point at it."""
+
+    def construct_mapping(self, node, deep=False):
+        mapping = super().construct_mapping(node, deep=deep)
+        mapping["__line__"] = node.start_mark.line + 1
+        return mapping
+
+
+@dataclasses.dataclass
+class Argument:
+    name: str
+    type: str  # torchgen's spelling, e.g. "Tensor", "Scalar", "int[1]?"
+    kind: str  # Tensor | TensorList | Scalar | Attr | Ignored
+    access: str  # how the emitter reads it: value | values | ints | int | bool | float | str | none
+
+
+@dataclasses.dataclass
+class Overload:
+    """One registered ATen overload derived from a spec entry."""
+
+    name: str  # "add_.Tensor"
+    variant: str  # Functional | Inplace | Out
+    arguments: list[Argument]
+    promoted: list[int]
+    written_arg: int
+    emit_expression: str  # C++ returning std::vector<rt::Value>
+    function: str  # the emitter's C++ name
+
+
+@dataclasses.dataclass
+class Spec:
+    path: str
+    line: int
+    op: str
+    lowering: str
+    compute: str
+    dtypes: list[str]
+    overloads: list[Overload]
+    test: dict[str, Any]
+
+    @property
+    def source(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@functools.lru_cache(maxsize=1)
+def native_functions():
+    """torchgen's parse of the installed torch's native_functions.yaml, by overload name."""
+    import torchgen
+    from torchgen.gen import get_grouped_native_functions, parse_native_yaml
+    from torchgen.model import NativeFunctionsGroup
+
+    root = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native")
+    parsed = parse_native_yaml(os.path.join(root, "native_functions.yaml"), os.path.join(root, "tags.yaml"))
+    by_name = {str(f.func.name): f for f in parsed.native_functions}
+    groups = {}
+    for g in get_grouped_native_functions(parsed.native_functions):
+        if isinstance(g, NativeFunctionsGroup):
+            groups[str(g.functional.func.name)] = g
+    return by_name, groups
+
+
+def _classify(arg, promote: set[str], compile_time: set[str]) -> Argument:
+    t = str(arg.type)
+    base = t.rstrip("?")
+    if base.startswith("int[") or base.startswith("SymInt["):
+        base = "int[]"
+    if base == "Tensor":
+        return Argument(arg.name, t, "Tensor", "value")
+    if base == "Tensor[]":
+        return Argument(arg.name, t, "TensorList", "values")
+    if base == "Scalar":
+        kind = "Attr" if arg.name in compile_time else "Scalar"
+        return Argument(arg.name, t, kind, "float" if kind == "Attr" else "value")
+    if arg.name in IGNORED_NAMES or base == "Generator":
+        return Argument(arg.name, t, "Ignored", "none")
+    if base in ATTR_TYPES:
+        return Argument(arg.name, t, "Attr", ATTR_TYPES[base])
+    return Argument(arg.name, t, "Unsupported", "none")
+
+
+class _LoweringCompiler:
+    """Turns a lowering expression into C++ over the builder, checking names and arity."""
+
+    def __init__(self, spec_path: str, line: int, arguments: list[Argument]):
+        self.path, self.line = spec_path, line
+        self.args = {a.name: (i, a) for i, a in enumerate(arguments)}
+
+    def fail(self, message: str):
+        raise SpecError(self.path, self.line, message)
+
+    def compile(self, text: str) -> str:
+        try:
+            tree = ast.parse(text, mode="eval")
+        except SyntaxError as e:
+            self.fail(f"lowering is not an expression: {e.msg} in {text!r}")
+        body = tree.body
+        results = body.elts if isinstance(body, ast.Tuple) else [body]
+        return "{" + ", ".join(self.expr(r, "value") for r in results) + "}"
+
+    def expr(self, node, want: str) -> str:
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Name) or node.func.id not in PRIMITIVES:
+                name = ast.unparse(node.func)
+                self.fail(f"unknown builder primitive {name!r}; known: {', '.join(sorted(PRIMITIVES))}")
+            params = PRIMITIVES[node.func.id]
+            if node.keywords or len(node.args) != len(params):
+                self.fail(f"{node.func.id}() takes {len(params)} arguments ({', '.join(params)}), "
+                          f"got {len(node.args)}")
+            if want not in ("value",):
+                self.fail(f"{node.func.id}(...) gives a value where {want} is needed")
+            anchor = next((a for a, p in zip(node.args, params) if p == "value" and not isinstance(a, ast.Constant)),
+                          None)
+            parts = []
+            for a, p in zip(node.args, params):
+                if isinstance(a, ast.Constant) and p == "value":
+                    if anchor is None:
+                        self.fail(f"{node.func.id}() needs at least one tensor operand")
+                    parts.append(f"b.scalar_like({float(a.value)!r}, {self.expr(anchor, 'value')})")
+                else:
+                    parts.append(self.expr(a, p))
+            return f"b.{node.func.id}({', '.join(parts)})"
+        if isinstance(node, ast.Name):
+            if node.id not in self.args:
+                self.fail(f"{node.id!r} is not an argument of the schema ({', '.join(self.args)})")
+            index, arg = self.args[node.id]
+            if arg.access != want and not (want == "ints" and arg.access == "int"):
+                self.fail(f"argument {node.id!r} ({arg.type}) is used where {want} is needed")
+            accessor = {"value": "value", "values": "values", "ints": "ints", "int": "integer", "bool": "boolean",
+                        "float": "real", "str": "string"}[want]
+            return f"a.{accessor}({index})"
+        if isinstance(node, ast.Constant):
+            if want == "bool" and isinstance(node.value, bool):
+                return "true" if node.value else "false"
+            if want == "int" and isinstance(node.value, int):
+                return str(node.value)
+            if want == "ints" and isinstance(node.value, int):
+                return "std::vector<int64_t>{" + str(node.value) + "}"
+            self.fail(f"literal {node.value!r} cannot stand where {want} is needed")
+        if isinstance(node, ast.List) and want == "ints":
+            return "std::vector<int64_t>{" + ", ".join(self.expr(e, "int") for e in node.elts) + "}"
+        self.fail(f"unsupported expression {ast.unparse(node)!r}")
+
+
+def _expand_dtypes(value, path, line) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value or [])
+    out: list[str] = []
+    for name in names:
+        if name in DTYPE_GROUPS:
+            out += DTYPE_GROUPS[name]
+        elif name in ALL_DTYPES:
+            out.append(name)
+        else:
+            raise SpecError(path, line, f"unknown dtype or group {name!r}; groups: {', '.join(DTYPE_GROUPS)}")
+    return sorted(set(out), key=DTYPE_GROUPS["all"].index)
+
+
+def _cpp_name(overload: str) -> str:
+    return "emit_" + overload.replace(".", "__")
+
+
+def load_spec_file(path: str, display_path: str) -> list[Spec]:
+    with open(path) as f:
+        try:
+            entries = yaml.load(f, Loader=_LineLoader)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            raise SpecError(display_path, mark.line + 1 if mark else 1, f"invalid YAML: {e}") from None
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise SpecError(display_path, 1, "a spec file is a list of entries (- op: ...)")
+    by_name, groups = native_functions()
+    specs = []
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise SpecError(display_path, 1, f"entry {entry!r} is not a mapping")
+        line = entry["__line__"]
+        unknown = set(entry) - KEYS
+        if unknown:
+            raise SpecError(display_path, line, f"unknown key(s) {', '.join(sorted(unknown))}; "
+                                                f"known: {', '.join(sorted(KEYS - {'__line__'}))}")
+        for required in ("op", "lowering"):
+            if required not in entry:
+                raise SpecError(display_path, line, f"missing required key {required!r}")
+        op = str(entry["op"])
+        if op not in by_name:
+            close = [n for n in by_name if n.split(".")[0] == op.split(".")[0]][:6]
+            raise SpecError(display_path, line, f"no ATen overload named {op!r}"
+                            + (f"; did you mean one of {', '.join(close)}?" if close else ""))
+        func = by_name[op]
+        if func.func.kind().name != "functional":
+            raise SpecError(display_path, line, f"{op} is not a functional overload; name the functional one "
+                                                f"and list variants: [inplace, out]")
+        compute = entry.get("compute", "common")
+        if compute not in COMPUTE:
+            raise SpecError(display_path, line, f"compute must be one of {', '.join(COMPUTE)}, not {compute!r}")
+        dtypes = _expand_dtypes(entry.get("dtypes", "all"), display_path, line)
+        schema_args = list(func.func.schema_order_arguments())
+        names = [a.name for a in schema_args]
+        default_promote = [a.name for a in schema_args if str(a.type).rstrip("?") in ("Tensor", "Scalar", "Tensor[]")]
+        promote = entry.get("promote", default_promote)
+        compile_time = entry.get("compile_time", [])
+        for listed, what in ((promote, "promote"), (compile_time, "compile_time")):
+            for name in listed:
+                if name not in names:
+                    raise SpecError(display_path, line, f"{what} names {name!r}, which is not an argument of "
+                                                        f"{op} ({', '.join(names)})")
+        group = groups.get(op)
+        variants = entry.get("variants", [v for v in VARIANTS if group is not None and getattr(group, v, None)])
+        for v in variants:
+            if v not in VARIANTS:
+                raise SpecError(display_path, line, f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+        targets = [("Functional", func)]
+        for v in variants:
+            f = getattr(group, v, None) if group else None
+            if f is None:
+                raise SpecError(display_path, line, f"{op} has no {v} variant in ATen; drop it from variants")
+            targets.append(("Inplace" if v == "inplace" else "Out", f))
+
+        overloads = []
+        for variant, f in targets:
+            fargs = list(f.func.schema_order_arguments())
+            arguments = [_classify(a, set(promote), set(compile_time)) for a in fargs]
+            for a in arguments:
+                if a.kind == "Unsupported":
+                    raise SpecError(display_path, line, f"argument {a.name!r} of {f.func.name} has type {a.type}, "
+                                                        f"which specs cannot take yet")
+            written = -1
+            if variant == "Inplace":
+                written = 0
+            elif variant == "Out":
+                outs = [i for i, a in enumerate(fargs) if a in f.func.arguments.out]
+                if len(outs) != 1:
+                    raise SpecError(display_path, line, f"{f.func.name} has {len(outs)} out arguments; "
+                                                        f"specs take one")
+                written = outs[0]
+            promoted = [i for i, a in enumerate(arguments) if a.name in promote and i != written]
+            compiler = _LoweringCompiler(display_path, line, arguments)
+            expression = compiler.compile(str(entry["lowering"]))
+            overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, expression,
+                                      _cpp_name(str(f.func.name))))
+
+        test = entry.get("test", {}) or {}
+        if not isinstance(test, dict) or set(test) - TEST_KEYS:
+            raise SpecError(display_path, line, f"test takes {', '.join(sorted(TEST_KEYS - {'__line__'}))}")
+        if "dtypes" in test:
+            test["dtypes"] = _expand_dtypes(test["dtypes"], display_path, line)
+        else:
+            test["dtypes"] = [d for d in dtypes if d in DEFAULT_TEST_DTYPES]
+        test.pop("__line__", None)
+        specs.append(Spec(display_path, line, op, str(entry["lowering"]), COMPUTE[compute], dtypes, overloads, test))
+    return specs
+
+
+def load_specs(spec_dir: str, repo_root: str) -> list[Spec]:
+    specs: list[Spec] = []
+    seen: dict[str, str] = {}
+    for name in sorted(os.listdir(spec_dir)):
+        if not name.endswith(".yaml"):
+            continue
+        path = os.path.join(spec_dir, name)
+        display = os.path.relpath(path, repo_root)
+        for spec in load_spec_file(path, display):
+            for o in spec.overloads:
+                if o.name in seen:
+                    raise SpecError(spec.path, spec.line, f"{o.name} is already specified at {seen[o.name]}")
+                seen[o.name] = spec.source
+            specs.append(spec)
+    return specs

@@ -1,0 +1,96 @@
+"""torchtpu: PyTorch's device "tpu", with kernels generated from YAML specs and run through PJRT.
+
+`import torchtpu` (or plain `import torch`, through the torch.backends entry point) renames
+PrivateUse1 to "tpu", loads the C++ extension, starts the PJRT runtime and registers `torch.tpu`.
+It never raises: if something is missing, `torch.tpu.is_available()` is False and the first use
+of a tpu tensor raises an error that says what was tried and which variable to set.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from torchtpu import _plugins
+
+__all__ = ["device", "debug", "is_available", "init_error"]
+
+_ext = None
+_init_error: str | None = None
+
+
+def _C_or_none():
+    return _ext
+
+
+def init_error() -> str | None:
+    """Why the runtime could not start, or None."""
+    return _init_error
+
+
+def _require_runtime():
+    if _ext is None:
+        raise RuntimeError(_init_error or "torchtpu: the runtime is not initialized")
+    return _ext
+
+
+def is_available() -> bool:
+    return _ext is not None
+
+
+def _patch_printing():
+    # Formatting runs dozens of small ops; format a host copy instead (as torch does for XLA).
+    import torch._tensor_str as tensor_str
+
+    if getattr(tensor_str._tensor_str, "_torchtpu", False):
+        return
+    original = tensor_str._tensor_str
+
+    def _tensor_str(self, indent):
+        if self.device.type == "tpu":
+            self = self.to("cpu")
+        return original(self, indent)
+
+    _tensor_str._torchtpu = True
+    tensor_str._tensor_str = _tensor_str
+
+
+def _register_device():
+    if torch._C._get_privateuse1_backend_name() != "tpu":
+        torch.utils.rename_privateuse1_backend("tpu")
+    from torchtpu import device as device_module
+
+    if not hasattr(torch, "tpu"):
+        torch._register_device_module("tpu", device_module)
+    if not hasattr(torch.Tensor, "tpu"):
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    _patch_printing()
+
+
+def _start_runtime():
+    global _ext, _init_error
+    try:
+        from torchtpu import _C as ext
+    except ImportError as e:
+        _init_error = (f"torchtpu: the C++ extension is not built ({e}); run the README's setup command "
+                       f"(pip install --no-build-isolation -e .)")
+        return
+    try:
+        ext._init(_plugins.resolve_plugin(), _plugins.cache_dir())
+    except Exception as e:  # a missing or broken plugin must not take the process down
+        _init_error = str(e)
+        ext._set_init_error(_init_error)
+        return
+    ext.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+    _ext = ext
+
+
+_register_device()
+_start_runtime()
+
+from torchtpu import debug, device  # noqa: E402
+
+
+def _autoload():
+    """Entry point for torch.backends: `import torch` imports torchtpu."""

@@ -1,0 +1,150 @@
+"""`torch.tpu`: the device module, shaped like `torch.cuda`."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+import torchtpu
+
+
+def _C():
+    return torchtpu._require_runtime()
+
+
+def is_available() -> bool:
+    return torchtpu._C_or_none() is not None and device_count() > 0
+
+
+def is_initialized() -> bool:
+    return torchtpu._C_or_none() is not None
+
+
+def init() -> None:
+    _C()
+
+
+def device_count() -> int:
+    ext = torchtpu._C_or_none()
+    return ext.device_count() if ext is not None else 0
+
+
+def current_device() -> int:
+    return _C().current_device()
+
+
+def _index(device) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "tpu":
+        raise ValueError(f"Expected a tpu device, but got: {device}")
+    return current_device() if device.index is None else device.index
+
+
+def set_device(device) -> None:
+    index = _index(device)
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"Invalid device index {index}: torchtpu sees {count} device(s)")
+    _C().set_device(index)
+
+
+class device:
+    """Context manager that makes `device` the current tpu device."""
+
+    def __init__(self, device):
+        self.index = _index(device)
+        self.previous = None
+
+    def __enter__(self):
+        self.previous = current_device()
+        set_device(self.index)
+
+    def __exit__(self, *exc):
+        set_device(self.previous)
+        return False
+
+
+def synchronize(device=None) -> None:
+    _C().synchronize()
+
+
+def get_device_name(device=None) -> str:
+    ext = _C()
+    return f"{ext.device_kind(_index(device))} ({ext.platform_name()} PJRT)"
+
+
+def get_device_properties(device=None):
+    ext = _C()
+    index = _index(device)
+    return _DeviceProperties(ext.device_kind(index), ext.platform_name(), ext.platform_version(), index)
+
+
+class _DeviceProperties:
+    def __init__(self, kind, platform, platform_version, index):
+        self.name = kind
+        self.platform = platform
+        self.platform_version = platform_version
+        self.index = index
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name={self.name!r}, platform={self.platform!r}, "
+                f"platform_version={self.platform_version!r}, index={self.index})")
+
+
+# Random numbers run through PyTorch's CPU generator until tpu RNG specs exist, so seeding the
+# device seeds that generator.
+def manual_seed(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    manual_seed(seed)
+
+
+def seed() -> None:
+    torch.default_generator.seed()
+
+
+def seed_all() -> None:
+    seed()
+
+
+def initial_seed() -> int:
+    return torch.default_generator.initial_seed()
+
+
+def get_rng_state(device=None) -> torch.Tensor:
+    return torch.default_generator.get_state()
+
+
+def set_rng_state(state: torch.Tensor, device=None) -> None:
+    torch.default_generator.set_state(state)
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live device buffers."""
+    return _C().metrics()["live_bytes"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _C().metrics()["peak_live_bytes"]
+
+
+def memory_stats(device=None) -> dict:
+    m = _C().metrics()
+    return {"allocated_bytes.all.current": m["live_bytes"], "allocated_bytes.all.peak": m["peak_live_bytes"],
+            "active.all.current": m["live_buffers"]}
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+@contextlib.contextmanager
+def stream(stream=None):
+    yield
