@@ -5,6 +5,10 @@ import glob
 import os
 
 from setuptools import setup
+
+# Building must not load an installed (possibly stale) torchtpu through torch's backend autoload.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))

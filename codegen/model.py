@@ -322,7 +322,7 @@ def load_spec_file(path: str, display_path: str) -> list[Spec]:
                     raise SpecError(display_path, line, f"{f.func.name} has {len(outs)} out arguments; "
                                                         f"specs take one")
                 written = outs[0]
-            promoted = [i for i, a in enumerate(arguments) if a.name in promote and i != written]
+            promoted = [i for i, a in enumerate(arguments) if a.name in promote and not (variant == "Out" and i == written)]
             compiler = _LoweringCompiler(display_path, line, arguments)
             expression = compiler.compile(str(entry["lowering"]))
             overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, expression,

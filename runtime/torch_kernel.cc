@@ -346,7 +346,9 @@ class SpecKernel final : public c10::OperatorKernel {
     TORCH_CHECK_NOT_IMPLEMENTED(supported, "torchtpu: aten::", spec_.overload, " does not support dtype ",
                                 compute_name, " on tpu (supported: ", c10::Join(", ", spec_.dtypes),
                                 "; see ", spec_.source, ")");
-    const rt::ElementType compute_element = element_type(compute);
+    // Like PyTorch's opmath: half-precision floats compute in float32 and round once at the end.
+    const rt::ElementType compute_element =
+        compute == at::kHalf || compute == at::kBFloat16 ? rt::ElementType::F32 : element_type(compute);
 
     // 3. Emission: parameters, view reads, promotion, the spec's lowering, then the write-back.
     rt::Builder b;

@@ -90,7 +90,3 @@ _register_device()
 _start_runtime()
 
 from torchtpu import debug, device  # noqa: E402
-
-
-def _autoload():
-    """Entry point for torch.backends: `import torch` imports torchtpu."""

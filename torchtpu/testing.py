@@ -1,0 +1,126 @@
+"""Parity checks against PyTorch on CPU, used by the generated tests (generated/tests/)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+import torchtpu
+
+
+# torch.testing.assert_close's defaults (rtol, atol) for half-precision dtypes.
+LOW_PRECISION_TOLERANCES = {torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5)}
+
+
+def to_device(value, device):
+    """`value` with every tensor inside (lists, tuples, dicts) moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def clone_tree(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_tree(v) for v in value)
+    if isinstance(value, dict):
+        return {k: clone_tree(v) for k, v in value.items()}
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def find_opinfo(name: str):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    for info in op_db:
+        if info.name == name and info.variant_test_name == "":
+            return info
+    for info in op_db:  # "div.no_rounding_mode": an OpInfo's name and variant
+        if f"{info.name}.{info.variant_test_name}" == name:
+            return info
+    raise LookupError(f"no OpInfo named {name!r} in op_db")
+
+
+def _fallbacks() -> dict:
+    return dict(torchtpu.debug.metrics()["cpu_fallbacks"])
+
+
+def assert_same(actual, expected, atol=None, rtol=None, context=""):
+    """tpu results equal CPU results: values, dtype, shape (and strides of fresh outputs)."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{context}: expected a tensor, got {type(actual)}"
+        assert actual.device.type == "tpu", f"{context}: result is on {actual.device}, not tpu"
+        host = actual.cpu()
+        assert host.dtype == expected.dtype, f"{context}: dtype {host.dtype} != {expected.dtype}"
+        assert host.shape == expected.shape, f"{context}: shape {tuple(host.shape)} != {tuple(expected.shape)}"
+        if atol is None:
+            torch.testing.assert_close(host, expected, equal_nan=True, msg=lambda m: f"{context}: {m}")
+        else:
+            # A spec's tolerances are floors: half-precision results keep PyTorch's own, looser ones.
+            default_rtol, default_atol = LOW_PRECISION_TOLERANCES.get(expected.dtype, (0.0, 0.0))
+            torch.testing.assert_close(host, expected, atol=max(atol, default_atol), rtol=max(rtol, default_rtol),
+                                       equal_nan=True, msg=lambda m: f"{context}: {m}")
+    elif isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), f"{context}: {len(actual)} results, expected {len(expected)}"
+        for a, e in zip(actual, expected):
+            assert_same(a, e, atol, rtol, context)
+    else:
+        assert actual == expected, f"{context}: {actual!r} != {expected!r}"
+
+
+def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str], atol=None, rtol=None):
+    """Runs every OpInfo sample of `name` on tpu and CPU, for each variant (Functional / Inplace /
+    Out) the spec derives, and compares. A sample CPU rejects is skipped; everything else must
+    match, and none of `overloads` may fall back to the CPU."""
+    torch_dtype = getattr(torch, dtype)
+    info = find_opinfo(name)
+    if torch_dtype not in info.supported_dtypes("cpu"):
+        import pytest
+
+        pytest.skip(f"OpInfo {name} does not support {dtype} on CPU")
+    before = _fallbacks()
+    checked = 0
+    for index, sample in enumerate(info.sample_inputs("cpu", torch_dtype, requires_grad=False)):
+        for variant in dict.fromkeys(variants):
+            context = f"{name} {dtype} sample {index} ({variant}): {sample}"
+            if variant == "Functional":
+                fn = info.op
+            elif variant == "Inplace":
+                fn = info.inplace_variant
+                if fn is None:
+                    continue
+            else:
+                if not info.supports_out:
+                    continue
+                fn = info.op
+            cpu_input, cpu_args, cpu_kwargs = clone_tree((sample.input, sample.args, sample.kwargs))
+            try:
+                expected = fn(cpu_input, *cpu_args, **cpu_kwargs)
+                if variant == "Out":
+                    out = torch.empty_like(expected) if isinstance(expected, torch.Tensor) else None
+                    if out is None:
+                        continue
+                    expected = fn(cpu_input, *cpu_args, **cpu_kwargs, out=out)
+            except Exception:
+                continue  # CPU itself rejects this sample
+            tpu_input, tpu_args, tpu_kwargs = to_device((sample.input, sample.args, sample.kwargs), "tpu")
+            if variant == "Out":
+                tpu_out = torch.empty_like(expected, device="tpu")
+                actual = fn(tpu_input, *tpu_args, **tpu_kwargs, out=tpu_out)
+                assert actual is tpu_out, f"{context}: out= did not return out"
+            else:
+                actual = fn(tpu_input, *tpu_args, **tpu_kwargs)
+            if variant == "Inplace":
+                assert actual is tpu_input, f"{context}: the in-place variant did not return self"
+            assert_same(actual, expected, atol, rtol, context)
+            checked += 1
+    assert checked > 0, f"{name} {dtype}: no sample ran"
+    after = _fallbacks()
+    fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before.get("aten::" + op, 0)]
+    assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"
