@@ -10,6 +10,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/strides.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -140,6 +142,15 @@ struct OutputPlan {
   at::ScalarType dtype;
   std::vector<int64_t> sizes, strides;
 };
+
+// The benchmark's "bare PJRT" baseline: the executable and buffers of one real kernel call.
+struct CapturedExecution {
+  rt::ExecutablePtr exe;
+  std::vector<rt::BufferPtr> inputs;
+  int device = 0;
+};
+std::atomic<bool> g_capture_next_execution{false};
+CapturedExecution g_captured;
 
 struct Entry {
   rt::ExecutablePtr exe;
@@ -273,6 +284,10 @@ class SpecKernel final : public c10::OperatorKernel {
       raw.push_back(keep.back()->raw());
     }
     auto outputs = runtime().execute(*entry.exe, raw, device);
+    if (g_capture_next_execution) {
+      g_captured = CapturedExecution{entry.exe, keep, device};
+      g_capture_next_execution = false;
+    }
 
     if (spec_.variant == Variant::Functional) {
       std::vector<at::Tensor> results;
@@ -557,7 +572,62 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack);
 }
 
+// torch.ops.torchtpu.emitter_chain(["exp", "neg"], x): one module in which each named unary
+// spec's emitter consumes the previous one's value -- the way a whole graph is lowered.
+void emitter_chain(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const at::Tensor x = stack->back().toTensor();
+  const auto names = (*stack)[stack->size() - 2].toList();
+  std::vector<const OpSpec*> chain;
+  std::string key = "chain:";
+  for (const c10::IValue& name : names) {
+    const std::string& overload = name.toStringRef();
+    const OpSpec* found = nullptr;
+    for (const OpSpec& spec : op_specs()) {
+      if (overload == spec.overload && spec.variant == Variant::Functional) found = &spec;
+    }
+    TORCH_CHECK(found && found->args.size() == 1 && found->args[0] == ArgKind::Tensor,
+                "torchtpu: emitter_chain takes functional one-tensor specs; '", overload, "' is not one");
+    chain.push_back(found);
+    key += overload + ",";
+  }
+  TORCH_CHECK(is_tpu(x) && at::isFloatingType(x.scalar_type()), "torchtpu: emitter_chain takes a float tpu tensor");
+  bool lazy = false;
+  const rt::TensorType st = storage_type(x, &lazy);
+  std::vector<rt::BufferPtr> inputs;
+  if (!lazy) inputs.push_back(storage_of(x).buffer);
+  auto out = run_module(
+      key + geometry_key(x), inputs,
+      [&](rt::Builder& b) {
+        rt::Value v = b.read_view(lazy ? b.full(0, st) : b.parameter(st), geometry_of(x));
+        for (const OpSpec* spec : chain) {
+          EmitArgs ea;
+          ea.args.push_back(v);
+          v = spec->emit(b, ea).at(0);
+        }
+        return std::vector<rt::Value>{v};
+      },
+      x.device().index());
+  const at::Tensor result =
+      wrap_buffer(out[0], x.scalar_type(), x.sizes(), c10::contiguous_strides(x.sizes()), 0, x.device().index());
+  torch::jit::drop(*stack, 2);
+  stack->emplace_back(result);
+}
+
 }  // namespace
+
+void capture_next_execution() { g_capture_next_execution = true; }
+
+double repeat_captured_execution_ns(int iterations) {
+  TORCH_CHECK(g_captured.exe, "torchtpu: no execution was captured");
+  std::vector<PJRT_Buffer*> raw;
+  for (const auto& b : g_captured.inputs) raw.push_back(b->raw());
+  auto& rt = runtime();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) rt.execute(*g_captured.exe, raw, g_captured.device);
+  rt.synchronize();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+  return static_cast<double>(ns.count()) / iterations;
+}
 
 torch::CppFunction spec_kernel(const OpSpec& spec) {
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SpecKernel>(spec));
@@ -687,6 +757,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+TORCH_LIBRARY(torchtpu, m) { m.def("emitter_chain(str[] overloads, Tensor x) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(torchtpu, PrivateUse1, m) {
+  m.impl("emitter_chain", torch::CppFunction::makeFromBoxedFunction<&emitter_chain>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

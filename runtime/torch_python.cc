@@ -67,6 +67,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("metrics", &metrics);
   m.def("set_fallback_is_error", &torchtpu::set_fallback_is_error);
+  m.def("_capture_next_execution", &torchtpu::capture_next_execution);
+  m.def("_repeat_captured_execution_ns", [](int iterations) {
+    py::gil_scoped_release release;
+    return torchtpu::repeat_captured_execution_ns(iterations);
+  });
   m.def("clear_in_process_caches", [] {
     torchtpu::clear_kernel_caches();
     torchtpu::runtime().clear_in_process_cache();

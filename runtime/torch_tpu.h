@@ -61,4 +61,9 @@ void set_fallback_is_error(bool error);
 void clear_kernel_caches();
 int64_t kernel_cache_size();
 
+// Benchmark support: remember the next spec kernel's executable and inputs, then re-execute
+// them bare (no dispatch, no key) and return nanoseconds per execution.
+void capture_next_execution();
+double repeat_captured_execution_ns(int iterations);
+
 }  // namespace torchtpu

@@ -1,0 +1,69 @@
+"""Shared helpers for the torchtpu test suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torchtpu  # noqa: F401  (torch autoloads it too; be explicit)
+
+TPU = torch.device("tpu")
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with os.environ plus `env` overrides (None value = unset)."""
+    full_env = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = str(value)
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def last_json(stdout: str):
+    """The last line of stdout that parses as JSON."""
+    for line in reversed(stdout.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{") or line.startswith("["):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in stdout:\n{stdout}")
+
+
+def metrics() -> dict:
+    return torchtpu.debug.metrics()
+
+
+def to_tpu(t: torch.Tensor) -> torch.Tensor:
+    return t.to("tpu")
+
+
+def assert_equal_cpu(actual: torch.Tensor, expected: torch.Tensor, exact: bool = False, **tol):
+    """`actual` (tpu) matches `expected` (cpu): device, dtype, shape and values."""
+    assert actual.device.type == "tpu", actual.device
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    host = actual.cpu()
+    if exact:
+        torch.testing.assert_close(host, expected, rtol=0, atol=0, equal_nan=True)
+    else:
+        torch.testing.assert_close(host, expected, equal_nan=True, **tol)
+
+
+@pytest.fixture
+def python_runner():
+    return run_python
+
+
+@pytest.fixture
+def fresh_cache_dir(tmp_path):
+    d = tmp_path / "ttcache"
+    d.mkdir()
+    return str(d)
