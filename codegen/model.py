@@ -196,17 +196,25 @@ class _LoweringCompiler:
                           f"got {len(node.args)}")
             if want not in ("value",):
                 self.fail(f"{node.func.id}(...) gives a value where {want} is needed")
-            anchor = next((a for a, p in zip(node.args, params) if p == "value" and not isinstance(a, ast.Constant)),
+            literals = [isinstance(a, ast.Constant) and p == "value" for a, p in zip(node.args, params)]
+            if not any(literals):
+                return f"b.{node.func.id}({', '.join(self.expr(a, p) for a, p in zip(node.args, params))})"
+            # A number operand takes the dtype of the call's first tensor operand, which is
+            # evaluated once into a local so that it is not emitted twice.
+            anchor = next((i for i, (a, p) in enumerate(zip(node.args, params)) if p == "value" and not literals[i]),
                           None)
+            if anchor is None:
+                self.fail(f"{node.func.id}() needs at least one tensor operand")
             parts = []
-            for a, p in zip(node.args, params):
-                if isinstance(a, ast.Constant) and p == "value":
-                    if anchor is None:
-                        self.fail(f"{node.func.id}() needs at least one tensor operand")
-                    parts.append(f"b.scalar_like({float(a.value)!r}, {self.expr(anchor, 'value')})")
+            for i, (a, p) in enumerate(zip(node.args, params)):
+                if literals[i]:
+                    if not isinstance(a.value, (int, float)) or isinstance(a.value, bool):
+                        self.fail(f"literal {a.value!r} is not a number")
+                    parts.append(f"b.scalar_like({float(a.value)!r}, anchor)")
                 else:
-                    parts.append(self.expr(a, p))
-            return f"b.{node.func.id}({', '.join(parts)})"
+                    parts.append("anchor" if i == anchor else self.expr(a, p))
+            anchor_expr = self.expr(node.args[anchor], "value")
+            return f"[&] {{ const Value anchor = {anchor_expr}; return b.{node.func.id}({', '.join(parts)}); }}()"
         if isinstance(node, ast.Name):
             if node.id not in self.args:
                 self.fail(f"{node.id!r} is not an argument of the schema ({', '.join(self.args)})")

@@ -179,11 +179,11 @@ std::vector<Value> emit_fill___Tensor(Builder& b, const EmitArgs& a) { return {b
 std::vector<Value> emit_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
 
 // zero = fill(0, self)  (specs/tensor.yaml:14)
-std::vector<Value> emit_zero(Builder& b, const EmitArgs& a) { return {b.fill(b.scalar_like(0.0, a.value(0)), a.value(0))}; }
+std::vector<Value> emit_zero(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()}; }
 // zero_ = fill(0, self)  (specs/tensor.yaml:14)
-std::vector<Value> emit_zero_(Builder& b, const EmitArgs& a) { return {b.fill(b.scalar_like(0.0, a.value(0)), a.value(0))}; }
+std::vector<Value> emit_zero_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()}; }
 // zero.out = fill(0, self)  (specs/tensor.yaml:14)
-std::vector<Value> emit_zero__out(Builder& b, const EmitArgs& a) { return {b.fill(b.scalar_like(0.0, a.value(0)), a.value(0))}; }
+std::vector<Value> emit_zero__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()}; }
 
 // cat = cat(tensors, dim)  (specs/tensor.yaml:20)
 std::vector<Value> emit_cat(Builder& b, const EmitArgs& a) { return {b.cat(a.values(0), a.integer(1))}; }

@@ -1,0 +1,91 @@
+"""Codegen: specs validate with file:line errors, and adding an op is one spec entry."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from codegen import gen
+from codegen.model import SpecError, load_spec_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_spec(tmp_path, text):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ("- op: add.Tensor\n  lowering: add(self, other\n", 1, "lowering is not an expression"),
+        ("- op: add.Tensor\n  lowering: frobnicate(self)\n", 1, "unknown builder primitive 'frobnicate'"),
+        ("- op: add.Tensor\n  lowering: add(self, nothing)\n", 1, "'nothing' is not an argument of the schema"),
+        ("- op: add.Tensor\n  lowering: add(self)\n", 1, "add() takes 2 arguments"),
+        ("# a comment\n- op: nosuchop\n  lowering: neg(self)\n", 2, "no ATen overload named 'nosuchop'"),
+        ("- op: add.Tensor\n  lowering: add(self, other)\n- op: neg\n  lowering: neg(self)\n  dtypes: [float99]\n", 3,
+         "unknown dtype or group 'float99'"),
+        ("- op: add_.Tensor\n  lowering: add(self, other)\n", 1, "not a functional overload"),
+        ("- op: where.self\n  lowering: where(condition, self, other)\n  variants: [inplace]\n", 1,
+         "has no inplace variant"),
+        ("- op: neg\n  lowering: neg(self)\n  colour: blue\n", 1, "unknown key(s) colour"),
+        ("- op: sum.dim_IntList\n  lowering: sum(dim, self, keepdim)\n", 1, "is used where value is needed"),
+        ("- op: neg\n  lowering: neg(self)\n  compute: fastest\n", 1, "compute must be one of"),
+        ("- op: neg\n", 1, "missing required key 'lowering'"),
+    ],
+)
+def test_bad_spec_names_file_and_line(tmp_path, text, line, message):
+    path = write_spec(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_spec_file(path, "specs/bad.yaml")
+    assert str(info.value).startswith(f"specs/bad.yaml:{line}: "), str(info.value)
+    assert message in str(info.value)
+
+
+def copy_tree(tmp_path):
+    root = tmp_path / "repo"
+    for part in ("specs", "codegen", "generated"):
+        shutil.copytree(os.path.join(ROOT, part), root / part, ignore=shutil.ignore_patterns("__pycache__", "bazel"))
+    return root
+
+
+def run_gen(root, *args):
+    env = dict(os.environ, BUILD_WORKSPACE_DIRECTORY=str(root), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    return subprocess.run([sys.executable, "-m", "codegen.gen", *args], cwd=str(root), env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_checked_in_generated_code_matches_specs():
+    assert gen.main(["--check"]) == 0
+
+
+def test_adding_an_op_is_one_spec_entry(tmp_path):
+    root = copy_tree(tmp_path)
+    with open(root / "specs" / "elementwise.yaml", "a") as f:
+        f.write("\n- op: sigmoid\n  lowering: div(1, add(1, exp(neg(self))))\n  compute: common_float\n"
+                "  dtypes: floating\n  test: {opinfo: sigmoid}\n")
+    assert run_gen(root, "--check").returncode == 1  # generated/ is now stale
+    result = run_gen(root)
+    assert result.returncode == 0, result.stderr
+    register = (root / "generated" / "ops" / "register.cpp").read_text()
+    for overload in ("sigmoid", "sigmoid_", "sigmoid.out"):
+        assert f'm.impl("{overload}", ' in register
+    emitters = (root / "generated" / "ops" / "emitters.cpp").read_text()
+    assert "emit_sigmoid(" in emitters and "b.exp(b.neg(a.value(0)))" in emitters
+    assert "def test_sigmoid(dtype):" in (root / "generated" / "tests" / "test_parity.py").read_text()
+    assert run_gen(root, "--check").returncode == 0
+
+
+def test_bad_spec_stops_codegen(tmp_path):
+    root = copy_tree(tmp_path)
+    with open(root / "specs" / "elementwise.yaml", "a") as f:
+        f.write("\n- op: sigmoid\n  lowering: sigmoidish(self)\n")
+    before = (root / "generated" / "ops" / "emitters.cpp").read_text()
+    result = run_gen(root)
+    assert result.returncode == 1
+    assert "specs/elementwise.yaml:" in result.stderr and "unknown builder primitive 'sigmoidish'" in result.stderr
+    assert (root / "generated" / "ops" / "emitters.cpp").read_text() == before

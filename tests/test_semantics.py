@@ -1,0 +1,529 @@
+"""Results, views, copies, dtypes, promotion and errors on tpu equal PyTorch on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_equal_cpu
+
+
+def tpu(t):
+    return t.to("tpu")
+
+
+def test_issue_demo_snippet():
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 3)
+    xt, wt = tpu(x), tpu(w)
+
+    y = (x @ w).relu() + 1.5
+    y[:, 0] = 0
+    expected = y.sum(dim=0)
+
+    yt = (xt @ wt).relu() + 1.5
+    yt[:, 0] = 0
+    actual = yt.sum(dim=0)
+
+    assert_equal_cpu(yt, y)
+    assert_equal_cpu(actual, expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# Views see writes
+
+
+def test_write_through_transpose_view():
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    bt = tpu(base)
+    v, vt = base.t(), bt.t()
+    v[1, 2] = 100.0
+    vt[1, 2] = 100.0
+    v.mul_(2)
+    vt.mul_(2)
+    assert_equal_cpu(bt, base, exact=True)
+    assert_equal_cpu(vt, v, exact=True)
+    assert not vt.is_contiguous()
+
+
+def test_write_through_step_slice():
+    base = torch.arange(10, dtype=torch.float32)
+    bt = tpu(base)
+    base[1::3] = -1.0
+    bt[1::3] = -1.0
+    base[::2].add_(10)
+    bt[::2].add_(10)
+    assert_equal_cpu(bt, base, exact=True)
+
+
+def test_write_through_select():
+    base = torch.zeros(3, 4)
+    bt = tpu(base)
+    base.select(1, 2).fill_(5.0)
+    bt.select(1, 2).fill_(5.0)
+    base[0].zero_()
+    bt[0].zero_()
+    base[2][3] = 7.0
+    bt[2][3] = 7.0
+    assert_equal_cpu(bt, base, exact=True)
+
+
+def test_expand_sees_source_writes():
+    src = torch.tensor([[1.0], [2.0], [3.0]])
+    st = tpu(src)
+    e, et = src.expand(3, 4), st.expand(3, 4)
+    src.mul_(10)
+    st.mul_(10)
+    assert_equal_cpu(et, e, exact=True)
+    assert et.stride() == e.stride()
+    assert_equal_cpu(et.sum(dim=1), e.sum(dim=1))
+
+
+def test_inplace_add_on_noncontiguous_view():
+    base = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    bt = tpu(base)
+    v, vt = base.permute(2, 0, 1)[1:3], bt.permute(2, 0, 1)[1:3]
+    assert not vt.is_contiguous()
+    other = torch.full((2, 2, 3), 0.5)
+    v.add_(other, alpha=2)
+    vt.add_(tpu(other), alpha=2)
+    assert_equal_cpu(bt, base, exact=True)
+    assert_equal_cpu(vt, v, exact=True)
+
+
+def test_out_into_view():
+    base = torch.zeros(4, 6)
+    bt = tpu(base)
+    a = torch.randn(3, 4)
+    b = torch.randn(4, 3)
+    out_v = base[:, ::2]  # non-contiguous 4x3 view
+    out_vt = bt[:, ::2]
+    torch.add(a.t(), b, out=out_v)
+    torch.add(tpu(a).t(), tpu(b), out=out_vt)
+    assert_equal_cpu(bt, base)
+    # mm with out= into a transposed view
+    base2 = torch.zeros(3, 4)
+    bt2 = tpu(base2)
+    o, ot = base2.t(), bt2.t()  # 4x3 view
+    torch.mm(b, torch.eye(3), out=o)
+    torch.mm(tpu(b), tpu(torch.eye(3)), out=ot)
+    assert_equal_cpu(bt2, base2)
+
+
+def test_view_metadata_and_shared_storage():
+    base = torch.arange(24, dtype=torch.float32)
+    bt = tpu(base)
+    views = [
+        lambda t: t.view(4, 6),
+        lambda t: t.reshape(2, 3, 4),
+        lambda t: t.view(4, 6).transpose(0, 1),
+        lambda t: t.view(2, 3, 4).permute(2, 0, 1),
+        lambda t: t.view(4, 6)[1:3, ::2],
+        lambda t: t.view(4, 6).select(0, 2),
+        lambda t: t.as_strided((3, 3), (5, 2), 1),
+        lambda t: t.view(4, 6).t(),
+        lambda t: t.unsqueeze(0).unsqueeze(2),
+        lambda t: t[:4].expand(3, 4),
+    ]
+    for make in views:
+        vc, vt = make(base), make(bt)
+        assert vt.shape == vc.shape and vt.stride() == vc.stride()
+        assert vt.storage_offset() == vc.storage_offset()
+        assert vt.untyped_storage().data_ptr() == bt.untyped_storage().data_ptr()
+        assert_equal_cpu(vt, vc, exact=True)
+    # Write through one view, read through another.
+    base.view(4, 6).t()[2, 1] = -5.0
+    bt.view(4, 6).t()[2, 1] = -5.0
+    assert_equal_cpu(bt.as_strided((3, 3), (5, 2), 1), base.as_strided((3, 3), (5, 2), 1), exact=True)
+    assert_equal_cpu(bt, base, exact=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Copies
+
+
+def test_noncontiguous_copy_cpu_to_tpu():
+    src = torch.arange(20, dtype=torch.float32).reshape(4, 5)
+    dst = torch.zeros(5, 4)
+    dt = tpu(dst)
+    dst.copy_(src.t())
+    dt.copy_(src.t())  # cpu non-contiguous -> tpu
+    assert_equal_cpu(dt, dst, exact=True)
+    # cpu contiguous -> strided tpu destination
+    dst2 = torch.zeros(4, 10)
+    dt2 = tpu(dst2)
+    dst2[:, ::2].copy_(src)
+    dt2[:, ::2].copy_(src)
+    assert_equal_cpu(dt2, dst2, exact=True)
+
+
+def test_noncontiguous_copy_tpu_to_cpu():
+    src = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    st = tpu(src)
+    out = torch.zeros(4, 3, 2)
+    out.copy_(st.permute(2, 1, 0))
+    assert torch.equal(out, src.permute(2, 1, 0))
+    out2 = torch.zeros(3, 8)
+    out2[:, 1::2].copy_(st[1])
+    ref = torch.zeros(3, 8)
+    ref[:, 1::2].copy_(src[1])
+    assert torch.equal(out2, ref)
+    assert torch.equal(st.permute(2, 1, 0).cpu(), src.permute(2, 1, 0))
+    assert torch.equal(st[:, ::2, 1::2].cpu(), src[:, ::2, 1::2])
+
+
+def test_transposed_source_into_strided_destination_tpu_to_tpu():
+    src = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    dst = torch.full((4, 6), -1.0)
+    st, dt = tpu(src), tpu(dst)
+    dst[:, ::2].copy_(src.t())
+    dt[:, ::2].copy_(st.t())
+    assert_equal_cpu(dt, dst, exact=True)
+    # tpu -> tpu contiguous
+    c = torch.empty(3, 4, device="tpu")
+    c.copy_(st)
+    assert_equal_cpu(c, src, exact=True)
+
+
+def test_copy_chain_across_dtypes():
+    src = torch.tensor([[-2.75, 0.0, 1.5], [3.25, -0.5, 7.0]])
+    chain = [torch.bfloat16, torch.float16, torch.int64, torch.bool]
+    cur_c, cur_t = src, tpu(src)
+    for dtype in chain:
+        nxt_c = torch.empty(cur_c.shape[::-1], dtype=dtype).t()  # non-contiguous destination
+        nxt_t = torch.empty(cur_c.shape[::-1], dtype=dtype, device="tpu").t()
+        nxt_c.copy_(cur_c)
+        nxt_t.copy_(cur_t)
+        assert_equal_cpu(nxt_t, nxt_c, exact=True)
+        cur_c, cur_t = nxt_c, nxt_t
+    for dtype in reversed([torch.float32] + chain[:-1]):
+        nxt_c = torch.empty(cur_c.shape, dtype=dtype)
+        nxt_t = torch.empty(cur_c.shape, dtype=dtype, device="tpu")
+        nxt_c.copy_(cur_c)
+        nxt_t.copy_(cur_t)
+        assert_equal_cpu(nxt_t, nxt_c, exact=True)
+        cur_c, cur_t = nxt_c, nxt_t
+
+
+def test_copy_across_dtypes_between_devices():
+    src = torch.tensor([1.9, -2.6, 0.0, 300.7])
+    for dtype in [torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.bool]:
+        d = torch.empty(4, dtype=dtype, device="tpu")
+        d.copy_(src)  # cpu float32 -> tpu other dtype
+        assert_equal_cpu(d, src.to(dtype), exact=True)
+        back = torch.empty(4, dtype=torch.float32)
+        back.copy_(d)  # tpu other dtype -> cpu float32
+        assert torch.equal(back, src.to(dtype).to(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                                   torch.bool])
+def test_dtype_round_trip_exact(dtype):
+    torch.manual_seed(1)
+    if dtype == torch.bool:
+        cpu = torch.rand(3, 5) > 0.5
+    elif dtype.is_floating_point:
+        cpu = (torch.randn(3, 5) * 100).to(dtype)
+        cpu[0, 0] = float("inf")
+        cpu[0, 1] = float("-inf")
+        cpu[0, 2] = -0.0
+    else:
+        cpu = torch.randint(torch.iinfo(dtype).min, torch.iinfo(dtype).max, (3, 5), dtype=dtype)
+    t = tpu(cpu)
+    assert t.dtype == dtype
+    back = t.cpu()
+    assert back.dtype == dtype
+    assert torch.equal(back, cpu)
+    if dtype.is_floating_point:
+        assert torch.equal(torch.signbit(back), torch.signbit(cpu))
+    # through a device-side clone as well
+    assert torch.equal(t.clone().cpu(), cpu)
+
+
+@pytest.mark.parametrize("src,dst", [
+    (torch.float32, torch.bfloat16), (torch.float32, torch.float16), (torch.float32, torch.int64),
+    (torch.float32, torch.int32), (torch.float32, torch.bool), (torch.int64, torch.float32),
+    (torch.bool, torch.float32), (torch.int32, torch.int64), (torch.bfloat16, torch.float16),
+])
+def test_to_dtype_on_device(src, dst):
+    cpu = torch.tensor([[-3.7, 0.0, 2.5], [1.0, 126.9, -0.2]]).to(src)
+    assert_equal_cpu(tpu(cpu).to(dst), cpu.to(dst), exact=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Promotion and broadcasting
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.randn(2, 3)),
+    lambda: (torch.arange(6, dtype=torch.int32).reshape(2, 3), torch.randn(3)),
+    lambda: (torch.tensor([True, False, True]), torch.tensor([1, 2, 3])),
+    lambda: (torch.randn(2, 3).half(), torch.randn(2, 3)),
+    lambda: (torch.randn(2, 3).bfloat16(), torch.randn(2, 3).half()),
+    lambda: (torch.randn(4, 1, 3), torch.randn(2, 1)),
+    lambda: (torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor(2.5)),  # 0-d float wins
+    lambda: (torch.randn(3).half(), torch.tensor(2.0, dtype=torch.float64)),  # 0-d same category
+], ids=["int64+f32", "int32+f32bcast", "bool+int", "f16+f32", "bf16+f16", "bcast3d", "int+0d", "f16+0d"])
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "eq", "lt"])
+def test_binary_promotion_and_broadcast(make, op):
+    a, b = make()
+    if op == "sub" and (a.dtype == torch.bool or b.dtype == torch.bool):
+        pytest.skip("bool subtraction is an error on CPU too (checked in test_errors)")
+    fn = getattr(torch, op)
+    expected = fn(a, b)
+    actual = fn(tpu(a), tpu(b))
+    assert_equal_cpu(actual, expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("scalar", [2.5, 3, True, -1])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float16, torch.bool, torch.float32])
+@pytest.mark.parametrize("op", ["add", "mul", "div"])
+def test_tensor_python_scalar_promotion(dtype, scalar, op):
+    cpu = torch.tensor([[0, 1, 2], [3, 4, 5]]).to(dtype)
+    fn = getattr(torch, op)
+    expected = fn(cpu, scalar)
+    actual = fn(tpu(cpu), scalar)
+    assert_equal_cpu(actual, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_operator_forms_promote_like_cpu():
+    i = torch.tensor([1, 2, 3])
+    f = torch.tensor([0.5, 1.5, 2.5])
+    it, ft = tpu(i), tpu(f)
+    assert_equal_cpu(it + ft, i + f)
+    assert_equal_cpu(it + 1.5, i + 1.5)
+    assert_equal_cpu(it / 2, i / 2)
+    assert_equal_cpu(2 - it, 2 - i)
+    assert_equal_cpu(-it, -i)
+    assert_equal_cpu(it.add(it, alpha=3), i.add(i, alpha=3))
+    assert_equal_cpu(ft.sub(ft * 2, alpha=0.5), f.sub(f * 2, alpha=0.5))
+
+
+def test_inplace_promotion_keeps_dtype():
+    f = torch.tensor([1.0, 2.0, 3.0])
+    ft = tpu(f)
+    f.add_(torch.tensor([1, 2, 3]))
+    ft.add_(tpu(torch.tensor([1, 2, 3])))
+    assert_equal_cpu(ft, f)
+    h = torch.tensor([1.0, 2.0], dtype=torch.float16)
+    ht = tpu(h)
+    h.mul_(torch.tensor([3.0, 0.5]))
+    ht.mul_(tpu(torch.tensor([3.0, 0.5])))
+    assert_equal_cpu(ht, h, exact=True)
+
+
+def test_unary_ops_match_cpu():
+    cpu = torch.tensor([[0.5, 1.0, 4.0], [2.25, 9.0, 0.01]])
+    t = tpu(cpu)
+    for name in ["neg", "exp", "log", "sqrt", "relu"]:
+        assert_equal_cpu(getattr(torch, name)(t), getattr(torch, name)(cpu))
+    signed = torch.tensor([-1.5, 0.0, 2.0])
+    assert_equal_cpu(torch.relu(tpu(signed)), torch.relu(signed))
+    # int input promotes to float for exp
+    i = torch.tensor([0, 1, 2])
+    assert_equal_cpu(torch.exp(tpu(i)), torch.exp(i))
+    assert_equal_cpu(torch.neg(tpu(i)), torch.neg(i))
+
+
+def test_where_matches_cpu():
+    cond = torch.tensor([[True, False, True], [False, False, True]])
+    a = torch.randn(2, 3)
+    b = torch.tensor([1, 2, 3])
+    assert_equal_cpu(torch.where(tpu(cond), tpu(a), tpu(b)), torch.where(cond, a, b))
+    assert_equal_cpu(torch.where(tpu(a) > 0, tpu(a), tpu(a) * 2),
+                     torch.where(a > 0, a, a * 2))
+
+
+def test_addmm_and_mm_match_cpu():
+    torch.manual_seed(2)
+    m, a, b = torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5)
+    assert_equal_cpu(torch.mm(tpu(a), tpu(b)), torch.mm(a, b))
+    assert_equal_cpu(torch.addmm(tpu(m), tpu(a), tpu(b), beta=0.5, alpha=2.0),
+                     torch.addmm(m, a, b, beta=0.5, alpha=2.0))
+    bias = torch.randn(5)
+    assert_equal_cpu(torch.addmm(tpu(bias), tpu(a), tpu(b)), torch.addmm(bias, a, b))
+    # mm of non-contiguous operands
+    assert_equal_cpu(torch.mm(tpu(b).t(), tpu(a).t()), torch.mm(b.t(), a.t()))
+
+
+# ----------------------------------------------------------------------------------------------
+# out= and errors equal to CPU
+
+
+def test_out_resized_like_cpu():
+    a = torch.randn(3, 4)
+    b = torch.randn(4)
+    o = torch.empty(2)
+    ot = torch.empty(2, device="tpu")
+    torch.add(a, b, out=o)
+    torch.add(tpu(a), tpu(b), out=ot)
+    assert ot.shape == o.shape == (3, 4)
+    assert_equal_cpu(ot, o)
+    # zero-size out
+    o0 = torch.empty(0)
+    ot0 = torch.empty(0, device="tpu")
+    torch.mul(a, 2.0, out=o0)
+    torch.mul(tpu(a), 2.0, out=ot0)
+    assert_equal_cpu(ot0, o0)
+
+
+def _error_message(fn):
+    with pytest.raises(Exception) as info:
+        fn()
+    return info.type, str(info.value)
+
+
+def test_inplace_invalid_result_dtype_same_error_as_cpu():
+    i = torch.tensor([1, 2, 3])
+    f = torch.tensor([0.5, 0.5, 0.5])
+    cpu_type, cpu_msg = _error_message(lambda: i.clone().add_(f))
+    tpu_type, tpu_msg = _error_message(lambda: tpu(i).add_(tpu(f)))
+    assert tpu_type is cpu_type
+    assert tpu_msg == cpu_msg
+
+
+def test_shape_mismatch_same_error_as_cpu():
+    cpu_type, cpu_msg = _error_message(lambda: torch.randn(2, 3) + torch.randn(4))
+    tpu_type, tpu_msg = _error_message(lambda: torch.randn(2, 3, device="tpu") + torch.randn(4, device="tpu"))
+    assert cpu_type is RuntimeError
+    assert tpu_type is RuntimeError
+    assert tpu_msg == cpu_msg
+
+
+def test_mm_shape_mismatch_same_error_as_cpu():
+    a, b = torch.randn(2, 3), torch.randn(4, 5)
+    cpu_type, cpu_msg = _error_message(lambda: torch.mm(a, b))
+    tpu_type, tpu_msg = _error_message(lambda: torch.mm(tpu(a), tpu(b)))
+    assert cpu_type is RuntimeError and tpu_type is RuntimeError
+    assert tpu_msg == cpu_msg
+
+
+# ----------------------------------------------------------------------------------------------
+# Edge shapes, cat, reductions
+
+
+def test_empty_tensors():
+    e = torch.empty(0, 3)
+    et = tpu(e)
+    assert et.numel() == 0
+    assert_equal_cpu(et + 1, e + 1)
+    assert_equal_cpu(et + tpu(torch.ones(3)), e + torch.ones(3))
+    assert_equal_cpu(et.sum(), e.sum())
+    assert_equal_cpu(et.sum(dim=0), e.sum(dim=0))
+    assert_equal_cpu(et.sum(dim=1), e.sum(dim=1))
+    x = torch.randn(2, 3)
+    assert_equal_cpu(torch.cat([et, tpu(x)]), torch.cat([e, x]))
+    assert_equal_cpu(torch.cat([et, et], dim=1), torch.cat([e, e], dim=1))
+    assert et.tolist() == []
+
+
+def test_zero_dim_tensor():
+    s = torch.tensor(2.5)
+    st = tpu(s)
+    assert st.dim() == 0 and st.shape == ()
+    assert_equal_cpu(st * 2 + 1, s * 2 + 1)
+    assert_equal_cpu(st + tpu(torch.ones(2, 2)), s + torch.ones(2, 2))
+    assert_equal_cpu(torch.exp(st), torch.exp(s))
+    assert_equal_cpu(st.sum(), s.sum())
+    st.add_(1)
+    s.add_(1)
+    assert st.item() == s.item()
+    assert_equal_cpu(torch.tensor([1.0, 2.0]).to("tpu").sum(), torch.tensor(3.0))
+
+
+def test_synchronize_after_work():
+    x = tpu(torch.randn(8, 8))
+    y = x
+    for _ in range(5):
+        y = y @ x * 0.1
+    torch.tpu.synchronize()
+    xc = x.cpu()
+    yc = xc
+    for _ in range(5):
+        yc = yc @ xc * 0.1
+    assert_equal_cpu(y, yc, rtol=1e-4, atol=1e-5)
+
+
+def test_cat_mixed_dtypes():
+    parts = [torch.tensor([[1, 2]], dtype=torch.int32), torch.tensor([[0.5, 1.5]]),
+             torch.tensor([[1.0, 2.0]], dtype=torch.float16)]
+    expected = torch.cat(parts)
+    actual = torch.cat([tpu(p) for p in parts])
+    assert_equal_cpu(actual, expected)
+    b = [torch.tensor([True, False]), torch.tensor([3, 4])]
+    assert_equal_cpu(torch.cat([tpu(p) for p in b]), torch.cat(b))
+
+
+def test_cat_dims_and_noncontiguous():
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    b = torch.arange(4, dtype=torch.float32).reshape(2, 2)
+    assert_equal_cpu(torch.cat([tpu(a), tpu(b)], dim=1), torch.cat([a, b], dim=1))
+    assert_equal_cpu(torch.cat([tpu(a).t(), tpu(a).t()], dim=-1), torch.cat([a.t(), a.t()], dim=-1))
+    o, ot = torch.empty(0), torch.empty(0, device="tpu")
+    torch.cat([a, a], out=o)
+    torch.cat([tpu(a), tpu(a)], out=ot)
+    assert_equal_cpu(ot, o)
+
+
+@pytest.mark.parametrize("src", [torch.int32, torch.int64, torch.bool, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [None, torch.float32, torch.int64, torch.float16])
+def test_sum_with_dtype(src, dtype):
+    cpu = torch.tensor([[1, 0, 3], [4, 5, 0]]).to(src)
+    t = tpu(cpu)
+    kw = {} if dtype is None else {"dtype": dtype}
+    assert_equal_cpu(t.sum(**kw), cpu.sum(**kw))
+    assert_equal_cpu(t.sum(dim=1, **kw), cpu.sum(dim=1, **kw))
+    assert_equal_cpu(torch.sum(t, dim=(0, 1), keepdim=True, **kw), torch.sum(cpu, dim=(0, 1), keepdim=True, **kw))
+
+
+@pytest.mark.parametrize("dims", [None, 0, 1, -1, (0, 2), (1, 2), (0, 1, 2)])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_mean_and_sum_over_dims(dims, keepdim):
+    torch.manual_seed(3)
+    cpu = torch.randn(2, 3, 4)
+    t = tpu(cpu)
+    if dims is None:
+        if keepdim:
+            pytest.skip("keepdim needs dim")
+        assert_equal_cpu(t.mean(), cpu.mean())
+        assert_equal_cpu(t.sum(), cpu.sum())
+        return
+    assert_equal_cpu(t.mean(dim=dims, keepdim=keepdim), cpu.mean(dim=dims, keepdim=keepdim))
+    assert_equal_cpu(t.sum(dim=dims, keepdim=keepdim), cpu.sum(dim=dims, keepdim=keepdim))
+    # and on a non-contiguous input
+    assert_equal_cpu(t.transpose(0, 2).mean(dim=dims, keepdim=keepdim),
+                     cpu.transpose(0, 2).mean(dim=dims, keepdim=keepdim))
+
+
+def test_mean_with_dtype():
+    cpu = torch.tensor([[1.0, 2.0], [3.0, 4.5]], dtype=torch.float16)
+    assert_equal_cpu(tpu(cpu).mean(dim=0, dtype=torch.float32), cpu.mean(dim=0, dtype=torch.float32))
+
+
+def test_fill_zero_clone():
+    cpu = torch.randn(3, 4)
+    t = tpu(cpu)
+    c = t.clone()
+    t.fill_(2.5)
+    cpu2 = cpu.clone()
+    cpu.fill_(2.5)
+    assert_equal_cpu(t, cpu)
+    assert_equal_cpu(c, cpu2)  # clone is independent of later writes
+    t[:, 1].zero_()
+    cpu[:, 1].zero_()
+    assert_equal_cpu(t, cpu)
+    i = torch.zeros(3, dtype=torch.int64, device="tpu").fill_(7)
+    assert i.tolist() == [7, 7, 7]
+    assert_equal_cpu(tpu(cpu).t().clone(), cpu.t().clone())
+    assert tpu(cpu).t().clone(memory_format=torch.preserve_format).stride() == cpu.t().clone().stride()
+
+
+def test_empty_is_lazy_and_writable():
+    e = torch.empty(3, 4, device="tpu")
+    assert e.shape == (3, 4) and e.device.type == "tpu"
+    e.copy_(torch.ones(3, 4))
+    assert torch.equal(e.cpu(), torch.ones(3, 4))
+    f = torch.empty(5, device="tpu", dtype=torch.int32)
+    f.zero_()
+    assert f.cpu().tolist() == [0] * 5
