@@ -84,6 +84,18 @@ Value Builder::convert(const Value& v, ElementType element) {
   return emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
 }
 
+Value Builder::reinterpret(const Value& v, ElementType element) {
+  if (v.element() == element) return v;
+  // Booleans are one byte holding 0 or 1 in PyTorch: a numeric conversion keeps those bits.
+  if (v.element() == ElementType::Pred || element == ElementType::Pred) {
+    if (element_size(v.element()) != 1 || element_size(element) != 1) fail("reinterpret changes the element width");
+    return convert(v, element);
+  }
+  if (element_size(v.element()) != element_size(element)) fail("reinterpret changes the element width");
+  TensorType t{element, v.dims()};
+  return emit("stablehlo.bitcast_convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+}
+
 Value Builder::broadcast_in_dim(const Value& v, const std::vector<int64_t>& dims,
                                 const std::vector<int64_t>& mapping) {
   TensorType t{v.element(), dims};

@@ -39,6 +39,8 @@ class Builder {
 
   // Structure.
   Value convert(const Value& v, ElementType element);
+  // The same bits as another element type of the same width (a storage viewed with another dtype).
+  Value reinterpret(const Value& v, ElementType element);
   Value broadcast_in_dim(const Value& v, const std::vector<int64_t>& dims, const std::vector<int64_t>& mapping);
   Value broadcast_to(const Value& v, const std::vector<int64_t>& dims);  // numpy rules, trailing alignment
   Value reshape(const Value& v, const std::vector<int64_t>& dims);

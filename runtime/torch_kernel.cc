@@ -61,9 +61,9 @@ void key_tensor(KeyWriter& k, const at::Tensor& t, int& device) {
   k.i(t.storage_offset());
   const TpuStorage& s = storage_of(t);
   if (s.buffer) {
-    TORCH_CHECK_NOT_IMPLEMENTED(s.buffer->type() == element_type(t.scalar_type()),
+    TORCH_CHECK_NOT_IMPLEMENTED(rt::element_size(s.buffer->type()) == static_cast<int>(t.dtype().itemsize()),
                                 "torchtpu: a ", t.scalar_type(), " view of a storage holding ",
-                                scalar_type(s.buffer->type()), " elements is not supported yet");
+                                scalar_type(s.buffer->type()), " elements (another element width) is not supported yet");
     k.i(static_cast<int64_t>(s.buffer->type()));
     k.ints(s.buffer->dims());
   } else {
@@ -127,6 +127,26 @@ rt::ElementType natural_element(const c10::Scalar& s) {
   if (s.isBoolean()) return rt::ElementType::Pred;
   if (s.isIntegral(false)) return rt::ElementType::S64;
   return rt::ElementType::F64;
+}
+
+// --- reading and writing tensors inside a module -------------------------------------------
+
+// The storage as a module value: a parameter, or zeros for a lazy storage (no buffer yet).
+rt::Value storage_value(rt::Builder& b, const rt::TensorType& type, bool lazy) {
+  return lazy ? b.full(0, type) : b.parameter(type);
+}
+
+// The elements `t` sees, in t's dtype.
+rt::Value read_tensor(rt::Builder& b, const rt::Value& storage, const at::Tensor& t) {
+  return b.reinterpret(b.read_view(storage, geometry_of(t)), element_type(t.scalar_type()));
+}
+
+// The new contents of t's storage after writing `value` (converted to t's dtype, broadcast to
+// t's shape) through t. `old` is the storage's current value, or nullptr where none is kept.
+rt::Value write_tensor(rt::Builder& b, const rt::Value* old, const rt::TensorType& storage, const rt::Value& value,
+                       const at::Tensor& t) {
+  rt::Value v = b.broadcast_to(b.convert(value, element_type(t.scalar_type())), t.sizes().vec());
+  return b.write_view(old, storage, b.reinterpret(v, storage.element), geometry_of(t));
 }
 
 // --- the spec kernel --------------------------------------------------------------------------
@@ -384,18 +404,13 @@ class SpecKernel final : public c10::OperatorKernel {
       } else {
         bool lazy = false;
         const rt::TensorType st = storage_type(t, &lazy);
-        rt::Value storage;
-        if (lazy) {
-          storage = b.full(0, st);
-        } else {
-          entry->params.push_back(ParamSource{ParamSource::Storage, arg, index, st.element});
-          storage = b.parameter(st);
-        }
+        if (!lazy) entry->params.push_back(ParamSource{ParamSource::Storage, arg, index, st.element});
+        const rt::Value storage = storage_value(b, st, lazy);
         if (arg == spec_.written_arg) {
           written_storage = storage;
           written_storage_is_param = !lazy;
         }
-        v = b.read_view(storage, geometry_of(t));
+        v = read_tensor(b, storage, t);
       }
       return promote ? b.convert(v, compute_element) : v;
     };
@@ -460,9 +475,8 @@ class SpecKernel final : public c10::OperatorKernel {
       const at::Tensor& target = args[spec_.written_arg].toTensor();
       bool lazy = false;
       const rt::TensorType st = storage_type(target, &lazy);
-      rt::Value v = b.broadcast_to(b.convert(results.at(0), st.element), target.sizes().vec());
       module_results.push_back(
-          b.write_view(written_storage_is_param ? &written_storage : nullptr, st, v, geometry_of(target)));
+          write_tensor(b, written_storage_is_param ? &written_storage : nullptr, st, results.at(0), target));
     }
 
     std::vector<rt::TensorType> types;
@@ -511,11 +525,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     auto out = run_module(
         "copy:" + geometry_key(self) + "->" + geometry_key(dst), inputs,
         [&](rt::Builder& b) {
-          rt::Value src = src_lazy ? b.full(0, src_type) : b.parameter(src_type);
+          rt::Value src = read_tensor(b, storage_value(b, src_type, src_lazy), self);
           rt::Value old = dst_lazy ? rt::Value{} : b.parameter(dst_type);
-          rt::Value v = b.broadcast_to(b.convert(b.read_view(src, geometry_of(self)), dst_type.element),
-                                       dst.sizes().vec());
-          return std::vector<rt::Value>{b.write_view(dst_lazy ? nullptr : &old, dst_type, v, geometry_of(dst))};
+          return std::vector<rt::Value>{write_tensor(b, dst_lazy ? nullptr : &old, dst_type, src, dst)};
         },
         dst.device().index());
     storage_of(dst).buffer = out[0];
@@ -598,7 +610,7 @@ void emitter_chain(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto out = run_module(
       key + geometry_key(x), inputs,
       [&](rt::Builder& b) {
-        rt::Value v = b.read_view(lazy ? b.full(0, st) : b.parameter(st), geometry_of(x));
+        rt::Value v = read_tensor(b, storage_value(b, st, lazy), x);
         for (const OpSpec* spec : chain) {
           EmitArgs ea;
           ea.args.push_back(v);
@@ -704,7 +716,7 @@ void write_into(const at::Tensor& dst, const rt::BufferPtr& value_buffer) {
       [&](rt::Builder& b) {
         rt::Value v = b.parameter(rt::TensorType{value_buffer->type(), value_buffer->dims()});
         rt::Value old = lazy ? rt::Value{} : b.parameter(st);
-        return std::vector<rt::Value>{b.write_view(lazy ? nullptr : &old, st, v, geometry_of(dst))};
+        return std::vector<rt::Value>{write_tensor(b, lazy ? nullptr : &old, st, v, dst)};
       },
       storage.device);
   storage.buffer = out[0];
@@ -712,7 +724,8 @@ void write_into(const at::Tensor& dst, const rt::BufferPtr& value_buffer) {
 
 rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element) {
   const TpuStorage& storage = storage_of(src);
-  if (storage.buffer && storage.buffer->type() == element && src.is_contiguous() && src.storage_offset() == 0 &&
+  if (storage.buffer && storage.buffer->type() == element && element == element_type(src.scalar_type()) &&
+      src.is_contiguous() && src.storage_offset() == 0 &&
       storage.buffer->dims() == src.sizes().vec()) {
     return storage.buffer;
   }
@@ -723,8 +736,7 @@ rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element) {
   auto out = run_module(
       "read:" + geometry_key(src) + rt::mlir_name(element), inputs,
       [&](rt::Builder& b) {
-        rt::Value s = lazy ? b.full(0, st) : b.parameter(st);
-        return std::vector<rt::Value>{b.convert(b.read_view(s, geometry_of(src)), element)};
+        return std::vector<rt::Value>{b.convert(read_tensor(b, storage_value(b, st, lazy), src), element)};
       },
       storage.device);
   return out[0];
