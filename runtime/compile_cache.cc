@@ -34,7 +34,17 @@ bool get_u64(const std::string& in, size_t& pos, uint64_t* v) {
   return true;
 }
 
-// Creates every missing directory of `path`.
+bool read_file(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+}  // namespace
+
 bool make_dirs(const std::string& path) {
   std::string partial;
   std::stringstream parts(path);
@@ -47,17 +57,6 @@ bool make_dirs(const std::string& path) {
   }
   return true;
 }
-
-bool read_file(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
-
-}  // namespace
 
 uint64_t hash64(const void* data, size_t size, uint64_t seed) {
   const auto* bytes = static_cast<const unsigned char*>(data);

@@ -13,6 +13,8 @@ namespace torchtpu::rt {
 uint64_t hash64(const void* data, size_t size, uint64_t seed);
 // 128 bits as 32 hex digits: the file name of an entry.
 std::string hex_digest(const std::string& bytes);
+// Creates every missing directory of `path` (like mkdir -p).
+bool make_dirs(const std::string& path);
 // Fingerprint of a file's bytes ("" if it cannot be read).
 std::string file_digest(const std::string& path);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "compile_cache.h"
@@ -48,6 +49,17 @@ PJRT_Buffer_Type to_pjrt(ElementType t) {
 }
 
 Runtime* g_runtime = nullptr;
+
+// TORCHTPU_DUMP_DIR: every module compiled (not loaded from a cache) is written there for reading.
+void dump_module(const std::string& module_text) {
+  static const char* dir = std::getenv("TORCHTPU_DUMP_DIR");
+  if (!dir || !*dir || !make_dirs(dir)) return;
+  const std::string path = std::string(dir) + "/" + hex_digest(module_text) + ".mlir";
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fwrite(module_text.data(), 1, module_text.size(), f);
+    std::fclose(f);
+  }
+}
 
 }  // namespace
 
@@ -313,6 +325,7 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
       throw RuntimeError(std::string(e.what()) + "\nmodule:\n" + module_text);
     }
   }
+  dump_module(module_text);
   auto exe = std::make_shared<Executable>();
   exe->loaded = args.executable;
   exe->runtime = this;

@@ -13,7 +13,7 @@ CACHE_ENV = "TORCHTPU_CACHE_DIR"
 PACKAGES = {
     "tpu": [("libtpu", "libtpu.so")],
     "cuda": [("xla_plugins.xla_cuda12_pjrt", "*.so"), ("xla_plugins.xla_cuda13_pjrt", "*.so"),
-             ("jax_plugins.xla_cuda12", "*.so")],
+             ("jax_plugins.xla_cuda12", "*.so"), ("jax_plugins.xla_cuda13", "*.so")],
     "cpu": [("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")],
 }
 
