@@ -118,6 +118,17 @@ void Runtime::check(PJRT_Error* error, const char* what) {
   throw RuntimeError(std::string("torchtpu: PJRT error while ") + what + ": " + text);
 }
 
+void Runtime::await_event(PJRT_Event* event, const char* what) {
+  if (!event) return;
+  auto await = PJRT_ARGS(PJRT_Event_Await_Args);
+  await.event = event;
+  PJRT_Error* error = api_->PJRT_Event_Await(&await);
+  auto destroy = PJRT_ARGS(PJRT_Event_Destroy_Args);
+  destroy.event = event;
+  api_->PJRT_Event_Destroy(&destroy);
+  check(error, what);
+}
+
 void Runtime::note_buffer_freed(int64_t nbytes) {
   metrics_.live_buffers--;
   metrics_.live_bytes -= nbytes;
@@ -220,15 +231,7 @@ BufferPtr Runtime::to_device(const void* data, ElementType type, const std::vect
   args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
   args.device = devices_.at(device);
   check(api_->PJRT_Client_BufferFromHostBuffer(&args), "copying to the device");
-  if (args.done_with_host_buffer) {
-    auto await = PJRT_ARGS(PJRT_Event_Await_Args);
-    await.event = args.done_with_host_buffer;
-    PJRT_Error* error = api_->PJRT_Event_Await(&await);
-    auto destroy = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    destroy.event = args.done_with_host_buffer;
-    api_->PJRT_Event_Destroy(&destroy);
-    check(error, "copying to the device");
-  }
+  await_event(args.done_with_host_buffer, "copying to the device");
   auto buffer = std::make_shared<DeviceBuffer>(this, args.buffer, type, dims, device);
   metrics_.bytes_to_device += buffer->nbytes();
   return buffer;
@@ -241,15 +244,7 @@ void Runtime::to_host(const DeviceBuffer& buffer, void* dst, size_t nbytes) {
   args.dst = dst;
   args.dst_size = nbytes;
   check(api_->PJRT_Buffer_ToHostBuffer(&args), "copying to the host");
-  if (args.event) {
-    auto await = PJRT_ARGS(PJRT_Event_Await_Args);
-    await.event = args.event;
-    PJRT_Error* error = api_->PJRT_Event_Await(&await);
-    auto destroy = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    destroy.event = args.event;
-    api_->PJRT_Event_Destroy(&destroy);
-    check(error, "copying to the host");
-  }
+  await_event(args.event, "copying to the host");
   metrics_.bytes_to_host += static_cast<int64_t>(nbytes);
 }
 
@@ -418,13 +413,7 @@ void Runtime::synchronize() {
     auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
     ready.buffer = buffer->raw();
     check(api_->PJRT_Buffer_ReadyEvent(&ready), "waiting for the device");
-    auto await = PJRT_ARGS(PJRT_Event_Await_Args);
-    await.event = ready.event;
-    PJRT_Error* error = api_->PJRT_Event_Await(&await);
-    auto destroy = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    destroy.event = ready.event;
-    api_->PJRT_Event_Destroy(&destroy);
-    check(error, "waiting for the device");
+    await_event(ready.event, "waiting for the device");
   }
 }
 

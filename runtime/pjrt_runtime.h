@@ -20,6 +20,7 @@ struct PJRT_Device;
 struct PJRT_Buffer;
 struct PJRT_LoadedExecutable;
 struct PJRT_Error;
+struct PJRT_Event;
 
 namespace torchtpu::rt {
 
@@ -126,6 +127,8 @@ class Runtime {
   // Internal plumbing shared with DeviceBuffer/Executable.
   const PJRT_Api* api() const { return api_; }
   void check(PJRT_Error* error, const char* what);
+  // Waits for and destroys `event` (may be null); throws its error.
+  void await_event(PJRT_Event* event, const char* what);
   void note_buffer_freed(int64_t nbytes);
 
  private:
