@@ -21,6 +21,7 @@ from codegen.model import SpecError, load_specs  # noqa: E402
 TEMPLATES = {
     "generated/ops/emitters.cpp": "emitters.cpp.j2",
     "generated/ops/register.cpp": "register.cpp.j2",
+    "generated/ops/meta.cpp": "meta.cpp.j2",
     "generated/tests/test_parity.py": "test_parity.py.j2",
     "generated/ops/spec_index.py": "spec_index.py.j2",
 }
@@ -39,7 +40,9 @@ def render(root: str) -> dict[str, str]:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    return {out: env.get_template(tpl).render(specs=specs) for out, tpl in TEMPLATES.items()}
+    meta_headers = sorted({o.meta.header for spec in specs for o in spec.overloads if o.meta})
+    return {out: env.get_template(tpl).render(specs=specs, meta_headers=meta_headers)
+            for out, tpl in TEMPLATES.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

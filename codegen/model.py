@@ -112,6 +112,17 @@ class Overload:
     written_arg: int
     emit_expression: str  # C++ returning std::vector<rt::Value>
     function: str  # the emitter's C++ name
+    meta: "MetaCall | None" = None  # the direct call of its C++ Meta kernel, where ATen has one
+
+
+@dataclasses.dataclass
+class MetaCall:
+    """Calls ATen's C++ Meta kernel directly (at::meta::<name>), bypassing the Python meta
+    registrations that shadow it in the dispatcher, so errors read exactly as on CPU/CUDA."""
+
+    header: str  # "ATen/ops/add_meta_dispatch.h"
+    locals: list[str]  # C++ statements converting the stack's IValues
+    call: str  # the call expression
 
 
 @dataclasses.dataclass
@@ -145,6 +156,137 @@ def native_functions():
         if isinstance(g, NativeFunctionsGroup):
             groups[str(g.functional.func.name)] = g
     return by_name, groups
+
+
+# How an IValue on the stack becomes each C++ argument type of an at::meta:: function.
+# `{v}` is the IValue, `{n}` a local name; each entry is (statements, expression).
+_IVALUE_TO_CPP = {
+    "const at::Tensor &": ("", "{v}.toTensor()"),
+    "at::Tensor &": ("at::Tensor {n} = {v}.toTensor();", "{n}"),
+    "const ::std::optional<at::Tensor> &": ("", "{v}.toOptional<at::Tensor>()"),
+    "const at::Scalar &": ("", "{v}.toScalar()"),
+    "const ::std::optional<at::Scalar> &": ("", "{v}.toOptional<at::Scalar>()"),
+    "int64_t": ("", "{v}.toInt()"),
+    "bool": ("", "{v}.toBool()"),
+    "double": ("", "{v}.toDouble()"),
+    "at::IntArrayRef": ("const auto {n} = {v}.toDimVector();", "{n}"),
+    "at::OptionalIntArrayRef": ("const auto {n} = {v}.isNone() ? c10::DimVector() : {v}.toDimVector();",
+                                "{v}.isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef({n})"),
+    "const at::ITensorListRef &": ("const auto {n} = {v}.toTensorList();", "at::ITensorListRef({n})"),
+    "at::TensorList": ("const auto {n} = {v}.toTensorVector();", "{n}"),
+    "::std::optional<at::ScalarType>": ("", "{v}.toOptional<at::ScalarType>()"),
+    "::std::optional<at::MemoryFormat>": ("", "{v}.toOptional<at::MemoryFormat>()"),
+    "::std::optional<at::Layout>": ("", "{v}.toOptional<at::Layout>()"),
+    "::std::optional<at::Device>": ("", "{v}.toOptional<at::Device>()"),
+    "::std::optional<bool>": ("", "{v}.toOptional<bool>()"),
+    "::std::optional<c10::string_view>": ("", "{v}.toOptional<c10::string_view>()"),
+}
+
+
+def _split_params(text: str) -> list[str]:
+    params, depth, current = [], 0, ""
+    for ch in text:
+        if ch in "<([":
+            depth += 1
+        elif ch in ">)]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            params.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        params.append(current.strip())
+    return params
+
+
+@functools.lru_cache(maxsize=None)
+def _meta_declarations(root_name: str) -> dict[str, list[list[str]]]:
+    """The functions an installed ATen/ops/<op>_meta_dispatch.h declares: name -> parameter type lists."""
+    import torch.utils.cpp_extension as ext
+
+    found: dict[str, list[list[str]]] = {}
+    for include in ext.include_paths():
+        path = os.path.join(include, "ATen", "ops", f"{root_name}_meta_dispatch.h")
+        if not os.path.exists(path):
+            continue
+        for line in open(path):
+            line = line.strip()
+            if not line.startswith("TORCH_API ") or "(" not in line:
+                continue
+            head, params = line[len("TORCH_API "):].split("(", 1)
+            name = head.split()[-1]
+            types = []
+            for p in _split_params(params.rsplit(")", 1)[0]):
+                p = p.split("=")[0].strip()
+                types.append(p.rsplit(" ", 1)[0].strip())
+            found.setdefault(name, []).append(types)
+        break
+    return found
+
+
+# How torchgen's C++ argument types read in libtorch's demangled symbols.
+_DEMANGLED = {
+    "at::Tensor": "at::Tensor", "at::Scalar": "c10::Scalar", "int64_t": "long", "bool": "bool", "double": "double",
+    "at::IntArrayRef": "c10::ArrayRef<long>", "at::OptionalIntArrayRef": "c10::OptionalArrayRef<long>",
+    "at::ITensorListRef": "c10::IListRef<at::Tensor>", "at::TensorList": "c10::ArrayRef<at::Tensor>",
+    "at::ScalarType": "c10::ScalarType", "at::MemoryFormat": "c10::MemoryFormat", "at::Layout": "c10::Layout",
+    "at::Device": "c10::Device", "c10::string_view": "std::basic_string_view<char, std::char_traits<char> >",
+}
+
+
+def _demangled(cpp_type: str) -> str | None:
+    t = cpp_type.strip()
+    suffix = ""
+    if t.endswith("&"):
+        t = t[:-1].strip()
+        suffix = "&"
+        if t.startswith("const "):
+            t = t[len("const "):]
+            suffix = " const&"
+    t = t.lstrip(":")
+    if t.startswith("std::optional<") and t.endswith(">"):
+        inner = _demangled(t[len("std::optional<"):-1])
+        return None if inner is None else f"std::optional<{inner}>{suffix}"
+    base = _DEMANGLED.get(t)
+    return None if base is None else base + suffix
+
+
+@functools.lru_cache(maxsize=1)
+def _exported_meta_functions() -> frozenset[str]:
+    """The at::meta:: functions libtorch_cpu exports (a header may declare more than is linked)."""
+    import subprocess
+
+    import torch
+
+    library = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+    out = subprocess.run(["nm", "-DC", "--defined-only", library], capture_output=True, text=True, check=True).stdout
+    return frozenset(line.split(" ", 2)[2] for line in out.splitlines() if " at::meta::" in line)
+
+
+def _meta_call(f) -> "MetaCall | None":
+    from torchgen.api.types import CppSignatureGroup
+    from torchgen.context import native_function_manager
+
+    with native_function_manager(f):
+        sig = CppSignatureGroup.from_native_function(f, method=False, fallback_binding=False).most_faithful_signature()
+        name = sig.name()
+        types = [b.type for b in sig.arguments()]
+    if types not in _meta_declarations(f.root_name).get(name, []):
+        return None  # no C++ Meta kernel: the dispatcher's Meta path (composite or Python) runs instead
+    demangled = [_demangled(t) for t in types]
+    if None in demangled or f"at::meta::{name}({', '.join(demangled)})" not in _exported_meta_functions():
+        return None  # declared but not exported by libtorch
+    statements, args = [], []
+    for i, t in enumerate(types):
+        if t not in _IVALUE_TO_CPP:
+            return None
+        setup, expr = _IVALUE_TO_CPP[t]
+        fill = {"v": f"s[{i}]", "n": f"a{i}"}
+        if setup:
+            statements.append(setup.format(**fill))
+        args.append(expr.format(**fill))
+    return MetaCall(f"ATen/ops/{f.root_name}_meta_dispatch.h", statements, f"at::meta::{name}({', '.join(args)})")
 
 
 def _classify(arg, promote: set[str], compile_time: set[str]) -> Argument:
@@ -334,7 +476,7 @@ def load_spec_file(path: str, display_path: str) -> list[Spec]:
             compiler = _LoweringCompiler(display_path, line, arguments)
             expression = compiler.compile(str(entry["lowering"]))
             overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, expression,
-                                      _cpp_name(str(f.func.name))))
+                                      _cpp_name(str(f.func.name)), _meta_call(f)))
 
         test = entry.get("test", {}) or {}
         if not isinstance(test, dict) or set(test) - TEST_KEYS:

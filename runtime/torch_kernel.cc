@@ -192,7 +192,7 @@ std::vector<class SpecKernel*>& all_kernels() {
 
 class SpecKernel final : public c10::OperatorKernel {
  public:
-  explicit SpecKernel(const OpSpec& spec) : spec_(spec) {
+  SpecKernel(const OpSpec& spec, MetaCallFn meta) : spec_(spec), meta_(meta) {
     std::lock_guard<std::mutex> lock(all_kernels_mutex());
     all_kernels().push_back(this);
   }
@@ -335,7 +335,11 @@ class SpecKernel final : public c10::OperatorKernel {
     for (size_t i = 0; i < n; ++i) meta_args.push_back(to_meta(args[i]));
     const at::Tensor meta_written = spec_.written_arg >= 0 ? meta_args[spec_.written_arg].toTensor() : at::Tensor();
     torch::jit::Stack meta(meta_args.begin(), meta_args.end());
-    op.callBoxed(&meta);
+    if (meta_) {
+      meta_(meta);
+    } else {
+      op.callBoxed(&meta);
+    }
 
     std::vector<OutputPlan> outs;
     if (spec_.variant == Variant::Functional) {
@@ -487,6 +491,7 @@ class SpecKernel final : public c10::OperatorKernel {
   }
 
   const OpSpec& spec_;
+  const MetaCallFn meta_;
   std::mutex mutex_;
   std::unordered_map<std::string, std::unique_ptr<Entry>> cache_;
 };
@@ -641,8 +646,8 @@ double repeat_captured_execution_ns(int iterations) {
   return static_cast<double>(ns.count()) / iterations;
 }
 
-torch::CppFunction spec_kernel(const OpSpec& spec) {
-  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SpecKernel>(spec));
+torch::CppFunction spec_kernel(const OpSpec& spec, MetaCallFn meta) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SpecKernel>(spec, meta));
 }
 
 std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<rt::BufferPtr>& inputs,

@@ -3,10 +3,12 @@
 
 #include <torch/library.h>
 
+#include "meta_call.h"
 #include "op_spec.h"
 
 namespace torchtpu {
 
-torch::CppFunction spec_kernel(const OpSpec& spec);
+// `meta` runs the op's C++ Meta kernel directly; null: the dispatcher's Meta path.
+torch::CppFunction spec_kernel(const OpSpec& spec, MetaCallFn meta);
 
 }  // namespace torchtpu

@@ -141,6 +141,9 @@ void grow_storage(const at::Tensor& self, size_t nbytes) {
 
 const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
+  // Same sizes: a no-op that keeps the strides (PyTorch's resize_; views written back by the
+  // CPU fallback rely on it).
+  if (self.sizes() == size && !memory_format.has_value()) return self;
   auto* impl = self.unsafeGetTensorImpl();
   const int64_t old_numel = self.numel();
   impl->set_sizes_contiguous(size);

@@ -1,0 +1,204 @@
+"""Errors and fallbacks: CPU fallback warnings and counters, TORCHTPU_FALLBACK=error, plugin
+selection failures, unsupported dtypes and device mixing."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import torchtpu
+from conftest import assert_equal_cpu, last_json, metrics, run_python
+
+
+def _fallback_count(op: str) -> int:
+    """CPU fallback count for `op`, over its overloads ("aten::abs", "aten::abs.out", ...)."""
+    return sum(n for k, n in metrics()["cpu_fallbacks"].items() if k == op or k.startswith(op + "."))
+
+
+def _fallback_warnings(record, op):
+    return [w for w in record if issubclass(w.category, UserWarning) and op in str(w.message)]
+
+
+def test_fallback_warns_once_and_counts():
+    cpu = torch.tensor([[-1.5, 2.0], [0.0, -3.25]])
+    t = cpu.to("tpu")
+    before = _fallback_count("aten::abs")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        first = torch.abs(t)
+        second = torch.abs(t)
+    found = _fallback_warnings(record, "aten::abs")
+    # The warning is one-time per op per process; this test is the only user of abs in the suite.
+    assert len(found) == 1, [str(w.message) for w in record]
+    assert "CPU" in str(found[0].message)
+    assert_equal_cpu(first, torch.abs(cpu), exact=True)
+    assert_equal_cpu(second, torch.abs(cpu), exact=True)
+    assert _fallback_count("aten::abs") == before + 2, metrics()["cpu_fallbacks"]
+    report = torchtpu.debug.metrics_report()
+    assert "aten::abs" in report
+
+
+def test_fallback_ops_give_cpu_results():
+    torch.manual_seed(4)
+    cpu = torch.randn(3, 4)
+    t = cpu.to("tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_equal_cpu(torch.sin(t), torch.sin(cpu))
+        assert_equal_cpu(torch.amax(t, dim=1), torch.amax(cpu, dim=1))
+        assert_equal_cpu(t > 0, cpu > 0)
+        assert_equal_cpu(torch.tanh(t.t()), torch.tanh(cpu.t()))
+        o = torch.empty(0, device="tpu")
+        torch.cos(t, out=o)
+        assert_equal_cpu(o, torch.cos(cpu))
+        v = t.clone()
+        v[1:].sin_()  # in-place fallback on a contiguous view writes back to the tpu storage
+        ref = cpu.clone()
+        ref[1:].sin_()
+        assert_equal_cpu(v, ref)
+    assert _fallback_count("aten::sin") >= 1
+    assert _fallback_count("aten::cos") >= 1
+
+
+def test_inplace_fallback_on_strided_view_writes_back_strided():
+    base = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    t = base.to("tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base[:, 1].sin_()
+        t[:, 1].sin_()
+        assert_equal_cpu(t, base)
+        b2 = torch.arange(6, dtype=torch.float32)
+        t2 = b2.to("tpu")
+        b2[::2].sin_()
+        t2[::2].sin_()
+        assert_equal_cpu(t2, b2)
+
+
+FALLBACK_ERROR = r"""
+import json
+import torch, torchtpu
+x = torch.tensor([-1.0, 2.0]).to("tpu")
+ok = (x + x).cpu().tolist()  # spec'd ops still work
+try:
+    torch.abs(x)
+except NotImplementedError as e:
+    print(json.dumps({"ok": ok, "error": str(e), "type": "NotImplementedError"}))
+except Exception as e:
+    print(json.dumps({"ok": ok, "error": str(e), "type": type(e).__name__}))
+else:
+    print(json.dumps({"ok": ok, "error": None, "type": None}))
+"""
+
+
+def test_fallback_error_mode_subprocess():
+    proc = run_python(FALLBACK_ERROR, {"TORCHTPU_FALLBACK": "error"})
+    assert proc.returncode == 0, proc.stderr
+    out = last_json(proc.stdout)
+    assert out["ok"] == [-2.0, 4.0]
+    assert out["type"] == "NotImplementedError", out
+    assert "abs" in out["error"], out["error"]
+
+
+def test_fallback_default_mode_subprocess():
+    proc = run_python(FALLBACK_ERROR, {"TORCHTPU_FALLBACK": None})
+    assert proc.returncode == 0, proc.stderr
+    out = last_json(proc.stdout)
+    assert out["type"] is None and out["error"] is None
+    assert "aten::abs" in proc.stderr  # the one-time UserWarning
+
+
+PLUGIN_PROBE = r"""
+import json
+import torch, torchtpu
+res = {"available": torch.tpu.is_available(), "init_error": torchtpu.init_error(),
+       "count": torch.tpu.device_count()}
+try:
+    torch.ones(2, device="tpu")
+    res["error"] = None
+except Exception as e:
+    res["error"] = str(e)
+    res["type"] = type(e).__name__
+try:
+    torch.ones(2).to("tpu")
+    res["error2"] = None
+except Exception as e:
+    res["error2"] = str(e)
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("value", ["/nonexistent/libpjrt_nothing.so", "/etc/hostname", "bogus_plugin"])
+def test_bad_plugin_does_not_crash_import(value):
+    proc = run_python(PLUGIN_PROBE, {"TORCHTPU_PJRT_PLUGIN": value})
+    assert proc.returncode == 0, f"import crashed with {value!r}:\n{proc.stderr}"
+    out = last_json(proc.stdout)
+    assert out["available"] is False
+    assert out["count"] == 0
+    assert out["init_error"], out
+    for key in ("error", "error2"):
+        msg = out[key]
+        assert msg, f"creating a tpu tensor did not raise with TORCHTPU_PJRT_PLUGIN={value!r}"
+        assert value in msg, msg
+        assert "TORCHTPU_PJRT_PLUGIN" in msg, msg
+
+
+def test_cpu_plugin_by_name_subprocess():
+    proc = run_python(PLUGIN_PROBE, {"TORCHTPU_PJRT_PLUGIN": "cpu"})
+    assert proc.returncode == 0, proc.stderr
+    out = last_json(proc.stdout)
+    assert out["available"] is True and out["init_error"] is None
+    assert out["error"] is None and out["error2"] is None
+
+
+def test_int_exp_promotes_like_cpu():
+    i = torch.tensor([0, 1, 2, 3])
+    assert_equal_cpu(torch.exp(i.to("tpu")), torch.exp(i))
+    assert_equal_cpu(torch.sqrt(i.to("tpu")), torch.sqrt(i))
+    assert_equal_cpu(i.to("tpu") / 2, i / 2)
+
+
+def _raises(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+def test_bool_mm_raises_like_cpu():
+    a = torch.tensor([[True, False], [True, True]])
+    cpu_err = _raises(lambda: torch.mm(a, a))
+    tpu_err = _raises(lambda: torch.mm(a.to("tpu"), a.to("tpu")))
+    if cpu_err is None:
+        assert tpu_err is None
+        assert_equal_cpu(torch.mm(a.to("tpu"), a.to("tpu")), torch.mm(a, a))
+    else:
+        assert isinstance(tpu_err, (RuntimeError, NotImplementedError)), repr(tpu_err)
+
+
+def test_bool_sub_raises_like_cpu():
+    a = torch.tensor([True, False])
+    cpu_err = _raises(lambda: a - a)
+    tpu_err = _raises(lambda: a.to("tpu") - a.to("tpu"))
+    assert cpu_err is not None
+    assert type(tpu_err) is type(cpu_err), repr(tpu_err)
+    assert str(tpu_err) == str(cpu_err)
+
+
+def test_mixed_devices_raise():
+    cpu = torch.ones(3)
+    t = torch.ones(3, device="tpu")
+    for fn in (lambda: t + cpu, lambda: cpu + t, lambda: torch.mm(t.view(3, 1), cpu.view(1, 3)),
+               lambda: torch.cat([t, cpu])):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            fn()
+    # A 0-d CPU tensor is allowed, as for CUDA.
+    assert_equal_cpu(t + torch.tensor(2.0), cpu + 2.0)
+
+
+def test_invalid_device_index():
+    with pytest.raises(RuntimeError):
+        torch.ones(2, device="tpu:99")
