@@ -170,8 +170,14 @@ def test_cache_persists_across_processes(fresh_cache_dir):
 def test_corrupt_cache_entries_are_rejected_and_replaced(fresh_cache_dir):
     first = _run_workload(fresh_cache_dir)
     entries = _entries(fresh_cache_dir)
-    assert len(entries) >= 3, entries
-    truncated, garbage, random_bytes = entries[0], entries[1], entries[2]
+    assert len(entries) >= 4, entries
+    truncated, garbage, random_bytes, foreign = entries[0], entries[1], entries[2], entries[3]
+    # A foreign entry: well formed, checksum intact, but stored under another key (another module,
+    # or another plugin version): its key material does not match, so it must not be loaded.
+    with open(entries[0], "rb") as f:
+        foreign_content = f.read()
+    with open(foreign, "wb") as f:
+        f.write(foreign_content)
     size = os.path.getsize(truncated)
     with open(truncated, "r+b") as f:
         f.truncate(size // 2)
@@ -184,15 +190,16 @@ def test_corrupt_cache_entries_are_rejected_and_replaced(fresh_cache_dir):
     stray = os.path.join(fresh_cache_dir, "0" * 32 + ".pjrtexe")
     with open(stray, "wb") as f:
         f.write(os.urandom(256))
-    bad = {truncated: None, garbage: b"this is not a PJRT executable\n" * 10, random_bytes: rnd}
+    bad = {truncated: None, garbage: b"this is not a PJRT executable\n" * 10, random_bytes: rnd,
+           foreign: foreign_content}
 
     second = _run_workload(fresh_cache_dir)
     assert second["tpu"] == first["tpu"]
     m = second["metrics"]
     assert m["disk_cache_rejected"] >= 1, m
-    assert m["disk_cache_rejected"] == 3, m
-    assert m["compiles"] == 3, m  # the three bad entries were recompiled ...
-    assert m["disk_cache_writes"] >= 3, m  # ... and written back
+    assert m["disk_cache_rejected"] == 4, m
+    assert m["compiles"] == 4, m  # the four bad entries were recompiled ...
+    assert m["disk_cache_writes"] >= 4, m  # ... and written back
     for path, content in bad.items():
         assert os.path.exists(path)
         with open(path, "rb") as f:
