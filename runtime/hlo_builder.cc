@@ -113,7 +113,6 @@ Value Builder::broadcast_to(const Value& v, const std::vector<int64_t>& dims) {
     mapping[i] = i + offset;
     if (v.dims()[i] != 1 && v.dims()[i] != dims[i + offset]) fail("cannot broadcast " + v.type.mlir() + " to [" + join(dims) + "]");
   }
-  // Size-1 dims that grow must first be dropped: broadcast_in_dim maps them 1 -> n directly, which is allowed.
   return broadcast_in_dim(v, dims, mapping);
 }
 
@@ -167,19 +166,26 @@ Value Builder::iota(const TensorType& type, int64_t dim) {
               type);
 }
 
+std::vector<int64_t> Builder::broadcast_shape(const std::vector<const Value*>& operands, const char* op) const {
+  int rank = 0;
+  for (const Value* v : operands) rank = std::max(rank, v->rank());
+  std::vector<int64_t> dims(rank, 1);
+  for (const Value* v : operands) {
+    for (int i = 0; i < v->rank(); ++i) {
+      const int64_t d = v->dims()[i];
+      int64_t& out = dims[i + rank - v->rank()];
+      if (d != 1 && out != 1 && d != out) fail(std::string(op) + ": shapes do not broadcast");
+      if (d != 1) out = d;
+    }
+  }
+  return dims;
+}
+
 Value Builder::binary(const char* op, const Value& a_in, const Value& b_in) {
   if (a_in.element() != b_in.element()) {
     fail(std::string(op) + " of " + a_in.type.mlir() + " and " + b_in.type.mlir() + ": element types differ");
   }
-  // numpy broadcasting of the two operands
-  const int rank = std::max(a_in.rank(), b_in.rank());
-  std::vector<int64_t> dims(rank);
-  for (int i = 0; i < rank; ++i) {
-    const int ai = i - (rank - a_in.rank()), bi = i - (rank - b_in.rank());
-    const int64_t ad = ai >= 0 ? a_in.dims()[ai] : 1, bd = bi >= 0 ? b_in.dims()[bi] : 1;
-    if (ad != bd && ad != 1 && bd != 1) fail(std::string(op) + ": shapes do not broadcast");
-    dims[i] = ad == 1 ? bd : ad;
-  }
+  const auto dims = broadcast_shape({&a_in, &b_in}, op);
   Value a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
   TensorType t{a.element(), dims};
   return emit("stablehlo." + std::string(op) + " " + name(a) + ", " + name(b) + " : " + t.mlir(), t);
@@ -190,15 +196,8 @@ Value Builder::unary(const char* op, const Value& v) {
 }
 
 Value Builder::compare(const char* direction, const Value& a_in, const Value& b_in) {
-  if (a_in.element() != b_in.element()) fail(std::string("compare: element types differ"));
-  // Broadcast through a no-op binary shape computation.
-  const int rank = std::max(a_in.rank(), b_in.rank());
-  std::vector<int64_t> dims(rank);
-  for (int i = 0; i < rank; ++i) {
-    const int ai = i - (rank - a_in.rank()), bi = i - (rank - b_in.rank());
-    const int64_t ad = ai >= 0 ? a_in.dims()[ai] : 1, bd = bi >= 0 ? b_in.dims()[bi] : 1;
-    dims[i] = ad == 1 ? bd : ad;
-  }
+  if (a_in.element() != b_in.element()) fail("compare: element types differ");
+  const auto dims = broadcast_shape({&a_in, &b_in}, "compare");
   Value a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
   TensorType t{ElementType::Pred, dims};
   return emit("stablehlo.compare " + std::string(direction) + ", " + name(a) + ", " + name(b) + ", " +
@@ -208,15 +207,7 @@ Value Builder::compare(const char* direction, const Value& a_in, const Value& b_
 
 Value Builder::select(const Value& pred_in, const Value& a_in, const Value& b_in) {
   if (a_in.element() != b_in.element()) fail("select: element types differ");
-  const int rank = std::max({pred_in.rank(), a_in.rank(), b_in.rank()});
-  std::vector<int64_t> dims(rank, 1);
-  for (const Value* v : {&pred_in, &a_in, &b_in}) {
-    for (int i = 0; i < v->rank(); ++i) {
-      const int64_t d = v->dims()[i];
-      int64_t& out = dims[i + rank - v->rank()];
-      if (d != 1) out = d;
-    }
-  }
+  const auto dims = broadcast_shape({&pred_in, &a_in, &b_in}, "select");
   Value p = broadcast_to(pred_in, dims), a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
   TensorType t{a.element(), dims};
   return emit("stablehlo.select " + name(p) + ", " + name(a) + ", " + name(b) + " : " + p.type.mlir() + ", " +

@@ -111,6 +111,8 @@ class Builder {
   std::string name(const Value& v) const;
   Value flat(const Value& v);
   Value view_indices(const ViewGeometry& view);
+  // numpy broadcasting: the common shape of the operands (throws if there is none).
+  std::vector<int64_t> broadcast_shape(const std::vector<const Value*>& operands, const char* op) const;
   std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;
 
   std::vector<Value> parameters_;

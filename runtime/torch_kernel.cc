@@ -76,8 +76,8 @@ void key_attr(KeyWriter& k, const c10::IValue& v) {
   if (v.isNone()) return k.tag('N');
   if (v.isBool()) return k.tag(v.toBool() ? 'y' : 'n');
   if (v.isInt()) return k.tag('i'), k.i(v.toInt());
-  if (v.isDouble()) {
-    const double d = v.toDouble();
+  if (v.isDouble() || v.isScalar()) {  // compile-time Scalars key by their exact bits
+    const double d = v.isDouble() ? v.toDouble() : v.toScalar().toDouble();
     int64_t bits;
     std::memcpy(&bits, &d, 8);
     return k.tag('d'), k.i(bits);
@@ -85,7 +85,6 @@ void key_attr(KeyWriter& k, const c10::IValue& v) {
   if (v.isIntList()) return k.tag('l'), k.ints(v.toIntVector());
   if (v.isString()) return k.tag('s'), k.str(v.toStringRef());
   if (v.isDevice()) return k.tag('D'), k.i(static_cast<int64_t>(v.toDevice().type()));
-  if (v.isScalar()) return k.tag('c'), k.str(v.toScalar().toDouble() == 0 ? "0" : std::to_string(v.toScalar().toDouble()));
   TORCH_CHECK(false, "torchtpu: cannot key a compile-time argument of type ", v.tagKind());
 }
 
