@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 import functools
 import os
 from typing import Any
@@ -41,35 +42,42 @@ VARIANTS = ("inplace", "out")
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "test", "__line__"}
 TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "skip", "__line__"}
 
-# The builder primitives a lowering may name, with the kind of each parameter:
-# value = a tensor/scalar Value, values = a list of Values, ints/int/bool = compile-time attributes.
-PRIMITIVES: dict[str, tuple[str, ...]] = {
-    "add": ("value", "value"),
-    "sub": ("value", "value"),
-    "mul": ("value", "value"),
-    "div": ("value", "value"),
-    "maximum": ("value", "value"),
-    "minimum": ("value", "value"),
-    "neg": ("value",),
-    "exp": ("value",),
-    "log": ("value",),
-    "sqrt": ("value",),
-    "relu": ("value",),
-    "eq": ("value", "value"),
-    "ne": ("value", "value"),
-    "lt": ("value", "value"),
-    "le": ("value", "value"),
-    "gt": ("value", "value"),
-    "ge": ("value", "value"),
-    "where": ("value", "value", "value"),
-    "matmul": ("value", "value"),
-    "sum": ("value", "ints", "bool"),
-    "mean": ("value", "ints", "bool"),
-    "cat": ("values", "int"),
-    "fill": ("value", "value"),
-    "broadcast_like": ("value", "value"),
-    "identity": ("value",),
-}
+# The builder primitives a lowering may name are the methods declared, one per line, in the
+# "Primitives that spec lowerings name" section of runtime/hlo_builder.h. Each parameter's kind:
+# value = a tensor/scalar Value, values = a list of Values, ints/int/bool/float = compile-time attributes.
+BUILDER_HEADER = os.path.join("runtime", "hlo_builder.h")
+_SECTION_START = "// --- Primitives that spec lowerings name"
+_PARAMETER_KINDS = {"const Value&": "value", "const std::vector<Value>&": "values",
+                    "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float"}
+
+
+@functools.lru_cache(maxsize=None)
+def builder_primitives(repo_root: str) -> dict[str, tuple[str, ...]]:
+    path = os.path.join(repo_root, BUILDER_HEADER)
+    primitives: dict[str, tuple[str, ...]] = {}
+    in_section = False
+    for number, line in enumerate(open(path), 1):
+        stripped = line.strip()
+        if stripped.startswith(_SECTION_START):
+            in_section = True
+            continue
+        if in_section and stripped.startswith("// ---"):
+            break
+        match = re.match(r"Value (\w+)\((.*?)\)\s*(?:const\s*)?[;{]", stripped) if in_section else None
+        if not match:
+            continue
+        kinds = []
+        for parameter in filter(None, (p.strip() for p in match.group(2).split(","))):
+            declared_type = parameter.rsplit(" ", 1)[0].strip()
+            if declared_type not in _PARAMETER_KINDS:
+                raise SpecError(BUILDER_HEADER, number, f"primitive {match.group(1)}: parameter type "
+                                                        f"{declared_type!r} is not one specs can pass")
+            kinds.append(_PARAMETER_KINDS[declared_type])
+        primitives[match.group(1)] = tuple(kinds)
+    if not primitives:
+        raise SpecError(BUILDER_HEADER, 1, f"no primitives found after {_SECTION_START!r}")
+    return primitives
+
 
 # How a schema argument reaches the kernel and the emitter, by its torchgen type.
 ATTR_TYPES = {"int": "int", "SymInt": "int", "bool": "bool", "float": "float", "str": "str", "int[]": "ints",
@@ -311,8 +319,9 @@ def _classify(arg, promote: set[str], compile_time: set[str]) -> Argument:
 class _LoweringCompiler:
     """Turns a lowering expression into C++ over the builder, checking names and arity."""
 
-    def __init__(self, spec_path: str, line: int, arguments: list[Argument]):
+    def __init__(self, spec_path: str, line: int, arguments: list[Argument], primitives: dict[str, tuple[str, ...]]):
         self.path, self.line = spec_path, line
+        self.primitives = primitives
         self.args = {a.name: (i, a) for i, a in enumerate(arguments)}
 
     def fail(self, message: str):
@@ -329,10 +338,10 @@ class _LoweringCompiler:
 
     def expr(self, node, want: str) -> str:
         if isinstance(node, ast.Call):
-            if not isinstance(node.func, ast.Name) or node.func.id not in PRIMITIVES:
+            if not isinstance(node.func, ast.Name) or node.func.id not in self.primitives:
                 name = ast.unparse(node.func)
-                self.fail(f"unknown builder primitive {name!r}; known: {', '.join(sorted(PRIMITIVES))}")
-            params = PRIMITIVES[node.func.id]
+                self.fail(f"unknown builder primitive {name!r}; known: {', '.join(sorted(self.primitives))}")
+            params = self.primitives[node.func.id]
             if node.keywords or len(node.args) != len(params):
                 self.fail(f"{node.func.id}() takes {len(params)} arguments ({', '.join(params)}), "
                           f"got {len(node.args)}")
@@ -396,7 +405,7 @@ def _cpp_name(overload: str) -> str:
     return "emit_" + overload.replace(".", "__")
 
 
-def load_spec_file(path: str, display_path: str) -> list[Spec]:
+def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
     with open(path) as f:
         try:
             entries = yaml.load(f, Loader=_LineLoader)
@@ -473,7 +482,7 @@ def load_spec_file(path: str, display_path: str) -> list[Spec]:
                                                         f"specs take one")
                 written = outs[0]
             promoted = [i for i, a in enumerate(arguments) if a.name in promote and not (variant == "Out" and i == written)]
-            compiler = _LoweringCompiler(display_path, line, arguments)
+            compiler = _LoweringCompiler(display_path, line, arguments, builder_primitives(repo_root))
             expression = compiler.compile(str(entry["lowering"]))
             overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, expression,
                                       _cpp_name(str(f.func.name)), _meta_call(f)))
@@ -498,7 +507,7 @@ def load_specs(spec_dir: str, repo_root: str) -> list[Spec]:
             continue
         path = os.path.join(spec_dir, name)
         display = os.path.relpath(path, repo_root)
-        for spec in load_spec_file(path, display):
+        for spec in load_spec_file(path, display, repo_root):
             for o in spec.overloads:
                 if o.name in seen:
                     raise SpecError(spec.path, spec.line, f"{o.name} is already specified at {seen[o.name]}")

@@ -41,14 +41,14 @@ def write_spec(tmp_path, text):
 def test_bad_spec_names_file_and_line(tmp_path, text, line, message):
     path = write_spec(tmp_path, text)
     with pytest.raises(SpecError) as info:
-        load_spec_file(path, "specs/bad.yaml")
+        load_spec_file(path, "specs/bad.yaml", ROOT)
     assert str(info.value).startswith(f"specs/bad.yaml:{line}: "), str(info.value)
     assert message in str(info.value)
 
 
 def copy_tree(tmp_path):
     root = tmp_path / "repo"
-    for part in ("specs", "codegen", "generated"):
+    for part in ("specs", "codegen", "generated", "runtime"):
         shutil.copytree(os.path.join(ROOT, part), root / part, ignore=shutil.ignore_patterns("__pycache__", "bazel"))
     return root
 
