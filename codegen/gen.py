@@ -23,7 +23,6 @@ TEMPLATES = {
     "generated/ops/register.cpp": "register.cpp.j2",
     "generated/ops/meta.cpp": "meta.cpp.j2",
     "generated/tests/test_parity.py": "test_parity.py.j2",
-    "generated/ops/spec_index.py": "spec_index.py.j2",
 }
 
 

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "compile_cache.h"
+#include "op_spec.h"
 #include "torch_tpu.h"
 
 namespace py = pybind11;
@@ -66,6 +67,17 @@ PYBIND11_MODULE(_C, m) {
     torchtpu::runtime().synchronize();
   });
   m.def("metrics", &metrics);
+  m.def("spec_overloads", [] {
+    // (overload, variant, spec file:line) for every registered spec kernel.
+    py::list out;
+    for (const auto& spec : torchtpu::op_specs()) {
+      const char* variant = spec.variant == torchtpu::Variant::Functional ? "functional"
+                            : spec.variant == torchtpu::Variant::Inplace  ? "inplace"
+                                                                          : "out";
+      out.append(py::make_tuple(spec.overload, variant, spec.source));
+    }
+    return out;
+  });
   m.def("set_fallback_is_error", &torchtpu::set_fallback_is_error);
   m.def("_capture_next_execution", &torchtpu::capture_next_execution);
   m.def("_repeat_captured_execution_ns", [](int iterations) {

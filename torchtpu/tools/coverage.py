@@ -1,0 +1,78 @@
+"""How much of ATen runs on tpu from specs.
+
+    python -m torchtpu.tools.coverage                  # overloads with specs, core-op coverage
+    python -m torchtpu.tools.coverage --parity         # also run the generated parity tests
+    python -m torchtpu.tools.coverage --workload x.py  # also run a program and list its CPU fallbacks
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import runpy
+import subprocess
+import sys
+
+import torch
+
+import torchtpu
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def core_overloads() -> set[str]:
+    """ATen overloads tagged `core` (the set torch.export lowers to)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from codegen.model import native_functions
+
+    by_name, _ = native_functions()
+    return {name for name, f in by_name.items() if any(str(t) == "core" for t in f.tags)}
+
+
+def parity_summary() -> str:
+    tests = os.path.join(REPO, "generated", "tests")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests],
+                          capture_output=True, text=True, cwd=REPO)
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error)", proc.stdout)}
+    failing = sorted({m for m in re.findall(r"FAILED \S+::(test_\w+)", proc.stdout)})
+    line = (f"OpInfo parity tests: {counts.get('passed', 0)} passing, {counts.get('failed', 0)} failing, "
+            f"{counts.get('skipped', 0)} skipped")
+    return line + ("".join(f"\n  failing: {name}" for name in failing))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parity", action="store_true", help="run generated/tests and count results")
+    parser.add_argument("--workload", help="a Python program to run on tpu; its CPU fallbacks are listed")
+    args = parser.parse_args(argv)
+    if not torchtpu.is_available():
+        print(f"torchtpu is not available: {torchtpu.init_error()}")
+        return 1
+
+    specs = torchtpu._C.spec_overloads()
+    by_variant = collections.Counter(variant for _, variant, _ in specs)
+    files = sorted({source.split(":")[0] for _, _, source in specs})
+    print(f"ATen overloads with specs: {len(specs)} ({by_variant['functional']} functional, "
+          f"{by_variant['inplace']} in-place, {by_variant['out']} out=) from {len(files)} spec files")
+    if os.path.isdir(os.path.join(REPO, "codegen")):
+        core = core_overloads()
+        covered = core & {name for name, _, _ in specs}
+        print(f"core ATen overloads covered: {len(covered)} of {len(core)}")
+    if args.parity:
+        print(parity_summary())
+    if args.workload:
+        before = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
+        runpy.run_path(args.workload, run_name="__main__")
+        after = torchtpu.debug.metrics()["cpu_fallbacks"]
+        fell_back = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
+        print(f"ops {args.workload} ran on the CPU: {len(fell_back)}")
+        for op, n in sorted(fell_back.items(), key=lambda kv: -kv[1]):
+            print(f"  {op}: {n} calls")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
