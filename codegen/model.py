@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import keyword
 import re
 import functools
 import os
@@ -82,7 +83,7 @@ def builder_primitives(repo_root: str) -> dict[str, tuple[str, ...]]:
 # How a schema argument reaches the kernel and the emitter, by its torchgen type.
 ATTR_TYPES = {"int": "int", "SymInt": "int", "bool": "bool", "float": "float", "str": "str", "int[]": "ints",
               "SymInt[]": "ints", "ScalarType": "int", "MemoryFormat": "none", "Device": "none", "Layout": "none"}
-IGNORED_NAMES = {"layout", "pin_memory", "non_blocking", "generator"}
+IGNORED_NAMES = {"layout", "pin_memory", "non_blocking"}
 
 
 class SpecError(Exception):
@@ -309,7 +310,9 @@ def _classify(arg, promote: set[str], compile_time: set[str]) -> Argument:
     if base == "Scalar":
         kind = "Attr" if arg.name in compile_time else "Scalar"
         return Argument(arg.name, t, kind, "float" if kind == "Attr" else "value")
-    if arg.name in IGNORED_NAMES or base == "Generator":
+    if base == "Generator":
+        return Argument(arg.name, t, "Generator", "value")
+    if arg.name in IGNORED_NAMES:
         return Argument(arg.name, t, "Ignored", "none")
     if base in ATTR_TYPES:
         return Argument(arg.name, t, "Attr", ATTR_TYPES[base])
@@ -323,6 +326,8 @@ class _LoweringCompiler:
         self.path, self.line = spec_path, line
         self.primitives = primitives
         self.args = {a.name: (i, a) for i, a in enumerate(arguments)}
+        # An argument named after a Python keyword (`from`) is written with a trailing underscore.
+        self.args.update({f"{a.name}_": (i, a) for i, a in enumerate(arguments) if keyword.iskeyword(a.name)})
 
     def fail(self, message: str):
         raise SpecError(self.path, self.line, message)

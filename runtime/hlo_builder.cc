@@ -47,7 +47,17 @@ const char* compare_type(ElementType e) {
 
 }  // namespace
 
-std::string Builder::name(const Value& v) const { return "%v" + std::to_string(v.id); }
+std::string Builder::name(const Value& v) const {
+  return "%v" + std::to_string(v.id) + (v.result >= 0 ? "#" + std::to_string(v.result) : "");
+}
+
+std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const std::vector<TensorType>& result_types) {
+  const int id = next_id_++;
+  body_ += "    %v" + std::to_string(id) + ":" + std::to_string(result_types.size()) + " = " + op_and_operands + "\n";
+  std::vector<Value> results;
+  for (size_t i = 0; i < result_types.size(); ++i) results.push_back(Value{id, result_types[i], static_cast<int>(i)});
+  return results;
+}
 
 Value Builder::emit(const std::string& op_and_operands, const TensorType& result_type) {
   Value v{next_id_++, result_type};
@@ -410,6 +420,55 @@ Value Builder::write_view(const Value* storage, const TensorType& storage_type, 
   if (n == 0) return old;
   Value updated = scatter_flat(flat(old), view_indices(view), value);
   return reshape(updated, storage_type.dims);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers
+
+Value Builder::uniform01(const Value& state, const std::vector<int64_t>& dims, ElementType element) {
+  const bool wide = element == ElementType::F64;
+  const ElementType bits_type = wide ? ElementType::U64 : ElementType::U32;
+  const ElementType float_type = wide ? ElementType::F64 : ElementType::F32;
+  const TensorType bits_tensor{bits_type, dims};
+  auto drawn = emit_multi("\"stablehlo.rng_bit_generator\"(" + name(state) +
+                              ") {rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>} : (" + state.type.mlir() +
+                              ") -> (" + state.type.mlir() + ", " + bits_tensor.mlir() + ")",
+                          {state.type, bits_tensor});
+  // Keep the top mantissa bits under the exponent of 1.0: a float in [1, 2), then subtract 1.
+  const int shift = wide ? 12 : 9;
+  const int64_t one_bits = wide ? 0x3FF0000000000000LL : 0x3F800000LL;
+  Value mantissa = binary("shift_right_logical", drawn[1], constant_int(shift, bits_type));
+  Value in_one_two = binary("or", mantissa, constant_int(one_bits, bits_type));
+  return sub(reinterpret(in_one_two, float_type), constant(1.0, float_type));
+}
+
+Value Builder::uniform(const Value& state, const Value& like, double low, double high) {
+  Value u = uniform01(state, like.dims(), like.element());
+  Value scaled = add(mul(u, constant(high - low, u.element())), constant(low, u.element()));
+  return convert(scaled, like.element());
+}
+
+Value Builder::normal(const Value& state, const Value& like, double mean, double std) {
+  // Box-Muller over two independent uniform draws (one rng call of twice the elements).
+  std::vector<int64_t> twice = like.dims();
+  twice.insert(twice.begin(), 2);
+  Value u = uniform01(state, twice, like.element());
+  std::vector<int64_t> start(twice.size(), 0), limit = twice, strides(twice.size(), 1);
+  limit[0] = 1;
+  Value u1 = reshape(slice(u, start, limit, strides), like.dims());
+  start[0] = 1;
+  limit[0] = 2;
+  Value u2 = reshape(slice(u, start, limit, strides), like.dims());
+  const ElementType e = u.element();
+  // 1 - u1 lies in (0, 1], so the logarithm is finite.
+  Value radius = sqrt(mul(constant(-2.0, e), log(sub(constant(1.0, e), u1))));
+  Value z = mul(radius, unary("cosine", mul(u2, constant(6.283185307179586, e))));
+  return convert(add(mul(z, constant(std, e)), constant(mean, e)), like.element());
+}
+
+Value Builder::bernoulli(const Value& state, const Value& like, double p) {
+  Value u = uniform01(state, like.dims(), ElementType::F32);
+  return convert(lt(u, constant(p, ElementType::F32)), like.element());
 }
 
 std::string Builder::finish(const std::vector<Value>& results) const {

@@ -14,6 +14,7 @@ namespace torchtpu::rt {
 struct Value {
   int id = -1;
   TensorType type;
+  int result = -1;  // which result of a multi-result op (%v3#1), or -1
   const std::vector<int64_t>& dims() const { return type.dims; }
   ElementType element() const { return type.element; }
   int rank() const { return type.rank(); }
@@ -97,6 +98,12 @@ class Builder {
   Value fill(const Value& value, const Value& like) { return broadcast_like(value, like); }
   Value identity(const Value& v) { return v; }
 
+  // random primitives: `state` is a generator's (seed, offset) as tensor<2xui64>; results have
+  // the shape and element type of `like`.
+  Value uniform(const Value& state, const Value& like, double low, double high);
+  Value normal(const Value& state, const Value& like, double mean, double std);
+  Value bernoulli(const Value& state, const Value& like, double p);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);
@@ -110,6 +117,9 @@ class Builder {
 
  private:
   Value emit(const std::string& op_and_operands, const TensorType& result_type);
+  std::vector<Value> emit_multi(const std::string& op_and_operands, const std::vector<TensorType>& result_types);
+  // Uniform floats in [0, 1) of `dims`, in F32 (or F64 for an F64 `element`), from random bits.
+  Value uniform01(const Value& state, const std::vector<int64_t>& dims, ElementType element);
   std::string name(const Value& v) const;
   Value flat(const Value& v);
   Value view_indices(const ViewGeometry& view);

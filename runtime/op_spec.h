@@ -18,6 +18,7 @@ enum class ArgKind : uint8_t {
   TensorList,  // each element as Tensor
   Scalar,      // runtime value: a 0-d parameter, so new values reuse the executable
   Attr,        // compile-time: part of the cache key and a constant in the module
+  Generator,   // a random generator: a runtime 2 x u64 (seed, offset) parameter
   Ignored,     // no effect on the computation (layout, pin_memory, non_blocking, ...)
 };
 

@@ -151,10 +151,11 @@ rt::Value write_tensor(rt::Builder& b, const rt::Value* old, const rt::TensorTyp
 // --- the spec kernel --------------------------------------------------------------------------
 
 struct ParamSource {
-  enum Kind : uint8_t { Storage, Scalar } kind;
+  enum Kind : uint8_t { Storage, Scalar, Random } kind;
   int arg;
   int index;  // element of a tensor list, or -1
   rt::ElementType element;
+  uint64_t random_words = 0;  // Random: counter values one call consumes
 };
 
 struct OutputPlan {
@@ -239,6 +240,7 @@ class SpecKernel final : public c10::OperatorKernel {
         case ArgKind::Attr:
           key_attr(key, args[i]);
           break;
+        case ArgKind::Generator:
         case ArgKind::Ignored:
           break;
       }
@@ -295,6 +297,11 @@ class SpecKernel final : public c10::OperatorKernel {
     for (const ParamSource& p : entry.params) {
       if (p.kind == ParamSource::Storage) {
         keep.push_back(storage_of(tensor_at(args, p.arg, p.index, holder)).buffer);
+      } else if (p.kind == ParamSource::Random) {
+        const auto [seed, offset] =
+            reserve_random(args[p.arg].toOptional<at::Generator>(), device, p.random_words);
+        const uint64_t state[2] = {seed, offset};
+        keep.push_back(runtime().to_device(state, rt::ElementType::U64, {2}, device));
       } else {
         const c10::Scalar value =
             args[p.arg].isTensor() ? args[p.arg].toTensor().item() : args[p.arg].toScalar();
@@ -448,6 +455,15 @@ class SpecKernel final : public c10::OperatorKernel {
           else if (a.isString()) ea.args[i] = a.toStringRef();
           else if (a.isScalar()) ea.args[i] = a.toScalar().toDouble();
           break;
+        case ArgKind::Generator: {
+          int64_t numel = 0;
+          for (const OutputPlan& o : outs) numel += c10::multiply_integers(o.sizes);
+          // Room for two 32-bit draws per element (Box-Muller) and rounding: streams never overlap.
+          const uint64_t words = static_cast<uint64_t>(numel) + 16;
+          entry->params.push_back(ParamSource{ParamSource::Random, arg, -1, rt::ElementType::U64, words});
+          ea.args[i] = b.parameter(rt::TensorType{rt::ElementType::U64, {2}});
+          break;
+        }
         case ArgKind::Ignored:
           break;
       }

@@ -67,6 +67,9 @@ PYBIND11_MODULE(_C, m) {
     torchtpu::runtime().synchronize();
   });
   m.def("metrics", &metrics);
+  m.def("generator_state", &torchtpu::generator_state);
+  m.def("set_generator_state", &torchtpu::set_generator_state);
+  m.def("reseed_randomly", &torchtpu::reseed_randomly);
   m.def("spec_overloads", [] {
     // (overload, variant, spec file:line) for every registered spec kernel.
     py::list out;

@@ -70,10 +70,10 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return rt::Runtime::get_if_installed() != nullptr; }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
-    // Random ops run through the CPU generator until tpu RNG specs exist.
-    return at::detail::getDefaultCPUGenerator();
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device) const override {
+    return default_tpu_generator(device < 0 ? current_device() : device);
   }
+  at::Generator getNewGenerator(c10::DeviceIndex device) const override { return new_tpu_generator(device); }
   at::Device getDeviceFromPtr(void* data) const override {
     return c10::Device(c10::DeviceType::PrivateUse1, static_cast<TpuStorage*>(data)->device);
   }

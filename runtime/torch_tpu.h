@@ -61,6 +61,17 @@ void set_fallback_is_error(bool error);
 void clear_kernel_caches();
 int64_t kernel_cache_size();
 
+// Random numbers: one generator per device (hooks' default), fresh ones for torch.Generator("tpu").
+const at::Generator& default_tpu_generator(int device);
+at::Generator new_tpu_generator(int device);
+// Reserves `words` counter values of `generator` (or the device's default): the (seed, offset) to start at.
+std::pair<uint64_t, uint64_t> reserve_random(const std::optional<at::Generator>& generator, int device,
+                                             uint64_t words);
+// The device's default generator: (seed, offset), for torch.tpu.manual_seed / get_rng_state.
+std::pair<uint64_t, uint64_t> generator_state(int device);
+void set_generator_state(int device, uint64_t seed, uint64_t offset);
+uint64_t reseed_randomly(int device);
+
 // Benchmark support: remember the next spec kernel's executable and inputs, then re-execute
 // them bare (no dispatch, no key) and return nanoseconds per execution.
 void capture_next_execution();

@@ -59,7 +59,7 @@ def test_synchronize():
     assert y.cpu().tolist() == [2.0, 2.0, 2.0]
 
 
-def test_seeding_matches_cpu_generator():
+def test_seeding_reproduces_device_streams():
     torch.tpu.manual_seed(1234)
     assert torch.tpu.initial_seed() == 1234
     a = torch.randn(5, device="tpu")

@@ -96,34 +96,52 @@ class _DeviceProperties:
                 f"platform_version={self.platform_version!r}, index={self.index})")
 
 
-# Random numbers run through PyTorch's CPU generator until tpu RNG specs exist, so seeding the
-# device seeds that generator.
+# Each device has a default generator, a (seed, offset) pair that random ops advance; a seed
+# reproduces the stream on tpu (it is not the CPU generator's stream).
 def manual_seed(seed: int) -> None:
-    torch.default_generator.manual_seed(int(seed))
+    """Seeds the current device's generator."""
+    _C().set_generator_state(current_device(), int(seed) & 0xFFFFFFFFFFFFFFFF, 0)
 
 
 def manual_seed_all(seed: int) -> None:
-    manual_seed(seed)
+    for index in range(device_count()):
+        _C().set_generator_state(index, int(seed) & 0xFFFFFFFFFFFFFFFF, 0)
 
 
 def seed() -> None:
-    torch.default_generator.seed()
+    _C().reseed_randomly(current_device())
 
 
 def seed_all() -> None:
-    seed()
+    for index in range(device_count()):
+        _C().reseed_randomly(index)
 
 
 def initial_seed() -> int:
-    return torch.default_generator.initial_seed()
+    return _C().generator_state(current_device())[0]
 
 
 def get_rng_state(device=None) -> torch.Tensor:
-    return torch.default_generator.get_state()
+    """The generator's state as 16 bytes (seed, offset), like torch.cuda.get_rng_state."""
+    seed_value, offset = _C().generator_state(_index(device))
+    raw = seed_value.to_bytes(8, "little") + offset.to_bytes(8, "little")
+    return torch.tensor(list(raw), dtype=torch.uint8)
 
 
 def set_rng_state(state: torch.Tensor, device=None) -> None:
-    torch.default_generator.set_state(state)
+    raw = bytes(state.to(torch.uint8).tolist())
+    if len(raw) != 16:
+        raise ValueError("a tpu RNG state is 16 bytes (see get_rng_state)")
+    _C().set_generator_state(_index(device), int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little"))
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for index, state in enumerate(states):
+        set_rng_state(state, index)
 
 
 def memory_allocated(device=None) -> int:

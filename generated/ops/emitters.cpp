@@ -144,6 +144,27 @@ std::vector<Value> emit_addmm_(Builder& b, const EmitArgs& a) { return {b.add(b.
 // addmm.out = add(mul(self, beta), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:9)
 std::vector<Value> emit_addmm__out(Builder& b, const EmitArgs& a) { return {b.add(b.mul(a.value(0), a.value(3)), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
 
+// uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
+std::vector<Value> emit_uniform(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
+// uniform_ = uniform(generator, self, from_, to)  (specs/random.yaml:5)
+std::vector<Value> emit_uniform_(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
+// uniform.out = uniform(generator, self, from_, to)  (specs/random.yaml:5)
+std::vector<Value> emit_uniform__out(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
+
+// normal_functional = normal(generator, self, mean, std)  (specs/random.yaml:11)
+std::vector<Value> emit_normal_functional(Builder& b, const EmitArgs& a) { return {b.normal(a.value(3), a.value(0), a.real(1), a.real(2))}; }
+// normal_ = normal(generator, self, mean, std)  (specs/random.yaml:11)
+std::vector<Value> emit_normal_(Builder& b, const EmitArgs& a) { return {b.normal(a.value(3), a.value(0), a.real(1), a.real(2))}; }
+// normal.out = normal(generator, self, mean, std)  (specs/random.yaml:11)
+std::vector<Value> emit_normal__out(Builder& b, const EmitArgs& a) { return {b.normal(a.value(3), a.value(0), a.real(1), a.real(2))}; }
+
+// bernoulli.p = bernoulli(generator, self, p)  (specs/random.yaml:17)
+std::vector<Value> emit_bernoulli__p(Builder& b, const EmitArgs& a) { return {b.bernoulli(a.value(2), a.value(0), a.real(1))}; }
+// bernoulli_.float = bernoulli(generator, self, p)  (specs/random.yaml:17)
+std::vector<Value> emit_bernoulli___float(Builder& b, const EmitArgs& a) { return {b.bernoulli(a.value(2), a.value(0), a.real(1))}; }
+// bernoulli.float_out = bernoulli(generator, self, p)  (specs/random.yaml:17)
+std::vector<Value> emit_bernoulli__float_out(Builder& b, const EmitArgs& a) { return {b.bernoulli(a.value(2), a.value(0), a.real(1))}; }
+
 // sum.dim_IntList = sum(self, dim, keepdim)  (specs/reduction.yaml:3)
 std::vector<Value> emit_sum__dim_IntList(Builder& b, const EmitArgs& a) { return {b.sum(a.value(0), a.ints(1), a.boolean(2))}; }
 // sum.IntList_out = sum(self, dim, keepdim)  (specs/reduction.yaml:3)
@@ -436,6 +457,42 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Common, 5,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmm__out},
+      {"uniform", "specs/random.yaml:5", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_uniform},
+      {"uniform_", "specs/random.yaml:5", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_uniform_},
+      {"uniform.out", "specs/random.yaml:5", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {0}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_uniform__out},
+      {"normal_functional", "specs/random.yaml:11", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal_functional},
+      {"normal_", "specs/random.yaml:11", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal_},
+      {"normal.out", "specs/random.yaml:11", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {0}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal__out},
+      {"bernoulli.p", "specs/random.yaml:17", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bernoulli__p},
+      {"bernoulli_.float", "specs/random.yaml:17", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bernoulli___float},
+      {"bernoulli.float_out", "specs/random.yaml:17", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {0}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bernoulli__float_out},
       {"sum.dim_IntList", "specs/reduction.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, -1,

@@ -428,6 +428,15 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_addmm,  // addmm
       &meta_emit_addmm_,  // addmm_
       &meta_emit_addmm__out,  // addmm.out
+      nullptr,  // uniform
+      nullptr,  // uniform_
+      nullptr,  // uniform.out
+      nullptr,  // normal_functional
+      nullptr,  // normal_
+      nullptr,  // normal.out
+      nullptr,  // bernoulli.p
+      nullptr,  // bernoulli_.float
+      nullptr,  // bernoulli.float_out
       &meta_emit_sum__dim_IntList,  // sum.dim_IntList
       &meta_emit_sum__IntList_out,  // sum.IntList_out
       nullptr,  // sum

@@ -1,0 +1,119 @@
+"""Random numbers on tpu: reproducible under the seeding APIs, right distributions, no CPU fallback.
+
+The tpu stream is not the CPU generator's stream, so these tests check seeds and statistics
+(with bounds many standard errors wide) rather than values."""
+
+import math
+
+import pytest
+import torch
+
+import torchtpu
+
+N = 200_000
+
+
+def fallbacks():
+    return dict(torchtpu.debug.metrics()["cpu_fallbacks"])
+
+
+def test_torch_manual_seed_reproduces_and_streams_advance():
+    torch.manual_seed(1234)
+    a = torch.rand(1000, device="tpu").cpu()
+    b = torch.rand(1000, device="tpu").cpu()
+    torch.manual_seed(1234)
+    assert torch.equal(torch.rand(1000, device="tpu").cpu(), a)
+    assert torch.equal(torch.rand(1000, device="tpu").cpu(), b)
+    assert not torch.equal(a, b)
+    torch.manual_seed(4321)
+    assert not torch.equal(torch.rand(1000, device="tpu").cpu(), a)
+
+
+def test_tpu_seeding_api():
+    torch.tpu.manual_seed(7)
+    assert torch.tpu.initial_seed() == 7
+    first = torch.randn(64, device="tpu").cpu()
+    torch.tpu.manual_seed_all(7)
+    assert torch.equal(torch.randn(64, device="tpu").cpu(), first)
+    state = torch.tpu.get_rng_state()
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    x = torch.randn(64, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.randn(64, device="tpu").cpu(), x)
+    torch.tpu.seed()
+    assert torch.tpu.initial_seed() != 7 or not torch.equal(torch.randn(64, device="tpu").cpu(), x)
+
+
+def test_explicit_generator():
+    g = torch.Generator(device="tpu")
+    assert g.device.type == "tpu"
+    g.manual_seed(99)
+    a = torch.rand(32, generator=g, device="tpu").cpu()
+    g.manual_seed(99)
+    b = torch.rand(32, generator=g, device="tpu").cpu()
+    assert torch.equal(a, b)
+    # The default generator is untouched by an explicit one.
+    torch.manual_seed(5)
+    c = torch.rand(32, device="tpu").cpu()
+    torch.manual_seed(5)
+    torch.rand(32, generator=g, device="tpu")
+    assert torch.equal(torch.rand(32, device="tpu").cpu(), c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_uniform_distribution(dtype):
+    before = fallbacks()
+    x = torch.empty(N, device="tpu", dtype=dtype).uniform_(-2.0, 3.0)
+    assert x.dtype == dtype and x.device.type == "tpu"
+    host = x.cpu().double()
+    assert host.min() >= -2.0 and host.max() <= 3.0
+    mean, var = 0.5, 25.0 / 12.0
+    assert abs(host.mean().item() - mean) < 6 * math.sqrt(var / N) + 1e-2 * (dtype == torch.bfloat16)
+    assert abs(host.var().item() - var) < 0.03 * var
+    assert fallbacks() == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_normal_distribution(dtype):
+    before = fallbacks()
+    x = torch.randn(N, device="tpu", dtype=dtype)
+    y = torch.empty(N, device="tpu", dtype=dtype).normal_(3.0, 0.5)
+    hx, hy = x.cpu().double(), y.cpu().double()
+    assert abs(hx.mean().item()) < 6 / math.sqrt(N) + 1e-3
+    assert abs(hx.std().item() - 1.0) < 0.02
+    assert abs(hy.mean().item() - 3.0) < 6 * 0.5 / math.sqrt(N) + 3e-3
+    assert abs(hy.std().item() - 0.5) < 0.01
+    # Tails exist but are not absurd.
+    assert (hx.abs() > 3).double().mean().item() < 0.01 and hx.abs().max() < 8
+    assert fallbacks() == before
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_bernoulli(p):
+    before = fallbacks()
+    x = torch.empty(N, device="tpu").bernoulli_(p)
+    host = x.cpu()
+    assert set(host.unique().tolist()) <= {0.0, 1.0}
+    assert abs(host.mean().item() - p) < 6 * math.sqrt(p * (1 - p) / N)
+    b = torch.bernoulli(torch.empty(1000, device="tpu", dtype=torch.bool), 0.5)
+    assert b.dtype == torch.bool
+    assert fallbacks() == before
+
+
+def test_rand_like_and_shapes():
+    x = torch.zeros(3, 5, 7, device="tpu")
+    r = torch.rand_like(x)
+    assert r.shape == x.shape and r.device == x.device
+    assert not torch.equal(r.cpu()[0], r.cpu()[1])
+    # A strided view is filled in place through its view.
+    base = torch.zeros(4, 6, device="tpu")
+    base[:, ::2].uniform_(1.0, 2.0)
+    host = base.cpu()
+    assert (host[:, 1::2] == 0).all() and (host[:, ::2] >= 1).all()
+
+
+def test_uniform_rejects_integer_tensors_like_cpu():
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.empty(3, dtype=torch.int64).uniform_()
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch.empty(3, dtype=torch.int64, device="tpu").uniform_()
