@@ -49,7 +49,8 @@ TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "skip", "__line__"}
 BUILDER_HEADER = os.path.join("runtime", "hlo_builder.h")
 _SECTION_START = "// --- Primitives that spec lowerings name"
 _PARAMETER_KINDS = {"const Value&": "value", "const std::vector<Value>&": "values",
-                    "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float"}
+                    "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float",
+                    "const std::string&": "str"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -484,6 +485,86 @@ std::string Builder::finish(const std::vector<Value>& results) const {
   }
   text += types + ") {\n" + body_ + "    return " + names + " : " + types + "\n  }\n}\n";
   return text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// nn (activations, softmax, losses) primitives
+
+Value Builder::nn_amax(const Value& v, int64_t dim) {
+  const auto dims = normalize_dims({dim}, v.rank());
+  Value r = reduce(v, dims, "maximum", -std::numeric_limits<double>::infinity());
+  std::vector<int64_t> kept = v.dims();
+  for (int64_t d : dims) kept[d] = 1;
+  return reshape(r, kept);
+}
+
+Value Builder::softmax(const Value& v, int64_t dim) {
+  Value e = exp(sub(v, nn_amax(v, dim)));
+  return div(e, sum(e, {dim}, true));
+}
+
+Value Builder::log_softmax(const Value& v, int64_t dim) {
+  Value shifted = sub(v, nn_amax(v, dim));
+  return sub(shifted, log(sum(exp(shifted), {dim}, true)));
+}
+
+Value Builder::gelu_erf(const Value& v) {
+  return emit("\"chlo.erf\"(" + name(v) + ") : (" + v.type.mlir() + ") -> " + v.type.mlir(), v.type);
+}
+
+namespace {
+constexpr double kSqrt1_2 = 0.70710678118654752440;  // 1/sqrt(2)
+constexpr double k2_SqrtPi = 1.12837916709551257390;  // 2/sqrt(pi)
+constexpr double kSqrt2 = 1.41421356237309504880;
+constexpr double kGeluKappa = 0.044715;
+
+void check_approximate(const std::string& approximate) {
+  if (approximate != "none" && approximate != "tanh") fail("gelu: approximate must be 'none' or 'tanh', not '" + approximate + "'");
+}
+}  // namespace
+
+Value Builder::gelu(const Value& x, const std::string& approximate) {
+  check_approximate(approximate);
+  auto c = [&](double value) { return scalar_like(value, x); };
+  if (approximate == "tanh") {
+    // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + kappa * x^3)))
+    Value cube = mul(mul(x, x), x);
+    Value inner = mul(c(kSqrt2 * k2_SqrtPi * 0.5), add(x, mul(c(kGeluKappa), cube)));
+    return mul(mul(c(0.5), x), add(c(1), nn_tanh(inner)));
+  }
+  // x * 0.5 * (1 + erf(x / sqrt(2)))
+  return mul(mul(x, c(0.5)), add(c(1), gelu_erf(mul(x, c(kSqrt1_2)))));
+}
+
+Value Builder::gelu_backward(const Value& grad, const Value& x, const std::string& approximate) {
+  check_approximate(approximate);
+  auto c = [&](double value) { return scalar_like(value, x); };
+  if (approximate == "tanh") {
+    const double beta = kSqrt2 * k2_SqrtPi * 0.5;
+    Value x_sq = mul(x, x);
+    Value inner = mul(c(beta), add(x, mul(c(kGeluKappa), mul(x_sq, x))));
+    Value t = nn_tanh(inner);
+    Value left = mul(c(0.5), x);
+    Value left_derivative = mul(c(0.5), add(c(1), t));
+    Value right_derivative = mul(mul(sub(c(1), mul(t, t)), c(beta)), add(c(1), mul(c(3 * kGeluKappa), x_sq)));
+    return mul(grad, add(left_derivative, mul(left, right_derivative)));
+  }
+  Value cdf = mul(c(0.5), add(c(1), gelu_erf(mul(x, c(kSqrt1_2)))));
+  Value pdf = mul(c(k2_SqrtPi * kSqrt1_2 * 0.5), exp(mul(mul(x, x), c(-0.5))));
+  return mul(grad, add(cdf, mul(x, pdf)));
+}
+
+Value Builder::nn_loss_reduce(const Value& v, int64_t reduction) {
+  switch (reduction) {
+    case 0: return v;
+    case 1: return mean(v, {}, false);
+    case 2: return sum(v, {}, false);
+  }
+  fail("loss reduction must be 0 (none), 1 (mean) or 2 (sum), not " + std::to_string(reduction));
+}
+
+Value Builder::mse_loss_norm(const Value& like, int64_t reduction) {
+  return scalar_like(reduction == 1 ? 2.0 / static_cast<double>(like.type.numel()) : 2.0, like);
 }
 
 }  // namespace torchtpu::rt

@@ -103,6 +103,19 @@ class Builder {
   Value uniform(const Value& state, const Value& like, double low, double high);
   Value normal(const Value& state, const Value& like, double mean, double std);
   Value bernoulli(const Value& state, const Value& like, double p);
+  // nn (activations, softmax, losses) primitives
+  Value nn_amax(const Value& v, int64_t dim);  // max along one dim (may be negative), kept as size 1
+  Value softmax(const Value& v, int64_t dim);  // stable: subtracts the max along dim
+  Value log_softmax(const Value& v, int64_t dim);
+  Value gelu_erf(const Value& v);  // erf (chlo.erf), for gelu
+  Value gelu(const Value& v, const std::string& approximate);  // approximate: "none" | "tanh"
+  Value gelu_backward(const Value& grad, const Value& v, const std::string& approximate);
+  Value nn_tanh(const Value& v) { return unary("tanh", v); }
+  Value nn_expm1(const Value& v) { return unary("exponential_minus_one", v); }
+  Value nn_log1p(const Value& v) { return unary("log_plus_one", v); }
+  Value nn_pick(bool first, const Value& a, const Value& b) { return first ? a : b; }  // compile-time choice
+  Value nn_loss_reduce(const Value& v, int64_t reduction);  // 0 none, 1 mean, 2 sum (over all dims)
+  Value mse_loss_norm(const Value& like, int64_t reduction);  // 2/numel (mean) or 2, as a 0-d of like's type
 
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).

@@ -144,6 +144,118 @@ std::vector<Value> emit_addmm_(Builder& b, const EmitArgs& a) { return {b.add(b.
 // addmm.out = add(mul(self, beta), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:9)
 std::vector<Value> emit_addmm__out(Builder& b, const EmitArgs& a) { return {b.add(b.mul(a.value(0), a.value(3)), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
 
+// _softmax = softmax(self, dim)  (specs/nn.yaml:5)
+std::vector<Value> emit__softmax(Builder& b, const EmitArgs& a) { return {b.softmax(a.value(0), a.integer(1))}; }
+// _softmax.out = softmax(self, dim)  (specs/nn.yaml:5)
+std::vector<Value> emit__softmax__out(Builder& b, const EmitArgs& a) { return {b.softmax(a.value(0), a.integer(1))}; }
+
+// _log_softmax = log_softmax(self, dim)  (specs/nn.yaml:13)
+std::vector<Value> emit__log_softmax(Builder& b, const EmitArgs& a) { return {b.log_softmax(a.value(0), a.integer(1))}; }
+// _log_softmax.out = log_softmax(self, dim)  (specs/nn.yaml:13)
+std::vector<Value> emit__log_softmax__out(Builder& b, const EmitArgs& a) { return {b.log_softmax(a.value(0), a.integer(1))}; }
+
+// _softmax_backward_data = mul(output, sub(grad_output, sum(mul(grad_output, output), dim, True)))  (specs/nn.yaml:18)
+std::vector<Value> emit__softmax_backward_data(Builder& b, const EmitArgs& a) { return {b.mul(a.value(1), b.sub(a.value(0), b.sum(b.mul(a.value(0), a.value(1)), a.ints(2), true)))}; }
+// _softmax_backward_data.out = mul(output, sub(grad_output, sum(mul(grad_output, output), dim, True)))  (specs/nn.yaml:18)
+std::vector<Value> emit__softmax_backward_data__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(1), b.sub(a.value(0), b.sum(b.mul(a.value(0), a.value(1)), a.ints(2), true)))}; }
+
+// _log_softmax_backward_data = sub(grad_output, mul(exp(output), sum(grad_output, dim, True)))  (specs/nn.yaml:23)
+std::vector<Value> emit__log_softmax_backward_data(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(b.exp(a.value(1)), b.sum(a.value(0), a.ints(2), true)))}; }
+// _log_softmax_backward_data.out = sub(grad_output, mul(exp(output), sum(grad_output, dim, True)))  (specs/nn.yaml:23)
+std::vector<Value> emit__log_softmax_backward_data__out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(b.exp(a.value(1)), b.sum(a.value(0), a.ints(2), true)))}; }
+
+// gelu = gelu(self, approximate)  (specs/nn.yaml:27)
+std::vector<Value> emit_gelu(Builder& b, const EmitArgs& a) { return {b.gelu(a.value(0), a.string(1))}; }
+// gelu_ = gelu(self, approximate)  (specs/nn.yaml:27)
+std::vector<Value> emit_gelu_(Builder& b, const EmitArgs& a) { return {b.gelu(a.value(0), a.string(1))}; }
+// gelu.out = gelu(self, approximate)  (specs/nn.yaml:27)
+std::vector<Value> emit_gelu__out(Builder& b, const EmitArgs& a) { return {b.gelu(a.value(0), a.string(1))}; }
+
+// gelu_backward = gelu_backward(grad_output, self, approximate)  (specs/nn.yaml:32)
+std::vector<Value> emit_gelu_backward(Builder& b, const EmitArgs& a) { return {b.gelu_backward(a.value(0), a.value(1), a.string(2))}; }
+// gelu_backward.grad_input = gelu_backward(grad_output, self, approximate)  (specs/nn.yaml:32)
+std::vector<Value> emit_gelu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.gelu_backward(a.value(0), a.value(1), a.string(2))}; }
+
+// silu = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:36)
+std::vector<Value> emit_silu(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), [&] { const Value anchor = b.exp(b.neg(a.value(0))); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
+// silu_ = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:36)
+std::vector<Value> emit_silu_(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), [&] { const Value anchor = b.exp(b.neg(a.value(0))); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
+// silu.out = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:36)
+std::vector<Value> emit_silu__out(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), [&] { const Value anchor = b.exp(b.neg(a.value(0))); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
+
+// silu_backward = mul(mul(grad_output, div(1, add(1, exp(neg(self))))), add(1, mul(self, sub(1, div(1, add(1, exp(neg(self))))))))  (specs/nn.yaml:41)
+std::vector<Value> emit_silu_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }()), [&] { const Value anchor = b.mul(a.value(1), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
+// silu_backward.grad_input = mul(mul(grad_output, div(1, add(1, exp(neg(self))))), add(1, mul(self, sub(1, div(1, add(1, exp(neg(self))))))))  (specs/nn.yaml:41)
+std::vector<Value> emit_silu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }()), [&] { const Value anchor = b.mul(a.value(1), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
+
+// leaky_relu = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:46)
+std::vector<Value> emit_leaky_relu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
+// leaky_relu_ = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:46)
+std::vector<Value> emit_leaky_relu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
+// leaky_relu.out = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:46)
+std::vector<Value> emit_leaky_relu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
+
+// leaky_relu_backward = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:52)
+std::vector<Value> emit_leaky_relu_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(2)))}; }
+// leaky_relu_backward.grad_input = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:52)
+std::vector<Value> emit_leaky_relu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(2)))}; }
+
+// elu = where(le(self, 0), mul(nn_expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+std::vector<Value> emit_elu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.nn_expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
+// elu_ = where(le(self, 0), mul(nn_expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+std::vector<Value> emit_elu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.nn_expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
+// elu.out = where(le(self, 0), mul(nn_expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+std::vector<Value> emit_elu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.nn_expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
+
+// elu_backward = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:63)
+std::vector<Value> emit_elu_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
+// elu_backward.grad_input = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:63)
+std::vector<Value> emit_elu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
+
+// softplus = where(gt(mul(self, beta), threshold), self, div(nn_log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
+std::vector<Value> emit_softplus(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.nn_log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
+// softplus.out = where(gt(mul(self, beta), threshold), self, div(nn_log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
+std::vector<Value> emit_softplus__out(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.nn_log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
+
+// softplus_backward = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:75)
+std::vector<Value> emit_softplus_backward(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(1), a.value(2)), a.value(3)), a.value(0), b.mul(a.value(0), b.div(b.exp(b.mul(a.value(1), a.value(2))), [&] { const Value anchor = b.exp(b.mul(a.value(1), a.value(2))); return b.add(anchor, b.scalar_like(1.0, anchor)); }())))}; }
+// softplus_backward.grad_input = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:75)
+std::vector<Value> emit_softplus_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(1), a.value(2)), a.value(3)), a.value(0), b.mul(a.value(0), b.div(b.exp(b.mul(a.value(1), a.value(2))), [&] { const Value anchor = b.exp(b.mul(a.value(1), a.value(2))); return b.add(anchor, b.scalar_like(1.0, anchor)); }())))}; }
+
+// hardtanh = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:80)
+std::vector<Value> emit_hardtanh(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
+// hardtanh_ = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:80)
+std::vector<Value> emit_hardtanh_(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
+// hardtanh.out = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:80)
+std::vector<Value> emit_hardtanh__out(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
+
+// hardtanh_backward = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:86)
+std::vector<Value> emit_hardtanh_backward(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where(b.ge(a.value(1), a.value(3)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)))}; }
+// hardtanh_backward.grad_input = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:86)
+std::vector<Value> emit_hardtanh_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where(b.ge(a.value(1), a.value(3)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)))}; }
+
+// threshold = where(le(self, threshold), value, self)  (specs/nn.yaml:91)
+std::vector<Value> emit_threshold(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
+// threshold_ = where(le(self, threshold), value, self)  (specs/nn.yaml:91)
+std::vector<Value> emit_threshold_(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
+// threshold.out = where(le(self, threshold), value, self)  (specs/nn.yaml:91)
+std::vector<Value> emit_threshold__out(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
+
+// threshold_backward = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:97)
+std::vector<Value> emit_threshold_backward(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+// threshold_backward.grad_input = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:97)
+std::vector<Value> emit_threshold_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+
+// mse_loss = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:102)
+std::vector<Value> emit_mse_loss(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
+// mse_loss.out = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:102)
+std::vector<Value> emit_mse_loss__out(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
+
+// mse_loss_backward = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:107)
+std::vector<Value> emit_mse_loss_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
+// mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:107)
+std::vector<Value> emit_mse_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
+
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
 std::vector<Value> emit_uniform(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
 // uniform_ = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -457,6 +569,190 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Common, 5,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmm__out},
+      {"_softmax", "specs/nn.yaml:5", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__softmax},
+      {"_softmax.out", "specs/nn.yaml:5", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__softmax__out},
+      {"_log_softmax", "specs/nn.yaml:13", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__log_softmax},
+      {"_log_softmax.out", "specs/nn.yaml:13", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__log_softmax__out},
+      {"_softmax_backward_data", "specs/nn.yaml:18", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__softmax_backward_data},
+      {"_softmax_backward_data.out", "specs/nn.yaml:18", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__softmax_backward_data__out},
+      {"_log_softmax_backward_data", "specs/nn.yaml:23", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__log_softmax_backward_data},
+      {"_log_softmax_backward_data.out", "specs/nn.yaml:23", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__log_softmax_backward_data__out},
+      {"gelu", "specs/nn.yaml:27", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_gelu},
+      {"gelu_", "specs/nn.yaml:27", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_gelu_},
+      {"gelu.out", "specs/nn.yaml:27", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_gelu__out},
+      {"gelu_backward", "specs/nn.yaml:32", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_gelu_backward},
+      {"gelu_backward.grad_input", "specs/nn.yaml:32", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_gelu_backward__grad_input},
+      {"silu", "specs/nn.yaml:36", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_silu},
+      {"silu_", "specs/nn.yaml:36", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_silu_},
+      {"silu.out", "specs/nn.yaml:36", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_silu__out},
+      {"silu_backward", "specs/nn.yaml:41", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_silu_backward},
+      {"silu_backward.grad_input", "specs/nn.yaml:41", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_silu_backward__grad_input},
+      {"leaky_relu", "specs/nn.yaml:46", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu},
+      {"leaky_relu_", "specs/nn.yaml:46", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Output, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_},
+      {"leaky_relu.out", "specs/nn.yaml:46", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Output, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu__out},
+      {"leaky_relu_backward", "specs/nn.yaml:52", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
+       {0, 1, 2}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_backward},
+      {"leaky_relu_backward.grad_input", "specs/nn.yaml:52", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_backward__grad_input},
+      {"elu", "specs/nn.yaml:57", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_elu},
+      {"elu_", "specs/nn.yaml:57", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Output, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_elu_},
+      {"elu.out", "specs/nn.yaml:57", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_elu__out},
+      {"elu_backward", "specs/nn.yaml:63", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2, 3, 5}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_elu_backward},
+      {"elu_backward.grad_input", "specs/nn.yaml:63", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2, 3, 5}, Compute::Output, 6,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_elu_backward__grad_input},
+      {"softplus", "specs/nn.yaml:69", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softplus},
+      {"softplus.out", "specs/nn.yaml:69", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Output, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softplus__out},
+      {"softplus_backward", "specs/nn.yaml:75", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softplus_backward},
+      {"softplus_backward.grad_input", "specs/nn.yaml:75", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softplus_backward__grad_input},
+      {"hardtanh", "specs/nn.yaml:80", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh},
+      {"hardtanh_", "specs/nn.yaml:80", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Output, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_},
+      {"hardtanh.out", "specs/nn.yaml:80", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Output, 3,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh__out},
+      {"hardtanh_backward", "specs/nn.yaml:86", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_backward},
+      {"hardtanh_backward.grad_input", "specs/nn.yaml:86", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_backward__grad_input},
+      {"threshold", "specs/nn.yaml:91", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold},
+      {"threshold_", "specs/nn.yaml:91", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Output, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_},
+      {"threshold.out", "specs/nn.yaml:91", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Output, 3,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold__out},
+      {"threshold_backward", "specs/nn.yaml:97", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward},
+      {"threshold_backward.grad_input", "specs/nn.yaml:97", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Output, 3,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward__grad_input},
+      {"mse_loss", "specs/nn.yaml:102", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss},
+      {"mse_loss.out", "specs/nn.yaml:102", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss__out},
+      {"mse_loss_backward", "specs/nn.yaml:107", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward},
+      {"mse_loss_backward.grad_input", "specs/nn.yaml:107", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward__grad_input},
       {"uniform", "specs/random.yaml:5", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Output, -1,

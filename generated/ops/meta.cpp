@@ -4,22 +4,35 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 
+#include <ATen/ops/_log_softmax_meta_dispatch.h>
+#include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/addmm_meta_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
+#include <ATen/ops/elu_backward_meta_dispatch.h>
+#include <ATen/ops/elu_meta_dispatch.h>
 #include <ATen/ops/eq_meta_dispatch.h>
 #include <ATen/ops/exp_meta_dispatch.h>
 #include <ATen/ops/fill_meta_dispatch.h>
+#include <ATen/ops/leaky_relu_backward_meta_dispatch.h>
+#include <ATen/ops/leaky_relu_meta_dispatch.h>
 #include <ATen/ops/log_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mm_meta_dispatch.h>
+#include <ATen/ops/mse_loss_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/silu_backward_meta_dispatch.h>
+#include <ATen/ops/silu_meta_dispatch.h>
+#include <ATen/ops/softplus_backward_meta_dispatch.h>
+#include <ATen/ops/softplus_meta_dispatch.h>
 #include <ATen/ops/sqrt_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/sum_meta_dispatch.h>
+#include <ATen/ops/threshold_backward_meta_dispatch.h>
+#include <ATen/ops/threshold_meta_dispatch.h>
 #include <ATen/ops/zero_meta_dispatch.h>
 
 #include "meta_call.h"
@@ -300,6 +313,203 @@ void meta_emit_addmm__out(torch::jit::Stack& s) {
   s.emplace_back(std::move(result));
 }
 
+void meta_emit__softmax(torch::jit::Stack& s) {
+  auto result = at::meta::_softmax(s[0].toTensor(), s[1].toInt(), s[2].toBool());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit__softmax__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::_softmax_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit__log_softmax(torch::jit::Stack& s) {
+  auto result = at::meta::_log_softmax(s[0].toTensor(), s[1].toInt(), s[2].toBool());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit__log_softmax__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::_log_softmax_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_silu(torch::jit::Stack& s) {
+  auto result = at::meta::silu(s[0].toTensor());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_silu_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::silu_(a0);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_silu__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::silu_outf(s[0].toTensor(), a1);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_silu_backward(torch::jit::Stack& s) {
+  auto result = at::meta::silu_backward(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_silu_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::silu_backward_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_leaky_relu(torch::jit::Stack& s) {
+  auto result = at::meta::leaky_relu(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_leaky_relu_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::leaky_relu_(a0, s[1].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_leaky_relu__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::leaky_relu_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_leaky_relu_backward(torch::jit::Stack& s) {
+  auto result = at::meta::leaky_relu_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toBool());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_leaky_relu_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::leaky_relu_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toBool(), a4);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_elu(torch::jit::Stack& s) {
+  auto result = at::meta::elu(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_elu_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::elu_(a0, s[1].toScalar(), s[2].toScalar(), s[3].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_elu__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::elu_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar(), a4);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_elu_backward(torch::jit::Stack& s) {
+  auto result = at::meta::elu_backward(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar(), s[4].toBool(), s[5].toTensor());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_elu_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a6 = s[6].toTensor();
+  auto result = at::meta::elu_backward_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar(), s[4].toBool(), s[5].toTensor(), a6);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_softplus(torch::jit::Stack& s) {
+  auto result = at::meta::softplus(s[0].toTensor(), s[1].toScalar(), s[2].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_softplus__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::softplus_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), a3);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_softplus_backward(torch::jit::Stack& s) {
+  auto result = at::meta::softplus_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_softplus_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::softplus_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toScalar(), a4);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_threshold(torch::jit::Stack& s) {
+  auto result = at::meta::threshold(s[0].toTensor(), s[1].toScalar(), s[2].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_threshold_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::threshold_(a0, s[1].toScalar(), s[2].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_threshold__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::threshold_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), a3);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_threshold_backward(torch::jit::Stack& s) {
+  auto result = at::meta::threshold_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_threshold_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::threshold_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_mse_loss(torch::jit::Stack& s) {
+  auto result = at::meta::mse_loss(s[0].toTensor(), s[1].toTensor(), s[2].toInt());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_mse_loss__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::mse_loss_outf(s[0].toTensor(), s[1].toTensor(), s[2].toInt(), a3);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
 void meta_emit_sum__dim_IntList(torch::jit::Stack& s) {
   const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
   auto result = at::meta::sum(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), s[3].toOptional<at::ScalarType>());
@@ -428,6 +638,52 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_addmm,  // addmm
       &meta_emit_addmm_,  // addmm_
       &meta_emit_addmm__out,  // addmm.out
+      &meta_emit__softmax,  // _softmax
+      &meta_emit__softmax__out,  // _softmax.out
+      &meta_emit__log_softmax,  // _log_softmax
+      &meta_emit__log_softmax__out,  // _log_softmax.out
+      nullptr,  // _softmax_backward_data
+      nullptr,  // _softmax_backward_data.out
+      nullptr,  // _log_softmax_backward_data
+      nullptr,  // _log_softmax_backward_data.out
+      nullptr,  // gelu
+      nullptr,  // gelu_
+      nullptr,  // gelu.out
+      nullptr,  // gelu_backward
+      nullptr,  // gelu_backward.grad_input
+      &meta_emit_silu,  // silu
+      &meta_emit_silu_,  // silu_
+      &meta_emit_silu__out,  // silu.out
+      &meta_emit_silu_backward,  // silu_backward
+      &meta_emit_silu_backward__grad_input,  // silu_backward.grad_input
+      &meta_emit_leaky_relu,  // leaky_relu
+      &meta_emit_leaky_relu_,  // leaky_relu_
+      &meta_emit_leaky_relu__out,  // leaky_relu.out
+      &meta_emit_leaky_relu_backward,  // leaky_relu_backward
+      &meta_emit_leaky_relu_backward__grad_input,  // leaky_relu_backward.grad_input
+      &meta_emit_elu,  // elu
+      &meta_emit_elu_,  // elu_
+      &meta_emit_elu__out,  // elu.out
+      &meta_emit_elu_backward,  // elu_backward
+      &meta_emit_elu_backward__grad_input,  // elu_backward.grad_input
+      &meta_emit_softplus,  // softplus
+      &meta_emit_softplus__out,  // softplus.out
+      &meta_emit_softplus_backward,  // softplus_backward
+      &meta_emit_softplus_backward__grad_input,  // softplus_backward.grad_input
+      nullptr,  // hardtanh
+      nullptr,  // hardtanh_
+      nullptr,  // hardtanh.out
+      nullptr,  // hardtanh_backward
+      nullptr,  // hardtanh_backward.grad_input
+      &meta_emit_threshold,  // threshold
+      &meta_emit_threshold_,  // threshold_
+      &meta_emit_threshold__out,  // threshold.out
+      &meta_emit_threshold_backward,  // threshold_backward
+      &meta_emit_threshold_backward__grad_input,  // threshold_backward.grad_input
+      &meta_emit_mse_loss,  // mse_loss
+      &meta_emit_mse_loss__out,  // mse_loss.out
+      nullptr,  // mse_loss_backward
+      nullptr,  // mse_loss_backward.grad_input
       nullptr,  // uniform
       nullptr,  // uniform_
       nullptr,  // uniform.out

@@ -189,6 +189,149 @@ def test_addmm(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__softmax(dtype):
+    # specs/nn.yaml:5
+    check_opinfo(
+        "softmax",
+        dtype,
+        overloads=["_softmax", "_softmax.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__log_softmax(dtype):
+    # specs/nn.yaml:13
+    check_opinfo(
+        "log_softmax",
+        dtype,
+        overloads=["_log_softmax", "_log_softmax.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__softmax_backward_data(dtype):
+    # specs/nn.yaml:18
+    check_opinfo(
+        "_softmax_backward_data",
+        dtype,
+        overloads=["_softmax_backward_data", "_softmax_backward_data.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gelu(dtype):
+    # specs/nn.yaml:27
+    check_opinfo(
+        "nn.functional.gelu",
+        dtype,
+        overloads=["gelu", "gelu_", "gelu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_silu(dtype):
+    # specs/nn.yaml:36
+    check_opinfo(
+        "nn.functional.silu",
+        dtype,
+        overloads=["silu", "silu_", "silu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_leaky_relu(dtype):
+    # specs/nn.yaml:46
+    check_opinfo(
+        "nn.functional.leaky_relu",
+        dtype,
+        overloads=["leaky_relu", "leaky_relu_", "leaky_relu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_elu(dtype):
+    # specs/nn.yaml:57
+    check_opinfo(
+        "nn.functional.elu",
+        dtype,
+        overloads=["elu", "elu_", "elu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_softplus(dtype):
+    # specs/nn.yaml:69
+    check_opinfo(
+        "nn.functional.softplus",
+        dtype,
+        overloads=["softplus", "softplus.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_hardtanh(dtype):
+    # specs/nn.yaml:80
+    check_opinfo(
+        "nn.functional.hardtanh",
+        dtype,
+        overloads=["hardtanh", "hardtanh_", "hardtanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_threshold(dtype):
+    # specs/nn.yaml:91
+    check_opinfo(
+        "nn.functional.threshold",
+        dtype,
+        overloads=["threshold", "threshold_", "threshold.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mse_loss(dtype):
+    # specs/nn.yaml:102
+    check_opinfo(
+        "nn.functional.mse_loss",
+        dtype,
+        overloads=["mse_loss", "mse_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_sum_dim_IntList(dtype):
     # specs/reduction.yaml:3
