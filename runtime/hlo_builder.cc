@@ -454,6 +454,15 @@ Value keep_dims(Builder& b, const Value& reduced, const Value& v, const std::vec
   return b.reshape(reduced, kept);
 }
 
+// v's dims without `dims`.
+std::vector<int64_t> reduced_dims(const Value& v, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> out;
+  for (int i = 0; i < v.rank(); ++i) {
+    if (!std::count(dims.begin(), dims.end(), i)) out.push_back(v.dims()[i]);
+  }
+  return out;
+}
+
 int bits_of(ElementType e) { return element_size(e) * 8; }
 
 // The smallest (lowest = true) or largest value of an element type, exactly.
@@ -483,18 +492,40 @@ Value Builder::prod(const Value& v, const std::vector<int64_t>& dims_in, bool ke
   return keep_dims(*this, r, v, dims, keepdim);
 }
 
+namespace {
+
+// max/min over (normalized) dims, without the empty check; keeps the reduced dims as 1s.
+Value max_or_min(Builder& b, const Value& v, const std::vector<int64_t>& dims, bool is_max) {
+  Value r = v.element() == ElementType::Pred
+                ? b.reduce(v, dims, is_max ? "or" : "and", is_max ? 0 : 1)
+                : b.reduce_from(v, dims, is_max ? "maximum" : "minimum", extreme_constant(b, v.element(), is_max));
+  return keep_dims(b, propagate_nan(b, r, v, dims), v, dims, true);
+}
+
+// max/min have no identity: reducing nothing is an error, as on PyTorch's CPU.
+void check_not_empty(const Value& v, const std::vector<int64_t>& dims, const char* op) {
+  for (int64_t d : dims) {
+    if (v.dims()[d] == 0) {
+      fail(std::string(op) + "(): Expected reduction dim to be specified for input.numel() == 0. "
+                             "Specify the reduction dim with the 'dim' argument.");
+    }
+  }
+}
+
+}  // namespace
+
 Value Builder::amax(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim) {
   const auto dims = normalize_dims(dims_in, v.rank());
-  Value r = v.element() == ElementType::Pred ? reduce(v, dims, "or", 0)
-                                             : reduce_from(v, dims, "maximum", extreme_constant(*this, v.element(), true));
-  return keep_dims(*this, propagate_nan(*this, r, v, dims), v, dims, keepdim);
+  check_not_empty(v, dims, "max");
+  Value r = max_or_min(*this, v, dims, true);
+  return keepdim ? r : reshape(r, reduced_dims(v, dims));
 }
 
 Value Builder::amin(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim) {
   const auto dims = normalize_dims(dims_in, v.rank());
-  Value r = v.element() == ElementType::Pred ? reduce(v, dims, "and", 1)
-                                             : reduce_from(v, dims, "minimum", extreme_constant(*this, v.element(), false));
-  return keep_dims(*this, propagate_nan(*this, r, v, dims), v, dims, keepdim);
+  check_not_empty(v, dims, "min");
+  Value r = max_or_min(*this, v, dims, false);
+  return keepdim ? r : reshape(r, reduced_dims(v, dims));
 }
 
 Value Builder::any(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim, bool all_dims) {
@@ -567,7 +598,7 @@ Value Builder::stddev(const Value& v, const std::vector<int64_t>& dims, double c
 Value Builder::logsumexp(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim) {
   const auto dims = normalize_dims(dims_in, v.rank());
   // Shift by the max, except where it is infinite (all -inf stays -inf; +inf stays +inf).
-  Value m = amax(v, dims, true);
+  Value m = max_or_min(*this, v, dims, true);  // an empty reduction is fine here: -inf
   Value finite_m = select(eq(unary("abs", m), scalar_like(HUGE_VAL, m)), scalar_like(0, m), m);
   Value s = sum(exp(sub(v, finite_m)), dims, keepdim);
   Value shift = keepdim ? finite_m : reshape(finite_m, s.dims());
