@@ -353,8 +353,8 @@ class _LoweringCompiler:
             if want != "bool":
                 self.fail(f"is_none({arg}) gives a bool where {want} is needed")
             return f"a.is_none({index})"
-        if want == "value":
-            self.fail(f"default({arg}, ...) needs a compile-time argument (list it in compile_time)")
+        if want == "value" or self.args[arg][1].access == "value":
+            self.fail(f"default({arg}, ...) needs a compile-time argument (list {arg} in compile_time)")
         return f"(a.is_none({index}) ? {self.expr(node.args[1], want)} : {self.expr(node.args[0], want)})"
 
     def expr(self, node, want: str) -> str:
