@@ -342,7 +342,31 @@ class _LoweringCompiler:
         results = body.elts if isinstance(body, ast.Tuple) else [body]
         return "{" + ", ".join(self.expr(r, "value") for r in results) + "}"
 
+    # Forms over optional schema arguments (not builder primitives):
+    #   default(arg, literal)  arg, or literal where arg is None (e.g. default(correction, 1))
+    #   is_none(arg)           a compile-time bool: whether arg is None
+    SPECIAL_FORMS = {"default": 2, "is_none": 1}
+
+    def special_form(self, node, want: str) -> str:
+        name = node.func.id
+        if node.keywords or len(node.args) != self.SPECIAL_FORMS[name] or not isinstance(node.args[0], ast.Name):
+            self.fail(f"{name}() takes an argument name{' and a literal' if name == 'default' else ''}")
+        arg = node.args[0].id
+        if arg not in self.args:
+            self.fail(f"{arg!r} is not an argument of the schema ({', '.join(self.args)})")
+        index = self.args[arg][0]
+        if name == "is_none":
+            if want != "bool":
+                self.fail(f"is_none({arg}) gives a bool where {want} is needed")
+            return f"a.is_none({index})"
+        if want == "value" or self.args[arg][1].access == "value":
+            self.fail(f"default({arg}, ...) needs a compile-time argument (list {arg} in compile_time)")
+        return f"(a.is_none({index}) ? {self.expr(node.args[1], want)} : {self.expr(node.args[0], want)})"
+
     def expr(self, node, want: str) -> str:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.SPECIAL_FORMS \
+                and node.func.id not in self.primitives:
+            return self.special_form(node, want)
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in self.primitives:
                 name = ast.unparse(node.func)
@@ -384,6 +408,8 @@ class _LoweringCompiler:
         if isinstance(node, ast.Constant):
             if want == "bool" and isinstance(node.value, bool):
                 return "true" if node.value else "false"
+            if want == "float" and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+                return repr(float(node.value))
             if want == "int" and isinstance(node.value, int):
                 return str(node.value)
             if want == "ints" and isinstance(node.value, int):

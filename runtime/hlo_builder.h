@@ -63,6 +63,8 @@ class Builder {
                     const std::vector<int64_t>& rhs_contract);
   // `combiner` is a binary elementwise op name (add, multiply, maximum, minimum, and, or).
   Value reduce(const Value& v, const std::vector<int64_t>& dims, const char* combiner, double init);
+  // The same with an init Value (any 0-d value of v's element type: e.g. an exact int64 bound).
+  Value reduce_from(const Value& v, const std::vector<int64_t>& dims, const char* combiner, const Value& init);
 
   // Flat (1-D) element access at computed indices: the general strided view.
   Value gather_flat(const Value& flat, const Value& indices);
@@ -116,6 +118,22 @@ class Builder {
   Value nn_pick(bool first, const Value& a, const Value& b) { return first ? a : b; }  // compile-time choice
   Value nn_loss_reduce(const Value& v, int64_t reduction);  // 0 none, 1 mean, 2 sum (over all dims)
   Value mse_loss_norm(const Value& like, int64_t reduction);  // 2/numel (mean) or 2, as a 0-d of like's type
+  // reduction family primitives (PyTorch conventions: `dims` may be negative; empty = all dims)
+  Value prod(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  Value amax(const Value& v, const std::vector<int64_t>& dims, bool keepdim);  // NaN propagates
+  Value amin(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  // Truth of any/all elements over `dims` (over every dim where all_dims; empty dims otherwise = none).
+  Value any(const Value& v, const std::vector<int64_t>& dims, bool keepdim, bool all_dims);
+  Value all(const Value& v, const std::vector<int64_t>& dims, bool keepdim, bool all_dims);
+  // int64 index of the first max/min (a NaN counts as the max and the min); empty dims = flattened.
+  Value argmax(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  Value argmin(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  Value var(const Value& v, const std::vector<int64_t>& dims, double correction, bool keepdim);
+  Value stddev(const Value& v, const std::vector<int64_t>& dims, double correction, bool keepdim);
+  Value logsumexp(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  Value vector_norm(const Value& v, double ord, const std::vector<int64_t>& dims, bool keepdim);
+  Value cumsum(const Value& v, int64_t dim);
+  Value cumprod(const Value& v, int64_t dim);
 
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).

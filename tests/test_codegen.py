@@ -89,3 +89,16 @@ def test_bad_spec_stops_codegen(tmp_path):
     assert result.returncode == 1
     assert "specs/elementwise.yaml:" in result.stderr and "unknown builder primitive 'sigmoidish'" in result.stderr
     assert (root / "generated" / "ops" / "emitters.cpp").read_text() == before
+
+
+def test_optional_argument_forms(tmp_path):
+    # default(arg, literal) reads arg, or the literal where it is None; is_none(arg) is a compile-time bool.
+    path = write_spec(tmp_path, "- op: var.correction\n  lowering: var(self, dim, default(correction, 1), keepdim)\n"
+                                "  compile_time: [correction]\n  variants: []\n"
+                                "- op: any.dims\n  lowering: any(self, dim, keepdim, is_none(dim))\n  variants: []\n")
+    var, any_dims = load_spec_file(path, "specs/bad.yaml", ROOT)
+    assert "(a.is_none(2) ? 1.0 : a.real(2))" in var.overloads[0].emit_expression
+    assert "a.is_none(1))" in any_dims.overloads[0].emit_expression
+    runtime = write_spec(tmp_path, "- op: var.correction\n  lowering: var(self, dim, default(correction, 1), keepdim)\n")
+    with pytest.raises(SpecError, match="needs a compile-time argument"):
+        load_spec_file(runtime, "specs/bad.yaml", ROOT)

@@ -297,6 +297,122 @@ std::vector<Value> emit_mean(Builder& b, const EmitArgs& a) { return {b.mean(a.v
 // mean.dtype_out = mean(self, [], False)  (specs/reduction.yaml:22)
 std::vector<Value> emit_mean__dtype_out(Builder& b, const EmitArgs& a) { return {b.mean(a.value(0), std::vector<int64_t>{}, false)}; }
 
+// prod.dim_int = prod(self, dim, keepdim)  (specs/reduction.yaml:29)
+std::vector<Value> emit_prod__dim_int(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), a.ints(1), a.boolean(2))}; }
+// prod.int_out = prod(self, dim, keepdim)  (specs/reduction.yaml:29)
+std::vector<Value> emit_prod__int_out(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// prod = prod(self, [], False)  (specs/reduction.yaml:36)
+std::vector<Value> emit_prod(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), std::vector<int64_t>{}, false)}; }
+// prod.out = prod(self, [], False)  (specs/reduction.yaml:36)
+std::vector<Value> emit_prod__out(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), std::vector<int64_t>{}, false)}; }
+
+// amax = amax(self, dim, keepdim)  (specs/reduction.yaml:41)
+std::vector<Value> emit_amax(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2))}; }
+// amax.out = amax(self, dim, keepdim)  (specs/reduction.yaml:41)
+std::vector<Value> emit_amax__out(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// amin = amin(self, dim, keepdim)  (specs/reduction.yaml:48)
+std::vector<Value> emit_amin(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2))}; }
+// amin.out = amin(self, dim, keepdim)  (specs/reduction.yaml:48)
+std::vector<Value> emit_amin__out(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// max = amax(self, [], False)  (specs/reduction.yaml:56)
+std::vector<Value> emit_max(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }
+// max.unary_out = amax(self, [], False)  (specs/reduction.yaml:56)
+std::vector<Value> emit_max__unary_out(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }
+
+// min = amin(self, [], False)  (specs/reduction.yaml:62)
+std::vector<Value> emit_min(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), std::vector<int64_t>{}, false)}; }
+// min.unary_out = amin(self, [], False)  (specs/reduction.yaml:62)
+std::vector<Value> emit_min__unary_out(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), std::vector<int64_t>{}, false)}; }
+
+// max.dim = (amax(self, dim, keepdim), argmax(self, dim, keepdim))  (specs/reduction.yaml:69)
+std::vector<Value> emit_max__dim(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2)), b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// min.dim = (amin(self, dim, keepdim), argmin(self, dim, keepdim))  (specs/reduction.yaml:76)
+std::vector<Value> emit_min__dim(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2)), b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// argmax = argmax(self, dim, keepdim)  (specs/reduction.yaml:84)
+std::vector<Value> emit_argmax(Builder& b, const EmitArgs& a) { return {b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
+// argmax.out = argmax(self, dim, keepdim)  (specs/reduction.yaml:84)
+std::vector<Value> emit_argmax__out(Builder& b, const EmitArgs& a) { return {b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// argmin = argmin(self, dim, keepdim)  (specs/reduction.yaml:92)
+std::vector<Value> emit_argmin(Builder& b, const EmitArgs& a) { return {b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
+// argmin.out = argmin(self, dim, keepdim)  (specs/reduction.yaml:92)
+std::vector<Value> emit_argmin__out(Builder& b, const EmitArgs& a) { return {b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// any = any(self, [], False, True)  (specs/reduction.yaml:101)
+std::vector<Value> emit_any(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), std::vector<int64_t>{}, false, true)}; }
+// any.all_out = any(self, [], False, True)  (specs/reduction.yaml:101)
+std::vector<Value> emit_any__all_out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), std::vector<int64_t>{}, false, true)}; }
+
+// any.dim = any(self, dim, keepdim, False)  (specs/reduction.yaml:108)
+std::vector<Value> emit_any__dim(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), false)}; }
+// any.out = any(self, dim, keepdim, False)  (specs/reduction.yaml:108)
+std::vector<Value> emit_any__out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), false)}; }
+
+// any.dims = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:116)
+std::vector<Value> emit_any__dims(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
+// any.dims_out = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:116)
+std::vector<Value> emit_any__dims_out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
+
+// all = all(self, [], False, True)  (specs/reduction.yaml:124)
+std::vector<Value> emit_all(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), std::vector<int64_t>{}, false, true)}; }
+// all.all_out = all(self, [], False, True)  (specs/reduction.yaml:124)
+std::vector<Value> emit_all__all_out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), std::vector<int64_t>{}, false, true)}; }
+
+// all.dim = all(self, dim, keepdim, False)  (specs/reduction.yaml:131)
+std::vector<Value> emit_all__dim(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), false)}; }
+// all.out = all(self, dim, keepdim, False)  (specs/reduction.yaml:131)
+std::vector<Value> emit_all__out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), false)}; }
+
+// all.dims = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:138)
+std::vector<Value> emit_all__dims(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
+// all.dims_out = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:138)
+std::vector<Value> emit_all__dims_out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
+
+// var.correction = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:147)
+std::vector<Value> emit_var__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
+// var.correction_out = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:147)
+std::vector<Value> emit_var__correction_out(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
+
+// std.correction = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:155)
+std::vector<Value> emit_std__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
+// std.correction_out = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:155)
+std::vector<Value> emit_std__correction_out(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
+
+// var_mean.correction = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:163)
+std::vector<Value> emit_var_mean__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
+
+// std_mean.correction = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:171)
+std::vector<Value> emit_std_mean__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
+
+// logsumexp = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:180)
+std::vector<Value> emit_logsumexp(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
+// logsumexp.out = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:180)
+std::vector<Value> emit_logsumexp__out(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
+
+// linalg_vector_norm = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:188)
+std::vector<Value> emit_linalg_vector_norm(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
+// linalg_vector_norm.out = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:188)
+std::vector<Value> emit_linalg_vector_norm__out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
+
+// cumsum = cumsum(self, dim)  (specs/reduction.yaml:197)
+std::vector<Value> emit_cumsum(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
+// cumsum_ = cumsum(self, dim)  (specs/reduction.yaml:197)
+std::vector<Value> emit_cumsum_(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
+// cumsum.out = cumsum(self, dim)  (specs/reduction.yaml:197)
+std::vector<Value> emit_cumsum__out(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
+
+// cumprod = cumprod(self, dim)  (specs/reduction.yaml:203)
+std::vector<Value> emit_cumprod(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
+// cumprod_ = cumprod(self, dim)  (specs/reduction.yaml:203)
+std::vector<Value> emit_cumprod_(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
+// cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:203)
+std::vector<Value> emit_cumprod__out(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
+
 // fill.Scalar = fill(value, self)  (specs/tensor.yaml:3)
 std::vector<Value> emit_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
 // fill_.Scalar = fill(value, self)  (specs/tensor.yaml:3)
@@ -821,6 +937,190 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, 2,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mean__dtype_out},
+      {"prod.dim_int", "specs/reduction.yaml:29", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod__dim_int},
+      {"prod.int_out", "specs/reduction.yaml:29", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, 4,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod__int_out},
+      {"prod", "specs/reduction.yaml:36", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod},
+      {"prod.out", "specs/reduction.yaml:36", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod__out},
+      {"amax", "specs/reduction.yaml:41", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amax},
+      {"amax.out", "specs/reduction.yaml:41", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amax__out},
+      {"amin", "specs/reduction.yaml:48", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amin},
+      {"amin.out", "specs/reduction.yaml:48", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amin__out},
+      {"max", "specs/reduction.yaml:56", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max},
+      {"max.unary_out", "specs/reduction.yaml:56", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max__unary_out},
+      {"min", "specs/reduction.yaml:62", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min},
+      {"min.unary_out", "specs/reduction.yaml:62", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min__unary_out},
+      {"max.dim", "specs/reduction.yaml:69", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max__dim},
+      {"min.dim", "specs/reduction.yaml:76", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min__dim},
+      {"argmax", "specs/reduction.yaml:84", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmax},
+      {"argmax.out", "specs/reduction.yaml:84", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmax__out},
+      {"argmin", "specs/reduction.yaml:92", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmin},
+      {"argmin.out", "specs/reduction.yaml:92", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmin__out},
+      {"any", "specs/reduction.yaml:101", Variant::Functional,
+       {ArgKind::Tensor},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any},
+      {"any.all_out", "specs/reduction.yaml:101", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__all_out},
+      {"any.dim", "specs/reduction.yaml:108", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dim},
+      {"any.out", "specs/reduction.yaml:108", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__out},
+      {"any.dims", "specs/reduction.yaml:116", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dims},
+      {"any.dims_out", "specs/reduction.yaml:116", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dims_out},
+      {"all", "specs/reduction.yaml:124", Variant::Functional,
+       {ArgKind::Tensor},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all},
+      {"all.all_out", "specs/reduction.yaml:124", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__all_out},
+      {"all.dim", "specs/reduction.yaml:131", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dim},
+      {"all.out", "specs/reduction.yaml:131", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__out},
+      {"all.dims", "specs/reduction.yaml:138", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dims},
+      {"all.dims_out", "specs/reduction.yaml:138", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dims_out},
+      {"var.correction", "specs/reduction.yaml:147", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction},
+      {"var.correction_out", "specs/reduction.yaml:147", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 2}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction_out},
+      {"std.correction", "specs/reduction.yaml:155", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction},
+      {"std.correction_out", "specs/reduction.yaml:155", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 2}, Compute::Output, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction_out},
+      {"var_mean.correction", "specs/reduction.yaml:163", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_var_mean__correction},
+      {"std_mean.correction", "specs/reduction.yaml:171", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_std_mean__correction},
+      {"logsumexp", "specs/reduction.yaml:180", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp},
+      {"logsumexp.out", "specs/reduction.yaml:180", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp__out},
+      {"linalg_vector_norm", "specs/reduction.yaml:188", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm},
+      {"linalg_vector_norm.out", "specs/reduction.yaml:188", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Output, 5,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm__out},
+      {"cumsum", "specs/reduction.yaml:197", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum},
+      {"cumsum_", "specs/reduction.yaml:197", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum_},
+      {"cumsum.out", "specs/reduction.yaml:197", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum__out},
+      {"cumprod", "specs/reduction.yaml:203", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod},
+      {"cumprod_", "specs/reduction.yaml:203", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod_},
+      {"cumprod.out", "specs/reduction.yaml:203", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod__out},
       {"fill.Scalar", "specs/tensor.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {1}, Compute::Output, -1,

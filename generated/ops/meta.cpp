@@ -8,7 +8,13 @@
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/addmm_meta_dispatch.h>
+#include <ATen/ops/all_meta_dispatch.h>
+#include <ATen/ops/amax_meta_dispatch.h>
+#include <ATen/ops/amin_meta_dispatch.h>
+#include <ATen/ops/any_meta_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
+#include <ATen/ops/cumprod_meta_dispatch.h>
+#include <ATen/ops/cumsum_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/elu_backward_meta_dispatch.h>
 #include <ATen/ops/elu_meta_dispatch.h>
@@ -17,13 +23,17 @@
 #include <ATen/ops/fill_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_backward_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
+#include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
 #include <ATen/ops/log_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
+#include <ATen/ops/max_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
+#include <ATen/ops/min_meta_dispatch.h>
 #include <ATen/ops/mm_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/prod_meta_dispatch.h>
 #include <ATen/ops/silu_backward_meta_dispatch.h>
 #include <ATen/ops/silu_meta_dispatch.h>
 #include <ATen/ops/softplus_backward_meta_dispatch.h>
@@ -43,478 +53,478 @@ namespace {
 void meta_emit_add__Tensor(torch::jit::Stack& s) {
   auto result = at::meta::add(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_add___Tensor(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::add_(a0, s[1].toTensor(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_add__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::add_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sub__Tensor(torch::jit::Stack& s) {
   auto result = at::meta::sub(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sub___Tensor(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::sub_(a0, s[1].toTensor(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sub__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::sub_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mul__Tensor(torch::jit::Stack& s) {
   auto result = at::meta::mul(s[0].toTensor(), s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mul___Tensor(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::mul_(a0, s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mul__out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::mul_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_div__Tensor(torch::jit::Stack& s) {
   auto result = at::meta::div(s[0].toTensor(), s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_div___Tensor(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::div_(a0, s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_div__out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::div_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_neg(torch::jit::Stack& s) {
   auto result = at::meta::neg(s[0].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_neg_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::neg_(a0);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_neg__out(torch::jit::Stack& s) {
   at::Tensor a1 = s[1].toTensor();
   auto result = at::meta::neg_outf(s[0].toTensor(), a1);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_exp(torch::jit::Stack& s) {
   auto result = at::meta::exp(s[0].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_exp_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::exp_(a0);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_exp__out(torch::jit::Stack& s) {
   at::Tensor a1 = s[1].toTensor();
   auto result = at::meta::exp_outf(s[0].toTensor(), a1);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_log(torch::jit::Stack& s) {
   auto result = at::meta::log(s[0].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_log_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::log_(a0);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_log__out(torch::jit::Stack& s) {
   at::Tensor a1 = s[1].toTensor();
   auto result = at::meta::log_outf(s[0].toTensor(), a1);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sqrt(torch::jit::Stack& s) {
   auto result = at::meta::sqrt(s[0].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sqrt_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::sqrt_(a0);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sqrt__out(torch::jit::Stack& s) {
   at::Tensor a1 = s[1].toTensor();
   auto result = at::meta::sqrt_outf(s[0].toTensor(), a1);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_eq__Tensor(torch::jit::Stack& s) {
   auto result = at::meta::eq(s[0].toTensor(), s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_eq___Tensor(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::eq_(a0, s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_eq__Tensor_out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::eq_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_eq__Scalar(torch::jit::Stack& s) {
   auto result = at::meta::eq(s[0].toTensor(), s[1].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_eq___Scalar(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::eq_(a0, s[1].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_eq__Scalar_out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::eq_outf(s[0].toTensor(), s[1].toScalar(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_lt__Tensor(torch::jit::Stack& s) {
   auto result = at::meta::lt(s[0].toTensor(), s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_lt___Tensor(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::lt_(a0, s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_lt__Tensor_out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::lt_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_lt__Scalar(torch::jit::Stack& s) {
   auto result = at::meta::lt(s[0].toTensor(), s[1].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_lt___Scalar(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::lt_(a0, s[1].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_lt__Scalar_out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::lt_outf(s[0].toTensor(), s[1].toScalar(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mm(torch::jit::Stack& s) {
   auto result = at::meta::mm(s[0].toTensor(), s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mm__out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::mm_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_addmm(torch::jit::Stack& s) {
   auto result = at::meta::addmm(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_addmm_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::addmm_(a0, s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_addmm__out(torch::jit::Stack& s) {
   at::Tensor a5 = s[5].toTensor();
   auto result = at::meta::addmm_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar(), a5);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit__softmax(torch::jit::Stack& s) {
   auto result = at::meta::_softmax(s[0].toTensor(), s[1].toInt(), s[2].toBool());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit__softmax__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::_softmax_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit__log_softmax(torch::jit::Stack& s) {
   auto result = at::meta::_log_softmax(s[0].toTensor(), s[1].toInt(), s[2].toBool());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit__log_softmax__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::_log_softmax_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_silu(torch::jit::Stack& s) {
   auto result = at::meta::silu(s[0].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_silu_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::silu_(a0);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_silu__out(torch::jit::Stack& s) {
   at::Tensor a1 = s[1].toTensor();
   auto result = at::meta::silu_outf(s[0].toTensor(), a1);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_silu_backward(torch::jit::Stack& s) {
   auto result = at::meta::silu_backward(s[0].toTensor(), s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_silu_backward__grad_input(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::silu_backward_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_leaky_relu(torch::jit::Stack& s) {
   auto result = at::meta::leaky_relu(s[0].toTensor(), s[1].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_leaky_relu_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::leaky_relu_(a0, s[1].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_leaky_relu__out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::leaky_relu_outf(s[0].toTensor(), s[1].toScalar(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_leaky_relu_backward(torch::jit::Stack& s) {
   auto result = at::meta::leaky_relu_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toBool());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_leaky_relu_backward__grad_input(torch::jit::Stack& s) {
   at::Tensor a4 = s[4].toTensor();
   auto result = at::meta::leaky_relu_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toBool(), a4);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_elu(torch::jit::Stack& s) {
   auto result = at::meta::elu(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_elu_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::elu_(a0, s[1].toScalar(), s[2].toScalar(), s[3].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_elu__out(torch::jit::Stack& s) {
   at::Tensor a4 = s[4].toTensor();
   auto result = at::meta::elu_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar(), a4);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_elu_backward(torch::jit::Stack& s) {
   auto result = at::meta::elu_backward(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar(), s[4].toBool(), s[5].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_elu_backward__grad_input(torch::jit::Stack& s) {
   at::Tensor a6 = s[6].toTensor();
   auto result = at::meta::elu_backward_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), s[3].toScalar(), s[4].toBool(), s[5].toTensor(), a6);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_softplus(torch::jit::Stack& s) {
   auto result = at::meta::softplus(s[0].toTensor(), s[1].toScalar(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_softplus__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::softplus_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_softplus_backward(torch::jit::Stack& s) {
   auto result = at::meta::softplus_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_softplus_backward__grad_input(torch::jit::Stack& s) {
   at::Tensor a4 = s[4].toTensor();
   auto result = at::meta::softplus_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), s[3].toScalar(), a4);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_threshold(torch::jit::Stack& s) {
   auto result = at::meta::threshold(s[0].toTensor(), s[1].toScalar(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_threshold_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::threshold_(a0, s[1].toScalar(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_threshold__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::threshold_outf(s[0].toTensor(), s[1].toScalar(), s[2].toScalar(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_threshold_backward(torch::jit::Stack& s) {
   auto result = at::meta::threshold_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_threshold_backward__grad_input(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::threshold_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mse_loss(torch::jit::Stack& s) {
   auto result = at::meta::mse_loss(s[0].toTensor(), s[1].toTensor(), s[2].toInt());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mse_loss__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::mse_loss_outf(s[0].toTensor(), s[1].toTensor(), s[2].toInt(), a3);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sum__dim_IntList(torch::jit::Stack& s) {
   const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
   auto result = at::meta::sum(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), s[3].toOptional<at::ScalarType>());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_sum__IntList_out(torch::jit::Stack& s) {
@@ -522,14 +532,14 @@ void meta_emit_sum__IntList_out(torch::jit::Stack& s) {
   at::Tensor a4 = s[4].toTensor();
   auto result = at::meta::sum_outf(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), s[3].toOptional<at::ScalarType>(), a4);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mean__dim(torch::jit::Stack& s) {
   const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
   auto result = at::meta::mean(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), s[3].toOptional<at::ScalarType>());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_mean__out(torch::jit::Stack& s) {
@@ -537,35 +547,227 @@ void meta_emit_mean__out(torch::jit::Stack& s) {
   at::Tensor a4 = s[4].toTensor();
   auto result = at::meta::mean_outf(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), s[3].toOptional<at::ScalarType>(), a4);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_prod__dim_int(torch::jit::Stack& s) {
+  auto result = at::meta::prod(s[0].toTensor(), s[1].toInt(), s[2].toBool(), s[3].toOptional<at::ScalarType>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_prod__int_out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::prod_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), s[3].toOptional<at::ScalarType>(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_amax(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::amax(s[0].toTensor(), a1, s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_amax__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::amax_outf(s[0].toTensor(), a1, s[2].toBool(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_amin(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::amin(s[0].toTensor(), a1, s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_amin__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::amin_outf(s[0].toTensor(), a1, s[2].toBool(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_max__dim(torch::jit::Stack& s) {
+  auto result = at::meta::max(s[0].toTensor(), s[1].toInt(), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_min__dim(torch::jit::Stack& s) {
+  auto result = at::meta::min(s[0].toTensor(), s[1].toInt(), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_any(torch::jit::Stack& s) {
+  auto result = at::meta::any(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_any__all_out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::any_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_any__dim(torch::jit::Stack& s) {
+  auto result = at::meta::any(s[0].toTensor(), s[1].toInt(), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_any__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::any_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_any__dims(torch::jit::Stack& s) {
+  const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
+  auto result = at::meta::any(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_any__dims_out(torch::jit::Stack& s) {
+  const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::any_outf(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_all(torch::jit::Stack& s) {
+  auto result = at::meta::all(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_all__all_out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::all_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_all__dim(torch::jit::Stack& s) {
+  auto result = at::meta::all(s[0].toTensor(), s[1].toInt(), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_all__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::all_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_all__dims(torch::jit::Stack& s) {
+  const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
+  auto result = at::meta::all(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_all__dims_out(torch::jit::Stack& s) {
+  const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::all_outf(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_vector_norm(torch::jit::Stack& s) {
+  const auto a2 = s[2].isNone() ? c10::DimVector() : s[2].toDimVector();
+  auto result = at::meta::linalg_vector_norm(s[0].toTensor(), s[1].toScalar(), s[2].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a2), s[3].toBool(), s[4].toOptional<at::ScalarType>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_vector_norm__out(torch::jit::Stack& s) {
+  const auto a2 = s[2].isNone() ? c10::DimVector() : s[2].toDimVector();
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::linalg_vector_norm_outf(s[0].toTensor(), s[1].toScalar(), s[2].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a2), s[3].toBool(), s[4].toOptional<at::ScalarType>(), a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cumsum(torch::jit::Stack& s) {
+  auto result = at::meta::cumsum(s[0].toTensor(), s[1].toInt(), s[2].toOptional<at::ScalarType>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cumsum_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::cumsum_(a0, s[1].toInt(), s[2].toOptional<at::ScalarType>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cumsum__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::cumsum_outf(s[0].toTensor(), s[1].toInt(), s[2].toOptional<at::ScalarType>(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cumprod(torch::jit::Stack& s) {
+  auto result = at::meta::cumprod(s[0].toTensor(), s[1].toInt(), s[2].toOptional<at::ScalarType>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cumprod_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::cumprod_(a0, s[1].toInt(), s[2].toOptional<at::ScalarType>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cumprod__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::cumprod_outf(s[0].toTensor(), s[1].toInt(), s[2].toOptional<at::ScalarType>(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_fill___Scalar(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::fill_(a0, s[1].toScalar());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_fill___Tensor(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::fill_(a0, s[1].toTensor());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_zero_(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::zero_(a0);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_cat(torch::jit::Stack& s) {
   const auto a0 = s[0].toTensorList();
   auto result = at::meta::cat(at::ITensorListRef(a0), s[1].toInt());
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 void meta_emit_cat__out(torch::jit::Stack& s) {
@@ -573,7 +775,7 @@ void meta_emit_cat__out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::cat_outf(at::ITensorListRef(a0), s[1].toInt(), a2);
   s.clear();
-  s.emplace_back(std::move(result));
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
 }  // namespace
@@ -701,6 +903,52 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_mean__out,  // mean.out
       nullptr,  // mean
       nullptr,  // mean.dtype_out
+      &meta_emit_prod__dim_int,  // prod.dim_int
+      &meta_emit_prod__int_out,  // prod.int_out
+      nullptr,  // prod
+      nullptr,  // prod.out
+      &meta_emit_amax,  // amax
+      &meta_emit_amax__out,  // amax.out
+      &meta_emit_amin,  // amin
+      &meta_emit_amin__out,  // amin.out
+      nullptr,  // max
+      nullptr,  // max.unary_out
+      nullptr,  // min
+      nullptr,  // min.unary_out
+      &meta_emit_max__dim,  // max.dim
+      &meta_emit_min__dim,  // min.dim
+      nullptr,  // argmax
+      nullptr,  // argmax.out
+      nullptr,  // argmin
+      nullptr,  // argmin.out
+      &meta_emit_any,  // any
+      &meta_emit_any__all_out,  // any.all_out
+      &meta_emit_any__dim,  // any.dim
+      &meta_emit_any__out,  // any.out
+      &meta_emit_any__dims,  // any.dims
+      &meta_emit_any__dims_out,  // any.dims_out
+      &meta_emit_all,  // all
+      &meta_emit_all__all_out,  // all.all_out
+      &meta_emit_all__dim,  // all.dim
+      &meta_emit_all__out,  // all.out
+      &meta_emit_all__dims,  // all.dims
+      &meta_emit_all__dims_out,  // all.dims_out
+      nullptr,  // var.correction
+      nullptr,  // var.correction_out
+      nullptr,  // std.correction
+      nullptr,  // std.correction_out
+      nullptr,  // var_mean.correction
+      nullptr,  // std_mean.correction
+      nullptr,  // logsumexp
+      nullptr,  // logsumexp.out
+      &meta_emit_linalg_vector_norm,  // linalg_vector_norm
+      &meta_emit_linalg_vector_norm__out,  // linalg_vector_norm.out
+      &meta_emit_cumsum,  // cumsum
+      &meta_emit_cumsum_,  // cumsum_
+      &meta_emit_cumsum__out,  // cumsum.out
+      &meta_emit_cumprod,  // cumprod
+      &meta_emit_cumprod_,  // cumprod_
+      &meta_emit_cumprod__out,  // cumprod.out
       nullptr,  // fill.Scalar
       &meta_emit_fill___Scalar,  // fill_.Scalar
       nullptr,  // fill.Scalar_out

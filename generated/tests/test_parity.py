@@ -359,6 +359,253 @@ def test_mean_dim(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_prod_dim_int(dtype):
+    # specs/reduction.yaml:29
+    check_opinfo(
+        "prod",
+        dtype,
+        overloads=["prod.dim_int", "prod.int_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_amax(dtype):
+    # specs/reduction.yaml:41
+    check_opinfo(
+        "amax",
+        dtype,
+        overloads=["amax", "amax.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_amin(dtype):
+    # specs/reduction.yaml:48
+    check_opinfo(
+        "amin",
+        dtype,
+        overloads=["amin", "amin.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_max(dtype):
+    # specs/reduction.yaml:56
+    check_opinfo(
+        "max.reduction_no_dim",
+        dtype,
+        overloads=["max", "max.unary_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_min(dtype):
+    # specs/reduction.yaml:62
+    check_opinfo(
+        "min.reduction_no_dim",
+        dtype,
+        overloads=["min", "min.unary_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_max_dim(dtype):
+    # specs/reduction.yaml:69
+    check_opinfo(
+        "max.reduction_with_dim",
+        dtype,
+        overloads=["max.dim"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_min_dim(dtype):
+    # specs/reduction.yaml:76
+    check_opinfo(
+        "min.reduction_with_dim",
+        dtype,
+        overloads=["min.dim"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_argmax(dtype):
+    # specs/reduction.yaml:84
+    check_opinfo(
+        "argmax",
+        dtype,
+        overloads=["argmax", "argmax.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_argmin(dtype):
+    # specs/reduction.yaml:92
+    check_opinfo(
+        "argmin",
+        dtype,
+        overloads=["argmin", "argmin.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_any_dims(dtype):
+    # specs/reduction.yaml:116
+    check_opinfo(
+        "any",
+        dtype,
+        overloads=["any.dims", "any.dims_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_all_dims(dtype):
+    # specs/reduction.yaml:138
+    check_opinfo(
+        "all",
+        dtype,
+        overloads=["all.dims", "all.dims_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_var_correction(dtype):
+    # specs/reduction.yaml:147
+    check_opinfo(
+        "var",
+        dtype,
+        overloads=["var.correction", "var.correction_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_std_correction(dtype):
+    # specs/reduction.yaml:155
+    check_opinfo(
+        "std",
+        dtype,
+        overloads=["std.correction", "std.correction_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_var_mean_correction(dtype):
+    # specs/reduction.yaml:163
+    check_opinfo(
+        "var_mean",
+        dtype,
+        overloads=["var_mean.correction"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_std_mean_correction(dtype):
+    # specs/reduction.yaml:171
+    check_opinfo(
+        "std_mean",
+        dtype,
+        overloads=["std_mean.correction"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_logsumexp(dtype):
+    # specs/reduction.yaml:180
+    check_opinfo(
+        "logsumexp",
+        dtype,
+        overloads=["logsumexp", "logsumexp.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_linalg_vector_norm(dtype):
+    # specs/reduction.yaml:188
+    check_opinfo(
+        "linalg.vector_norm",
+        dtype,
+        overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_cumsum(dtype):
+    # specs/reduction.yaml:197
+    check_opinfo(
+        "cumsum",
+        dtype,
+        overloads=["cumsum", "cumsum_", "cumsum.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_cumprod(dtype):
+    # specs/reduction.yaml:203
+    check_opinfo(
+        "cumprod",
+        dtype,
+        overloads=["cumprod", "cumprod_", "cumprod.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_fill_Scalar(dtype):
     # specs/tensor.yaml:3
     check_opinfo(
