@@ -482,6 +482,11 @@ Value Builder::erf(const Value& v) {
 Value Builder::floor(const Value& v) { return is_float(v.element()) ? unary("floor", v) : v; }
 Value Builder::ceil(const Value& v) { return is_float(v.element()) ? unary("ceil", v) : v; }
 Value Builder::round(const Value& v) { return is_float(v.element()) ? unary("round_nearest_even", v) : v; }
+Value Builder::round_decimals(const Value& v, int64_t decimals) {
+  const Value scale = scalar_like(std::pow(10.0, static_cast<double>(decimals < 0 ? -decimals : decimals)), v);
+  return decimals < 0 ? mul(round(div(v, scale)), scale) : div(round(mul(v, scale)), scale);
+}
+
 Value Builder::trunc(const Value& v) {
   if (!is_float(v.element())) return v;
   return select(lt(v, scalar_like(0, v)), ceil(v), floor(v));
@@ -500,6 +505,15 @@ Value Builder::isposinf(const Value& v) {
 Value Builder::isneginf(const Value& v) {
   if (!is_float(v.element())) return full(0, TensorType{ElementType::Pred, v.dims()});
   return eq(v, scalar_like(-HUGE_VAL, v));
+}
+
+Value Builder::signbit(const Value& v) {
+  const ElementType e = v.element();
+  if (e == ElementType::Pred || is_unsigned(e)) return full(0, TensorType{ElementType::Pred, v.dims()});
+  if (!is_float(e)) return lt(v, scalar_like(0, v));
+  const ElementType bits = element_size(e) == 8 ? ElementType::S64 : element_size(e) == 4 ? ElementType::S32 : ElementType::S16;
+  const Value i = reinterpret(v, bits);
+  return lt(i, scalar_like(0, i));
 }
 
 Value Builder::nan_to_num(const Value& v, std::optional<double> nan, std::optional<double> posinf,

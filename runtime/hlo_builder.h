@@ -116,11 +116,13 @@ class Builder {
   Value floor(const Value& v);  // floor/ceil/round/trunc leave integers unchanged
   Value ceil(const Value& v);
   Value round(const Value& v);  // half to even
+  Value round_decimals(const Value& v, int64_t decimals);  // PyTorch's: round(v * 10^d) / 10^d, or for d < 0 round(v / 10^-d) * 10^-d
   Value trunc(const Value& v);
   Value isnan(const Value& v) { return ne(v, v); }
   Value isinf(const Value& v);  // false for integers
   Value isposinf(const Value& v);
   Value isneginf(const Value& v);
+  Value signbit(const Value& v);  // the sign bit of floats (-0.0 and -NaN too); v < 0 for integers
   Value bitwise_not(const Value& v) { return unary("not", v); }
   // None: NaN -> 0, +inf -> the element type's largest finite value, -inf -> its lowest.
   Value nan_to_num(const Value& v, std::optional<double> nan, std::optional<double> posinf, std::optional<double> neginf);

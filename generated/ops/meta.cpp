@@ -43,6 +43,7 @@
 #include <ATen/ops/sigmoid_backward_meta_dispatch.h>
 #include <ATen/ops/sigmoid_meta_dispatch.h>
 #include <ATen/ops/sign_meta_dispatch.h>
+#include <ATen/ops/signbit_meta_dispatch.h>
 #include <ATen/ops/sin_meta_dispatch.h>
 #include <ATen/ops/sinh_meta_dispatch.h>
 #include <ATen/ops/sqrt_meta_dispatch.h>
@@ -839,6 +840,26 @@ void meta_emit_round__out(torch::jit::Stack& s) {
   s.emplace_back(std::move(result));
 }
 
+void meta_emit_round__decimals(torch::jit::Stack& s) {
+  auto result = at::meta::round(s[0].toTensor(), s[1].toInt());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_round___decimals(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::round_(a0, s[1].toInt());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_round__decimals_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::round_outf(s[0].toTensor(), s[1].toInt(), a2);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
 void meta_emit_trunc(torch::jit::Stack& s) {
   auto result = at::meta::trunc(s[0].toTensor());
   s.clear();
@@ -901,6 +922,19 @@ void meta_emit_isneginf(torch::jit::Stack& s) {
 void meta_emit_isneginf__out(torch::jit::Stack& s) {
   at::Tensor a1 = s[1].toTensor();
   auto result = at::meta::isneginf_outf(s[0].toTensor(), a1);
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_signbit(torch::jit::Stack& s) {
+  auto result = at::meta::signbit(s[0].toTensor());
+  s.clear();
+  s.emplace_back(std::move(result));
+}
+
+void meta_emit_signbit__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::signbit_outf(s[0].toTensor(), a1);
   s.clear();
   s.emplace_back(std::move(result));
 }
@@ -1238,6 +1272,9 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_round,  // round
       &meta_emit_round_,  // round_
       &meta_emit_round__out,  // round.out
+      &meta_emit_round__decimals,  // round.decimals
+      &meta_emit_round___decimals,  // round_.decimals
+      &meta_emit_round__decimals_out,  // round.decimals_out
       &meta_emit_trunc,  // trunc
       &meta_emit_trunc_,  // trunc_
       &meta_emit_trunc__out,  // trunc.out
@@ -1252,6 +1289,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_isposinf__out,  // isposinf.out
       &meta_emit_isneginf,  // isneginf
       &meta_emit_isneginf__out,  // isneginf.out
+      &meta_emit_signbit,  // signbit
+      &meta_emit_signbit__out,  // signbit.out
       nullptr,  // logical_not
       nullptr,  // logical_not_
       nullptr,  // logical_not.out

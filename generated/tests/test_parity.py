@@ -566,9 +566,22 @@ def test_round(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_round_decimals(dtype):
+    # specs/unary.yaml:142
+    check_opinfo(
+        "round.decimals_3",
+        dtype,
+        overloads=["round.decimals", "round_.decimals", "round.decimals_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_trunc(dtype):
-    # specs/unary.yaml:142
+    # specs/unary.yaml:147
     check_opinfo(
         "trunc",
         dtype,
@@ -581,7 +594,7 @@ def test_trunc(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_frac(dtype):
-    # specs/unary.yaml:147
+    # specs/unary.yaml:152
     check_opinfo(
         "frac",
         dtype,
@@ -594,7 +607,7 @@ def test_frac(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isnan(dtype):
-    # specs/unary.yaml:154
+    # specs/unary.yaml:159
     check_opinfo(
         "isnan",
         dtype,
@@ -607,7 +620,7 @@ def test_isnan(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isinf(dtype):
-    # specs/unary.yaml:158
+    # specs/unary.yaml:163
     check_opinfo(
         "isinf",
         dtype,
@@ -620,7 +633,7 @@ def test_isinf(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_isposinf(dtype):
-    # specs/unary.yaml:162
+    # specs/unary.yaml:167
     check_opinfo(
         "isposinf",
         dtype,
@@ -633,7 +646,7 @@ def test_isposinf(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_isneginf(dtype):
-    # specs/unary.yaml:167
+    # specs/unary.yaml:172
     check_opinfo(
         "isneginf",
         dtype,
@@ -645,8 +658,21 @@ def test_isneginf(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_signbit(dtype):
+    # specs/unary.yaml:177
+    check_opinfo(
+        "signbit",
+        dtype,
+        overloads=["signbit", "signbit.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_not(dtype):
-    # specs/unary.yaml:172
+    # specs/unary.yaml:181
     check_opinfo(
         "logical_not",
         dtype,
@@ -659,7 +685,7 @@ def test_logical_not(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64"])
 def test_bitwise_not(dtype):
-    # specs/unary.yaml:176
+    # specs/unary.yaml:185
     check_opinfo(
         "bitwise_not",
         dtype,
@@ -672,7 +698,7 @@ def test_bitwise_not(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nan_to_num(dtype):
-    # specs/unary.yaml:183
+    # specs/unary.yaml:192
     check_opinfo(
         "nan_to_num",
         dtype,
@@ -685,7 +711,7 @@ def test_nan_to_num(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp(dtype):
-    # specs/unary.yaml:191
+    # specs/unary.yaml:200
     check_opinfo(
         "clamp",
         dtype,
@@ -698,7 +724,7 @@ def test_clamp(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_Tensor(dtype):
-    # specs/unary.yaml:196
+    # specs/unary.yaml:205
     check_opinfo(
         "clamp",
         dtype,
@@ -711,7 +737,7 @@ def test_clamp_Tensor(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_min(dtype):
-    # specs/unary.yaml:201
+    # specs/unary.yaml:210
     check_opinfo(
         "clamp_min",
         dtype,
@@ -724,7 +750,7 @@ def test_clamp_min(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_max(dtype):
-    # specs/unary.yaml:206
+    # specs/unary.yaml:215
     check_opinfo(
         "clamp_max",
         dtype,
@@ -737,7 +763,7 @@ def test_clamp_max(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_min_Tensor(dtype):
-    # specs/unary.yaml:211
+    # specs/unary.yaml:220
     check_opinfo(
         "clamp_min",
         dtype,
@@ -750,7 +776,7 @@ def test_clamp_min_Tensor(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_max_Tensor(dtype):
-    # specs/unary.yaml:216
+    # specs/unary.yaml:225
     check_opinfo(
         "clamp_max",
         dtype,
