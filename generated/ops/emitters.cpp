@@ -397,92 +397,92 @@ std::vector<Value> emit_isposinf(Builder& b, const EmitArgs& a) { return {b.ispo
 // isposinf.out = isposinf(self)  (specs/unary.yaml:167)
 std::vector<Value> emit_isposinf__out(Builder& b, const EmitArgs& a) { return {b.isposinf(a.value(0))}; }
 
-// isneginf = isneginf(self)  (specs/unary.yaml:172)
+// isneginf = isneginf(self)  (specs/unary.yaml:171)
 std::vector<Value> emit_isneginf(Builder& b, const EmitArgs& a) { return {b.isneginf(a.value(0))}; }
-// isneginf.out = isneginf(self)  (specs/unary.yaml:172)
+// isneginf.out = isneginf(self)  (specs/unary.yaml:171)
 std::vector<Value> emit_isneginf__out(Builder& b, const EmitArgs& a) { return {b.isneginf(a.value(0))}; }
 
-// signbit = signbit(self)  (specs/unary.yaml:177)
+// signbit = signbit(self)  (specs/unary.yaml:175)
 std::vector<Value> emit_signbit(Builder& b, const EmitArgs& a) { return {b.signbit(a.value(0))}; }
-// signbit.out = signbit(self)  (specs/unary.yaml:177)
+// signbit.out = signbit(self)  (specs/unary.yaml:175)
 std::vector<Value> emit_signbit__out(Builder& b, const EmitArgs& a) { return {b.signbit(a.value(0))}; }
 
-// logical_not = eq(self, 0)  (specs/unary.yaml:181)
+// logical_not = eq(self, 0)  (specs/unary.yaml:179)
 std::vector<Value> emit_logical_not(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
-// logical_not_ = eq(self, 0)  (specs/unary.yaml:181)
+// logical_not_ = eq(self, 0)  (specs/unary.yaml:179)
 std::vector<Value> emit_logical_not_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
-// logical_not.out = eq(self, 0)  (specs/unary.yaml:181)
+// logical_not.out = eq(self, 0)  (specs/unary.yaml:179)
 std::vector<Value> emit_logical_not__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
 
-// bitwise_not = bitwise_not(self)  (specs/unary.yaml:185)
+// bitwise_not = bitwise_not(self)  (specs/unary.yaml:183)
 std::vector<Value> emit_bitwise_not(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
-// bitwise_not_ = bitwise_not(self)  (specs/unary.yaml:185)
+// bitwise_not_ = bitwise_not(self)  (specs/unary.yaml:183)
 std::vector<Value> emit_bitwise_not_(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
-// bitwise_not.out = bitwise_not(self)  (specs/unary.yaml:185)
+// bitwise_not.out = bitwise_not(self)  (specs/unary.yaml:183)
 std::vector<Value> emit_bitwise_not__out(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
 
-// nan_to_num = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:192)
+// nan_to_num = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
 std::vector<Value> emit_nan_to_num(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
-// nan_to_num_ = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:192)
+// nan_to_num_ = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
 std::vector<Value> emit_nan_to_num_(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
-// nan_to_num.out = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:192)
+// nan_to_num.out = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
 std::vector<Value> emit_nan_to_num__out(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
 
-// clamp = clamp(self, min, max)  (specs/unary.yaml:200)
+// clamp = clamp(self, min, max)  (specs/unary.yaml:199)
 std::vector<Value> emit_clamp(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp_ = clamp(self, min, max)  (specs/unary.yaml:200)
+// clamp_ = clamp(self, min, max)  (specs/unary.yaml:199)
 std::vector<Value> emit_clamp_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp.out = clamp(self, min, max)  (specs/unary.yaml:200)
+// clamp.out = clamp(self, min, max)  (specs/unary.yaml:199)
 std::vector<Value> emit_clamp__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
 
-// clamp.Tensor = clamp(self, min, max)  (specs/unary.yaml:205)
+// clamp.Tensor = clamp(self, min, max)  (specs/unary.yaml:204)
 std::vector<Value> emit_clamp__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp_.Tensor = clamp(self, min, max)  (specs/unary.yaml:205)
+// clamp_.Tensor = clamp(self, min, max)  (specs/unary.yaml:204)
 std::vector<Value> emit_clamp___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp.Tensor_out = clamp(self, min, max)  (specs/unary.yaml:205)
+// clamp.Tensor_out = clamp(self, min, max)  (specs/unary.yaml:204)
 std::vector<Value> emit_clamp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
 
-// clamp_min = clamp(self, min, None)  (specs/unary.yaml:210)
+// clamp_min = clamp(self, min, None)  (specs/unary.yaml:209)
 std::vector<Value> emit_clamp_min(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min_ = clamp(self, min, None)  (specs/unary.yaml:210)
+// clamp_min_ = clamp(self, min, None)  (specs/unary.yaml:209)
 std::vector<Value> emit_clamp_min_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min.out = clamp(self, min, None)  (specs/unary.yaml:210)
+// clamp_min.out = clamp(self, min, None)  (specs/unary.yaml:209)
 std::vector<Value> emit_clamp_min__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
 
-// clamp_max = clamp(self, None, max)  (specs/unary.yaml:215)
+// clamp_max = clamp(self, None, max)  (specs/unary.yaml:214)
 std::vector<Value> emit_clamp_max(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max_ = clamp(self, None, max)  (specs/unary.yaml:215)
+// clamp_max_ = clamp(self, None, max)  (specs/unary.yaml:214)
 std::vector<Value> emit_clamp_max_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max.out = clamp(self, None, max)  (specs/unary.yaml:215)
+// clamp_max.out = clamp(self, None, max)  (specs/unary.yaml:214)
 std::vector<Value> emit_clamp_max__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
 
-// clamp_min.Tensor = clamp(self, min, None)  (specs/unary.yaml:220)
+// clamp_min.Tensor = clamp(self, min, None)  (specs/unary.yaml:219)
 std::vector<Value> emit_clamp_min__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min_.Tensor = clamp(self, min, None)  (specs/unary.yaml:220)
+// clamp_min_.Tensor = clamp(self, min, None)  (specs/unary.yaml:219)
 std::vector<Value> emit_clamp_min___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min.Tensor_out = clamp(self, min, None)  (specs/unary.yaml:220)
+// clamp_min.Tensor_out = clamp(self, min, None)  (specs/unary.yaml:219)
 std::vector<Value> emit_clamp_min__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
 
-// clamp_max.Tensor = clamp(self, None, max)  (specs/unary.yaml:225)
+// clamp_max.Tensor = clamp(self, None, max)  (specs/unary.yaml:223)
 std::vector<Value> emit_clamp_max__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max_.Tensor = clamp(self, None, max)  (specs/unary.yaml:225)
+// clamp_max_.Tensor = clamp(self, None, max)  (specs/unary.yaml:223)
 std::vector<Value> emit_clamp_max___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max.Tensor_out = clamp(self, None, max)  (specs/unary.yaml:225)
+// clamp_max.Tensor_out = clamp(self, None, max)  (specs/unary.yaml:223)
 std::vector<Value> emit_clamp_max__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
 
-// sigmoid_backward = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:232)
+// sigmoid_backward = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:229)
 std::vector<Value> emit_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }()), a.value(1))}; }
-// sigmoid_backward.grad_input = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:232)
+// sigmoid_backward.grad_input = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:229)
 std::vector<Value> emit_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }()), a.value(1))}; }
 
-// tanh_backward = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:236)
+// tanh_backward = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:233)
 std::vector<Value> emit_tanh_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
-// tanh_backward.grad_input = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:236)
+// tanh_backward.grad_input = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:233)
 std::vector<Value> emit_tanh_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
 
-// threshold_backward = where(le(self, threshold), zeros_like(grad_output), grad_output)  (specs/unary.yaml:241)
+// threshold_backward = where(le(self, threshold), zeros_like(grad_output), grad_output)  (specs/unary.yaml:238)
 std::vector<Value> emit_threshold_backward(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), b.zeros_like(a.value(0)), a.value(0))}; }
-// threshold_backward.grad_input = where(le(self, threshold), zeros_like(grad_output), grad_output)  (specs/unary.yaml:241)
+// threshold_backward.grad_input = where(le(self, threshold), zeros_like(grad_output), grad_output)  (specs/unary.yaml:238)
 std::vector<Value> emit_threshold_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), b.zeros_like(a.value(0)), a.value(0))}; }
 
 }  // namespace
@@ -1144,156 +1144,156 @@ const std::vector<OpSpec>& op_specs() {
       {"isposinf", "specs/unary.yaml:167", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, -1,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf},
       {"isposinf.out", "specs/unary.yaml:167", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, 1,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf__out},
-      {"isneginf", "specs/unary.yaml:172", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf__out},
+      {"isneginf", "specs/unary.yaml:171", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, -1,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf},
-      {"isneginf.out", "specs/unary.yaml:172", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf},
+      {"isneginf.out", "specs/unary.yaml:171", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, 1,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf__out},
-      {"signbit", "specs/unary.yaml:177", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf__out},
+      {"signbit", "specs/unary.yaml:175", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, -1,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_signbit},
-      {"signbit.out", "specs/unary.yaml:177", Variant::Out,
+      {"signbit.out", "specs/unary.yaml:175", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, 1,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_signbit__out},
-      {"logical_not", "specs/unary.yaml:181", Variant::Functional,
+      {"logical_not", "specs/unary.yaml:179", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, -1,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not},
-      {"logical_not_", "specs/unary.yaml:181", Variant::Inplace,
+      {"logical_not_", "specs/unary.yaml:179", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, 0,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not_},
-      {"logical_not.out", "specs/unary.yaml:181", Variant::Out,
+      {"logical_not.out", "specs/unary.yaml:179", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, 1,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not__out},
-      {"bitwise_not", "specs/unary.yaml:185", Variant::Functional,
+      {"bitwise_not", "specs/unary.yaml:183", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, -1,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not},
-      {"bitwise_not_", "specs/unary.yaml:185", Variant::Inplace,
+      {"bitwise_not_", "specs/unary.yaml:183", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, 0,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not_},
-      {"bitwise_not.out", "specs/unary.yaml:185", Variant::Out,
+      {"bitwise_not.out", "specs/unary.yaml:183", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, 1,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not__out},
-      {"nan_to_num", "specs/unary.yaml:192", Variant::Functional,
+      {"nan_to_num", "specs/unary.yaml:190", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, -1,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num},
-      {"nan_to_num_", "specs/unary.yaml:192", Variant::Inplace,
+      {"nan_to_num_", "specs/unary.yaml:190", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, 0,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num_},
-      {"nan_to_num.out", "specs/unary.yaml:192", Variant::Out,
+      {"nan_to_num.out", "specs/unary.yaml:190", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, 4,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num__out},
-      {"clamp", "specs/unary.yaml:200", Variant::Functional,
+      {"clamp", "specs/unary.yaml:199", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, -1,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp},
-      {"clamp_", "specs/unary.yaml:200", Variant::Inplace,
+      {"clamp_", "specs/unary.yaml:199", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, 0,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_},
-      {"clamp.out", "specs/unary.yaml:200", Variant::Out,
+      {"clamp.out", "specs/unary.yaml:199", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, 3,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__out},
-      {"clamp.Tensor", "specs/unary.yaml:205", Variant::Functional,
+      {"clamp.Tensor", "specs/unary.yaml:204", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, -1,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__Tensor},
-      {"clamp_.Tensor", "specs/unary.yaml:205", Variant::Inplace,
+      {"clamp_.Tensor", "specs/unary.yaml:204", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, 0,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp___Tensor},
-      {"clamp.Tensor_out", "specs/unary.yaml:205", Variant::Out,
+      {"clamp.Tensor_out", "specs/unary.yaml:204", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, 3,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__Tensor_out},
-      {"clamp_min", "specs/unary.yaml:210", Variant::Functional,
+      {"clamp_min", "specs/unary.yaml:209", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, -1,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min},
-      {"clamp_min_", "specs/unary.yaml:210", Variant::Inplace,
+      {"clamp_min_", "specs/unary.yaml:209", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, 0,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min_},
-      {"clamp_min.out", "specs/unary.yaml:210", Variant::Out,
+      {"clamp_min.out", "specs/unary.yaml:209", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__out},
-      {"clamp_max", "specs/unary.yaml:215", Variant::Functional,
+      {"clamp_max", "specs/unary.yaml:214", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, -1,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max},
-      {"clamp_max_", "specs/unary.yaml:215", Variant::Inplace,
+      {"clamp_max_", "specs/unary.yaml:214", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, 0,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max_},
-      {"clamp_max.out", "specs/unary.yaml:215", Variant::Out,
+      {"clamp_max.out", "specs/unary.yaml:214", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__out},
-      {"clamp_min.Tensor", "specs/unary.yaml:220", Variant::Functional,
+      {"clamp_min.Tensor", "specs/unary.yaml:219", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, -1,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor},
-      {"clamp_min_.Tensor", "specs/unary.yaml:220", Variant::Inplace,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor},
+      {"clamp_min_.Tensor", "specs/unary.yaml:219", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, 0,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min___Tensor},
-      {"clamp_min.Tensor_out", "specs/unary.yaml:220", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min___Tensor},
+      {"clamp_min.Tensor_out", "specs/unary.yaml:219", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor_out},
-      {"clamp_max.Tensor", "specs/unary.yaml:225", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor_out},
+      {"clamp_max.Tensor", "specs/unary.yaml:223", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, -1,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor},
-      {"clamp_max_.Tensor", "specs/unary.yaml:225", Variant::Inplace,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor},
+      {"clamp_max_.Tensor", "specs/unary.yaml:223", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, 0,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max___Tensor},
-      {"clamp_max.Tensor_out", "specs/unary.yaml:225", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max___Tensor},
+      {"clamp_max.Tensor_out", "specs/unary.yaml:223", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor_out},
-      {"sigmoid_backward", "specs/unary.yaml:232", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor_out},
+      {"sigmoid_backward", "specs/unary.yaml:229", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_backward},
-      {"sigmoid_backward.grad_input", "specs/unary.yaml:232", Variant::Out,
+      {"sigmoid_backward.grad_input", "specs/unary.yaml:229", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_backward__grad_input},
-      {"tanh_backward", "specs/unary.yaml:236", Variant::Functional,
+      {"tanh_backward", "specs/unary.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_backward},
-      {"tanh_backward.grad_input", "specs/unary.yaml:236", Variant::Out,
+      {"tanh_backward.grad_input", "specs/unary.yaml:233", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_backward__grad_input},
-      {"threshold_backward", "specs/unary.yaml:241", Variant::Functional,
+      {"threshold_backward", "specs/unary.yaml:238", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, -1,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward},
-      {"threshold_backward.grad_input", "specs/unary.yaml:241", Variant::Out,
+      {"threshold_backward.grad_input", "specs/unary.yaml:238", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, 3,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward__grad_input},
