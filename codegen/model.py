@@ -45,12 +45,14 @@ TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "skip", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
 # "Primitives that spec lowerings name" section of runtime/hlo_builder.h. Each parameter's kind:
-# value = a tensor/scalar Value, values = a list of Values, ints/int/bool/float = compile-time attributes.
+# value = a tensor/scalar Value, values = a list of Values, ints/int/bool/float = compile-time attributes;
+# optional_value / optional_float take an optional schema argument (Tensor?, Scalar?, float?) that may be None.
 BUILDER_HEADER = os.path.join("runtime", "hlo_builder.h")
 _SECTION_START = "// --- Primitives that spec lowerings name"
 _PARAMETER_KINDS = {"const Value&": "value", "const std::vector<Value>&": "values",
                     "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float",
-                    "const std::string&": "str"}
+                    "const std::string&": "str", "const std::optional<Value>&": "optional_value",
+                    "std::optional<double>": "optional_float"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -400,10 +402,13 @@ class _LoweringCompiler:
             if node.id not in self.args:
                 self.fail(f"{node.id!r} is not an argument of the schema ({', '.join(self.args)})")
             index, arg = self.args[node.id]
-            if arg.access != want and not (want == "ints" and arg.access == "int"):
+            optional = {"optional_value": "value", "optional_float": "float"}
+            if arg.access != want and not (want == "ints" and arg.access == "int") and \
+                    not (want in optional and arg.access == optional[want]):
                 self.fail(f"argument {node.id!r} ({arg.type}) is used where {want} is needed")
             accessor = {"value": "value", "values": "values", "ints": "ints", "int": "integer", "bool": "boolean",
-                        "float": "real", "str": "string"}[want]
+                        "float": "real", "str": "string", "optional_value": "optional_value",
+                        "optional_float": "optional_real"}[want]
             return f"a.{accessor}({index})"
         if isinstance(node, ast.Constant):
             if want == "bool" and isinstance(node.value, bool):
@@ -412,6 +417,8 @@ class _LoweringCompiler:
                 return repr(float(node.value))
             if want == "int" and isinstance(node.value, int):
                 return str(node.value)
+            if want in ("optional_value", "optional_float") and node.value is None:
+                return "std::nullopt"
             if want == "ints" and isinstance(node.value, int):
                 return "std::vector<int64_t>{" + str(node.value) + "}"
             self.fail(f"literal {node.value!r} cannot stand where {want} is needed")

@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 
 namespace torchtpu::rt {
 namespace {
@@ -785,5 +786,111 @@ Value Builder::cumprod(const Value& v, int64_t dim) {
   return scan(*this, v, dim, v.element() == ElementType::Pred ? "and" : "multiply", 1);
 }
 
+
+// unary elementwise primitives
+
+namespace {
+
+// The largest finite value of a float element type.
+double largest_finite(ElementType e) {
+  switch (e) {
+    case ElementType::F16: return 65504.0;
+    case ElementType::BF16: return 3.3895313892515355e38;
+    case ElementType::F32: return 3.4028234663852886e38;
+    default: return 1.7976931348623157e308;
+  }
+}
+
+}  // namespace
+
+Value Builder::abs(const Value& v) {
+  if (v.element() == ElementType::Pred || is_unsigned(v.element())) return v;
+  return unary("abs", v);
+}
+
+Value Builder::sign(const Value& v) {
+  if (v.element() == ElementType::Pred) return v;
+  const Value zero = scalar_like(0, v);
+  return sub(convert(gt(v, zero), v.element()), convert(lt(v, zero), v.element()));
+}
+
+// sinh(|x|): 0.5 * (u + u / (u + 1)) with u = expm1(|x|) below 1 (no cancellation near 0), else
+// (0.5 e) e - (0.5 / e) / e with e = exp(|x| / 2), which stays finite up to the largest sinh.
+Value Builder::sinh(const Value& v) {
+  const Value a = abs(v), half = scalar_like(0.5, v), one = scalar_like(1, v);
+  const Value u = expm1(a);
+  const Value small = mul(half, add(u, div(u, add(u, one))));
+  const Value e = exp(mul(half, a));
+  const Value large = sub(mul(mul(half, e), e), div(div(half, e), e));
+  const Value s = select(lt(a, one), small, large);
+  return select(lt(v, scalar_like(0, v)), neg(s), s);
+}
+
+Value Builder::cosh(const Value& v) {
+  const Value half = scalar_like(0.5, v);
+  const Value e = exp(mul(half, abs(v)));
+  return add(mul(mul(half, e), e), div(div(half, e), e));
+}
+
+Value Builder::erf(const Value& v) {
+  return emit("\"chlo.erf\"(" + name(v) + ") : (" + v.type.mlir() + ") -> " + v.type.mlir(), v.type);
+}
+
+Value Builder::floor(const Value& v) { return is_float(v.element()) ? unary("floor", v) : v; }
+Value Builder::ceil(const Value& v) { return is_float(v.element()) ? unary("ceil", v) : v; }
+Value Builder::round(const Value& v) { return is_float(v.element()) ? unary("round_nearest_even", v) : v; }
+Value Builder::round_decimals(const Value& v, int64_t decimals) {
+  const Value scale = scalar_like(std::pow(10.0, static_cast<double>(decimals < 0 ? -decimals : decimals)), v);
+  return decimals < 0 ? mul(round(div(v, scale)), scale) : div(round(mul(v, scale)), scale);
+}
+
+Value Builder::trunc(const Value& v) {
+  if (!is_float(v.element())) return v;
+  return select(lt(v, scalar_like(0, v)), ceil(v), floor(v));
+}
+
+Value Builder::isinf(const Value& v) {
+  if (!is_float(v.element())) return full(0, TensorType{ElementType::Pred, v.dims()});
+  return eq(abs(v), scalar_like(HUGE_VAL, v));
+}
+
+Value Builder::isposinf(const Value& v) {
+  if (!is_float(v.element())) return full(0, TensorType{ElementType::Pred, v.dims()});
+  return eq(v, scalar_like(HUGE_VAL, v));
+}
+
+Value Builder::isneginf(const Value& v) {
+  if (!is_float(v.element())) return full(0, TensorType{ElementType::Pred, v.dims()});
+  return eq(v, scalar_like(-HUGE_VAL, v));
+}
+
+Value Builder::signbit(const Value& v) {
+  const ElementType e = v.element();
+  if (e == ElementType::Pred || is_unsigned(e)) return full(0, TensorType{ElementType::Pred, v.dims()});
+  if (!is_float(e)) return lt(v, scalar_like(0, v));
+  const ElementType bits = element_size(e) == 8 ? ElementType::S64 : element_size(e) == 4 ? ElementType::S32 : ElementType::S16;
+  const Value i = reinterpret(v, bits);
+  return lt(i, scalar_like(0, i));
+}
+
+Value Builder::nan_to_num(const Value& v, std::optional<double> nan, std::optional<double> posinf,
+                          std::optional<double> neginf) {
+  if (!is_float(v.element())) return v;
+  const double big = largest_finite(v.element());
+  Value r = select(isnan(v), scalar_like(nan.value_or(0.0), v), v);
+  r = select(isposinf(v), scalar_like(posinf.value_or(big), v), r);
+  return select(isneginf(v), scalar_like(neginf.value_or(-big), v), r);
+}
+
+// A NaN in any operand gives NaN, as PyTorch's clamp does (XLA's CPU maximum(1, NaN) gives 1).
+Value Builder::clamp(const Value& v, const std::optional<Value>& min, const std::optional<Value>& max) {
+  Value r = v;
+  for (const auto& [bound, op] : {std::pair{&min, "maximum"}, std::pair{&max, "minimum"}}) {
+    if (!*bound) continue;
+    const Value next = binary(op, r, **bound);
+    r = is_float(v.element()) ? select(isnan(r), r, select(isnan(**bound), **bound, next)) : next;
+  }
+  return r;
+}
 
 }  // namespace torchtpu::rt

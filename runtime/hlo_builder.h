@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,7 +73,8 @@ class Builder {
 
   // --- Primitives that spec lowerings name (specs/*.yaml) ---
   // codegen reads this section: one declaration per line; parameters are const Value&,
-  // const std::vector<Value>&, const std::vector<int64_t>&, int64_t, bool or double.
+  // const std::vector<Value>&, const std::vector<int64_t>&, int64_t, bool or double; an optional
+  // schema argument (None allowed) as const std::optional<Value>& or std::optional<double>.
   Value add(const Value& a, const Value& b) { return binary("add", a, b); }
   Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
   Value mul(const Value& a, const Value& b) { return binary("multiply", a, b); }
@@ -99,6 +101,36 @@ class Builder {
   Value broadcast_like(const Value& v, const Value& like) { return broadcast_to(v, like.dims()); }
   Value fill(const Value& value, const Value& like) { return broadcast_like(value, like); }
   Value identity(const Value& v) { return v; }
+  // unary elementwise primitives
+  Value abs(const Value& v);    // unsigned and bool unchanged; the int minimum stays itself, as in PyTorch
+  Value sign(const Value& v);   // (0 < v) - (v < 0): NaN gives 0 as in PyTorch; bool unchanged
+  Value expm1(const Value& v) { return unary("exponential_minus_one", v); }
+  Value log1p(const Value& v) { return unary("log_plus_one", v); }
+  Value rsqrt(const Value& v) { return unary("rsqrt", v); }
+  Value sin(const Value& v) { return unary("sine", v); }
+  Value cos(const Value& v) { return unary("cosine", v); }
+  Value tan(const Value& v) { return unary("tan", v); }
+  Value tanh(const Value& v) { return unary("tanh", v); }
+  Value atan2(const Value& a, const Value& b) { return binary("atan2", a, b); }
+  Value sinh(const Value& v);
+  Value cosh(const Value& v);
+  Value sigmoid(const Value& v) { return unary("logistic", v); }
+  Value erf(const Value& v);
+  Value floor(const Value& v);  // floor/ceil/round/trunc leave integers unchanged
+  Value ceil(const Value& v);
+  Value round(const Value& v);  // half to even
+  Value round_decimals(const Value& v, int64_t decimals);  // PyTorch's: round(v * 10^d) / 10^d, or for d < 0 round(v / 10^-d) * 10^-d
+  Value trunc(const Value& v);
+  Value isnan(const Value& v) { return ne(v, v); }
+  Value isinf(const Value& v);  // false for integers
+  Value isposinf(const Value& v);
+  Value isneginf(const Value& v);
+  Value signbit(const Value& v);  // the sign bit of floats (-0.0 and -NaN too); v < 0 for integers
+  Value bitwise_not(const Value& v) { return unary("not", v); }
+  // None: NaN -> 0, +inf -> the element type's largest finite value, -inf -> its lowest.
+  Value nan_to_num(const Value& v, std::optional<double> nan, std::optional<double> posinf, std::optional<double> neginf);
+  Value clamp(const Value& v, const std::optional<Value>& min, const std::optional<Value>& max);  // None: no bound
+  Value zeros_like(const Value& v) { return full(0, v.type); }
 
   // random primitives: `state` is a generator's (seed, offset) as tensor<2xui64>; results have
   // the shape and element type of `like`.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <variant>
@@ -55,6 +56,15 @@ class EmitArgs {
   }
   const std::string& string(int i) const { return get<std::string>(i, "a string"); }
   bool is_none(int i) const { return std::holds_alternative<std::monostate>(args.at(i)); }
+  // Optional arguments (Tensor?, Scalar?, float?) for primitives that take std::optional.
+  std::optional<rt::Value> optional_value(int i) const {
+    if (is_none(i)) return std::nullopt;
+    return value(i);
+  }
+  std::optional<double> optional_real(int i) const {
+    if (is_none(i)) return std::nullopt;
+    return real(i);
+  }
 
  private:
   template <typename T>

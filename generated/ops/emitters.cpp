@@ -449,6 +449,286 @@ std::vector<Value> emit__to_copy(Builder& b, const EmitArgs& a) { return {b.iden
 // _to_copy.out = identity(self)  (specs/tensor.yaml:31)
 std::vector<Value> emit__to_copy__out(Builder& b, const EmitArgs& a) { return {b.identity(a.value(0))}; }
 
+// abs = abs(self)  (specs/unary.yaml:5)
+std::vector<Value> emit_abs(Builder& b, const EmitArgs& a) { return {b.abs(a.value(0))}; }
+// abs_ = abs(self)  (specs/unary.yaml:5)
+std::vector<Value> emit_abs_(Builder& b, const EmitArgs& a) { return {b.abs(a.value(0))}; }
+// abs.out = abs(self)  (specs/unary.yaml:5)
+std::vector<Value> emit_abs__out(Builder& b, const EmitArgs& a) { return {b.abs(a.value(0))}; }
+
+// sign = sign(self)  (specs/unary.yaml:10)
+std::vector<Value> emit_sign(Builder& b, const EmitArgs& a) { return {b.sign(a.value(0))}; }
+// sign_ = sign(self)  (specs/unary.yaml:10)
+std::vector<Value> emit_sign_(Builder& b, const EmitArgs& a) { return {b.sign(a.value(0))}; }
+// sign.out = sign(self)  (specs/unary.yaml:10)
+std::vector<Value> emit_sign__out(Builder& b, const EmitArgs& a) { return {b.sign(a.value(0))}; }
+
+// sgn = sign(self)  (specs/unary.yaml:14)
+std::vector<Value> emit_sgn(Builder& b, const EmitArgs& a) { return {b.sign(a.value(0))}; }
+// sgn_ = sign(self)  (specs/unary.yaml:14)
+std::vector<Value> emit_sgn_(Builder& b, const EmitArgs& a) { return {b.sign(a.value(0))}; }
+// sgn.out = sign(self)  (specs/unary.yaml:14)
+std::vector<Value> emit_sgn__out(Builder& b, const EmitArgs& a) { return {b.sign(a.value(0))}; }
+
+// expm1 = expm1(self)  (specs/unary.yaml:20)
+std::vector<Value> emit_expm1(Builder& b, const EmitArgs& a) { return {b.expm1(a.value(0))}; }
+// expm1_ = expm1(self)  (specs/unary.yaml:20)
+std::vector<Value> emit_expm1_(Builder& b, const EmitArgs& a) { return {b.expm1(a.value(0))}; }
+// expm1.out = expm1(self)  (specs/unary.yaml:20)
+std::vector<Value> emit_expm1__out(Builder& b, const EmitArgs& a) { return {b.expm1(a.value(0))}; }
+
+// log1p = log1p(self)  (specs/unary.yaml:26)
+std::vector<Value> emit_log1p(Builder& b, const EmitArgs& a) { return {b.log1p(a.value(0))}; }
+// log1p_ = log1p(self)  (specs/unary.yaml:26)
+std::vector<Value> emit_log1p_(Builder& b, const EmitArgs& a) { return {b.log1p(a.value(0))}; }
+// log1p.out = log1p(self)  (specs/unary.yaml:26)
+std::vector<Value> emit_log1p__out(Builder& b, const EmitArgs& a) { return {b.log1p(a.value(0))}; }
+
+// log2 = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:32)
+std::vector<Value> emit_log2(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
+// log2_ = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:32)
+std::vector<Value> emit_log2_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
+// log2.out = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:32)
+std::vector<Value> emit_log2__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
+
+// log10 = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:38)
+std::vector<Value> emit_log10(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }
+// log10_ = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:38)
+std::vector<Value> emit_log10_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }
+// log10.out = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:38)
+std::vector<Value> emit_log10__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }
+
+// rsqrt = rsqrt(self)  (specs/unary.yaml:44)
+std::vector<Value> emit_rsqrt(Builder& b, const EmitArgs& a) { return {b.rsqrt(a.value(0))}; }
+// rsqrt_ = rsqrt(self)  (specs/unary.yaml:44)
+std::vector<Value> emit_rsqrt_(Builder& b, const EmitArgs& a) { return {b.rsqrt(a.value(0))}; }
+// rsqrt.out = rsqrt(self)  (specs/unary.yaml:44)
+std::vector<Value> emit_rsqrt__out(Builder& b, const EmitArgs& a) { return {b.rsqrt(a.value(0))}; }
+
+// reciprocal = div(1, self)  (specs/unary.yaml:50)
+std::vector<Value> emit_reciprocal(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }
+// reciprocal_ = div(1, self)  (specs/unary.yaml:50)
+std::vector<Value> emit_reciprocal_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }
+// reciprocal.out = div(1, self)  (specs/unary.yaml:50)
+std::vector<Value> emit_reciprocal__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }
+
+// sin = sin(self)  (specs/unary.yaml:58)
+std::vector<Value> emit_sin(Builder& b, const EmitArgs& a) { return {b.sin(a.value(0))}; }
+// sin_ = sin(self)  (specs/unary.yaml:58)
+std::vector<Value> emit_sin_(Builder& b, const EmitArgs& a) { return {b.sin(a.value(0))}; }
+// sin.out = sin(self)  (specs/unary.yaml:58)
+std::vector<Value> emit_sin__out(Builder& b, const EmitArgs& a) { return {b.sin(a.value(0))}; }
+
+// cos = cos(self)  (specs/unary.yaml:64)
+std::vector<Value> emit_cos(Builder& b, const EmitArgs& a) { return {b.cos(a.value(0))}; }
+// cos_ = cos(self)  (specs/unary.yaml:64)
+std::vector<Value> emit_cos_(Builder& b, const EmitArgs& a) { return {b.cos(a.value(0))}; }
+// cos.out = cos(self)  (specs/unary.yaml:64)
+std::vector<Value> emit_cos__out(Builder& b, const EmitArgs& a) { return {b.cos(a.value(0))}; }
+
+// tan = tan(self)  (specs/unary.yaml:70)
+std::vector<Value> emit_tan(Builder& b, const EmitArgs& a) { return {b.tan(a.value(0))}; }
+// tan_ = tan(self)  (specs/unary.yaml:70)
+std::vector<Value> emit_tan_(Builder& b, const EmitArgs& a) { return {b.tan(a.value(0))}; }
+// tan.out = tan(self)  (specs/unary.yaml:70)
+std::vector<Value> emit_tan__out(Builder& b, const EmitArgs& a) { return {b.tan(a.value(0))}; }
+
+// tanh = tanh(self)  (specs/unary.yaml:76)
+std::vector<Value> emit_tanh(Builder& b, const EmitArgs& a) { return {b.tanh(a.value(0))}; }
+// tanh_ = tanh(self)  (specs/unary.yaml:76)
+std::vector<Value> emit_tanh_(Builder& b, const EmitArgs& a) { return {b.tanh(a.value(0))}; }
+// tanh.out = tanh(self)  (specs/unary.yaml:76)
+std::vector<Value> emit_tanh__out(Builder& b, const EmitArgs& a) { return {b.tanh(a.value(0))}; }
+
+// asin = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:83)
+std::vector<Value> emit_asin(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())))}; }
+// asin_ = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:83)
+std::vector<Value> emit_asin_(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())))}; }
+// asin.out = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:83)
+std::vector<Value> emit_asin__out(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())))}; }
+
+// acos = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:89)
+std::vector<Value> emit_acos(Builder& b, const EmitArgs& a) { return {b.atan2(b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())), a.value(0))}; }
+// acos_ = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:89)
+std::vector<Value> emit_acos_(Builder& b, const EmitArgs& a) { return {b.atan2(b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())), a.value(0))}; }
+// acos.out = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:89)
+std::vector<Value> emit_acos__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())), a.value(0))}; }
+
+// atan = atan2(self, 1)  (specs/unary.yaml:95)
+std::vector<Value> emit_atan(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.atan2(anchor, b.scalar_like(1.0, anchor)); }()}; }
+// atan_ = atan2(self, 1)  (specs/unary.yaml:95)
+std::vector<Value> emit_atan_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.atan2(anchor, b.scalar_like(1.0, anchor)); }()}; }
+// atan.out = atan2(self, 1)  (specs/unary.yaml:95)
+std::vector<Value> emit_atan__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.atan2(anchor, b.scalar_like(1.0, anchor)); }()}; }
+
+// sinh = sinh(self)  (specs/unary.yaml:101)
+std::vector<Value> emit_sinh(Builder& b, const EmitArgs& a) { return {b.sinh(a.value(0))}; }
+// sinh_ = sinh(self)  (specs/unary.yaml:101)
+std::vector<Value> emit_sinh_(Builder& b, const EmitArgs& a) { return {b.sinh(a.value(0))}; }
+// sinh.out = sinh(self)  (specs/unary.yaml:101)
+std::vector<Value> emit_sinh__out(Builder& b, const EmitArgs& a) { return {b.sinh(a.value(0))}; }
+
+// cosh = cosh(self)  (specs/unary.yaml:107)
+std::vector<Value> emit_cosh(Builder& b, const EmitArgs& a) { return {b.cosh(a.value(0))}; }
+// cosh_ = cosh(self)  (specs/unary.yaml:107)
+std::vector<Value> emit_cosh_(Builder& b, const EmitArgs& a) { return {b.cosh(a.value(0))}; }
+// cosh.out = cosh(self)  (specs/unary.yaml:107)
+std::vector<Value> emit_cosh__out(Builder& b, const EmitArgs& a) { return {b.cosh(a.value(0))}; }
+
+// sigmoid = sigmoid(self)  (specs/unary.yaml:113)
+std::vector<Value> emit_sigmoid(Builder& b, const EmitArgs& a) { return {b.sigmoid(a.value(0))}; }
+// sigmoid_ = sigmoid(self)  (specs/unary.yaml:113)
+std::vector<Value> emit_sigmoid_(Builder& b, const EmitArgs& a) { return {b.sigmoid(a.value(0))}; }
+// sigmoid.out = sigmoid(self)  (specs/unary.yaml:113)
+std::vector<Value> emit_sigmoid__out(Builder& b, const EmitArgs& a) { return {b.sigmoid(a.value(0))}; }
+
+// erf = erf(self)  (specs/unary.yaml:119)
+std::vector<Value> emit_erf(Builder& b, const EmitArgs& a) { return {b.erf(a.value(0))}; }
+// erf_ = erf(self)  (specs/unary.yaml:119)
+std::vector<Value> emit_erf_(Builder& b, const EmitArgs& a) { return {b.erf(a.value(0))}; }
+// erf.out = erf(self)  (specs/unary.yaml:119)
+std::vector<Value> emit_erf__out(Builder& b, const EmitArgs& a) { return {b.erf(a.value(0))}; }
+
+// floor = floor(self)  (specs/unary.yaml:127)
+std::vector<Value> emit_floor(Builder& b, const EmitArgs& a) { return {b.floor(a.value(0))}; }
+// floor_ = floor(self)  (specs/unary.yaml:127)
+std::vector<Value> emit_floor_(Builder& b, const EmitArgs& a) { return {b.floor(a.value(0))}; }
+// floor.out = floor(self)  (specs/unary.yaml:127)
+std::vector<Value> emit_floor__out(Builder& b, const EmitArgs& a) { return {b.floor(a.value(0))}; }
+
+// ceil = ceil(self)  (specs/unary.yaml:132)
+std::vector<Value> emit_ceil(Builder& b, const EmitArgs& a) { return {b.ceil(a.value(0))}; }
+// ceil_ = ceil(self)  (specs/unary.yaml:132)
+std::vector<Value> emit_ceil_(Builder& b, const EmitArgs& a) { return {b.ceil(a.value(0))}; }
+// ceil.out = ceil(self)  (specs/unary.yaml:132)
+std::vector<Value> emit_ceil__out(Builder& b, const EmitArgs& a) { return {b.ceil(a.value(0))}; }
+
+// round = round(self)  (specs/unary.yaml:137)
+std::vector<Value> emit_round(Builder& b, const EmitArgs& a) { return {b.round(a.value(0))}; }
+// round_ = round(self)  (specs/unary.yaml:137)
+std::vector<Value> emit_round_(Builder& b, const EmitArgs& a) { return {b.round(a.value(0))}; }
+// round.out = round(self)  (specs/unary.yaml:137)
+std::vector<Value> emit_round__out(Builder& b, const EmitArgs& a) { return {b.round(a.value(0))}; }
+
+// round.decimals = round_decimals(self, decimals)  (specs/unary.yaml:142)
+std::vector<Value> emit_round__decimals(Builder& b, const EmitArgs& a) { return {b.round_decimals(a.value(0), a.integer(1))}; }
+// round_.decimals = round_decimals(self, decimals)  (specs/unary.yaml:142)
+std::vector<Value> emit_round___decimals(Builder& b, const EmitArgs& a) { return {b.round_decimals(a.value(0), a.integer(1))}; }
+// round.decimals_out = round_decimals(self, decimals)  (specs/unary.yaml:142)
+std::vector<Value> emit_round__decimals_out(Builder& b, const EmitArgs& a) { return {b.round_decimals(a.value(0), a.integer(1))}; }
+
+// trunc = trunc(self)  (specs/unary.yaml:147)
+std::vector<Value> emit_trunc(Builder& b, const EmitArgs& a) { return {b.trunc(a.value(0))}; }
+// trunc_ = trunc(self)  (specs/unary.yaml:147)
+std::vector<Value> emit_trunc_(Builder& b, const EmitArgs& a) { return {b.trunc(a.value(0))}; }
+// trunc.out = trunc(self)  (specs/unary.yaml:147)
+std::vector<Value> emit_trunc__out(Builder& b, const EmitArgs& a) { return {b.trunc(a.value(0))}; }
+
+// frac = sub(self, trunc(self))  (specs/unary.yaml:152)
+std::vector<Value> emit_frac(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }
+// frac_ = sub(self, trunc(self))  (specs/unary.yaml:152)
+std::vector<Value> emit_frac_(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }
+// frac.out = sub(self, trunc(self))  (specs/unary.yaml:152)
+std::vector<Value> emit_frac__out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }
+
+// isnan = isnan(self)  (specs/unary.yaml:159)
+std::vector<Value> emit_isnan(Builder& b, const EmitArgs& a) { return {b.isnan(a.value(0))}; }
+// isnan.out = isnan(self)  (specs/unary.yaml:159)
+std::vector<Value> emit_isnan__out(Builder& b, const EmitArgs& a) { return {b.isnan(a.value(0))}; }
+
+// isinf = isinf(self)  (specs/unary.yaml:163)
+std::vector<Value> emit_isinf(Builder& b, const EmitArgs& a) { return {b.isinf(a.value(0))}; }
+// isinf.out = isinf(self)  (specs/unary.yaml:163)
+std::vector<Value> emit_isinf__out(Builder& b, const EmitArgs& a) { return {b.isinf(a.value(0))}; }
+
+// isposinf = isposinf(self)  (specs/unary.yaml:167)
+std::vector<Value> emit_isposinf(Builder& b, const EmitArgs& a) { return {b.isposinf(a.value(0))}; }
+// isposinf.out = isposinf(self)  (specs/unary.yaml:167)
+std::vector<Value> emit_isposinf__out(Builder& b, const EmitArgs& a) { return {b.isposinf(a.value(0))}; }
+
+// isneginf = isneginf(self)  (specs/unary.yaml:171)
+std::vector<Value> emit_isneginf(Builder& b, const EmitArgs& a) { return {b.isneginf(a.value(0))}; }
+// isneginf.out = isneginf(self)  (specs/unary.yaml:171)
+std::vector<Value> emit_isneginf__out(Builder& b, const EmitArgs& a) { return {b.isneginf(a.value(0))}; }
+
+// signbit = signbit(self)  (specs/unary.yaml:175)
+std::vector<Value> emit_signbit(Builder& b, const EmitArgs& a) { return {b.signbit(a.value(0))}; }
+// signbit.out = signbit(self)  (specs/unary.yaml:175)
+std::vector<Value> emit_signbit__out(Builder& b, const EmitArgs& a) { return {b.signbit(a.value(0))}; }
+
+// logical_not = eq(self, 0)  (specs/unary.yaml:179)
+std::vector<Value> emit_logical_not(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
+// logical_not_ = eq(self, 0)  (specs/unary.yaml:179)
+std::vector<Value> emit_logical_not_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
+// logical_not.out = eq(self, 0)  (specs/unary.yaml:179)
+std::vector<Value> emit_logical_not__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
+
+// bitwise_not = bitwise_not(self)  (specs/unary.yaml:183)
+std::vector<Value> emit_bitwise_not(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
+// bitwise_not_ = bitwise_not(self)  (specs/unary.yaml:183)
+std::vector<Value> emit_bitwise_not_(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
+// bitwise_not.out = bitwise_not(self)  (specs/unary.yaml:183)
+std::vector<Value> emit_bitwise_not__out(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
+
+// nan_to_num = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
+std::vector<Value> emit_nan_to_num(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
+// nan_to_num_ = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
+std::vector<Value> emit_nan_to_num_(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
+// nan_to_num.out = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
+std::vector<Value> emit_nan_to_num__out(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
+
+// clamp = clamp(self, min, max)  (specs/unary.yaml:199)
+std::vector<Value> emit_clamp(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
+// clamp_ = clamp(self, min, max)  (specs/unary.yaml:199)
+std::vector<Value> emit_clamp_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
+// clamp.out = clamp(self, min, max)  (specs/unary.yaml:199)
+std::vector<Value> emit_clamp__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
+
+// clamp.Tensor = clamp(self, min, max)  (specs/unary.yaml:204)
+std::vector<Value> emit_clamp__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
+// clamp_.Tensor = clamp(self, min, max)  (specs/unary.yaml:204)
+std::vector<Value> emit_clamp___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
+// clamp.Tensor_out = clamp(self, min, max)  (specs/unary.yaml:204)
+std::vector<Value> emit_clamp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
+
+// clamp_min = clamp(self, min, None)  (specs/unary.yaml:209)
+std::vector<Value> emit_clamp_min(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
+// clamp_min_ = clamp(self, min, None)  (specs/unary.yaml:209)
+std::vector<Value> emit_clamp_min_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
+// clamp_min.out = clamp(self, min, None)  (specs/unary.yaml:209)
+std::vector<Value> emit_clamp_min__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
+
+// clamp_max = clamp(self, None, max)  (specs/unary.yaml:214)
+std::vector<Value> emit_clamp_max(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
+// clamp_max_ = clamp(self, None, max)  (specs/unary.yaml:214)
+std::vector<Value> emit_clamp_max_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
+// clamp_max.out = clamp(self, None, max)  (specs/unary.yaml:214)
+std::vector<Value> emit_clamp_max__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
+
+// clamp_min.Tensor = clamp(self, min, None)  (specs/unary.yaml:219)
+std::vector<Value> emit_clamp_min__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
+// clamp_min_.Tensor = clamp(self, min, None)  (specs/unary.yaml:219)
+std::vector<Value> emit_clamp_min___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
+// clamp_min.Tensor_out = clamp(self, min, None)  (specs/unary.yaml:219)
+std::vector<Value> emit_clamp_min__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
+
+// clamp_max.Tensor = clamp(self, None, max)  (specs/unary.yaml:223)
+std::vector<Value> emit_clamp_max__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
+// clamp_max_.Tensor = clamp(self, None, max)  (specs/unary.yaml:223)
+std::vector<Value> emit_clamp_max___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
+// clamp_max.Tensor_out = clamp(self, None, max)  (specs/unary.yaml:223)
+std::vector<Value> emit_clamp_max__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
+
+// sigmoid_backward = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:229)
+std::vector<Value> emit_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }()), a.value(1))}; }
+// sigmoid_backward.grad_input = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:229)
+std::vector<Value> emit_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }()), a.value(1))}; }
+
+// tanh_backward = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:233)
+std::vector<Value> emit_tanh_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
+// tanh_backward.grad_input = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:233)
+std::vector<Value> emit_tanh_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
+
 }  // namespace
 
 const std::vector<OpSpec>& op_specs() {
@@ -1181,6 +1461,482 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Ignored, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, 3,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__to_copy__out},
+      {"abs", "specs/unary.yaml:5", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_abs},
+      {"abs_", "specs/unary.yaml:5", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_abs_},
+      {"abs.out", "specs/unary.yaml:5", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_abs__out},
+      {"sign", "specs/unary.yaml:10", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sign},
+      {"sign_", "specs/unary.yaml:10", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sign_},
+      {"sign.out", "specs/unary.yaml:10", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sign__out},
+      {"sgn", "specs/unary.yaml:14", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sgn},
+      {"sgn_", "specs/unary.yaml:14", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sgn_},
+      {"sgn.out", "specs/unary.yaml:14", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sgn__out},
+      {"expm1", "specs/unary.yaml:20", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_expm1},
+      {"expm1_", "specs/unary.yaml:20", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_expm1_},
+      {"expm1.out", "specs/unary.yaml:20", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_expm1__out},
+      {"log1p", "specs/unary.yaml:26", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log1p},
+      {"log1p_", "specs/unary.yaml:26", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log1p_},
+      {"log1p.out", "specs/unary.yaml:26", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log1p__out},
+      {"log2", "specs/unary.yaml:32", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log2},
+      {"log2_", "specs/unary.yaml:32", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log2_},
+      {"log2.out", "specs/unary.yaml:32", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log2__out},
+      {"log10", "specs/unary.yaml:38", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log10},
+      {"log10_", "specs/unary.yaml:38", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log10_},
+      {"log10.out", "specs/unary.yaml:38", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log10__out},
+      {"rsqrt", "specs/unary.yaml:44", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_rsqrt},
+      {"rsqrt_", "specs/unary.yaml:44", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_rsqrt_},
+      {"rsqrt.out", "specs/unary.yaml:44", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_rsqrt__out},
+      {"reciprocal", "specs/unary.yaml:50", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_reciprocal},
+      {"reciprocal_", "specs/unary.yaml:50", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_reciprocal_},
+      {"reciprocal.out", "specs/unary.yaml:50", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_reciprocal__out},
+      {"sin", "specs/unary.yaml:58", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sin},
+      {"sin_", "specs/unary.yaml:58", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sin_},
+      {"sin.out", "specs/unary.yaml:58", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sin__out},
+      {"cos", "specs/unary.yaml:64", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cos},
+      {"cos_", "specs/unary.yaml:64", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cos_},
+      {"cos.out", "specs/unary.yaml:64", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cos__out},
+      {"tan", "specs/unary.yaml:70", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tan},
+      {"tan_", "specs/unary.yaml:70", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tan_},
+      {"tan.out", "specs/unary.yaml:70", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tan__out},
+      {"tanh", "specs/unary.yaml:76", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tanh},
+      {"tanh_", "specs/unary.yaml:76", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_},
+      {"tanh.out", "specs/unary.yaml:76", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tanh__out},
+      {"asin", "specs/unary.yaml:83", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_asin},
+      {"asin_", "specs/unary.yaml:83", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_asin_},
+      {"asin.out", "specs/unary.yaml:83", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_asin__out},
+      {"acos", "specs/unary.yaml:89", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_acos},
+      {"acos_", "specs/unary.yaml:89", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_acos_},
+      {"acos.out", "specs/unary.yaml:89", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_acos__out},
+      {"atan", "specs/unary.yaml:95", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atan},
+      {"atan_", "specs/unary.yaml:95", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atan_},
+      {"atan.out", "specs/unary.yaml:95", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atan__out},
+      {"sinh", "specs/unary.yaml:101", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sinh},
+      {"sinh_", "specs/unary.yaml:101", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sinh_},
+      {"sinh.out", "specs/unary.yaml:101", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sinh__out},
+      {"cosh", "specs/unary.yaml:107", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cosh},
+      {"cosh_", "specs/unary.yaml:107", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cosh_},
+      {"cosh.out", "specs/unary.yaml:107", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cosh__out},
+      {"sigmoid", "specs/unary.yaml:113", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid},
+      {"sigmoid_", "specs/unary.yaml:113", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_},
+      {"sigmoid.out", "specs/unary.yaml:113", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid__out},
+      {"erf", "specs/unary.yaml:119", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erf},
+      {"erf_", "specs/unary.yaml:119", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erf_},
+      {"erf.out", "specs/unary.yaml:119", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erf__out},
+      {"floor", "specs/unary.yaml:127", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor},
+      {"floor_", "specs/unary.yaml:127", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_},
+      {"floor.out", "specs/unary.yaml:127", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor__out},
+      {"ceil", "specs/unary.yaml:132", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ceil},
+      {"ceil_", "specs/unary.yaml:132", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ceil_},
+      {"ceil.out", "specs/unary.yaml:132", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ceil__out},
+      {"round", "specs/unary.yaml:137", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_round},
+      {"round_", "specs/unary.yaml:137", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_round_},
+      {"round.out", "specs/unary.yaml:137", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_round__out},
+      {"round.decimals", "specs/unary.yaml:142", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_round__decimals},
+      {"round_.decimals", "specs/unary.yaml:142", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_round___decimals},
+      {"round.decimals_out", "specs/unary.yaml:142", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_round__decimals_out},
+      {"trunc", "specs/unary.yaml:147", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trunc},
+      {"trunc_", "specs/unary.yaml:147", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trunc_},
+      {"trunc.out", "specs/unary.yaml:147", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trunc__out},
+      {"frac", "specs/unary.yaml:152", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_frac},
+      {"frac_", "specs/unary.yaml:152", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_frac_},
+      {"frac.out", "specs/unary.yaml:152", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_frac__out},
+      {"isnan", "specs/unary.yaml:159", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isnan},
+      {"isnan.out", "specs/unary.yaml:159", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isnan__out},
+      {"isinf", "specs/unary.yaml:163", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isinf},
+      {"isinf.out", "specs/unary.yaml:163", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isinf__out},
+      {"isposinf", "specs/unary.yaml:167", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf},
+      {"isposinf.out", "specs/unary.yaml:167", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf__out},
+      {"isneginf", "specs/unary.yaml:171", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf},
+      {"isneginf.out", "specs/unary.yaml:171", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf__out},
+      {"signbit", "specs/unary.yaml:175", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_signbit},
+      {"signbit.out", "specs/unary.yaml:175", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_signbit__out},
+      {"logical_not", "specs/unary.yaml:179", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not},
+      {"logical_not_", "specs/unary.yaml:179", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not_},
+      {"logical_not.out", "specs/unary.yaml:179", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not__out},
+      {"bitwise_not", "specs/unary.yaml:183", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not},
+      {"bitwise_not_", "specs/unary.yaml:183", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not_},
+      {"bitwise_not.out", "specs/unary.yaml:183", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not__out},
+      {"nan_to_num", "specs/unary.yaml:190", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num},
+      {"nan_to_num_", "specs/unary.yaml:190", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num_},
+      {"nan_to_num.out", "specs/unary.yaml:190", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, 4,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num__out},
+      {"clamp", "specs/unary.yaml:199", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp},
+      {"clamp_", "specs/unary.yaml:199", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_},
+      {"clamp.out", "specs/unary.yaml:199", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, 3,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__out},
+      {"clamp.Tensor", "specs/unary.yaml:204", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__Tensor},
+      {"clamp_.Tensor", "specs/unary.yaml:204", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp___Tensor},
+      {"clamp.Tensor_out", "specs/unary.yaml:204", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, 3,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__Tensor_out},
+      {"clamp_min", "specs/unary.yaml:209", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min},
+      {"clamp_min_", "specs/unary.yaml:209", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min_},
+      {"clamp_min.out", "specs/unary.yaml:209", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__out},
+      {"clamp_max", "specs/unary.yaml:214", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max},
+      {"clamp_max_", "specs/unary.yaml:214", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max_},
+      {"clamp_max.out", "specs/unary.yaml:214", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__out},
+      {"clamp_min.Tensor", "specs/unary.yaml:219", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor},
+      {"clamp_min_.Tensor", "specs/unary.yaml:219", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min___Tensor},
+      {"clamp_min.Tensor_out", "specs/unary.yaml:219", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor_out},
+      {"clamp_max.Tensor", "specs/unary.yaml:223", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor},
+      {"clamp_max_.Tensor", "specs/unary.yaml:223", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max___Tensor},
+      {"clamp_max.Tensor_out", "specs/unary.yaml:223", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor_out},
+      {"sigmoid_backward", "specs/unary.yaml:229", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_backward},
+      {"sigmoid_backward.grad_input", "specs/unary.yaml:229", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_backward__grad_input},
+      {"tanh_backward", "specs/unary.yaml:233", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_backward},
+      {"tanh_backward.grad_input", "specs/unary.yaml:233", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_backward__grad_input},
   };
   return specs;
 }

@@ -6,24 +6,43 @@
 
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
+#include <ATen/ops/acos_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/addmm_meta_dispatch.h>
 #include <ATen/ops/all_meta_dispatch.h>
 #include <ATen/ops/amax_meta_dispatch.h>
 #include <ATen/ops/amin_meta_dispatch.h>
 #include <ATen/ops/any_meta_dispatch.h>
+#include <ATen/ops/asin_meta_dispatch.h>
+#include <ATen/ops/atan_meta_dispatch.h>
+#include <ATen/ops/bitwise_not_meta_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
+#include <ATen/ops/ceil_meta_dispatch.h>
+#include <ATen/ops/clamp_max_meta_dispatch.h>
+#include <ATen/ops/clamp_meta_dispatch.h>
+#include <ATen/ops/clamp_min_meta_dispatch.h>
+#include <ATen/ops/cos_meta_dispatch.h>
+#include <ATen/ops/cosh_meta_dispatch.h>
 #include <ATen/ops/cumprod_meta_dispatch.h>
 #include <ATen/ops/cumsum_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/elu_backward_meta_dispatch.h>
 #include <ATen/ops/elu_meta_dispatch.h>
 #include <ATen/ops/eq_meta_dispatch.h>
+#include <ATen/ops/erf_meta_dispatch.h>
 #include <ATen/ops/exp_meta_dispatch.h>
+#include <ATen/ops/expm1_meta_dispatch.h>
 #include <ATen/ops/fill_meta_dispatch.h>
+#include <ATen/ops/floor_meta_dispatch.h>
+#include <ATen/ops/frac_meta_dispatch.h>
+#include <ATen/ops/isneginf_meta_dispatch.h>
+#include <ATen/ops/isposinf_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_backward_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
 #include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
+#include <ATen/ops/log10_meta_dispatch.h>
+#include <ATen/ops/log1p_meta_dispatch.h>
+#include <ATen/ops/log2_meta_dispatch.h>
 #include <ATen/ops/log_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
 #include <ATen/ops/max_meta_dispatch.h>
@@ -34,15 +53,29 @@
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
 #include <ATen/ops/prod_meta_dispatch.h>
+#include <ATen/ops/reciprocal_meta_dispatch.h>
+#include <ATen/ops/round_meta_dispatch.h>
+#include <ATen/ops/rsqrt_meta_dispatch.h>
+#include <ATen/ops/sgn_meta_dispatch.h>
+#include <ATen/ops/sigmoid_backward_meta_dispatch.h>
+#include <ATen/ops/sigmoid_meta_dispatch.h>
+#include <ATen/ops/sign_meta_dispatch.h>
+#include <ATen/ops/signbit_meta_dispatch.h>
 #include <ATen/ops/silu_backward_meta_dispatch.h>
 #include <ATen/ops/silu_meta_dispatch.h>
+#include <ATen/ops/sin_meta_dispatch.h>
+#include <ATen/ops/sinh_meta_dispatch.h>
 #include <ATen/ops/softplus_backward_meta_dispatch.h>
 #include <ATen/ops/softplus_meta_dispatch.h>
 #include <ATen/ops/sqrt_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/sum_meta_dispatch.h>
+#include <ATen/ops/tan_meta_dispatch.h>
+#include <ATen/ops/tanh_backward_meta_dispatch.h>
+#include <ATen/ops/tanh_meta_dispatch.h>
 #include <ATen/ops/threshold_backward_meta_dispatch.h>
 #include <ATen/ops/threshold_meta_dispatch.h>
+#include <ATen/ops/trunc_meta_dispatch.h>
 #include <ATen/ops/zero_meta_dispatch.h>
 
 #include "meta_call.h"
@@ -778,6 +811,711 @@ void meta_emit_cat__out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_sign(torch::jit::Stack& s) {
+  auto result = at::meta::sign(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sign_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::sign_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sign__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::sign_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sgn(torch::jit::Stack& s) {
+  auto result = at::meta::sgn(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sgn_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::sgn_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sgn__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::sgn_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_expm1(torch::jit::Stack& s) {
+  auto result = at::meta::expm1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_expm1_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::expm1_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_expm1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::expm1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log1p(torch::jit::Stack& s) {
+  auto result = at::meta::log1p(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log1p_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::log1p_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log1p__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::log1p_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log2(torch::jit::Stack& s) {
+  auto result = at::meta::log2(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log2_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::log2_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log2__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::log2_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log10(torch::jit::Stack& s) {
+  auto result = at::meta::log10(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log10_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::log10_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_log10__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::log10_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_rsqrt(torch::jit::Stack& s) {
+  auto result = at::meta::rsqrt(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_rsqrt_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::rsqrt_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_rsqrt__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::rsqrt_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reciprocal(torch::jit::Stack& s) {
+  auto result = at::meta::reciprocal(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reciprocal_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::reciprocal_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reciprocal__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::reciprocal_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sin(torch::jit::Stack& s) {
+  auto result = at::meta::sin(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sin_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::sin_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sin__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::sin_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cos(torch::jit::Stack& s) {
+  auto result = at::meta::cos(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cos_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::cos_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cos__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::cos_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tan(torch::jit::Stack& s) {
+  auto result = at::meta::tan(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tan_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::tan_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tan__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::tan_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tanh(torch::jit::Stack& s) {
+  auto result = at::meta::tanh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tanh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::tanh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tanh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::tanh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asin(torch::jit::Stack& s) {
+  auto result = at::meta::asin(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asin_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::asin_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asin__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::asin_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acos(torch::jit::Stack& s) {
+  auto result = at::meta::acos(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acos_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::acos_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acos__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::acos_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atan(torch::jit::Stack& s) {
+  auto result = at::meta::atan(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atan_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::atan_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atan__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::atan_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinh(torch::jit::Stack& s) {
+  auto result = at::meta::sinh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::sinh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::sinh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cosh(torch::jit::Stack& s) {
+  auto result = at::meta::cosh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cosh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::cosh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_cosh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::cosh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sigmoid(torch::jit::Stack& s) {
+  auto result = at::meta::sigmoid(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sigmoid_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::sigmoid_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sigmoid__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::sigmoid_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erf(torch::jit::Stack& s) {
+  auto result = at::meta::erf(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erf_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::erf_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erf__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::erf_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_floor(torch::jit::Stack& s) {
+  auto result = at::meta::floor(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_floor_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::floor_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_floor__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::floor_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ceil(torch::jit::Stack& s) {
+  auto result = at::meta::ceil(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ceil_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::ceil_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ceil__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::ceil_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_round(torch::jit::Stack& s) {
+  auto result = at::meta::round(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_round_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::round_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_round__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::round_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_round__decimals(torch::jit::Stack& s) {
+  auto result = at::meta::round(s[0].toTensor(), s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_round___decimals(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::round_(a0, s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_round__decimals_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::round_outf(s[0].toTensor(), s[1].toInt(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_trunc(torch::jit::Stack& s) {
+  auto result = at::meta::trunc(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_trunc_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::trunc_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_trunc__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::trunc_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_frac(torch::jit::Stack& s) {
+  auto result = at::meta::frac(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_frac_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::frac_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_frac__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::frac_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isposinf(torch::jit::Stack& s) {
+  auto result = at::meta::isposinf(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isposinf__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::isposinf_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isneginf(torch::jit::Stack& s) {
+  auto result = at::meta::isneginf(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isneginf__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::isneginf_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_signbit(torch::jit::Stack& s) {
+  auto result = at::meta::signbit(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_signbit__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::signbit_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_not(torch::jit::Stack& s) {
+  auto result = at::meta::bitwise_not(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_not_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::bitwise_not_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_not__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::bitwise_not_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp(torch::jit::Stack& s) {
+  auto result = at::meta::clamp(s[0].toTensor(), s[1].toOptional<at::Scalar>(), s[2].toOptional<at::Scalar>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::clamp_(a0, s[1].toOptional<at::Scalar>(), s[2].toOptional<at::Scalar>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::clamp_outf(s[0].toTensor(), s[1].toOptional<at::Scalar>(), s[2].toOptional<at::Scalar>(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::clamp(s[0].toTensor(), s[1].toOptional<at::Tensor>(), s[2].toOptional<at::Tensor>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::clamp_(a0, s[1].toOptional<at::Tensor>(), s[2].toOptional<at::Tensor>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::clamp_outf(s[0].toTensor(), s[1].toOptional<at::Tensor>(), s[2].toOptional<at::Tensor>(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_min(torch::jit::Stack& s) {
+  auto result = at::meta::clamp_min(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_min_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::clamp_min_(a0, s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_min__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::clamp_min_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_max(torch::jit::Stack& s) {
+  auto result = at::meta::clamp_max(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_max_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::clamp_max_(a0, s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_max__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::clamp_max_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_min__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::clamp_min(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_min___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::clamp_min_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_min__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::clamp_min_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_max__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::clamp_max(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_max___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::clamp_max_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_clamp_max__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::clamp_max_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sigmoid_backward(torch::jit::Stack& s) {
+  auto result = at::meta::sigmoid_backward(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sigmoid_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::sigmoid_backward_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tanh_backward(torch::jit::Stack& s) {
+  auto result = at::meta::tanh_backward(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tanh_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::tanh_backward_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 }  // namespace
 
 const std::vector<MetaCallFn>& meta_calls() {
@@ -964,6 +1702,125 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // clone.out
       nullptr,  // _to_copy
       nullptr,  // _to_copy.out
+      nullptr,  // abs
+      nullptr,  // abs_
+      nullptr,  // abs.out
+      &meta_emit_sign,  // sign
+      &meta_emit_sign_,  // sign_
+      &meta_emit_sign__out,  // sign.out
+      &meta_emit_sgn,  // sgn
+      &meta_emit_sgn_,  // sgn_
+      &meta_emit_sgn__out,  // sgn.out
+      &meta_emit_expm1,  // expm1
+      &meta_emit_expm1_,  // expm1_
+      &meta_emit_expm1__out,  // expm1.out
+      &meta_emit_log1p,  // log1p
+      &meta_emit_log1p_,  // log1p_
+      &meta_emit_log1p__out,  // log1p.out
+      &meta_emit_log2,  // log2
+      &meta_emit_log2_,  // log2_
+      &meta_emit_log2__out,  // log2.out
+      &meta_emit_log10,  // log10
+      &meta_emit_log10_,  // log10_
+      &meta_emit_log10__out,  // log10.out
+      &meta_emit_rsqrt,  // rsqrt
+      &meta_emit_rsqrt_,  // rsqrt_
+      &meta_emit_rsqrt__out,  // rsqrt.out
+      &meta_emit_reciprocal,  // reciprocal
+      &meta_emit_reciprocal_,  // reciprocal_
+      &meta_emit_reciprocal__out,  // reciprocal.out
+      &meta_emit_sin,  // sin
+      &meta_emit_sin_,  // sin_
+      &meta_emit_sin__out,  // sin.out
+      &meta_emit_cos,  // cos
+      &meta_emit_cos_,  // cos_
+      &meta_emit_cos__out,  // cos.out
+      &meta_emit_tan,  // tan
+      &meta_emit_tan_,  // tan_
+      &meta_emit_tan__out,  // tan.out
+      &meta_emit_tanh,  // tanh
+      &meta_emit_tanh_,  // tanh_
+      &meta_emit_tanh__out,  // tanh.out
+      &meta_emit_asin,  // asin
+      &meta_emit_asin_,  // asin_
+      &meta_emit_asin__out,  // asin.out
+      &meta_emit_acos,  // acos
+      &meta_emit_acos_,  // acos_
+      &meta_emit_acos__out,  // acos.out
+      &meta_emit_atan,  // atan
+      &meta_emit_atan_,  // atan_
+      &meta_emit_atan__out,  // atan.out
+      &meta_emit_sinh,  // sinh
+      &meta_emit_sinh_,  // sinh_
+      &meta_emit_sinh__out,  // sinh.out
+      &meta_emit_cosh,  // cosh
+      &meta_emit_cosh_,  // cosh_
+      &meta_emit_cosh__out,  // cosh.out
+      &meta_emit_sigmoid,  // sigmoid
+      &meta_emit_sigmoid_,  // sigmoid_
+      &meta_emit_sigmoid__out,  // sigmoid.out
+      &meta_emit_erf,  // erf
+      &meta_emit_erf_,  // erf_
+      &meta_emit_erf__out,  // erf.out
+      &meta_emit_floor,  // floor
+      &meta_emit_floor_,  // floor_
+      &meta_emit_floor__out,  // floor.out
+      &meta_emit_ceil,  // ceil
+      &meta_emit_ceil_,  // ceil_
+      &meta_emit_ceil__out,  // ceil.out
+      &meta_emit_round,  // round
+      &meta_emit_round_,  // round_
+      &meta_emit_round__out,  // round.out
+      &meta_emit_round__decimals,  // round.decimals
+      &meta_emit_round___decimals,  // round_.decimals
+      &meta_emit_round__decimals_out,  // round.decimals_out
+      &meta_emit_trunc,  // trunc
+      &meta_emit_trunc_,  // trunc_
+      &meta_emit_trunc__out,  // trunc.out
+      &meta_emit_frac,  // frac
+      &meta_emit_frac_,  // frac_
+      &meta_emit_frac__out,  // frac.out
+      nullptr,  // isnan
+      nullptr,  // isnan.out
+      nullptr,  // isinf
+      nullptr,  // isinf.out
+      &meta_emit_isposinf,  // isposinf
+      &meta_emit_isposinf__out,  // isposinf.out
+      &meta_emit_isneginf,  // isneginf
+      &meta_emit_isneginf__out,  // isneginf.out
+      &meta_emit_signbit,  // signbit
+      &meta_emit_signbit__out,  // signbit.out
+      nullptr,  // logical_not
+      nullptr,  // logical_not_
+      nullptr,  // logical_not.out
+      &meta_emit_bitwise_not,  // bitwise_not
+      &meta_emit_bitwise_not_,  // bitwise_not_
+      &meta_emit_bitwise_not__out,  // bitwise_not.out
+      nullptr,  // nan_to_num
+      nullptr,  // nan_to_num_
+      nullptr,  // nan_to_num.out
+      &meta_emit_clamp,  // clamp
+      &meta_emit_clamp_,  // clamp_
+      &meta_emit_clamp__out,  // clamp.out
+      &meta_emit_clamp__Tensor,  // clamp.Tensor
+      &meta_emit_clamp___Tensor,  // clamp_.Tensor
+      &meta_emit_clamp__Tensor_out,  // clamp.Tensor_out
+      &meta_emit_clamp_min,  // clamp_min
+      &meta_emit_clamp_min_,  // clamp_min_
+      &meta_emit_clamp_min__out,  // clamp_min.out
+      &meta_emit_clamp_max,  // clamp_max
+      &meta_emit_clamp_max_,  // clamp_max_
+      &meta_emit_clamp_max__out,  // clamp_max.out
+      &meta_emit_clamp_min__Tensor,  // clamp_min.Tensor
+      &meta_emit_clamp_min___Tensor,  // clamp_min_.Tensor
+      &meta_emit_clamp_min__Tensor_out,  // clamp_min.Tensor_out
+      &meta_emit_clamp_max__Tensor,  // clamp_max.Tensor
+      &meta_emit_clamp_max___Tensor,  // clamp_max_.Tensor
+      &meta_emit_clamp_max__Tensor_out,  // clamp_max.Tensor_out
+      &meta_emit_sigmoid_backward,  // sigmoid_backward
+      &meta_emit_sigmoid_backward__grad_input,  // sigmoid_backward.grad_input
+      &meta_emit_tanh_backward,  // tanh_backward
+      &meta_emit_tanh_backward__grad_input,  // tanh_backward.grad_input
   };
   return calls;
 }

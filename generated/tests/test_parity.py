@@ -655,3 +655,523 @@ def test_clone(dtype):
         atol=None,
         rtol=None,
     )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_abs(dtype):
+    # specs/unary.yaml:5
+    check_opinfo(
+        "abs",
+        dtype,
+        overloads=["abs", "abs_", "abs.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_sign(dtype):
+    # specs/unary.yaml:10
+    check_opinfo(
+        "sign",
+        dtype,
+        overloads=["sign", "sign_", "sign.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_sgn(dtype):
+    # specs/unary.yaml:14
+    check_opinfo(
+        "sgn",
+        dtype,
+        overloads=["sgn", "sgn_", "sgn.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_expm1(dtype):
+    # specs/unary.yaml:20
+    check_opinfo(
+        "expm1",
+        dtype,
+        overloads=["expm1", "expm1_", "expm1.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_log1p(dtype):
+    # specs/unary.yaml:26
+    check_opinfo(
+        "log1p",
+        dtype,
+        overloads=["log1p", "log1p_", "log1p.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_log2(dtype):
+    # specs/unary.yaml:32
+    check_opinfo(
+        "log2",
+        dtype,
+        overloads=["log2", "log2_", "log2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_log10(dtype):
+    # specs/unary.yaml:38
+    check_opinfo(
+        "log10",
+        dtype,
+        overloads=["log10", "log10_", "log10.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_rsqrt(dtype):
+    # specs/unary.yaml:44
+    check_opinfo(
+        "rsqrt",
+        dtype,
+        overloads=["rsqrt", "rsqrt_", "rsqrt.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_reciprocal(dtype):
+    # specs/unary.yaml:50
+    check_opinfo(
+        "reciprocal",
+        dtype,
+        overloads=["reciprocal", "reciprocal_", "reciprocal.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_sin(dtype):
+    # specs/unary.yaml:58
+    check_opinfo(
+        "sin",
+        dtype,
+        overloads=["sin", "sin_", "sin.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_cos(dtype):
+    # specs/unary.yaml:64
+    check_opinfo(
+        "cos",
+        dtype,
+        overloads=["cos", "cos_", "cos.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_tan(dtype):
+    # specs/unary.yaml:70
+    check_opinfo(
+        "tan",
+        dtype,
+        overloads=["tan", "tan_", "tan.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_tanh(dtype):
+    # specs/unary.yaml:76
+    check_opinfo(
+        "tanh",
+        dtype,
+        overloads=["tanh", "tanh_", "tanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_asin(dtype):
+    # specs/unary.yaml:83
+    check_opinfo(
+        "asin",
+        dtype,
+        overloads=["asin", "asin_", "asin.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_acos(dtype):
+    # specs/unary.yaml:89
+    check_opinfo(
+        "acos",
+        dtype,
+        overloads=["acos", "acos_", "acos.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_atan(dtype):
+    # specs/unary.yaml:95
+    check_opinfo(
+        "atan",
+        dtype,
+        overloads=["atan", "atan_", "atan.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_sinh(dtype):
+    # specs/unary.yaml:101
+    check_opinfo(
+        "sinh",
+        dtype,
+        overloads=["sinh", "sinh_", "sinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_cosh(dtype):
+    # specs/unary.yaml:107
+    check_opinfo(
+        "cosh",
+        dtype,
+        overloads=["cosh", "cosh_", "cosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_sigmoid(dtype):
+    # specs/unary.yaml:113
+    check_opinfo(
+        "sigmoid",
+        dtype,
+        overloads=["sigmoid", "sigmoid_", "sigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_erf(dtype):
+    # specs/unary.yaml:119
+    check_opinfo(
+        "erf",
+        dtype,
+        overloads=["erf", "erf_", "erf.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_floor(dtype):
+    # specs/unary.yaml:127
+    check_opinfo(
+        "floor",
+        dtype,
+        overloads=["floor", "floor_", "floor.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_ceil(dtype):
+    # specs/unary.yaml:132
+    check_opinfo(
+        "ceil",
+        dtype,
+        overloads=["ceil", "ceil_", "ceil.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_round(dtype):
+    # specs/unary.yaml:137
+    check_opinfo(
+        "round",
+        dtype,
+        overloads=["round", "round_", "round.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_round_decimals(dtype):
+    # specs/unary.yaml:142
+    check_opinfo(
+        "round.decimals_3",
+        dtype,
+        overloads=["round.decimals", "round_.decimals", "round.decimals_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_trunc(dtype):
+    # specs/unary.yaml:147
+    check_opinfo(
+        "trunc",
+        dtype,
+        overloads=["trunc", "trunc_", "trunc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_frac(dtype):
+    # specs/unary.yaml:152
+    check_opinfo(
+        "frac",
+        dtype,
+        overloads=["frac", "frac_", "frac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_isnan(dtype):
+    # specs/unary.yaml:159
+    check_opinfo(
+        "isnan",
+        dtype,
+        overloads=["isnan", "isnan.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_isinf(dtype):
+    # specs/unary.yaml:163
+    check_opinfo(
+        "isinf",
+        dtype,
+        overloads=["isinf", "isinf.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_isposinf(dtype):
+    # specs/unary.yaml:167
+    check_opinfo(
+        "isposinf",
+        dtype,
+        overloads=["isposinf", "isposinf.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_isneginf(dtype):
+    # specs/unary.yaml:171
+    check_opinfo(
+        "isneginf",
+        dtype,
+        overloads=["isneginf", "isneginf.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_signbit(dtype):
+    # specs/unary.yaml:175
+    check_opinfo(
+        "signbit",
+        dtype,
+        overloads=["signbit", "signbit.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_logical_not(dtype):
+    # specs/unary.yaml:179
+    check_opinfo(
+        "logical_not",
+        dtype,
+        overloads=["logical_not", "logical_not_", "logical_not.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64"])
+def test_bitwise_not(dtype):
+    # specs/unary.yaml:183
+    check_opinfo(
+        "bitwise_not",
+        dtype,
+        overloads=["bitwise_not", "bitwise_not_", "bitwise_not.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_nan_to_num(dtype):
+    # specs/unary.yaml:190
+    check_opinfo(
+        "nan_to_num",
+        dtype,
+        overloads=["nan_to_num", "nan_to_num_", "nan_to_num.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_clamp(dtype):
+    # specs/unary.yaml:199
+    check_opinfo(
+        "clamp",
+        dtype,
+        overloads=["clamp", "clamp_", "clamp.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_clamp_Tensor(dtype):
+    # specs/unary.yaml:204
+    check_opinfo(
+        "clamp",
+        dtype,
+        overloads=["clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_clamp_min(dtype):
+    # specs/unary.yaml:209
+    check_opinfo(
+        "clamp_min",
+        dtype,
+        overloads=["clamp_min", "clamp_min_", "clamp_min.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_clamp_max(dtype):
+    # specs/unary.yaml:214
+    check_opinfo(
+        "clamp_max",
+        dtype,
+        overloads=["clamp_max", "clamp_max_", "clamp_max.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_clamp_min_Tensor(dtype):
+    # specs/unary.yaml:219
+    check_opinfo(
+        "clamp_min",
+        dtype,
+        overloads=["clamp_min.Tensor", "clamp_min_.Tensor", "clamp_min.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_clamp_max_Tensor(dtype):
+    # specs/unary.yaml:223
+    check_opinfo(
+        "clamp_max",
+        dtype,
+        overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
