@@ -48,7 +48,8 @@ TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "skip", "__line__"}
 BUILDER_HEADER = os.path.join("runtime", "hlo_builder.h")
 _SECTION_START = "// --- Primitives that spec lowerings name"
 _PARAMETER_KINDS = {"const Value&": "value", "const std::vector<Value>&": "values",
-                    "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float"}
+                    "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float",
+                    "const std::string&": "str"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -255,7 +256,9 @@ def _demangled(cpp_type: str) -> str | None:
     t = t.lstrip(":")
     if t.startswith("std::optional<") and t.endswith(">"):
         inner = _demangled(t[len("std::optional<"):-1])
-        return None if inner is None else f"std::optional<{inner}>{suffix}"
+        if inner is None:
+            return None
+        return f"std::optional<{inner}{' ' if inner.endswith('>') else ''}>{suffix}"  # nm prints "> >"
     base = _DEMANGLED.get(t)
     return None if base is None else base + suffix
 
@@ -374,6 +377,8 @@ class _LoweringCompiler:
                 self.fail(f"argument {node.id!r} ({arg.type}) is used where {want} is needed")
             accessor = {"value": "value", "values": "values", "ints": "ints", "int": "integer", "bool": "boolean",
                         "float": "real", "str": "string"}[want]
+            if want == "str" and arg.type.endswith("?"):  # str? None reads as ""
+                return f"(a.is_none({index}) ? std::string() : a.string({index}))"
             return f"a.{accessor}({index})"
         if isinstance(node, ast.Constant):
             if want == "bool" and isinstance(node.value, bool):
@@ -382,6 +387,11 @@ class _LoweringCompiler:
                 return str(node.value)
             if want == "ints" and isinstance(node.value, int):
                 return "std::vector<int64_t>{" + str(node.value) + "}"
+            if want == "str" and isinstance(node.value, str):
+                if not re.fullmatch(r"[\w .-]*", node.value):
+                    self.fail(f"string literal {node.value!r} may hold only letters, digits, '_', '.', '-', ' '")
+                return f'std::string("{node.value}")'
+
             self.fail(f"literal {node.value!r} cannot stand where {want} is needed")
         if isinstance(node, ast.List) and want == "ints":
             return "std::vector<int64_t>{" + ", ".join(self.expr(e, "int") for e in node.elts) + "}"
