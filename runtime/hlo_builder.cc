@@ -446,7 +446,7 @@ ElementType same_width_int(ElementType e) {
 
 }  // namespace
 
-Value Builder::round_to_nominal(const Value& v) {
+Value Builder::nominal(const Value& v) {
   if (!is_float(v.element()) || !is_float(nominal_element_) ||
       element_size(nominal_element_) >= element_size(v.element())) {
     return v;
@@ -484,7 +484,7 @@ Value Builder::div_rounded(const Value& a, const Value& b, const std::string& mo
   }
   if (mode == "trunc") {
     // CPU rounds a half-precision quotient before truncating, unless the divisor is one element.
-    Value q = b.type.numel() == 1 ? div(a, b) : round_to_nominal(div(a, b));
+    Value q = b.type.numel() == 1 ? div(a, b) : nominal(div(a, b));
     return select(lt(q, zero), unary("ceil", q), unary("floor", q));
   }
   // CPU's div_floor_floating: exact for every representable quotient.
@@ -512,6 +512,14 @@ Value Builder::nan_minimum(const Value& a, const Value& b) {
   return select(ne(sum, sum), sum, m);
 }
 
+Value Builder::fmax(const Value& a, const Value& b) {
+  return select(ne(a, a), b, select(ne(b, b), a, maximum(a, b)));
+}
+
+Value Builder::fmin(const Value& a, const Value& b) {
+  return select(ne(a, a), b, select(ne(b, b), a, minimum(a, b)));
+}
+
 Value Builder::hypot(const Value& a, const Value& b) {
   // sqrt(x^2 + y^2) on operands scaled by a power of two (exact), so the squares neither
   // overflow nor underflow.
@@ -537,7 +545,7 @@ Value Builder::copysign(const Value& a, const Value& b) {
 }
 
 Value Builder::xlogy(const Value& x, const Value& y) {
-  Value product = mul(x, log(y));
+  Value product = mul(x, nominal(log(y)));  // CPU rounds a half-precision log before the product
   Value zero = scalar_like(0, x);
   Value result = select(eq(x, zero), broadcast_like(zero, product), product);
   return select(ne(y, y), broadcast_like(y, result), result);  // y NaN: NaN, even for x == 0

@@ -56,9 +56,8 @@ class Builder {
   Value compare(const char* direction, const Value& a, const Value& b);  // EQ NE LT LE GT GE
   Value select(const Value& pred, const Value& on_true, const Value& on_false);
   // The dtype an op nominally computes in where its values are wider (half precision computes in
-  // float32): rounds `v` through it, for the few ops whose CPU kernel rounds an intermediate there.
+  // float32); the primitive nominal() rounds through it.
   void set_nominal_element(ElementType e) { nominal_element_ = e; }
-  Value round_to_nominal(const Value& v);
 
   // Contractions and reductions.
   Value dot_general(const Value& a, const Value& b, const std::vector<int64_t>& lhs_batch,
@@ -102,6 +101,9 @@ class Builder {
   Value identity(const Value& v) { return v; }
 
   // binary primitives (specs/binary.yaml)
+  // `v` rounded through the op's nominal dtype (bfloat16/float16 ops compute in float32): what CPU's
+  // TensorIterator does to a Python scalar or 0-d operand of another dtype, and to some intermediates.
+  Value nominal(const Value& v);
   Value power(const Value& a, const Value& b);  // integers: CPU's rules for negative exponents
   Value fmod(const Value& a, const Value& b) { return binary("remainder", a, b); }  // C: sign of the dividend
   Value remainder(const Value& a, const Value& b);  // Python: sign of the divisor
@@ -112,6 +114,8 @@ class Builder {
   Value bitwise_xor(const Value& a, const Value& b) { return binary("xor", a, b); }
   Value nan_maximum(const Value& a, const Value& b);  // NaN if either is NaN (torch.maximum)
   Value nan_minimum(const Value& a, const Value& b);
+  Value fmax(const Value& a, const Value& b);  // the other operand where one is NaN
+  Value fmin(const Value& a, const Value& b);
   Value hypot(const Value& a, const Value& b);
   Value copysign(const Value& a, const Value& b);
   Value xlogy(const Value& x, const Value& y);

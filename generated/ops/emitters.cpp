@@ -8,133 +8,133 @@ namespace {
 using rt::Builder;
 using rt::Value;
 
-// ne.Tensor = ne(self, other)  (specs/binary.yaml:6)
-std::vector<Value> emit_ne__Tensor(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), a.value(1))}; }
-// ne_.Tensor = ne(self, other)  (specs/binary.yaml:6)
-std::vector<Value> emit_ne___Tensor(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), a.value(1))}; }
-// ne.Tensor_out = ne(self, other)  (specs/binary.yaml:6)
-std::vector<Value> emit_ne__Tensor_out(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), a.value(1))}; }
+// ne.Tensor = ne(nominal(self), nominal(other))  (specs/binary.yaml:6)
+std::vector<Value> emit_ne__Tensor(Builder& b, const EmitArgs& a) { return {b.ne(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ne_.Tensor = ne(nominal(self), nominal(other))  (specs/binary.yaml:6)
+std::vector<Value> emit_ne___Tensor(Builder& b, const EmitArgs& a) { return {b.ne(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ne.Tensor_out = ne(nominal(self), nominal(other))  (specs/binary.yaml:6)
+std::vector<Value> emit_ne__Tensor_out(Builder& b, const EmitArgs& a) { return {b.ne(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// ne.Scalar = ne(self, other)  (specs/binary.yaml:10)
-std::vector<Value> emit_ne__Scalar(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), a.value(1))}; }
-// ne_.Scalar = ne(self, other)  (specs/binary.yaml:10)
-std::vector<Value> emit_ne___Scalar(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), a.value(1))}; }
-// ne.Scalar_out = ne(self, other)  (specs/binary.yaml:10)
-std::vector<Value> emit_ne__Scalar_out(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), a.value(1))}; }
+// ne.Scalar = ne(self, nominal(other))  (specs/binary.yaml:10)
+std::vector<Value> emit_ne__Scalar(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), b.nominal(a.value(1)))}; }
+// ne_.Scalar = ne(self, nominal(other))  (specs/binary.yaml:10)
+std::vector<Value> emit_ne___Scalar(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), b.nominal(a.value(1)))}; }
+// ne.Scalar_out = ne(self, nominal(other))  (specs/binary.yaml:10)
+std::vector<Value> emit_ne__Scalar_out(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), b.nominal(a.value(1)))}; }
 
-// le.Tensor = le(self, other)  (specs/binary.yaml:13)
-std::vector<Value> emit_le__Tensor(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), a.value(1))}; }
-// le_.Tensor = le(self, other)  (specs/binary.yaml:13)
-std::vector<Value> emit_le___Tensor(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), a.value(1))}; }
-// le.Tensor_out = le(self, other)  (specs/binary.yaml:13)
-std::vector<Value> emit_le__Tensor_out(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), a.value(1))}; }
+// le.Tensor = le(nominal(self), nominal(other))  (specs/binary.yaml:13)
+std::vector<Value> emit_le__Tensor(Builder& b, const EmitArgs& a) { return {b.le(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// le_.Tensor = le(nominal(self), nominal(other))  (specs/binary.yaml:13)
+std::vector<Value> emit_le___Tensor(Builder& b, const EmitArgs& a) { return {b.le(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// le.Tensor_out = le(nominal(self), nominal(other))  (specs/binary.yaml:13)
+std::vector<Value> emit_le__Tensor_out(Builder& b, const EmitArgs& a) { return {b.le(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// le.Scalar = le(self, other)  (specs/binary.yaml:17)
-std::vector<Value> emit_le__Scalar(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), a.value(1))}; }
-// le_.Scalar = le(self, other)  (specs/binary.yaml:17)
-std::vector<Value> emit_le___Scalar(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), a.value(1))}; }
-// le.Scalar_out = le(self, other)  (specs/binary.yaml:17)
-std::vector<Value> emit_le__Scalar_out(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), a.value(1))}; }
+// le.Scalar = le(self, nominal(other))  (specs/binary.yaml:17)
+std::vector<Value> emit_le__Scalar(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), b.nominal(a.value(1)))}; }
+// le_.Scalar = le(self, nominal(other))  (specs/binary.yaml:17)
+std::vector<Value> emit_le___Scalar(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), b.nominal(a.value(1)))}; }
+// le.Scalar_out = le(self, nominal(other))  (specs/binary.yaml:17)
+std::vector<Value> emit_le__Scalar_out(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), b.nominal(a.value(1)))}; }
 
-// gt.Tensor = gt(self, other)  (specs/binary.yaml:20)
-std::vector<Value> emit_gt__Tensor(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), a.value(1))}; }
-// gt_.Tensor = gt(self, other)  (specs/binary.yaml:20)
-std::vector<Value> emit_gt___Tensor(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), a.value(1))}; }
-// gt.Tensor_out = gt(self, other)  (specs/binary.yaml:20)
-std::vector<Value> emit_gt__Tensor_out(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), a.value(1))}; }
+// gt.Tensor = gt(nominal(self), nominal(other))  (specs/binary.yaml:20)
+std::vector<Value> emit_gt__Tensor(Builder& b, const EmitArgs& a) { return {b.gt(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// gt_.Tensor = gt(nominal(self), nominal(other))  (specs/binary.yaml:20)
+std::vector<Value> emit_gt___Tensor(Builder& b, const EmitArgs& a) { return {b.gt(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// gt.Tensor_out = gt(nominal(self), nominal(other))  (specs/binary.yaml:20)
+std::vector<Value> emit_gt__Tensor_out(Builder& b, const EmitArgs& a) { return {b.gt(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// gt.Scalar = gt(self, other)  (specs/binary.yaml:24)
-std::vector<Value> emit_gt__Scalar(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), a.value(1))}; }
-// gt_.Scalar = gt(self, other)  (specs/binary.yaml:24)
-std::vector<Value> emit_gt___Scalar(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), a.value(1))}; }
-// gt.Scalar_out = gt(self, other)  (specs/binary.yaml:24)
-std::vector<Value> emit_gt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), a.value(1))}; }
+// gt.Scalar = gt(self, nominal(other))  (specs/binary.yaml:24)
+std::vector<Value> emit_gt__Scalar(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), b.nominal(a.value(1)))}; }
+// gt_.Scalar = gt(self, nominal(other))  (specs/binary.yaml:24)
+std::vector<Value> emit_gt___Scalar(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), b.nominal(a.value(1)))}; }
+// gt.Scalar_out = gt(self, nominal(other))  (specs/binary.yaml:24)
+std::vector<Value> emit_gt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), b.nominal(a.value(1)))}; }
 
-// ge.Tensor = ge(self, other)  (specs/binary.yaml:27)
-std::vector<Value> emit_ge__Tensor(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), a.value(1))}; }
-// ge_.Tensor = ge(self, other)  (specs/binary.yaml:27)
-std::vector<Value> emit_ge___Tensor(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), a.value(1))}; }
-// ge.Tensor_out = ge(self, other)  (specs/binary.yaml:27)
-std::vector<Value> emit_ge__Tensor_out(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), a.value(1))}; }
+// ge.Tensor = ge(nominal(self), nominal(other))  (specs/binary.yaml:27)
+std::vector<Value> emit_ge__Tensor(Builder& b, const EmitArgs& a) { return {b.ge(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ge_.Tensor = ge(nominal(self), nominal(other))  (specs/binary.yaml:27)
+std::vector<Value> emit_ge___Tensor(Builder& b, const EmitArgs& a) { return {b.ge(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ge.Tensor_out = ge(nominal(self), nominal(other))  (specs/binary.yaml:27)
+std::vector<Value> emit_ge__Tensor_out(Builder& b, const EmitArgs& a) { return {b.ge(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// ge.Scalar = ge(self, other)  (specs/binary.yaml:31)
-std::vector<Value> emit_ge__Scalar(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), a.value(1))}; }
-// ge_.Scalar = ge(self, other)  (specs/binary.yaml:31)
-std::vector<Value> emit_ge___Scalar(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), a.value(1))}; }
-// ge.Scalar_out = ge(self, other)  (specs/binary.yaml:31)
-std::vector<Value> emit_ge__Scalar_out(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), a.value(1))}; }
+// ge.Scalar = ge(self, nominal(other))  (specs/binary.yaml:31)
+std::vector<Value> emit_ge__Scalar(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), b.nominal(a.value(1)))}; }
+// ge_.Scalar = ge(self, nominal(other))  (specs/binary.yaml:31)
+std::vector<Value> emit_ge___Scalar(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), b.nominal(a.value(1)))}; }
+// ge.Scalar_out = ge(self, nominal(other))  (specs/binary.yaml:31)
+std::vector<Value> emit_ge__Scalar_out(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), b.nominal(a.value(1)))}; }
 
-// maximum = nan_maximum(self, other)  (specs/binary.yaml:36)
-std::vector<Value> emit_maximum(Builder& b, const EmitArgs& a) { return {b.nan_maximum(a.value(0), a.value(1))}; }
-// maximum.out = nan_maximum(self, other)  (specs/binary.yaml:36)
-std::vector<Value> emit_maximum__out(Builder& b, const EmitArgs& a) { return {b.nan_maximum(a.value(0), a.value(1))}; }
+// maximum = nan_maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
+std::vector<Value> emit_maximum(Builder& b, const EmitArgs& a) { return {b.nan_maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// maximum.out = nan_maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
+std::vector<Value> emit_maximum__out(Builder& b, const EmitArgs& a) { return {b.nan_maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// minimum = nan_minimum(self, other)  (specs/binary.yaml:40)
-std::vector<Value> emit_minimum(Builder& b, const EmitArgs& a) { return {b.nan_minimum(a.value(0), a.value(1))}; }
-// minimum.out = nan_minimum(self, other)  (specs/binary.yaml:40)
-std::vector<Value> emit_minimum__out(Builder& b, const EmitArgs& a) { return {b.nan_minimum(a.value(0), a.value(1))}; }
+// minimum = nan_minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
+std::vector<Value> emit_minimum(Builder& b, const EmitArgs& a) { return {b.nan_minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// minimum.out = nan_minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
+std::vector<Value> emit_minimum__out(Builder& b, const EmitArgs& a) { return {b.nan_minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmax = where(ne(self, self), other, where(ne(other, other), self, maximum(self, other)))  (specs/binary.yaml:44)
-std::vector<Value> emit_fmax(Builder& b, const EmitArgs& a) { return {b.where(b.ne(a.value(0), a.value(0)), a.value(1), b.where(b.ne(a.value(1), a.value(1)), a.value(0), b.maximum(a.value(0), a.value(1))))}; }
-// fmax.out = where(ne(self, self), other, where(ne(other, other), self, maximum(self, other)))  (specs/binary.yaml:44)
-std::vector<Value> emit_fmax__out(Builder& b, const EmitArgs& a) { return {b.where(b.ne(a.value(0), a.value(0)), a.value(1), b.where(b.ne(a.value(1), a.value(1)), a.value(0), b.maximum(a.value(0), a.value(1))))}; }
+// fmax = fmax(nominal(self), nominal(other))  (specs/binary.yaml:44)
+std::vector<Value> emit_fmax(Builder& b, const EmitArgs& a) { return {b.fmax(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmax.out = fmax(nominal(self), nominal(other))  (specs/binary.yaml:44)
+std::vector<Value> emit_fmax__out(Builder& b, const EmitArgs& a) { return {b.fmax(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmin = where(ne(self, self), other, where(ne(other, other), self, minimum(self, other)))  (specs/binary.yaml:48)
-std::vector<Value> emit_fmin(Builder& b, const EmitArgs& a) { return {b.where(b.ne(a.value(0), a.value(0)), a.value(1), b.where(b.ne(a.value(1), a.value(1)), a.value(0), b.minimum(a.value(0), a.value(1))))}; }
-// fmin.out = where(ne(self, self), other, where(ne(other, other), self, minimum(self, other)))  (specs/binary.yaml:48)
-std::vector<Value> emit_fmin__out(Builder& b, const EmitArgs& a) { return {b.where(b.ne(a.value(0), a.value(0)), a.value(1), b.where(b.ne(a.value(1), a.value(1)), a.value(0), b.minimum(a.value(0), a.value(1))))}; }
+// fmin = fmin(nominal(self), nominal(other))  (specs/binary.yaml:48)
+std::vector<Value> emit_fmin(Builder& b, const EmitArgs& a) { return {b.fmin(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmin.out = fmin(nominal(self), nominal(other))  (specs/binary.yaml:48)
+std::vector<Value> emit_fmin__out(Builder& b, const EmitArgs& a) { return {b.fmin(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// pow.Tensor_Tensor = power(self, exponent)  (specs/binary.yaml:54)
-std::vector<Value> emit_pow__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
-// pow_.Tensor = power(self, exponent)  (specs/binary.yaml:54)
-std::vector<Value> emit_pow___Tensor(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
-// pow.Tensor_Tensor_out = power(self, exponent)  (specs/binary.yaml:54)
-std::vector<Value> emit_pow__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
+// pow.Tensor_Tensor = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
+std::vector<Value> emit_pow__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow_.Tensor = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
+std::vector<Value> emit_pow___Tensor(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Tensor_Tensor_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
+std::vector<Value> emit_pow__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// pow.Tensor_Scalar = power(self, exponent)  (specs/binary.yaml:59)
-std::vector<Value> emit_pow__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
-// pow_.Scalar = power(self, exponent)  (specs/binary.yaml:59)
-std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
-// pow.Tensor_Scalar_out = power(self, exponent)  (specs/binary.yaml:59)
-std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
+// pow.Tensor_Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+std::vector<Value> emit_pow__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Tensor_Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// pow.Scalar = power(self, exponent)  (specs/binary.yaml:63)
-std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
-// pow.Scalar_out = power(self, exponent)  (specs/binary.yaml:63)
-std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(a.value(0), a.value(1))}; }
+// pow.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:63)
+std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:63)
+std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Tensor = remainder(self, other)  (specs/binary.yaml:70)
-std::vector<Value> emit_remainder__Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
-// remainder_.Tensor = remainder(self, other)  (specs/binary.yaml:70)
-std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
-// remainder.Tensor_out = remainder(self, other)  (specs/binary.yaml:70)
-std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
+// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+std::vector<Value> emit_remainder__Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar = remainder(self, other)  (specs/binary.yaml:75)
-std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
-// remainder_.Scalar = remainder(self, other)  (specs/binary.yaml:75)
-std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
-// remainder.Scalar_out = remainder(self, other)  (specs/binary.yaml:75)
-std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
+// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar_Tensor = remainder(self, other)  (specs/binary.yaml:79)
-std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
-// remainder.Scalar_Tensor_out = remainder(self, other)  (specs/binary.yaml:79)
-std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(a.value(0), a.value(1))}; }
+// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:79)
+std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:79)
+std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Tensor = fmod(self, other)  (specs/binary.yaml:84)
-std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(a.value(0), a.value(1))}; }
-// fmod_.Tensor = fmod(self, other)  (specs/binary.yaml:84)
-std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(a.value(0), a.value(1))}; }
-// fmod.Tensor_out = fmod(self, other)  (specs/binary.yaml:84)
-std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(a.value(0), a.value(1))}; }
+// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Scalar = fmod(self, other)  (specs/binary.yaml:89)
-std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(a.value(0), a.value(1))}; }
-// fmod_.Scalar = fmod(self, other)  (specs/binary.yaml:89)
-std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(a.value(0), a.value(1))}; }
-// fmod.Scalar_out = fmod(self, other)  (specs/binary.yaml:89)
-std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(a.value(0), a.value(1))}; }
+// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
 // floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:93)
 std::vector<Value> emit_floor_divide(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
@@ -284,52 +284,52 @@ std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(
 // addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:197)
 std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// atan2 = atan2(self, other)  (specs/binary.yaml:204)
-std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), a.value(1))}; }
-// atan2_ = atan2(self, other)  (specs/binary.yaml:204)
-std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), a.value(1))}; }
-// atan2.out = atan2(self, other)  (specs/binary.yaml:204)
-std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), a.value(1))}; }
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// hypot = hypot(self, other)  (specs/binary.yaml:210)
-std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(a.value(0), a.value(1))}; }
-// hypot_ = hypot(self, other)  (specs/binary.yaml:210)
-std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(a.value(0), a.value(1))}; }
-// hypot.out = hypot(self, other)  (specs/binary.yaml:210)
-std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(a.value(0), a.value(1))}; }
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Tensor = copysign(self, other)  (specs/binary.yaml:215)
-std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(a.value(0), a.value(1))}; }
-// copysign_.Tensor = copysign(self, other)  (specs/binary.yaml:215)
-std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(a.value(0), a.value(1))}; }
-// copysign.out = copysign(self, other)  (specs/binary.yaml:215)
-std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(a.value(0), a.value(1))}; }
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Scalar = copysign(self, other)  (specs/binary.yaml:221)
-std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(a.value(0), a.value(1))}; }
-// copysign_.Scalar = copysign(self, other)  (specs/binary.yaml:221)
-std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(a.value(0), a.value(1))}; }
-// copysign.Scalar_out = copysign(self, other)  (specs/binary.yaml:221)
-std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(a.value(0), a.value(1))}; }
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Tensor = xlogy(self, other)  (specs/binary.yaml:226)
-std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
-// xlogy_.Tensor = xlogy(self, other)  (specs/binary.yaml:226)
-std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
-// xlogy.OutTensor = xlogy(self, other)  (specs/binary.yaml:226)
-std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Self = xlogy(self, other)  (specs/binary.yaml:232)
-std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
-// xlogy.OutScalar_Self = xlogy(self, other)  (specs/binary.yaml:232)
-std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:232)
+std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:232)
+std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Other = xlogy(self, other)  (specs/binary.yaml:237)
-std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
-// xlogy_.Scalar_Other = xlogy(self, other)  (specs/binary.yaml:237)
-std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
-// xlogy.OutScalar_Other = xlogy(self, other)  (specs/binary.yaml:237)
-std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(a.value(0), a.value(1))}; }
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
 // add.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
 std::vector<Value> emit_add__Tensor(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
