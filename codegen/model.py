@@ -259,7 +259,9 @@ def _demangled(cpp_type: str) -> str | None:
     t = t.lstrip(":")
     if t.startswith("std::optional<") and t.endswith(">"):
         inner = _demangled(t[len("std::optional<"):-1])
-        return None if inner is None else f"std::optional<{inner}>{suffix}"
+        if inner is None:
+            return None
+        return f"std::optional<{inner}{' ' if inner.endswith('>') else ''}>{suffix}"  # nm prints "> >"
     base = _DEMANGLED.get(t)
     return None if base is None else base + suffix
 
@@ -409,6 +411,8 @@ class _LoweringCompiler:
             accessor = {"value": "value", "values": "values", "ints": "ints", "int": "integer", "bool": "boolean",
                         "float": "real", "str": "string", "optional_value": "optional_value",
                         "optional_float": "optional_real"}[want]
+            if want == "str" and arg.type.endswith("?"):  # str? None reads as ""
+                return f"(a.is_none({index}) ? std::string() : a.string({index}))"
             return f"a.{accessor}({index})"
         if isinstance(node, ast.Constant):
             if want == "bool" and isinstance(node.value, bool):
@@ -421,6 +425,11 @@ class _LoweringCompiler:
                 return "std::nullopt"
             if want == "ints" and isinstance(node.value, int):
                 return "std::vector<int64_t>{" + str(node.value) + "}"
+            if want == "str" and isinstance(node.value, str):
+                if not re.fullmatch(r"[\w .-]*", node.value):
+                    self.fail(f"string literal {node.value!r} may hold only letters, digits, '_', '.', '-', ' '")
+                return f'std::string("{node.value}")'
+
             self.fail(f"literal {node.value!r} cannot stand where {want} is needed")
         if isinstance(node, ast.List) and want == "ints":
             return "std::vector<int64_t>{" + ", ".join(self.expr(e, "int") for e in node.elts) + "}"

@@ -893,4 +893,136 @@ Value Builder::clamp(const Value& v, const std::optional<Value>& min, const std:
   return r;
 }
 
+// ---------------------------------------------------------------------------------------------
+// binary primitives (specs/binary.yaml): PyTorch's CPU formulas, so results match bit for bit
+// where the CPU kernel is exact.
+
+namespace {
+
+bool is_signed_int(ElementType e) { return !is_float(e) && !is_unsigned(e) && e != ElementType::Pred; }
+
+ElementType same_width_int(ElementType e) {
+  switch (element_size(e)) {
+    case 2: return ElementType::S16;
+    case 4: return ElementType::S32;
+    default: return ElementType::S64;
+  }
+}
+
+}  // namespace
+
+Value Builder::nominal(const Value& v) {
+  if (!is_float(v.element()) || !is_float(nominal_element_) ||
+      element_size(nominal_element_) >= element_size(v.element())) {
+    return v;
+  }
+  return convert(convert(v, nominal_element_), v.element());
+}
+
+Value Builder::power(const Value& a, const Value& b) {
+  if (!is_signed_int(a.element())) return binary("power", a, b);
+  // CPU: x ** -n is 1 for x == 1, +-1 for x == -1 (by n's parity) and 0 otherwise.
+  const ElementType e = a.element();
+  Value zero = constant_int(0, e), one = constant_int(1, e), minus_one = constant_int(-1, e);
+  Value positive = binary("power", a, maximum(b, zero));
+  Value odd = ne(bitwise_and(b, one), zero);
+  Value negative = select(eq(a, one), one, select(eq(a, minus_one), select(odd, minus_one, one), zero));
+  return select(lt(b, zero), broadcast_like(negative, positive), positive);
+}
+
+Value Builder::remainder(const Value& a, const Value& b) {
+  Value zero = scalar_like(0, a);
+  Value mod = fmod(a, b);
+  Value adjust = bitwise_and(ne(mod, zero), ne(lt(b, zero), lt(mod, zero)));
+  return select(adjust, add(mod, b), mod);
+}
+
+Value Builder::div_rounded(const Value& a, const Value& b, const std::string& mode) {
+  if (mode.empty()) return div(a, b);
+  if (mode != "trunc" && mode != "floor") fail("div: unknown rounding_mode '" + mode + "'");
+  Value zero = scalar_like(0, a), one = scalar_like(1, a);
+  if (!is_float(a.element())) {
+    Value quotient = div(a, b);  // truncates
+    if (mode == "trunc" || is_unsigned(a.element())) return quotient;
+    Value adjust = bitwise_and(ne(fmod(a, b), zero), ne(lt(a, zero), lt(b, zero)));
+    return select(adjust, sub(quotient, one), quotient);
+  }
+  if (mode == "trunc") {
+    // CPU rounds a half-precision quotient before truncating, unless the divisor is one element.
+    Value q = b.type.numel() == 1 ? div(a, b) : nominal(div(a, b));
+    return select(lt(q, zero), unary("ceil", q), unary("floor", q));
+  }
+  // CPU's div_floor_floating: exact for every representable quotient.
+  Value mod = fmod(a, b);
+  Value d = div(sub(a, mod), b);
+  d = select(bitwise_and(ne(mod, zero), ne(lt(b, zero), lt(mod, zero))), sub(d, one), d);
+  Value floored = unary("floor", d);
+  floored = select(gt(sub(d, floored), scalar_like(0.5, a)), add(floored, one), floored);
+  Value signed_zero = copysign(zero, div(a, b));
+  Value result = select(ne(d, zero), floored, broadcast_like(signed_zero, floored));
+  return select(eq(b, zero), div(a, b), result);  // x / 0: IEEE
+}
+
+Value Builder::nan_maximum(const Value& a, const Value& b) {
+  Value m = maximum(a, b);
+  if (!is_float(a.element())) return m;
+  Value sum = add(a, b);  // NaN where either is
+  return select(ne(sum, sum), sum, m);
+}
+
+Value Builder::nan_minimum(const Value& a, const Value& b) {
+  Value m = minimum(a, b);
+  if (!is_float(a.element())) return m;
+  Value sum = add(a, b);
+  return select(ne(sum, sum), sum, m);
+}
+
+Value Builder::fmax(const Value& a, const Value& b) {
+  return select(ne(a, a), b, select(ne(b, b), a, maximum(a, b)));
+}
+
+Value Builder::fmin(const Value& a, const Value& b) {
+  return select(ne(a, a), b, select(ne(b, b), a, minimum(a, b)));
+}
+
+Value Builder::hypot(const Value& a, const Value& b) {
+  // sqrt(x^2 + y^2) on operands scaled by a power of two (exact), so the squares neither
+  // overflow nor underflow.
+  Value x = unary("abs", a), y = unary("abs", b);
+  Value big = maximum(x, y);
+  const bool wide = a.element() == ElementType::F64;
+  auto c = [&](double v) { return scalar_like(v, a); };
+  Value scale = select(gt(big, c(wide ? 0x1p500 : 0x1p60)), c(wide ? 0x1p-600 : 0x1p-70),
+                       select(lt(big, c(wide ? 0x1p-500 : 0x1p-60)), c(wide ? 0x1p600 : 0x1p90), c(1)));
+  Value xs = mul(x, scale), ys = mul(y, scale);
+  Value h = div(sqrt(add(mul(xs, xs), mul(ys, ys))), scale);
+  Value inf = c(INFINITY);
+  Value any_inf = bitwise_or(eq(x, inf), eq(y, inf));  // hypot(inf, NaN) is inf
+  return select(any_inf, broadcast_like(inf, h), h);
+}
+
+Value Builder::copysign(const Value& a, const Value& b) {
+  const auto dims = broadcast_shape({&a, &b}, "copysign");
+  Value magnitude = broadcast_to(unary("abs", a), dims);
+  Value bits = reinterpret(broadcast_to(b, dims), same_width_int(b.element()));
+  Value negative = lt(bits, constant_int(0, bits.element()));  // the sign bit, also of -0.0 and NaNs
+  return select(negative, neg(magnitude), magnitude);
+}
+
+Value Builder::xlogy(const Value& x, const Value& y) {
+  Value product = mul(x, nominal(log(y)));  // CPU rounds a half-precision log before the product
+  Value zero = scalar_like(0, x);
+  Value result = select(eq(x, zero), broadcast_like(zero, product), product);
+  return select(ne(y, y), broadcast_like(y, result), result);  // y NaN: NaN, even for x == 0
+}
+
+Value Builder::lerp(const Value& start, const Value& end, const Value& weight) {
+  // CPU: start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w).
+  Value diff = sub(end, start);
+  Value small = bitwise_and(lt(weight, scalar_like(0.5, weight)), gt(weight, scalar_like(-0.5, weight)));
+  Value low = add(start, mul(weight, diff));
+  Value high = sub(end, mul(diff, sub(scalar_like(1, weight), weight)));
+  return select(small, low, high);
+}
+
 }  // namespace torchtpu::rt

@@ -57,6 +57,9 @@ class Builder {
   Value unary(const char* op, const Value& v);
   Value compare(const char* direction, const Value& a, const Value& b);  // EQ NE LT LE GT GE
   Value select(const Value& pred, const Value& on_true, const Value& on_false);
+  // The dtype an op nominally computes in where its values are wider (half precision computes in
+  // float32); the primitive nominal() rounds through it.
+  void set_nominal_element(ElementType e) { nominal_element_ = e; }
 
   // Contractions and reductions.
   Value dot_general(const Value& a, const Value& b, const std::vector<int64_t>& lhs_batch,
@@ -75,6 +78,7 @@ class Builder {
   // codegen reads this section: one declaration per line; parameters are const Value&,
   // const std::vector<Value>&, const std::vector<int64_t>&, int64_t, bool or double; an optional
   // schema argument (None allowed) as const std::optional<Value>& or std::optional<double>.
+  // const std::vector<Value>&, const std::vector<int64_t>&, int64_t, bool, double or const std::string&.
   Value add(const Value& a, const Value& b) { return binary("add", a, b); }
   Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
   Value mul(const Value& a, const Value& b) { return binary("multiply", a, b); }
@@ -167,6 +171,26 @@ class Builder {
   Value cumsum(const Value& v, int64_t dim);
   Value cumprod(const Value& v, int64_t dim);
 
+  // binary primitives (specs/binary.yaml)
+  // `v` rounded through the op's nominal dtype (bfloat16/float16 ops compute in float32): what CPU's
+  // TensorIterator does to a Python scalar or 0-d operand of another dtype, and to some intermediates.
+  Value nominal(const Value& v);
+  Value power(const Value& a, const Value& b);  // integers: CPU's rules for negative exponents
+  Value fmod(const Value& a, const Value& b) { return binary("remainder", a, b); }  // C: sign of the dividend
+  Value remainder(const Value& a, const Value& b);  // Python: sign of the divisor
+  Value div_rounded(const Value& a, const Value& b, const std::string& mode);  // mode "" | "trunc" | "floor"
+  Value bitwise_and(const Value& a, const Value& b) { return binary("and", a, b); }
+  Value bitwise_or(const Value& a, const Value& b) { return binary("or", a, b); }
+  Value bitwise_xor(const Value& a, const Value& b) { return binary("xor", a, b); }
+  Value nan_maximum(const Value& a, const Value& b);  // NaN if either is NaN (torch.maximum)
+  Value nan_minimum(const Value& a, const Value& b);
+  Value fmax(const Value& a, const Value& b);  // the other operand where one is NaN
+  Value fmin(const Value& a, const Value& b);
+  Value hypot(const Value& a, const Value& b);
+  Value copysign(const Value& a, const Value& b);
+  Value xlogy(const Value& x, const Value& y);
+  Value lerp(const Value& start, const Value& end, const Value& weight);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);
@@ -190,6 +214,7 @@ class Builder {
   std::vector<int64_t> broadcast_shape(const std::vector<const Value*>& operands, const char* op) const;
   std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;
 
+  ElementType nominal_element_ = ElementType::F64;  // never narrower than a value: no rounding
   std::vector<Value> parameters_;
   std::string body_;
   int next_id_ = 0;

@@ -397,6 +397,7 @@ class SpecKernel final : public c10::OperatorKernel {
 
     // 3. Emission: parameters, view reads, promotion, the spec's lowering, then the write-back.
     rt::Builder b;
+    b.set_nominal_element(element_type(compute));
     EmitArgs ea;
     ea.args.resize(n);
     rt::Value written_storage;

@@ -102,3 +102,26 @@ def test_optional_argument_forms(tmp_path):
     runtime = write_spec(tmp_path, "- op: var.correction\n  lowering: var(self, dim, default(correction, 1), keepdim)\n")
     with pytest.raises(SpecError, match="needs a compile-time argument"):
         load_spec_file(runtime, "specs/bad.yaml", ROOT)
+
+
+def test_string_attributes_reach_str_primitive_parameters(tmp_path):
+    from codegen.model import builder_primitives
+
+    assert builder_primitives(ROOT)["div_rounded"] == ("value", "value", "str")
+    # A `str?` argument: None reads as "".
+    path = write_spec(tmp_path, "- op: div.Tensor_mode\n  lowering: div_rounded(self, other, rounding_mode)\n"
+                                "  compute: output\n")
+    (spec,) = load_spec_file(path, "specs/bad.yaml", ROOT)
+    assert spec.overloads[0].emit_expression == \
+        "{b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}"
+    # A string literal.
+    path = write_spec(tmp_path, '- op: floor_divide\n  lowering: div_rounded(self, other, "floor")\n')
+    (spec,) = load_spec_file(path, "specs/bad.yaml", ROOT)
+    assert spec.overloads[0].emit_expression == '{b.div_rounded(a.value(0), a.value(1), std::string("floor"))}'
+    for lowering, message in (('div_rounded(self, other, "x;y")', "may hold only letters"),
+                              ("div_rounded(self, other, 3)", "cannot stand where str is needed"),
+                              ("div_rounded(self, rounding_mode, other)", "is used where value is needed")):
+        path = write_spec(tmp_path, f"- op: div.Tensor_mode\n  lowering: '{lowering}'\n")
+        with pytest.raises(SpecError) as info:
+            load_spec_file(path, "specs/bad.yaml", ROOT)
+        assert message in str(info.value), str(info.value)

@@ -8,6 +8,329 @@ namespace {
 using rt::Builder;
 using rt::Value;
 
+// ne.Tensor = ne(nominal(self), nominal(other))  (specs/binary.yaml:6)
+std::vector<Value> emit_ne__Tensor(Builder& b, const EmitArgs& a) { return {b.ne(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ne_.Tensor = ne(nominal(self), nominal(other))  (specs/binary.yaml:6)
+std::vector<Value> emit_ne___Tensor(Builder& b, const EmitArgs& a) { return {b.ne(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ne.Tensor_out = ne(nominal(self), nominal(other))  (specs/binary.yaml:6)
+std::vector<Value> emit_ne__Tensor_out(Builder& b, const EmitArgs& a) { return {b.ne(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// ne.Scalar = ne(self, nominal(other))  (specs/binary.yaml:10)
+std::vector<Value> emit_ne__Scalar(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), b.nominal(a.value(1)))}; }
+// ne_.Scalar = ne(self, nominal(other))  (specs/binary.yaml:10)
+std::vector<Value> emit_ne___Scalar(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), b.nominal(a.value(1)))}; }
+// ne.Scalar_out = ne(self, nominal(other))  (specs/binary.yaml:10)
+std::vector<Value> emit_ne__Scalar_out(Builder& b, const EmitArgs& a) { return {b.ne(a.value(0), b.nominal(a.value(1)))}; }
+
+// le.Tensor = le(nominal(self), nominal(other))  (specs/binary.yaml:13)
+std::vector<Value> emit_le__Tensor(Builder& b, const EmitArgs& a) { return {b.le(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// le_.Tensor = le(nominal(self), nominal(other))  (specs/binary.yaml:13)
+std::vector<Value> emit_le___Tensor(Builder& b, const EmitArgs& a) { return {b.le(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// le.Tensor_out = le(nominal(self), nominal(other))  (specs/binary.yaml:13)
+std::vector<Value> emit_le__Tensor_out(Builder& b, const EmitArgs& a) { return {b.le(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// le.Scalar = le(self, nominal(other))  (specs/binary.yaml:17)
+std::vector<Value> emit_le__Scalar(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), b.nominal(a.value(1)))}; }
+// le_.Scalar = le(self, nominal(other))  (specs/binary.yaml:17)
+std::vector<Value> emit_le___Scalar(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), b.nominal(a.value(1)))}; }
+// le.Scalar_out = le(self, nominal(other))  (specs/binary.yaml:17)
+std::vector<Value> emit_le__Scalar_out(Builder& b, const EmitArgs& a) { return {b.le(a.value(0), b.nominal(a.value(1)))}; }
+
+// gt.Tensor = gt(nominal(self), nominal(other))  (specs/binary.yaml:20)
+std::vector<Value> emit_gt__Tensor(Builder& b, const EmitArgs& a) { return {b.gt(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// gt_.Tensor = gt(nominal(self), nominal(other))  (specs/binary.yaml:20)
+std::vector<Value> emit_gt___Tensor(Builder& b, const EmitArgs& a) { return {b.gt(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// gt.Tensor_out = gt(nominal(self), nominal(other))  (specs/binary.yaml:20)
+std::vector<Value> emit_gt__Tensor_out(Builder& b, const EmitArgs& a) { return {b.gt(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// gt.Scalar = gt(self, nominal(other))  (specs/binary.yaml:24)
+std::vector<Value> emit_gt__Scalar(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), b.nominal(a.value(1)))}; }
+// gt_.Scalar = gt(self, nominal(other))  (specs/binary.yaml:24)
+std::vector<Value> emit_gt___Scalar(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), b.nominal(a.value(1)))}; }
+// gt.Scalar_out = gt(self, nominal(other))  (specs/binary.yaml:24)
+std::vector<Value> emit_gt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.gt(a.value(0), b.nominal(a.value(1)))}; }
+
+// ge.Tensor = ge(nominal(self), nominal(other))  (specs/binary.yaml:27)
+std::vector<Value> emit_ge__Tensor(Builder& b, const EmitArgs& a) { return {b.ge(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ge_.Tensor = ge(nominal(self), nominal(other))  (specs/binary.yaml:27)
+std::vector<Value> emit_ge___Tensor(Builder& b, const EmitArgs& a) { return {b.ge(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// ge.Tensor_out = ge(nominal(self), nominal(other))  (specs/binary.yaml:27)
+std::vector<Value> emit_ge__Tensor_out(Builder& b, const EmitArgs& a) { return {b.ge(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// ge.Scalar = ge(self, nominal(other))  (specs/binary.yaml:31)
+std::vector<Value> emit_ge__Scalar(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), b.nominal(a.value(1)))}; }
+// ge_.Scalar = ge(self, nominal(other))  (specs/binary.yaml:31)
+std::vector<Value> emit_ge___Scalar(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), b.nominal(a.value(1)))}; }
+// ge.Scalar_out = ge(self, nominal(other))  (specs/binary.yaml:31)
+std::vector<Value> emit_ge__Scalar_out(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), b.nominal(a.value(1)))}; }
+
+// maximum = nan_maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
+std::vector<Value> emit_maximum(Builder& b, const EmitArgs& a) { return {b.nan_maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// maximum.out = nan_maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
+std::vector<Value> emit_maximum__out(Builder& b, const EmitArgs& a) { return {b.nan_maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// minimum = nan_minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
+std::vector<Value> emit_minimum(Builder& b, const EmitArgs& a) { return {b.nan_minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// minimum.out = nan_minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
+std::vector<Value> emit_minimum__out(Builder& b, const EmitArgs& a) { return {b.nan_minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// fmax = fmax(nominal(self), nominal(other))  (specs/binary.yaml:44)
+std::vector<Value> emit_fmax(Builder& b, const EmitArgs& a) { return {b.fmax(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmax.out = fmax(nominal(self), nominal(other))  (specs/binary.yaml:44)
+std::vector<Value> emit_fmax__out(Builder& b, const EmitArgs& a) { return {b.fmax(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// fmin = fmin(nominal(self), nominal(other))  (specs/binary.yaml:48)
+std::vector<Value> emit_fmin(Builder& b, const EmitArgs& a) { return {b.fmin(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmin.out = fmin(nominal(self), nominal(other))  (specs/binary.yaml:48)
+std::vector<Value> emit_fmin__out(Builder& b, const EmitArgs& a) { return {b.fmin(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// pow.Tensor_Tensor = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
+std::vector<Value> emit_pow__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow_.Tensor = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
+std::vector<Value> emit_pow___Tensor(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Tensor_Tensor_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
+std::vector<Value> emit_pow__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// pow.Tensor_Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+std::vector<Value> emit_pow__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Tensor_Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// pow.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:63)
+std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:63)
+std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+std::vector<Value> emit_remainder__Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:79)
+std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:79)
+std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:93)
+std::vector<Value> emit_floor_divide(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
+// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:93)
+std::vector<Value> emit_floor_divide___Tensor(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
+// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:93)
+std::vector<Value> emit_floor_divide__out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
+
+// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:98)
+std::vector<Value> emit_floor_divide__Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
+// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:98)
+std::vector<Value> emit_floor_divide___Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
+// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:98)
+std::vector<Value> emit_floor_divide__Scalar_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
+
+// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:103)
+std::vector<Value> emit_div__Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
+// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:103)
+std::vector<Value> emit_div___Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
+// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:103)
+std::vector<Value> emit_div__out_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
+
+// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:109)
+std::vector<Value> emit_div__Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
+// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:109)
+std::vector<Value> emit_div___Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
+// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:109)
+std::vector<Value> emit_div__Scalar_mode_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
+
+// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:117)
+std::vector<Value> emit_logical_and(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:117)
+std::vector<Value> emit_logical_and_(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:117)
+std::vector<Value> emit_logical_and__out(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+
+// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:121)
+std::vector<Value> emit_logical_or(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:121)
+std::vector<Value> emit_logical_or_(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:121)
+std::vector<Value> emit_logical_or__out(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+
+// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:125)
+std::vector<Value> emit_logical_xor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:125)
+std::vector<Value> emit_logical_xor_(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:125)
+std::vector<Value> emit_logical_xor__out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
+
+// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:129)
+std::vector<Value> emit_bitwise_and__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:129)
+std::vector<Value> emit_bitwise_and___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:129)
+std::vector<Value> emit_bitwise_and__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+
+// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:134)
+std::vector<Value> emit_bitwise_and__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:134)
+std::vector<Value> emit_bitwise_and___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:134)
+std::vector<Value> emit_bitwise_and__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+
+// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:138)
+std::vector<Value> emit_bitwise_and__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:138)
+std::vector<Value> emit_bitwise_and__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
+
+// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:142)
+std::vector<Value> emit_bitwise_or__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:142)
+std::vector<Value> emit_bitwise_or___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:142)
+std::vector<Value> emit_bitwise_or__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+
+// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:147)
+std::vector<Value> emit_bitwise_or__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:147)
+std::vector<Value> emit_bitwise_or___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:147)
+std::vector<Value> emit_bitwise_or__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+
+// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:151)
+std::vector<Value> emit_bitwise_or__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:151)
+std::vector<Value> emit_bitwise_or__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
+
+// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:155)
+std::vector<Value> emit_bitwise_xor__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:155)
+std::vector<Value> emit_bitwise_xor___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:155)
+std::vector<Value> emit_bitwise_xor__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+
+// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:160)
+std::vector<Value> emit_bitwise_xor__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:160)
+std::vector<Value> emit_bitwise_xor___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:160)
+std::vector<Value> emit_bitwise_xor__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+
+// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:164)
+std::vector<Value> emit_bitwise_xor__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:164)
+std::vector<Value> emit_bitwise_xor__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
+
+// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:170)
+std::vector<Value> emit_masked_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
+// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:170)
+std::vector<Value> emit_masked_fill___Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
+// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:170)
+std::vector<Value> emit_masked_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
+
+// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:176)
+std::vector<Value> emit_masked_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
+// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:176)
+std::vector<Value> emit_masked_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
+// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:176)
+std::vector<Value> emit_masked_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
+
+// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:183)
+std::vector<Value> emit_lerp__Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
+// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:183)
+std::vector<Value> emit_lerp___Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
+// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:183)
+std::vector<Value> emit_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
+
+// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:188)
+std::vector<Value> emit_lerp__Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
+// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:188)
+std::vector<Value> emit_lerp___Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
+// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:188)
+std::vector<Value> emit_lerp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
+
+// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:192)
+std::vector<Value> emit_addcmul(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
+// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:192)
+std::vector<Value> emit_addcmul_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
+// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:192)
+std::vector<Value> emit_addcmul__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
+
+// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:197)
+std::vector<Value> emit_addcdiv(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
+// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:197)
+std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
+// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:197)
+std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
+
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:232)
+std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:232)
+std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
 // add.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
 std::vector<Value> emit_add__Tensor(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
 // add_.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
@@ -733,6 +1056,554 @@ std::vector<Value> emit_tanh_backward__grad_input(Builder& b, const EmitArgs& a)
 
 const std::vector<OpSpec>& op_specs() {
   static const std::vector<OpSpec> specs = {
+      {"ne.Tensor", "specs/binary.yaml:6", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ne__Tensor},
+      {"ne_.Tensor", "specs/binary.yaml:6", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ne___Tensor},
+      {"ne.Tensor_out", "specs/binary.yaml:6", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ne__Tensor_out},
+      {"ne.Scalar", "specs/binary.yaml:10", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ne__Scalar},
+      {"ne_.Scalar", "specs/binary.yaml:10", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ne___Scalar},
+      {"ne.Scalar_out", "specs/binary.yaml:10", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ne__Scalar_out},
+      {"le.Tensor", "specs/binary.yaml:13", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_le__Tensor},
+      {"le_.Tensor", "specs/binary.yaml:13", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_le___Tensor},
+      {"le.Tensor_out", "specs/binary.yaml:13", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_le__Tensor_out},
+      {"le.Scalar", "specs/binary.yaml:17", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_le__Scalar},
+      {"le_.Scalar", "specs/binary.yaml:17", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_le___Scalar},
+      {"le.Scalar_out", "specs/binary.yaml:17", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_le__Scalar_out},
+      {"gt.Tensor", "specs/binary.yaml:20", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gt__Tensor},
+      {"gt_.Tensor", "specs/binary.yaml:20", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gt___Tensor},
+      {"gt.Tensor_out", "specs/binary.yaml:20", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gt__Tensor_out},
+      {"gt.Scalar", "specs/binary.yaml:24", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gt__Scalar},
+      {"gt_.Scalar", "specs/binary.yaml:24", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gt___Scalar},
+      {"gt.Scalar_out", "specs/binary.yaml:24", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gt__Scalar_out},
+      {"ge.Tensor", "specs/binary.yaml:27", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ge__Tensor},
+      {"ge_.Tensor", "specs/binary.yaml:27", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ge___Tensor},
+      {"ge.Tensor_out", "specs/binary.yaml:27", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ge__Tensor_out},
+      {"ge.Scalar", "specs/binary.yaml:31", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ge__Scalar},
+      {"ge_.Scalar", "specs/binary.yaml:31", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ge___Scalar},
+      {"ge.Scalar_out", "specs/binary.yaml:31", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ge__Scalar_out},
+      {"maximum", "specs/binary.yaml:36", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_maximum},
+      {"maximum.out", "specs/binary.yaml:36", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_maximum__out},
+      {"minimum", "specs/binary.yaml:40", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_minimum},
+      {"minimum.out", "specs/binary.yaml:40", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_minimum__out},
+      {"fmax", "specs/binary.yaml:44", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmax},
+      {"fmax.out", "specs/binary.yaml:44", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmax__out},
+      {"fmin", "specs/binary.yaml:48", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmin},
+      {"fmin.out", "specs/binary.yaml:48", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmin__out},
+      {"pow.Tensor_Tensor", "specs/binary.yaml:54", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Tensor},
+      {"pow_.Tensor", "specs/binary.yaml:54", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow___Tensor},
+      {"pow.Tensor_Tensor_out", "specs/binary.yaml:54", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Tensor_out},
+      {"pow.Tensor_Scalar", "specs/binary.yaml:59", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar},
+      {"pow_.Scalar", "specs/binary.yaml:59", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow___Scalar},
+      {"pow.Tensor_Scalar_out", "specs/binary.yaml:59", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar_out},
+      {"pow.Scalar", "specs/binary.yaml:63", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar},
+      {"pow.Scalar_out", "specs/binary.yaml:63", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar_out},
+      {"remainder.Tensor", "specs/binary.yaml:70", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor},
+      {"remainder_.Tensor", "specs/binary.yaml:70", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Tensor},
+      {"remainder.Tensor_out", "specs/binary.yaml:70", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor_out},
+      {"remainder.Scalar", "specs/binary.yaml:75", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar},
+      {"remainder_.Scalar", "specs/binary.yaml:75", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Scalar},
+      {"remainder.Scalar_out", "specs/binary.yaml:75", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_out},
+      {"remainder.Scalar_Tensor", "specs/binary.yaml:79", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor},
+      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:79", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor_out},
+      {"fmod.Tensor", "specs/binary.yaml:84", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor},
+      {"fmod_.Tensor", "specs/binary.yaml:84", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Tensor},
+      {"fmod.Tensor_out", "specs/binary.yaml:84", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor_out},
+      {"fmod.Scalar", "specs/binary.yaml:89", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar},
+      {"fmod_.Scalar", "specs/binary.yaml:89", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Scalar},
+      {"fmod.Scalar_out", "specs/binary.yaml:89", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar_out},
+      {"floor_divide", "specs/binary.yaml:93", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide},
+      {"floor_divide_.Tensor", "specs/binary.yaml:93", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Tensor},
+      {"floor_divide.out", "specs/binary.yaml:93", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__out},
+      {"floor_divide.Scalar", "specs/binary.yaml:98", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar},
+      {"floor_divide_.Scalar", "specs/binary.yaml:98", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Scalar},
+      {"floor_divide.Scalar_out", "specs/binary.yaml:98", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar_out},
+      {"div.Tensor_mode", "specs/binary.yaml:103", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor_mode},
+      {"div_.Tensor_mode", "specs/binary.yaml:103", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Output, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor_mode},
+      {"div.out_mode", "specs/binary.yaml:103", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Output, 3,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__out_mode},
+      {"div.Scalar_mode", "specs/binary.yaml:109", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
+       {0, 1}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode},
+      {"div_.Scalar_mode", "specs/binary.yaml:109", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
+       {0, 1}, Compute::Output, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar_mode},
+      {"div.Scalar_mode_out", "specs/binary.yaml:109", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Output, 3,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode_out},
+      {"logical_and", "specs/binary.yaml:117", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and},
+      {"logical_and_", "specs/binary.yaml:117", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and_},
+      {"logical_and.out", "specs/binary.yaml:117", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and__out},
+      {"logical_or", "specs/binary.yaml:121", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or},
+      {"logical_or_", "specs/binary.yaml:121", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or_},
+      {"logical_or.out", "specs/binary.yaml:121", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or__out},
+      {"logical_xor", "specs/binary.yaml:125", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor},
+      {"logical_xor_", "specs/binary.yaml:125", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor_},
+      {"logical_xor.out", "specs/binary.yaml:125", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor__out},
+      {"bitwise_and.Tensor", "specs/binary.yaml:129", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor},
+      {"bitwise_and_.Tensor", "specs/binary.yaml:129", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Tensor},
+      {"bitwise_and.Tensor_out", "specs/binary.yaml:129", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor_out},
+      {"bitwise_and.Scalar", "specs/binary.yaml:134", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar},
+      {"bitwise_and_.Scalar", "specs/binary.yaml:134", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Scalar},
+      {"bitwise_and.Scalar_out", "specs/binary.yaml:134", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_out},
+      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:138", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor},
+      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:138", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor_out},
+      {"bitwise_or.Tensor", "specs/binary.yaml:142", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor},
+      {"bitwise_or_.Tensor", "specs/binary.yaml:142", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Tensor},
+      {"bitwise_or.Tensor_out", "specs/binary.yaml:142", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor_out},
+      {"bitwise_or.Scalar", "specs/binary.yaml:147", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar},
+      {"bitwise_or_.Scalar", "specs/binary.yaml:147", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Scalar},
+      {"bitwise_or.Scalar_out", "specs/binary.yaml:147", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_out},
+      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:151", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor},
+      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:151", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor_out},
+      {"bitwise_xor.Tensor", "specs/binary.yaml:155", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor},
+      {"bitwise_xor_.Tensor", "specs/binary.yaml:155", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Tensor},
+      {"bitwise_xor.Tensor_out", "specs/binary.yaml:155", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor_out},
+      {"bitwise_xor.Scalar", "specs/binary.yaml:160", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar},
+      {"bitwise_xor_.Scalar", "specs/binary.yaml:160", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Scalar},
+      {"bitwise_xor.Scalar_out", "specs/binary.yaml:160", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_out},
+      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:164", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor},
+      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:164", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor_out},
+      {"masked_fill.Scalar", "specs/binary.yaml:170", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 2}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar},
+      {"masked_fill_.Scalar", "specs/binary.yaml:170", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 2}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Scalar},
+      {"masked_fill.Scalar_out", "specs/binary.yaml:170", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 2}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar_out},
+      {"masked_fill.Tensor", "specs/binary.yaml:176", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor},
+      {"masked_fill_.Tensor", "specs/binary.yaml:176", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Tensor},
+      {"masked_fill.Tensor_out", "specs/binary.yaml:176", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Output, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor_out},
+      {"lerp.Scalar", "specs/binary.yaml:183", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar},
+      {"lerp_.Scalar", "specs/binary.yaml:183", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Scalar},
+      {"lerp.Scalar_out", "specs/binary.yaml:183", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar_out},
+      {"lerp.Tensor", "specs/binary.yaml:188", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor},
+      {"lerp_.Tensor", "specs/binary.yaml:188", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Tensor},
+      {"lerp.Tensor_out", "specs/binary.yaml:188", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor_out},
+      {"addcmul", "specs/binary.yaml:192", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul},
+      {"addcmul_", "specs/binary.yaml:192", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul_},
+      {"addcmul.out", "specs/binary.yaml:192", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3}, Compute::Common, 4,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul__out},
+      {"addcdiv", "specs/binary.yaml:197", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv},
+      {"addcdiv_", "specs/binary.yaml:197", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2, 3}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv_},
+      {"addcdiv.out", "specs/binary.yaml:197", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3}, Compute::Common, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv__out},
+      {"atan2", "specs/binary.yaml:204", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atan2},
+      {"atan2_", "specs/binary.yaml:204", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atan2_},
+      {"atan2.out", "specs/binary.yaml:204", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atan2__out},
+      {"hypot", "specs/binary.yaml:210", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hypot},
+      {"hypot_", "specs/binary.yaml:210", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hypot_},
+      {"hypot.out", "specs/binary.yaml:210", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hypot__out},
+      {"copysign.Tensor", "specs/binary.yaml:215", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Tensor},
+      {"copysign_.Tensor", "specs/binary.yaml:215", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Tensor},
+      {"copysign.out", "specs/binary.yaml:215", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__out},
+      {"copysign.Scalar", "specs/binary.yaml:221", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar},
+      {"copysign_.Scalar", "specs/binary.yaml:221", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Scalar},
+      {"copysign.Scalar_out", "specs/binary.yaml:221", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar_out},
+      {"xlogy.Tensor", "specs/binary.yaml:226", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Tensor},
+      {"xlogy_.Tensor", "specs/binary.yaml:226", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Tensor},
+      {"xlogy.OutTensor", "specs/binary.yaml:226", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutTensor},
+      {"xlogy.Scalar_Self", "specs/binary.yaml:232", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Self},
+      {"xlogy.OutScalar_Self", "specs/binary.yaml:232", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Self},
+      {"xlogy.Scalar_Other", "specs/binary.yaml:237", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Other},
+      {"xlogy_.Scalar_Other", "specs/binary.yaml:237", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, 0,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Scalar_Other},
+      {"xlogy.OutScalar_Other", "specs/binary.yaml:237", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other},
       {"add.Tensor", "specs/elementwise.yaml:4", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, -1,

@@ -8,19 +8,26 @@
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/acos_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/addcdiv_meta_dispatch.h>
+#include <ATen/ops/addcmul_meta_dispatch.h>
 #include <ATen/ops/addmm_meta_dispatch.h>
 #include <ATen/ops/all_meta_dispatch.h>
 #include <ATen/ops/amax_meta_dispatch.h>
 #include <ATen/ops/amin_meta_dispatch.h>
 #include <ATen/ops/any_meta_dispatch.h>
 #include <ATen/ops/asin_meta_dispatch.h>
+#include <ATen/ops/atan2_meta_dispatch.h>
 #include <ATen/ops/atan_meta_dispatch.h>
+#include <ATen/ops/bitwise_and_meta_dispatch.h>
 #include <ATen/ops/bitwise_not_meta_dispatch.h>
+#include <ATen/ops/bitwise_or_meta_dispatch.h>
+#include <ATen/ops/bitwise_xor_meta_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/ceil_meta_dispatch.h>
 #include <ATen/ops/clamp_max_meta_dispatch.h>
 #include <ATen/ops/clamp_meta_dispatch.h>
 #include <ATen/ops/clamp_min_meta_dispatch.h>
+#include <ATen/ops/copysign_meta_dispatch.h>
 #include <ATen/ops/cos_meta_dispatch.h>
 #include <ATen/ops/cosh_meta_dispatch.h>
 #include <ATen/ops/cumprod_meta_dispatch.h>
@@ -34,11 +41,19 @@
 #include <ATen/ops/expm1_meta_dispatch.h>
 #include <ATen/ops/fill_meta_dispatch.h>
 #include <ATen/ops/floor_meta_dispatch.h>
+#include <ATen/ops/fmax_meta_dispatch.h>
+#include <ATen/ops/fmin_meta_dispatch.h>
+#include <ATen/ops/fmod_meta_dispatch.h>
 #include <ATen/ops/frac_meta_dispatch.h>
+#include <ATen/ops/ge_meta_dispatch.h>
+#include <ATen/ops/gt_meta_dispatch.h>
+#include <ATen/ops/hypot_meta_dispatch.h>
 #include <ATen/ops/isneginf_meta_dispatch.h>
 #include <ATen/ops/isposinf_meta_dispatch.h>
+#include <ATen/ops/le_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_backward_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
+#include <ATen/ops/lerp_meta_dispatch.h>
 #include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
 #include <ATen/ops/log10_meta_dispatch.h>
 #include <ATen/ops/log1p_meta_dispatch.h>
@@ -46,14 +61,19 @@
 #include <ATen/ops/log_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
 #include <ATen/ops/max_meta_dispatch.h>
+#include <ATen/ops/maximum_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/min_meta_dispatch.h>
+#include <ATen/ops/minimum_meta_dispatch.h>
 #include <ATen/ops/mm_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
+#include <ATen/ops/ne_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/prod_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
+#include <ATen/ops/remainder_meta_dispatch.h>
 #include <ATen/ops/round_meta_dispatch.h>
 #include <ATen/ops/rsqrt_meta_dispatch.h>
 #include <ATen/ops/sgn_meta_dispatch.h>
@@ -76,12 +96,558 @@
 #include <ATen/ops/threshold_backward_meta_dispatch.h>
 #include <ATen/ops/threshold_meta_dispatch.h>
 #include <ATen/ops/trunc_meta_dispatch.h>
+#include <ATen/ops/xlogy_meta_dispatch.h>
 #include <ATen/ops/zero_meta_dispatch.h>
 
 #include "meta_call.h"
 
 namespace torchtpu {
 namespace {
+
+void meta_emit_ne__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::ne(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ne___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::ne_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ne__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::ne_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ne__Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::ne(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ne___Scalar(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::ne_(a0, s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ne__Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::ne_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_le__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::le(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_le___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::le_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_le__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::le_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_le__Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::le(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_le___Scalar(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::le_(a0, s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_le__Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::le_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gt__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::gt(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gt___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::gt_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gt__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::gt_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gt__Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::gt(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gt___Scalar(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::gt_(a0, s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gt__Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::gt_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ge__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::ge(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ge___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::ge_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ge__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::ge_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ge__Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::ge(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ge___Scalar(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::ge_(a0, s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_ge__Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::ge_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_maximum(torch::jit::Stack& s) {
+  auto result = at::meta::maximum(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_maximum__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::maximum_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_minimum(torch::jit::Stack& s) {
+  auto result = at::meta::minimum(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_minimum__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::minimum_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fmax(torch::jit::Stack& s) {
+  auto result = at::meta::fmax(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fmax__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::fmax_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fmin(torch::jit::Stack& s) {
+  auto result = at::meta::fmin(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fmin__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::fmin_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow__Tensor_Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::pow(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::pow_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow__Tensor_Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::pow_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow__Tensor_Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::pow(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow___Scalar(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::pow_(a0, s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow__Tensor_Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::pow_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow__Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::pow(s[0].toScalar(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_pow__Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::pow_outf(s[0].toScalar(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_remainder__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::remainder(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_remainder___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::remainder_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_remainder__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::remainder_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fmod__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::fmod(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fmod___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::fmod_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fmod__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::fmod_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_div__Tensor_mode(torch::jit::Stack& s) {
+  auto result = at::meta::div(s[0].toTensor(), s[1].toTensor(), s[2].toOptional<c10::string_view>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_div___Tensor_mode(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::div_(a0, s[1].toTensor(), s[2].toOptional<c10::string_view>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_div__out_mode(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::div_outf(s[0].toTensor(), s[1].toTensor(), s[2].toOptional<c10::string_view>(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_and__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::bitwise_and(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_and___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::bitwise_and_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_and__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::bitwise_and_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_or__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::bitwise_or(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_or___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::bitwise_or_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_or__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::bitwise_or_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_xor__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::bitwise_xor(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_xor___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::bitwise_xor_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_xor__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::bitwise_xor_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lerp__Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::lerp(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lerp___Scalar(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::lerp_(a0, s[1].toTensor(), s[2].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lerp__Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::lerp_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lerp__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::lerp(s[0].toTensor(), s[1].toTensor(), s[2].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lerp___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::lerp_(a0, s[1].toTensor(), s[2].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lerp__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::lerp_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addcmul(torch::jit::Stack& s) {
+  auto result = at::meta::addcmul(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addcmul_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::addcmul_(a0, s[1].toTensor(), s[2].toTensor(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addcmul__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::addcmul_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addcdiv(torch::jit::Stack& s) {
+  auto result = at::meta::addcdiv(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addcdiv_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::addcdiv_(a0, s[1].toTensor(), s[2].toTensor(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addcdiv__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::addcdiv_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atan2(torch::jit::Stack& s) {
+  auto result = at::meta::atan2(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atan2_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::atan2_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atan2__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::atan2_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hypot(torch::jit::Stack& s) {
+  auto result = at::meta::hypot(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hypot_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::hypot_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hypot__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::hypot_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_copysign__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::copysign(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_copysign___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::copysign_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_copysign__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::copysign_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_xlogy__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::xlogy(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_xlogy___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::xlogy_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_xlogy__OutTensor(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::xlogy_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
 
 void meta_emit_add__Tensor(torch::jit::Stack& s) {
   auto result = at::meta::add(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
@@ -1520,6 +2086,143 @@ void meta_emit_tanh_backward__grad_input(torch::jit::Stack& s) {
 
 const std::vector<MetaCallFn>& meta_calls() {
   static const std::vector<MetaCallFn> calls = {
+      &meta_emit_ne__Tensor,  // ne.Tensor
+      &meta_emit_ne___Tensor,  // ne_.Tensor
+      &meta_emit_ne__Tensor_out,  // ne.Tensor_out
+      &meta_emit_ne__Scalar,  // ne.Scalar
+      &meta_emit_ne___Scalar,  // ne_.Scalar
+      &meta_emit_ne__Scalar_out,  // ne.Scalar_out
+      &meta_emit_le__Tensor,  // le.Tensor
+      &meta_emit_le___Tensor,  // le_.Tensor
+      &meta_emit_le__Tensor_out,  // le.Tensor_out
+      &meta_emit_le__Scalar,  // le.Scalar
+      &meta_emit_le___Scalar,  // le_.Scalar
+      &meta_emit_le__Scalar_out,  // le.Scalar_out
+      &meta_emit_gt__Tensor,  // gt.Tensor
+      &meta_emit_gt___Tensor,  // gt_.Tensor
+      &meta_emit_gt__Tensor_out,  // gt.Tensor_out
+      &meta_emit_gt__Scalar,  // gt.Scalar
+      &meta_emit_gt___Scalar,  // gt_.Scalar
+      &meta_emit_gt__Scalar_out,  // gt.Scalar_out
+      &meta_emit_ge__Tensor,  // ge.Tensor
+      &meta_emit_ge___Tensor,  // ge_.Tensor
+      &meta_emit_ge__Tensor_out,  // ge.Tensor_out
+      &meta_emit_ge__Scalar,  // ge.Scalar
+      &meta_emit_ge___Scalar,  // ge_.Scalar
+      &meta_emit_ge__Scalar_out,  // ge.Scalar_out
+      &meta_emit_maximum,  // maximum
+      &meta_emit_maximum__out,  // maximum.out
+      &meta_emit_minimum,  // minimum
+      &meta_emit_minimum__out,  // minimum.out
+      &meta_emit_fmax,  // fmax
+      &meta_emit_fmax__out,  // fmax.out
+      &meta_emit_fmin,  // fmin
+      &meta_emit_fmin__out,  // fmin.out
+      &meta_emit_pow__Tensor_Tensor,  // pow.Tensor_Tensor
+      &meta_emit_pow___Tensor,  // pow_.Tensor
+      &meta_emit_pow__Tensor_Tensor_out,  // pow.Tensor_Tensor_out
+      &meta_emit_pow__Tensor_Scalar,  // pow.Tensor_Scalar
+      &meta_emit_pow___Scalar,  // pow_.Scalar
+      &meta_emit_pow__Tensor_Scalar_out,  // pow.Tensor_Scalar_out
+      &meta_emit_pow__Scalar,  // pow.Scalar
+      &meta_emit_pow__Scalar_out,  // pow.Scalar_out
+      &meta_emit_remainder__Tensor,  // remainder.Tensor
+      &meta_emit_remainder___Tensor,  // remainder_.Tensor
+      &meta_emit_remainder__Tensor_out,  // remainder.Tensor_out
+      nullptr,  // remainder.Scalar
+      nullptr,  // remainder_.Scalar
+      nullptr,  // remainder.Scalar_out
+      nullptr,  // remainder.Scalar_Tensor
+      nullptr,  // remainder.Scalar_Tensor_out
+      &meta_emit_fmod__Tensor,  // fmod.Tensor
+      &meta_emit_fmod___Tensor,  // fmod_.Tensor
+      &meta_emit_fmod__Tensor_out,  // fmod.Tensor_out
+      nullptr,  // fmod.Scalar
+      nullptr,  // fmod_.Scalar
+      nullptr,  // fmod.Scalar_out
+      nullptr,  // floor_divide
+      nullptr,  // floor_divide_.Tensor
+      nullptr,  // floor_divide.out
+      nullptr,  // floor_divide.Scalar
+      nullptr,  // floor_divide_.Scalar
+      nullptr,  // floor_divide.Scalar_out
+      &meta_emit_div__Tensor_mode,  // div.Tensor_mode
+      &meta_emit_div___Tensor_mode,  // div_.Tensor_mode
+      &meta_emit_div__out_mode,  // div.out_mode
+      nullptr,  // div.Scalar_mode
+      nullptr,  // div_.Scalar_mode
+      nullptr,  // div.Scalar_mode_out
+      nullptr,  // logical_and
+      nullptr,  // logical_and_
+      nullptr,  // logical_and.out
+      nullptr,  // logical_or
+      nullptr,  // logical_or_
+      nullptr,  // logical_or.out
+      nullptr,  // logical_xor
+      nullptr,  // logical_xor_
+      nullptr,  // logical_xor.out
+      &meta_emit_bitwise_and__Tensor,  // bitwise_and.Tensor
+      &meta_emit_bitwise_and___Tensor,  // bitwise_and_.Tensor
+      &meta_emit_bitwise_and__Tensor_out,  // bitwise_and.Tensor_out
+      nullptr,  // bitwise_and.Scalar
+      nullptr,  // bitwise_and_.Scalar
+      nullptr,  // bitwise_and.Scalar_out
+      nullptr,  // bitwise_and.Scalar_Tensor
+      nullptr,  // bitwise_and.Scalar_Tensor_out
+      &meta_emit_bitwise_or__Tensor,  // bitwise_or.Tensor
+      &meta_emit_bitwise_or___Tensor,  // bitwise_or_.Tensor
+      &meta_emit_bitwise_or__Tensor_out,  // bitwise_or.Tensor_out
+      nullptr,  // bitwise_or.Scalar
+      nullptr,  // bitwise_or_.Scalar
+      nullptr,  // bitwise_or.Scalar_out
+      nullptr,  // bitwise_or.Scalar_Tensor
+      nullptr,  // bitwise_or.Scalar_Tensor_out
+      &meta_emit_bitwise_xor__Tensor,  // bitwise_xor.Tensor
+      &meta_emit_bitwise_xor___Tensor,  // bitwise_xor_.Tensor
+      &meta_emit_bitwise_xor__Tensor_out,  // bitwise_xor.Tensor_out
+      nullptr,  // bitwise_xor.Scalar
+      nullptr,  // bitwise_xor_.Scalar
+      nullptr,  // bitwise_xor.Scalar_out
+      nullptr,  // bitwise_xor.Scalar_Tensor
+      nullptr,  // bitwise_xor.Scalar_Tensor_out
+      nullptr,  // masked_fill.Scalar
+      nullptr,  // masked_fill_.Scalar
+      nullptr,  // masked_fill.Scalar_out
+      nullptr,  // masked_fill.Tensor
+      nullptr,  // masked_fill_.Tensor
+      nullptr,  // masked_fill.Tensor_out
+      &meta_emit_lerp__Scalar,  // lerp.Scalar
+      &meta_emit_lerp___Scalar,  // lerp_.Scalar
+      &meta_emit_lerp__Scalar_out,  // lerp.Scalar_out
+      &meta_emit_lerp__Tensor,  // lerp.Tensor
+      &meta_emit_lerp___Tensor,  // lerp_.Tensor
+      &meta_emit_lerp__Tensor_out,  // lerp.Tensor_out
+      &meta_emit_addcmul,  // addcmul
+      &meta_emit_addcmul_,  // addcmul_
+      &meta_emit_addcmul__out,  // addcmul.out
+      &meta_emit_addcdiv,  // addcdiv
+      &meta_emit_addcdiv_,  // addcdiv_
+      &meta_emit_addcdiv__out,  // addcdiv.out
+      &meta_emit_atan2,  // atan2
+      &meta_emit_atan2_,  // atan2_
+      &meta_emit_atan2__out,  // atan2.out
+      &meta_emit_hypot,  // hypot
+      &meta_emit_hypot_,  // hypot_
+      &meta_emit_hypot__out,  // hypot.out
+      &meta_emit_copysign__Tensor,  // copysign.Tensor
+      &meta_emit_copysign___Tensor,  // copysign_.Tensor
+      &meta_emit_copysign__out,  // copysign.out
+      nullptr,  // copysign.Scalar
+      nullptr,  // copysign_.Scalar
+      nullptr,  // copysign.Scalar_out
+      &meta_emit_xlogy__Tensor,  // xlogy.Tensor
+      &meta_emit_xlogy___Tensor,  // xlogy_.Tensor
+      &meta_emit_xlogy__OutTensor,  // xlogy.OutTensor
+      nullptr,  // xlogy.Scalar_Self
+      nullptr,  // xlogy.OutScalar_Self
+      nullptr,  // xlogy.Scalar_Other
+      nullptr,  // xlogy_.Scalar_Other
+      nullptr,  // xlogy.OutScalar_Other
       &meta_emit_add__Tensor,  // add.Tensor
       &meta_emit_add___Tensor,  // add_.Tensor
       &meta_emit_add__out,  // add.out

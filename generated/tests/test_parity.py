@@ -8,6 +8,396 @@ from torchtpu.testing import check_opinfo
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_ne_Tensor(dtype):
+    # specs/binary.yaml:6
+    check_opinfo(
+        "ne",
+        dtype,
+        overloads=["ne.Tensor", "ne_.Tensor", "ne.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_le_Tensor(dtype):
+    # specs/binary.yaml:13
+    check_opinfo(
+        "le",
+        dtype,
+        overloads=["le.Tensor", "le_.Tensor", "le.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_gt_Tensor(dtype):
+    # specs/binary.yaml:20
+    check_opinfo(
+        "gt",
+        dtype,
+        overloads=["gt.Tensor", "gt_.Tensor", "gt.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_ge_Tensor(dtype):
+    # specs/binary.yaml:27
+    check_opinfo(
+        "ge",
+        dtype,
+        overloads=["ge.Tensor", "ge_.Tensor", "ge.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_maximum(dtype):
+    # specs/binary.yaml:36
+    check_opinfo(
+        "maximum",
+        dtype,
+        overloads=["maximum", "maximum.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_minimum(dtype):
+    # specs/binary.yaml:40
+    check_opinfo(
+        "minimum",
+        dtype,
+        overloads=["minimum", "minimum.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_fmax(dtype):
+    # specs/binary.yaml:44
+    check_opinfo(
+        "fmax",
+        dtype,
+        overloads=["fmax", "fmax.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_fmin(dtype):
+    # specs/binary.yaml:48
+    check_opinfo(
+        "fmin",
+        dtype,
+        overloads=["fmin", "fmin.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
+def test_pow_Tensor_Tensor(dtype):
+    # specs/binary.yaml:54
+    check_opinfo(
+        "pow",
+        dtype,
+        overloads=["pow.Tensor_Tensor", "pow_.Tensor", "pow.Tensor_Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_pow_Scalar(dtype):
+    # specs/binary.yaml:63
+    check_opinfo(
+        "__rpow__",
+        dtype,
+        overloads=["pow.Scalar", "pow.Scalar_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
+def test_remainder_Tensor(dtype):
+    # specs/binary.yaml:70
+    check_opinfo(
+        "remainder",
+        dtype,
+        overloads=["remainder.Tensor", "remainder_.Tensor", "remainder.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_remainder_Scalar_Tensor(dtype):
+    # specs/binary.yaml:79
+    check_opinfo(
+        "__rmod__",
+        dtype,
+        overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
+def test_fmod_Tensor(dtype):
+    # specs/binary.yaml:84
+    check_opinfo(
+        "fmod",
+        dtype,
+        overloads=["fmod.Tensor", "fmod_.Tensor", "fmod.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
+def test_floor_divide(dtype):
+    # specs/binary.yaml:93
+    check_opinfo(
+        "floor_divide",
+        dtype,
+        overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
+def test_div_Tensor_mode(dtype):
+    # specs/binary.yaml:103
+    check_opinfo(
+        "div.floor_rounding",
+        dtype,
+        overloads=["div.Tensor_mode", "div_.Tensor_mode", "div.out_mode"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
+def test_div_Scalar_mode(dtype):
+    # specs/binary.yaml:109
+    check_opinfo(
+        "div.trunc_rounding",
+        dtype,
+        overloads=["div.Scalar_mode", "div_.Scalar_mode", "div.Scalar_mode_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_logical_and(dtype):
+    # specs/binary.yaml:117
+    check_opinfo(
+        "logical_and",
+        dtype,
+        overloads=["logical_and", "logical_and_", "logical_and.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_logical_or(dtype):
+    # specs/binary.yaml:121
+    check_opinfo(
+        "logical_or",
+        dtype,
+        overloads=["logical_or", "logical_or_", "logical_or.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_logical_xor(dtype):
+    # specs/binary.yaml:125
+    check_opinfo(
+        "logical_xor",
+        dtype,
+        overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
+def test_bitwise_and_Tensor(dtype):
+    # specs/binary.yaml:129
+    check_opinfo(
+        "bitwise_and",
+        dtype,
+        overloads=["bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
+def test_bitwise_or_Tensor(dtype):
+    # specs/binary.yaml:142
+    check_opinfo(
+        "bitwise_or",
+        dtype,
+        overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
+def test_bitwise_xor_Tensor(dtype):
+    # specs/binary.yaml:155
+    check_opinfo(
+        "bitwise_xor",
+        dtype,
+        overloads=["bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_masked_fill_Scalar(dtype):
+    # specs/binary.yaml:170
+    check_opinfo(
+        "masked_fill",
+        dtype,
+        overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_lerp_Scalar(dtype):
+    # specs/binary.yaml:183
+    check_opinfo(
+        "lerp",
+        dtype,
+        overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_addcmul(dtype):
+    # specs/binary.yaml:192
+    check_opinfo(
+        "addcmul",
+        dtype,
+        overloads=["addcmul", "addcmul_", "addcmul.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_addcdiv(dtype):
+    # specs/binary.yaml:197
+    check_opinfo(
+        "addcdiv",
+        dtype,
+        overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_atan2(dtype):
+    # specs/binary.yaml:204
+    check_opinfo(
+        "atan2",
+        dtype,
+        overloads=["atan2", "atan2_", "atan2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hypot(dtype):
+    # specs/binary.yaml:210
+    check_opinfo(
+        "hypot",
+        dtype,
+        overloads=["hypot", "hypot_", "hypot.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_copysign_Tensor(dtype):
+    # specs/binary.yaml:215
+    check_opinfo(
+        "copysign",
+        dtype,
+        overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_xlogy_Tensor(dtype):
+    # specs/binary.yaml:226
+    check_opinfo(
+        "xlogy",
+        dtype,
+        overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_add_Tensor(dtype):
     # specs/elementwise.yaml:4
     check_opinfo(
