@@ -505,7 +505,7 @@ std::string Builder::finish(const std::vector<Value>& results) const {
 // ---------------------------------------------------------------------------------------------
 // nn (activations, softmax, losses) primitives
 
-Value Builder::nn_amax(const Value& v, int64_t dim) {
+Value Builder::max_along(const Value& v, int64_t dim) {
   const auto dims = normalize_dims({dim}, v.rank());
   Value r = reduce(v, dims, "maximum", -std::numeric_limits<double>::infinity());
   std::vector<int64_t> kept = v.dims();
@@ -514,17 +514,13 @@ Value Builder::nn_amax(const Value& v, int64_t dim) {
 }
 
 Value Builder::softmax(const Value& v, int64_t dim) {
-  Value e = exp(sub(v, nn_amax(v, dim)));
+  Value e = exp(sub(v, max_along(v, dim)));
   return div(e, sum(e, {dim}, true));
 }
 
 Value Builder::log_softmax(const Value& v, int64_t dim) {
-  Value shifted = sub(v, nn_amax(v, dim));
+  Value shifted = sub(v, max_along(v, dim));
   return sub(shifted, log(sum(exp(shifted), {dim}, true)));
-}
-
-Value Builder::gelu_erf(const Value& v) {
-  return emit("\"chlo.erf\"(" + name(v) + ") : (" + v.type.mlir() + ") -> " + v.type.mlir(), v.type);
 }
 
 namespace {
@@ -545,10 +541,10 @@ Value Builder::gelu(const Value& x, const std::string& approximate) {
     // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + kappa * x^3)))
     Value cube = mul(mul(x, x), x);
     Value inner = mul(c(kSqrt2 * k2_SqrtPi * 0.5), add(x, mul(c(kGeluKappa), cube)));
-    return mul(mul(c(0.5), x), add(c(1), nn_tanh(inner)));
+    return mul(mul(c(0.5), x), add(c(1), tanh(inner)));
   }
   // x * 0.5 * (1 + erf(x / sqrt(2)))
-  return mul(mul(x, c(0.5)), add(c(1), gelu_erf(mul(x, c(kSqrt1_2)))));
+  return mul(mul(x, c(0.5)), add(c(1), erf(mul(x, c(kSqrt1_2)))));
 }
 
 Value Builder::gelu_backward(const Value& grad, const Value& x, const std::string& approximate) {
@@ -558,13 +554,13 @@ Value Builder::gelu_backward(const Value& grad, const Value& x, const std::strin
     const double beta = kSqrt2 * k2_SqrtPi * 0.5;
     Value x_sq = mul(x, x);
     Value inner = mul(c(beta), add(x, mul(c(kGeluKappa), mul(x_sq, x))));
-    Value t = nn_tanh(inner);
+    Value t = tanh(inner);
     Value left = mul(c(0.5), x);
     Value left_derivative = mul(c(0.5), add(c(1), t));
     Value right_derivative = mul(mul(sub(c(1), mul(t, t)), c(beta)), add(c(1), mul(c(3 * kGeluKappa), x_sq)));
     return mul(grad, add(left_derivative, mul(left, right_derivative)));
   }
-  Value cdf = mul(c(0.5), add(c(1), gelu_erf(mul(x, c(kSqrt1_2)))));
+  Value cdf = mul(c(0.5), add(c(1), erf(mul(x, c(kSqrt1_2)))));
   Value pdf = mul(c(k2_SqrtPi * kSqrt1_2 * 0.5), exp(mul(mul(x, x), c(-0.5))));
   return mul(grad, add(cdf, mul(x, pdf)));
 }
@@ -963,26 +959,26 @@ Value Builder::div_rounded(const Value& a, const Value& b, const std::string& mo
   return select(eq(b, zero), div(a, b), result);  // x / 0: IEEE
 }
 
-Value Builder::nan_maximum(const Value& a, const Value& b) {
-  Value m = maximum(a, b);
+Value Builder::maximum(const Value& a, const Value& b) {
+  Value m = binary("maximum", a, b);
   if (!is_float(a.element())) return m;
   Value sum = add(a, b);  // NaN where either is
   return select(ne(sum, sum), sum, m);
 }
 
-Value Builder::nan_minimum(const Value& a, const Value& b) {
-  Value m = minimum(a, b);
+Value Builder::minimum(const Value& a, const Value& b) {
+  Value m = binary("minimum", a, b);
   if (!is_float(a.element())) return m;
   Value sum = add(a, b);
   return select(ne(sum, sum), sum, m);
 }
 
 Value Builder::fmax(const Value& a, const Value& b) {
-  return select(ne(a, a), b, select(ne(b, b), a, maximum(a, b)));
+  return select(ne(a, a), b, select(ne(b, b), a, binary("maximum", a, b)));
 }
 
 Value Builder::fmin(const Value& a, const Value& b) {
-  return select(ne(a, a), b, select(ne(b, b), a, minimum(a, b)));
+  return select(ne(a, a), b, select(ne(b, b), a, binary("minimum", a, b)));
 }
 
 Value Builder::hypot(const Value& a, const Value& b) {

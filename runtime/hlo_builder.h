@@ -83,8 +83,9 @@ class Builder {
   Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
   Value mul(const Value& a, const Value& b) { return binary("multiply", a, b); }
   Value div(const Value& a, const Value& b) { return binary("divide", a, b); }
-  Value maximum(const Value& a, const Value& b) { return binary("maximum", a, b); }
-  Value minimum(const Value& a, const Value& b) { return binary("minimum", a, b); }
+  // NaN if either operand is NaN, as torch.maximum/minimum (XLA's CPU maximum(1, NaN) gives 1).
+  Value maximum(const Value& a, const Value& b);
+  Value minimum(const Value& a, const Value& b);
   Value neg(const Value& v) { return unary("negate", v); }
   Value exp(const Value& v) { return unary("exponential", v); }
   Value log(const Value& v) { return unary("log", v); }
@@ -134,7 +135,6 @@ class Builder {
   // None: NaN -> 0, +inf -> the element type's largest finite value, -inf -> its lowest.
   Value nan_to_num(const Value& v, std::optional<double> nan, std::optional<double> posinf, std::optional<double> neginf);
   Value clamp(const Value& v, const std::optional<Value>& min, const std::optional<Value>& max);  // None: no bound
-  Value zeros_like(const Value& v) { return full(0, v.type); }
 
   // random primitives: `state` is a generator's (seed, offset) as tensor<2xui64>; results have
   // the shape and element type of `like`.
@@ -142,15 +142,10 @@ class Builder {
   Value normal(const Value& state, const Value& like, double mean, double std);
   Value bernoulli(const Value& state, const Value& like, double p);
   // nn (activations, softmax, losses) primitives
-  Value nn_amax(const Value& v, int64_t dim);  // max along one dim (may be negative), kept as size 1
   Value softmax(const Value& v, int64_t dim);  // stable: subtracts the max along dim
   Value log_softmax(const Value& v, int64_t dim);
-  Value gelu_erf(const Value& v);  // erf (chlo.erf), for gelu
   Value gelu(const Value& v, const std::string& approximate);  // approximate: "none" | "tanh"
   Value gelu_backward(const Value& grad, const Value& v, const std::string& approximate);
-  Value nn_tanh(const Value& v) { return unary("tanh", v); }
-  Value nn_expm1(const Value& v) { return unary("exponential_minus_one", v); }
-  Value nn_log1p(const Value& v) { return unary("log_plus_one", v); }
   Value nn_pick(bool first, const Value& a, const Value& b) { return first ? a : b; }  // compile-time choice
   Value nn_loss_reduce(const Value& v, int64_t reduction);  // 0 none, 1 mean, 2 sum (over all dims)
   Value mse_loss_norm(const Value& like, int64_t reduction);  // 2/numel (mean) or 2, as a 0-d of like's type
@@ -182,8 +177,6 @@ class Builder {
   Value bitwise_and(const Value& a, const Value& b) { return binary("and", a, b); }
   Value bitwise_or(const Value& a, const Value& b) { return binary("or", a, b); }
   Value bitwise_xor(const Value& a, const Value& b) { return binary("xor", a, b); }
-  Value nan_maximum(const Value& a, const Value& b);  // NaN if either is NaN (torch.maximum)
-  Value nan_minimum(const Value& a, const Value& b);
   Value fmax(const Value& a, const Value& b);  // the other operand where one is NaN
   Value fmin(const Value& a, const Value& b);
   Value hypot(const Value& a, const Value& b);
@@ -212,6 +205,8 @@ class Builder {
   Value view_indices(const ViewGeometry& view);
   // numpy broadcasting: the common shape of the operands (throws if there is none).
   std::vector<int64_t> broadcast_shape(const std::vector<const Value*>& operands, const char* op) const;
+  // Max along one dim (may be negative), kept as size 1: the shift that keeps softmax stable.
+  Value max_along(const Value& v, int64_t dim);
   std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;
 
   ElementType nominal_element_ = ElementType::F64;  // never narrower than a value: no rounding

@@ -536,3 +536,13 @@ def test_empty_is_lazy_and_writable():
     f = torch.empty(5, device="tpu", dtype=torch.int32)
     f.zero_()
     assert f.cpu().tolist() == [0] * 5
+
+
+def test_nan_propagates_like_cpu():
+    # XLA's CPU maximum/minimum drop NaN; PyTorch's ops keep it.
+    x = torch.tensor([float("nan"), -1.0, 2.0, float("inf"), -float("inf")])
+    t = x.to("tpu")
+    for fn in (torch.relu, lambda v: torch.maximum(v, torch.zeros_like(v)), lambda v: v.clamp(-0.5, 0.5),
+               torch.nn.functional.hardtanh, lambda v: v.amax(), lambda v: v.max(), lambda v: v.argmax(),
+               lambda v: torch.softmax(v, 0)):
+        torch.testing.assert_close(fn(t).cpu(), fn(x), equal_nan=True)

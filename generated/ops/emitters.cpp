@@ -64,15 +64,15 @@ std::vector<Value> emit_ge___Scalar(Builder& b, const EmitArgs& a) { return {b.g
 // ge.Scalar_out = ge(self, nominal(other))  (specs/binary.yaml:31)
 std::vector<Value> emit_ge__Scalar_out(Builder& b, const EmitArgs& a) { return {b.ge(a.value(0), b.nominal(a.value(1)))}; }
 
-// maximum = nan_maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
-std::vector<Value> emit_maximum(Builder& b, const EmitArgs& a) { return {b.nan_maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// maximum.out = nan_maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
-std::vector<Value> emit_maximum__out(Builder& b, const EmitArgs& a) { return {b.nan_maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// maximum = maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
+std::vector<Value> emit_maximum(Builder& b, const EmitArgs& a) { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// maximum.out = maximum(nominal(self), nominal(other))  (specs/binary.yaml:36)
+std::vector<Value> emit_maximum__out(Builder& b, const EmitArgs& a) { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// minimum = nan_minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
-std::vector<Value> emit_minimum(Builder& b, const EmitArgs& a) { return {b.nan_minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// minimum.out = nan_minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
-std::vector<Value> emit_minimum__out(Builder& b, const EmitArgs& a) { return {b.nan_minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// minimum = minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
+std::vector<Value> emit_minimum(Builder& b, const EmitArgs& a) { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// minimum.out = minimum(nominal(self), nominal(other))  (specs/binary.yaml:40)
+std::vector<Value> emit_minimum__out(Builder& b, const EmitArgs& a) { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
 // fmax = fmax(nominal(self), nominal(other))  (specs/binary.yaml:44)
 std::vector<Value> emit_fmax(Builder& b, const EmitArgs& a) { return {b.fmax(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
@@ -434,12 +434,12 @@ std::vector<Value> emit_eq___Tensor(Builder& b, const EmitArgs& a) { return {b.e
 // eq.Tensor_out = eq(self, other)  (specs/elementwise.yaml:71)
 std::vector<Value> emit_eq__Tensor_out(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), a.value(1))}; }
 
-// eq.Scalar = eq(self, other)  (specs/elementwise.yaml:75)
-std::vector<Value> emit_eq__Scalar(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), a.value(1))}; }
-// eq_.Scalar = eq(self, other)  (specs/elementwise.yaml:75)
-std::vector<Value> emit_eq___Scalar(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), a.value(1))}; }
-// eq.Scalar_out = eq(self, other)  (specs/elementwise.yaml:75)
-std::vector<Value> emit_eq__Scalar_out(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), a.value(1))}; }
+// eq.Scalar = eq(self, nominal(other))  (specs/elementwise.yaml:75)
+std::vector<Value> emit_eq__Scalar(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), b.nominal(a.value(1)))}; }
+// eq_.Scalar = eq(self, nominal(other))  (specs/elementwise.yaml:75)
+std::vector<Value> emit_eq___Scalar(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), b.nominal(a.value(1)))}; }
+// eq.Scalar_out = eq(self, nominal(other))  (specs/elementwise.yaml:75)
+std::vector<Value> emit_eq__Scalar_out(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), b.nominal(a.value(1)))}; }
 
 // lt.Tensor = lt(self, other)  (specs/elementwise.yaml:78)
 std::vector<Value> emit_lt__Tensor(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
@@ -448,12 +448,12 @@ std::vector<Value> emit_lt___Tensor(Builder& b, const EmitArgs& a) { return {b.l
 // lt.Tensor_out = lt(self, other)  (specs/elementwise.yaml:78)
 std::vector<Value> emit_lt__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
 
-// lt.Scalar = lt(self, other)  (specs/elementwise.yaml:83)
-std::vector<Value> emit_lt__Scalar(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
-// lt_.Scalar = lt(self, other)  (specs/elementwise.yaml:83)
-std::vector<Value> emit_lt___Scalar(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
-// lt.Scalar_out = lt(self, other)  (specs/elementwise.yaml:83)
-std::vector<Value> emit_lt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
+// lt.Scalar = lt(self, nominal(other))  (specs/elementwise.yaml:83)
+std::vector<Value> emit_lt__Scalar(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
+// lt_.Scalar = lt(self, nominal(other))  (specs/elementwise.yaml:83)
+std::vector<Value> emit_lt___Scalar(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
+// lt.Scalar_out = lt(self, nominal(other))  (specs/elementwise.yaml:83)
+std::vector<Value> emit_lt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:3)
 std::vector<Value> emit_mm(Builder& b, const EmitArgs& a) { return {b.matmul(a.value(0), a.value(1))}; }
@@ -523,22 +523,22 @@ std::vector<Value> emit_leaky_relu_backward(Builder& b, const EmitArgs& a) { ret
 // leaky_relu_backward.grad_input = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:52)
 std::vector<Value> emit_leaky_relu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(2)))}; }
 
-// elu = where(le(self, 0), mul(nn_expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
-std::vector<Value> emit_elu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.nn_expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
-// elu_ = where(le(self, 0), mul(nn_expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
-std::vector<Value> emit_elu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.nn_expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
-// elu.out = where(le(self, 0), mul(nn_expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
-std::vector<Value> emit_elu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.nn_expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
+// elu = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+std::vector<Value> emit_elu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
+// elu_ = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+std::vector<Value> emit_elu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
+// elu.out = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+std::vector<Value> emit_elu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
 
 // elu_backward = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:63)
 std::vector<Value> emit_elu_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
 // elu_backward.grad_input = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:63)
 std::vector<Value> emit_elu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
 
-// softplus = where(gt(mul(self, beta), threshold), self, div(nn_log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
-std::vector<Value> emit_softplus(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.nn_log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
-// softplus.out = where(gt(mul(self, beta), threshold), self, div(nn_log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
-std::vector<Value> emit_softplus__out(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.nn_log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
+// softplus = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
+std::vector<Value> emit_softplus(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
+// softplus.out = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
+std::vector<Value> emit_softplus__out(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
 
 // softplus_backward = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:75)
 std::vector<Value> emit_softplus_backward(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(1), a.value(2)), a.value(3)), a.value(0), b.mul(a.value(0), b.div(b.exp(b.mul(a.value(1), a.value(2))), [&] { const Value anchor = b.exp(b.mul(a.value(1), a.value(2))); return b.add(anchor, b.scalar_like(1.0, anchor)); }())))}; }
