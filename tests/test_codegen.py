@@ -66,17 +66,17 @@ def test_checked_in_generated_code_matches_specs():
 def test_adding_an_op_is_one_spec_entry(tmp_path):
     root = copy_tree(tmp_path)
     with open(root / "specs" / "elementwise.yaml", "a") as f:
-        f.write("\n- op: sinc\n  lowering: div(sqrt(exp(neg(self))), self)\n  compute: common_float\n"
-                "  dtypes: floating\n  test: {opinfo: sinc}\n")
+        f.write("\n- op: logaddexp\n  lowering: add(maximum(self, other), log1p(exp(neg(abs(sub(self, other))))))\n"
+                "  compute: common_float\n  dtypes: floating\n  test: {opinfo: logaddexp}\n")
     assert run_gen(root, "--check").returncode == 1  # generated/ is now stale
     result = run_gen(root)
     assert result.returncode == 0, result.stderr
     register = (root / "generated" / "ops" / "register.cpp").read_text()
-    for overload in ("sinc", "sinc_", "sinc.out"):
+    for overload in ("logaddexp", "logaddexp.out"):
         assert f'm.impl("{overload}", ' in register
     emitters = (root / "generated" / "ops" / "emitters.cpp").read_text()
-    assert "emit_sinc(" in emitters and "b.sqrt(b.exp(b.neg(a.value(0))))" in emitters
-    assert "def test_sinc(dtype):" in (root / "generated" / "tests" / "test_parity.py").read_text()
+    assert "emit_logaddexp(" in emitters and "b.log1p(b.exp(b.neg(b.abs(b.sub(a.value(0), a.value(1))))))" in emitters
+    assert "def test_logaddexp(dtype):" in (root / "generated" / "tests" / "test_parity.py").read_text()
     assert run_gen(root, "--check").returncode == 0
 
 
