@@ -3,7 +3,7 @@
 
 #include <torch/library.h>
 
-#include "meta_call.h"
+#include "torch_meta_call.h"
 #include "op_spec.h"
 
 namespace torchtpu {
