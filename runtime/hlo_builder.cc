@@ -1021,4 +1021,26 @@ Value Builder::lerp(const Value& start, const Value& end, const Value& weight) {
   return select(small, low, high);
 }
 
+// ---------------------------------------------------------------------------------------------
+// linalg primitives (specs/linalg.yaml)
+
+Value Builder::bmm(const Value& a, const Value& b) { return dot_general(a, b, {0}, {0}, {2}, {1}); }
+
+Value Builder::mv(const Value& a, const Value& v) { return dot_general(a, v, {}, {}, {1}, {0}); }
+
+Value Builder::dot(const Value& a, const Value& b) { return dot_general(a, b, {}, {}, {0}, {0}); }
+
+Value Builder::addbmm(const Value& self, const Value& batch1, const Value& batch2, const Value& beta,
+                      const Value& alpha) {
+  const int64_t batches = batch1.dims().at(0), n = batch1.dims().at(1), m = batch2.dims().at(2);
+  Value r = broadcast_to(select(eq(beta, scalar_like(0, beta)), scalar_like(0, self), mul(self, beta)), {n, m});
+  if (batches == 0) return r;
+  const Value products = bmm(batch1, batch2);
+  for (int64_t i = 0; i < batches; ++i) {
+    const Value p = reshape(slice(products, {i, 0, 0}, {i + 1, n, m}, {1, 1, 1}), {n, m});
+    r = nominal(add(r, mul(p, alpha)));
+  }
+  return r;
+}
+
 }  // namespace torchtpu::rt

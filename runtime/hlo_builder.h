@@ -184,6 +184,14 @@ class Builder {
   Value xlogy(const Value& x, const Value& y);
   Value lerp(const Value& start, const Value& end, const Value& weight);
 
+  // linalg primitives (specs/linalg.yaml): operands share an element type; integers contract exactly
+  Value bmm(const Value& a, const Value& b);  // [B, n, k] x [B, k, m] -> [B, n, m]
+  Value mv(const Value& a, const Value& v);  // [n, m] x [m] -> [n]
+  Value dot(const Value& a, const Value& b);  // [n] . [n] -> 0-d
+  // CPU's addbmm: beta * self (0 where beta is 0) plus alpha * each batch's product, one batch at a
+  // time, rounding through the nominal dtype after each (bfloat16 accumulates in bfloat16 there).
+  Value addbmm(const Value& self, const Value& batch1, const Value& batch2, const Value& beta, const Value& alpha);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);

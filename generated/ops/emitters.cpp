@@ -455,17 +455,61 @@ std::vector<Value> emit_lt___Scalar(Builder& b, const EmitArgs& a) { return {b.l
 // lt.Scalar_out = lt(self, nominal(other))  (specs/elementwise.yaml:83)
 std::vector<Value> emit_lt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
 
-// mm = matmul(self, mat2)  (specs/linalg.yaml:3)
+// mm = matmul(self, mat2)  (specs/linalg.yaml:10)
 std::vector<Value> emit_mm(Builder& b, const EmitArgs& a) { return {b.matmul(a.value(0), a.value(1))}; }
-// mm.out = matmul(self, mat2)  (specs/linalg.yaml:3)
+// mm.out = matmul(self, mat2)  (specs/linalg.yaml:10)
 std::vector<Value> emit_mm__out(Builder& b, const EmitArgs& a) { return {b.matmul(a.value(0), a.value(1))}; }
 
-// addmm = add(mul(self, beta), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:9)
-std::vector<Value> emit_addmm(Builder& b, const EmitArgs& a) { return {b.add(b.mul(a.value(0), a.value(3)), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
-// addmm_ = add(mul(self, beta), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:9)
-std::vector<Value> emit_addmm_(Builder& b, const EmitArgs& a) { return {b.add(b.mul(a.value(0), a.value(3)), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
-// addmm.out = add(mul(self, beta), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:9)
-std::vector<Value> emit_addmm__out(Builder& b, const EmitArgs& a) { return {b.add(b.mul(a.value(0), a.value(3)), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
+// addmm = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:16)
+std::vector<Value> emit_addmm(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
+// addmm_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:16)
+std::vector<Value> emit_addmm_(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
+// addmm.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(matmul(mat1, mat2), alpha))  (specs/linalg.yaml:16)
+std::vector<Value> emit_addmm__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))}; }
+
+// _addmm_activation = nn_pick(use_gelu, gelu(nominal(add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(matmul(mat1, mat2), alpha))), "none"), relu(add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(matmul(mat1, mat2), alpha))))  (specs/linalg.yaml:23)
+std::vector<Value> emit__addmm_activation(Builder& b, const EmitArgs& a) { return {b.nn_pick(a.boolean(5), b.gelu(b.nominal(b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))), std::string("none")), b.relu(b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))))}; }
+// _addmm_activation.out = nn_pick(use_gelu, gelu(nominal(add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(matmul(mat1, mat2), alpha))), "none"), relu(add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(matmul(mat1, mat2), alpha))))  (specs/linalg.yaml:23)
+std::vector<Value> emit__addmm_activation__out(Builder& b, const EmitArgs& a) { return {b.nn_pick(a.boolean(5), b.gelu(b.nominal(b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))), std::string("none")), b.relu(b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.matmul(a.value(1), a.value(2)), a.value(4)))))}; }
+
+// bmm = bmm(self, mat2)  (specs/linalg.yaml:28)
+std::vector<Value> emit_bmm(Builder& b, const EmitArgs& a) { return {b.bmm(a.value(0), a.value(1))}; }
+// bmm.out = bmm(self, mat2)  (specs/linalg.yaml:28)
+std::vector<Value> emit_bmm__out(Builder& b, const EmitArgs& a) { return {b.bmm(a.value(0), a.value(1))}; }
+
+// baddbmm = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(bmm(batch1, batch2), alpha))  (specs/linalg.yaml:34)
+std::vector<Value> emit_baddbmm(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.bmm(a.value(1), a.value(2)), a.value(4)))}; }
+// baddbmm_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(bmm(batch1, batch2), alpha))  (specs/linalg.yaml:34)
+std::vector<Value> emit_baddbmm_(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.bmm(a.value(1), a.value(2)), a.value(4)))}; }
+// baddbmm.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(bmm(batch1, batch2), alpha))  (specs/linalg.yaml:34)
+std::vector<Value> emit_baddbmm__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.bmm(a.value(1), a.value(2)), a.value(4)))}; }
+
+// addbmm = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
+std::vector<Value> emit_addbmm(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
+// addbmm.out = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
+std::vector<Value> emit_addbmm__out(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
+
+// mv = mv(self, vec)  (specs/linalg.yaml:49)
+std::vector<Value> emit_mv(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
+// mv.out = mv(self, vec)  (specs/linalg.yaml:49)
+std::vector<Value> emit_mv__out(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
+
+// addmv = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
+std::vector<Value> emit_addmv(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
+// addmv_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
+std::vector<Value> emit_addmv_(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
+// addmv.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
+std::vector<Value> emit_addmv__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
+
+// dot = dot(self, tensor)  (specs/linalg.yaml:60)
+std::vector<Value> emit_dot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
+// dot.out = dot(self, tensor)  (specs/linalg.yaml:60)
+std::vector<Value> emit_dot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
+
+// vdot = dot(self, other)  (specs/linalg.yaml:66)
+std::vector<Value> emit_vdot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
+// vdot.out = dot(self, other)  (specs/linalg.yaml:66)
+std::vector<Value> emit_vdot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
 std::vector<Value> emit__softmax(Builder& b, const EmitArgs& a) { return {b.softmax(a.value(0), a.integer(1))}; }
@@ -1816,26 +1860,98 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt__Scalar_out},
-      {"mm", "specs/linalg.yaml:3", Variant::Functional,
+      {"mm", "specs/linalg.yaml:10", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, -1,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mm},
-      {"mm.out", "specs/linalg.yaml:3", Variant::Out,
+      {"mm.out", "specs/linalg.yaml:10", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mm__out},
-      {"addmm", "specs/linalg.yaml:9", Variant::Functional,
+      {"addmm", "specs/linalg.yaml:16", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
-       {0, 1, 2, 3, 4}, Compute::Common, -1,
+       {0, 1, 2, 3, 4}, Compute::Output, -1,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmm},
-      {"addmm_", "specs/linalg.yaml:9", Variant::Inplace,
+      {"addmm_", "specs/linalg.yaml:16", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
-       {0, 1, 2, 3, 4}, Compute::Common, 0,
+       {0, 1, 2, 3, 4}, Compute::Output, 0,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmm_},
-      {"addmm.out", "specs/linalg.yaml:9", Variant::Out,
+      {"addmm.out", "specs/linalg.yaml:16", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
-       {0, 1, 2, 3, 4}, Compute::Common, 5,
+       {0, 1, 2, 3, 4}, Compute::Output, 5,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmm__out},
+      {"_addmm_activation", "specs/linalg.yaml:23", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr},
+       {0, 1, 2, 3, 4}, Compute::Output, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__addmm_activation},
+      {"_addmm_activation.out", "specs/linalg.yaml:23", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2, 3, 4}, Compute::Output, 6,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__addmm_activation__out},
+      {"bmm", "specs/linalg.yaml:28", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bmm},
+      {"bmm.out", "specs/linalg.yaml:28", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bmm__out},
+      {"baddbmm", "specs/linalg.yaml:34", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3, 4}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_baddbmm},
+      {"baddbmm_", "specs/linalg.yaml:34", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3, 4}, Compute::Output, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_baddbmm_},
+      {"baddbmm.out", "specs/linalg.yaml:34", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3, 4}, Compute::Output, 5,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_baddbmm__out},
+      {"addbmm", "specs/linalg.yaml:42", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3, 4}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm},
+      {"addbmm.out", "specs/linalg.yaml:42", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3, 4}, Compute::Output, 5,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm__out},
+      {"mv", "specs/linalg.yaml:49", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv},
+      {"mv.out", "specs/linalg.yaml:49", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv__out},
+      {"addmv", "specs/linalg.yaml:54", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3, 4}, Compute::Output, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv},
+      {"addmv_", "specs/linalg.yaml:54", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3, 4}, Compute::Output, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv_},
+      {"addmv.out", "specs/linalg.yaml:54", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 3, 4}, Compute::Output, 5,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv__out},
+      {"dot", "specs/linalg.yaml:60", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot},
+      {"dot.out", "specs/linalg.yaml:60", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot__out},
+      {"vdot", "specs/linalg.yaml:66", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot},
+      {"vdot.out", "specs/linalg.yaml:66", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot__out},
       {"_softmax", "specs/nn.yaml:5", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, -1,

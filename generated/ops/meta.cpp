@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/stack.h>
 
+#include <ATen/ops/_addmm_activation_meta_dispatch.h>
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/acos_meta_dispatch.h>
@@ -11,6 +12,7 @@
 #include <ATen/ops/addcdiv_meta_dispatch.h>
 #include <ATen/ops/addcmul_meta_dispatch.h>
 #include <ATen/ops/addmm_meta_dispatch.h>
+#include <ATen/ops/addmv_meta_dispatch.h>
 #include <ATen/ops/all_meta_dispatch.h>
 #include <ATen/ops/amax_meta_dispatch.h>
 #include <ATen/ops/amin_meta_dispatch.h>
@@ -18,10 +20,12 @@
 #include <ATen/ops/asin_meta_dispatch.h>
 #include <ATen/ops/atan2_meta_dispatch.h>
 #include <ATen/ops/atan_meta_dispatch.h>
+#include <ATen/ops/baddbmm_meta_dispatch.h>
 #include <ATen/ops/bitwise_and_meta_dispatch.h>
 #include <ATen/ops/bitwise_not_meta_dispatch.h>
 #include <ATen/ops/bitwise_or_meta_dispatch.h>
 #include <ATen/ops/bitwise_xor_meta_dispatch.h>
+#include <ATen/ops/bmm_meta_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/ceil_meta_dispatch.h>
 #include <ATen/ops/clamp_max_meta_dispatch.h>
@@ -918,6 +922,72 @@ void meta_emit_addmm_(torch::jit::Stack& s) {
 void meta_emit_addmm__out(torch::jit::Stack& s) {
   at::Tensor a5 = s[5].toTensor();
   auto result = at::meta::addmm_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar(), a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__addmm_activation(torch::jit::Stack& s) {
+  auto result = at::meta::_addmm_activation(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar(), s[5].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__addmm_activation__out(torch::jit::Stack& s) {
+  at::Tensor a6 = s[6].toTensor();
+  auto result = at::meta::_addmm_activation_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar(), s[5].toBool(), a6);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bmm(torch::jit::Stack& s) {
+  auto result = at::meta::bmm(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bmm__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::bmm_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_baddbmm(torch::jit::Stack& s) {
+  auto result = at::meta::baddbmm(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_baddbmm_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::baddbmm_(a0, s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_baddbmm__out(torch::jit::Stack& s) {
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::baddbmm_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar(), a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addmv(torch::jit::Stack& s) {
+  auto result = at::meta::addmv(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addmv_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::addmv_(a0, s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_addmv__out(torch::jit::Stack& s) {
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::addmv_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar(), a5);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2281,6 +2351,24 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_addmm,  // addmm
       &meta_emit_addmm_,  // addmm_
       &meta_emit_addmm__out,  // addmm.out
+      &meta_emit__addmm_activation,  // _addmm_activation
+      &meta_emit__addmm_activation__out,  // _addmm_activation.out
+      &meta_emit_bmm,  // bmm
+      &meta_emit_bmm__out,  // bmm.out
+      &meta_emit_baddbmm,  // baddbmm
+      &meta_emit_baddbmm_,  // baddbmm_
+      &meta_emit_baddbmm__out,  // baddbmm.out
+      nullptr,  // addbmm
+      nullptr,  // addbmm.out
+      nullptr,  // mv
+      nullptr,  // mv.out
+      &meta_emit_addmv,  // addmv
+      &meta_emit_addmv_,  // addmv_
+      &meta_emit_addmv__out,  // addmv.out
+      nullptr,  // dot
+      nullptr,  // dot.out
+      nullptr,  // vdot
+      nullptr,  // vdot.out
       &meta_emit__softmax,  // _softmax
       &meta_emit__softmax__out,  // _softmax.out
       &meta_emit__log_softmax,  // _log_softmax

@@ -555,7 +555,7 @@ def test_lt_Tensor(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mm(dtype):
-    # specs/linalg.yaml:3
+    # specs/linalg.yaml:10
     check_opinfo(
         "mm",
         dtype,
@@ -568,12 +568,103 @@ def test_mm(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addmm(dtype):
-    # specs/linalg.yaml:9
+    # specs/linalg.yaml:16
     check_opinfo(
         "addmm",
         dtype,
         overloads=["addmm", "addmm_", "addmm.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_bmm(dtype):
+    # specs/linalg.yaml:28
+    check_opinfo(
+        "bmm",
+        dtype,
+        overloads=["bmm", "bmm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_baddbmm(dtype):
+    # specs/linalg.yaml:34
+    check_opinfo(
+        "baddbmm",
+        dtype,
+        overloads=["baddbmm", "baddbmm_", "baddbmm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_addbmm(dtype):
+    # specs/linalg.yaml:42
+    check_opinfo(
+        "addbmm",
+        dtype,
+        overloads=["addbmm", "addbmm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_mv(dtype):
+    # specs/linalg.yaml:49
+    check_opinfo(
+        "mv",
+        dtype,
+        overloads=["mv", "mv.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_addmv(dtype):
+    # specs/linalg.yaml:54
+    check_opinfo(
+        "addmv",
+        dtype,
+        overloads=["addmv", "addmv_", "addmv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_dot(dtype):
+    # specs/linalg.yaml:60
+    check_opinfo(
+        "dot",
+        dtype,
+        overloads=["dot", "dot.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_vdot(dtype):
+    # specs/linalg.yaml:66
+    check_opinfo(
+        "vdot",
+        dtype,
+        overloads=["vdot", "vdot.out"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
