@@ -1043,4 +1043,249 @@ Value Builder::addbmm(const Value& self, const Value& batch1, const Value& batch
   return r;
 }
 
+// ---------------------------------------------------------------------------------------------
+// indexing (gather / scatter, embedding, nll_loss) primitives
+
+namespace {
+
+int64_t wrap_dim(int64_t dim, int rank, const char* op) {
+  const int64_t wrapped = dim < 0 ? dim + std::max(rank, 1) : dim;
+  if (wrapped < 0 || wrapped >= std::max(rank, 1)) fail(std::string(op) + ": dimension out of range");
+  return wrapped;
+}
+
+// The full coordinates of every element of `index` into a rank-`index.rank()` operand: the element
+// itself along `dim`, its own position along every other dim; shape index.dims + [rank], int64.
+Value full_coordinates(Builder& b, const Value& index, int64_t dim) {
+  std::vector<int64_t> one = index.dims();
+  one.push_back(1);
+  std::vector<Value> parts;
+  for (int d = 0; d < index.rank(); ++d) {
+    Value c = d == dim ? b.convert(index, ElementType::S64) : b.iota(TensorType{ElementType::S64, index.dims()}, d);
+    parts.push_back(b.reshape(c, one));
+  }
+  return b.concatenate(parts, index.rank());
+}
+
+std::string dims_field(const char* name, const std::vector<int64_t>& dims) {
+  return dims.empty() ? "" : std::string(name) + " = " + list(dims) + ", ";
+}
+
+std::vector<int64_t> iota_list(int64_t n) {
+  std::vector<int64_t> out(n);
+  std::iota(out.begin(), out.end(), 0);
+  return out;
+}
+
+}  // namespace
+
+Value Builder::index_select(const Value& v, int64_t dim_in, const Value& index) {
+  if (v.rank() == 0) return v;  // a 0-d self: its one element (index 0)
+  const int64_t dim = wrap_dim(dim_in, v.rank(), "index_select");
+  std::vector<int64_t> out_dims = v.dims();
+  out_dims[dim] = index.type.numel();
+  TensorType t{v.element(), out_dims};
+  if (t.numel() == 0) return full(0, t);
+  Value starts = reshape(convert(index, ElementType::S64), {index.type.numel(), 1});
+  std::vector<int64_t> offset_dims, slice_sizes = v.dims();
+  slice_sizes[dim] = 1;
+  for (int d = 0; d < v.rank(); ++d) {
+    if (d != dim) offset_dims.push_back(d);
+  }
+  return emit("\"stablehlo.gather\"(" + name(v) + ", " + name(starts) + ") {dimension_numbers = #stablehlo.gather<" +
+                  dims_field("offset_dims", offset_dims) + "collapsed_slice_dims = [" + std::to_string(dim) +
+                  "], start_index_map = [" + std::to_string(dim) + "], index_vector_dim = 1>, slice_sizes = " +
+                  i64_array(slice_sizes) + ", indices_are_sorted = false} : (" + v.type.mlir() + ", " +
+                  starts.type.mlir() + ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::take_along(const Value& v, int64_t dim_in, const Value& index) {
+  TensorType t{v.element(), index.dims()};
+  if (t.numel() == 0) return full(0, t);
+  if (v.rank() == 0 || index.rank() == 0) {  // 0-d operands act as 1-element 1-D ones
+    Value r = take_along(reshape(v, {v.type.numel()}), 0, reshape(index, {index.type.numel()}));
+    return reshape(r, index.dims());
+  }
+  const int64_t dim = wrap_dim(dim_in, v.rank(), "gather");
+  if (index.rank() != v.rank()) fail("gather: index and self differ in rank");
+  Value coords = full_coordinates(*this, index, dim);
+  const std::vector<int64_t> all = iota_list(v.rank());
+  return emit("\"stablehlo.gather\"(" + name(v) + ", " + name(coords) +
+                  ") {dimension_numbers = #stablehlo.gather<collapsed_slice_dims = " + list(all) +
+                  ", start_index_map = " + list(all) + ", index_vector_dim = " + std::to_string(index.rank()) +
+                  ">, slice_sizes = " + i64_array(std::vector<int64_t>(v.rank(), 1)) +
+                  ", indices_are_sorted = false} : (" + v.type.mlir() + ", " + coords.type.mlir() + ") -> " +
+                  t.mlir(),
+              t);
+}
+
+Value Builder::scatter_along(const Value& v, int64_t dim_in, const Value& index, const Value& src_in,
+                             const std::string& reduce) {
+  if (index.type.numel() == 0) return v;
+  if (v.rank() == 0 || index.rank() == 0) {
+    Value src = src_in.rank() == 0 ? src_in : reshape(src_in, {src_in.type.numel()});
+    Value r = scatter_along(reshape(v, {v.type.numel()}), 0, reshape(index, {index.type.numel()}), src, reduce);
+    return reshape(r, v.dims());
+  }
+  const int64_t dim = wrap_dim(dim_in, v.rank(), "scatter");
+  if (index.rank() != v.rank()) fail("scatter: index and self differ in rank");
+  Value src = convert(src_in, v.element());
+  if (src.rank() == 0) {
+    src = broadcast_to(src, index.dims());
+  } else if (src.dims() != index.dims()) {
+    if (src.rank() != index.rank()) fail("scatter: index and src differ in rank");
+    src = slice(src, std::vector<int64_t>(src.rank(), 0), index.dims(), std::vector<int64_t>(src.rank(), 1));
+  }
+  Value coords = full_coordinates(*this, index, dim);
+
+  // The combiner region: (old, new) -> stored value.
+  const TensorType s{v.element(), {}};
+  const std::string st = s.mlir(), r = "%r" + std::to_string(next_id_);
+  const std::string a = r + "a", n = r + "b";
+  std::string body;
+  std::string result = n;
+  const bool pred = v.element() == ElementType::Pred;
+  if (reduce == "add" || reduce == "sum" || reduce == "multiply" || reduce == "prod") {
+    const bool add = reduce == "add" || reduce == "sum";
+    const char* op = pred ? (add ? "or" : "and") : (add ? "add" : "multiply");
+    body = "      " + r + "c = stablehlo." + op + " " + a + ", " + n + " : " + st + "\n";
+    result = r + "c";
+  } else if (reduce == "amax" || reduce == "amin") {
+    const char* op = reduce == "amax" ? "maximum" : "minimum";
+    body = "      " + r + "c = stablehlo." + op + " " + a + ", " + n + " : " + st + "\n";
+    result = r + "c";
+    if (is_float(v.element())) {  // NaN propagates from either side, as on CPU
+      const std::string cmp = std::string(compare_type(v.element()));
+      const std::string pt = TensorType{ElementType::Pred, {}}.mlir();
+      body += "      " + r + "d = stablehlo.compare NE, " + a + ", " + a + ", " + cmp + " : (" + st + ", " + st +
+              ") -> " + pt + "\n";
+      body += "      " + r + "e = stablehlo.select " + r + "d, " + a + ", " + r + "c : " + pt + ", " + st + "\n";
+      body += "      " + r + "f = stablehlo.compare NE, " + n + ", " + n + ", " + cmp + " : (" + st + ", " + st +
+              ") -> " + pt + "\n";
+      body += "      " + r + "g = stablehlo.select " + r + "f, " + n + ", " + r + "e : " + pt + ", " + st + "\n";
+      result = r + "g";
+    }
+  } else if (!reduce.empty()) {
+    fail("scatter: unknown reduce '" + reduce + "'");
+  }
+  const std::vector<int64_t> all = iota_list(v.rank());
+  return emit("\"stablehlo.scatter\"(" + name(v) + ", " + name(coords) + ", " + name(src) + ") ({\n    ^bb0(" + a +
+                  ": " + st + ", " + n + ": " + st + "):\n" + body + "      stablehlo.return " + result + " : " + st +
+                  "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = " + list(all) +
+                  ", scatter_dims_to_operand_dims = " + list(all) + ", index_vector_dim = " +
+                  std::to_string(index.rank()) + ">, indices_are_sorted = false, unique_indices = false} : (" +
+                  v.type.mlir() + ", " + coords.type.mlir() + ", " + src.type.mlir() + ") -> " + v.type.mlir(),
+              v.type);
+}
+
+Value Builder::scatter_reduce_along(const Value& v, int64_t dim, const Value& index, const Value& src,
+                                    const std::string& reduce, bool include_self) {
+  if (reduce != "sum" && reduce != "prod" && reduce != "mean" && reduce != "amax" && reduce != "amin") {
+    fail("scatter_reduce: reduce must be sum, prod, mean, amax or amin, not '" + reduce + "'");
+  }
+  Value base = v;
+  if (!include_self) {  // where an index points, start from the reduction's identity
+    Value hit = scatter_along(full(0, TensorType{ElementType::Pred, v.dims()}), dim, index,
+                              constant_int(1, ElementType::Pred), "");
+    Value identity = reduce == "prod" ? scalar_like(1, v)
+                     : reduce == "amax" ? extreme_constant(*this, v.element(), true)
+                     : reduce == "amin" ? extreme_constant(*this, v.element(), false)
+                                        : scalar_like(0, v);
+    base = select(hit, broadcast_like(identity, v), v);
+  }
+  Value combined = scatter_along(base, dim, index, src, reduce == "mean" ? "sum" : reduce);
+  if (reduce != "mean") return combined;
+  // mean: the sum over (self and) the scattered elements, divided by their count (at least 1).
+  Value count = scatter_along(full(include_self ? 1 : 0, v.type), dim, index, scalar_like(1, v), "sum");
+  count = select(eq(count, scalar_like(0, v)), broadcast_like(scalar_like(1, v), count), count);
+  return is_float(v.element()) ? div(combined, count) : div_rounded(combined, count, "floor");
+}
+
+Value Builder::embedding_backward(const Value& grad, const Value& indices, int64_t num_weights, int64_t padding_idx,
+                                  bool scale_grad_by_freq) {
+  const int64_t n = indices.type.numel();
+  const int64_t width = grad.rank() == 0 ? 1 : grad.dims().back();
+  TensorType t{grad.element(), {num_weights, width}};
+  if (n == 0 || t.numel() == 0) return full(0, t);
+  Value rows = reshape(grad, {n, width});
+  Value idx = reshape(convert(indices, ElementType::S64), {n});
+  if (scale_grad_by_freq) {  // each row times 1 / (how often its index occurs), as CPU does
+    Value ones = full(1, TensorType{grad.element(), {n}});
+    Value counts = scatter_along(full(0, TensorType{grad.element(), {num_weights}}), 0, idx, ones, "add");
+    Value scale = div(scalar_like(1, grad), take_along(counts, 0, idx));
+    rows = mul(rows, broadcast_in_dim(scale, {n, width}, {0}));
+  }
+  Value keep = ne(idx, constant_int(padding_idx, ElementType::S64));
+  rows = select(broadcast_in_dim(keep, {n, width}, {0}), rows, broadcast_like(scalar_like(0, rows), rows));
+  return scatter_along(full(0, t), 0, broadcast_in_dim(idx, {n, width}, {0}), rows, "add");
+}
+
+namespace {
+
+struct NllParts {
+  int64_t class_dim;
+  Value target;  // int64, self's dims without the class dim
+  Value keep;    // target != ignore_index
+  Value weight;  // weight[target] (1 without weights), 0 where ignored
+};
+
+NllParts nll_parts(Builder& b, const Value& self, const Value& target, const std::optional<Value>& weight,
+                   int64_t ignore_index) {
+  NllParts p;
+  p.class_dim = self.rank() >= 2 ? 1 : 0;
+  p.target = b.convert(target, ElementType::S64);
+  p.keep = b.ne(p.target, b.constant_int(ignore_index, ElementType::S64));
+  Value w = weight ? b.reshape(b.take_along(*weight, 0, b.reshape(p.target, {p.target.type.numel()})), p.target.dims())
+                   : b.full(1, TensorType{self.element(), p.target.dims()});
+  p.weight = b.select(p.keep, w, b.broadcast_like(b.scalar_like(0, w), w));
+  return p;
+}
+
+// `per_target` (target's shape) laid out along self's dims (the class dim broadcast).
+Value along_classes(Builder& b, const Value& per_target, const Value& self, int64_t class_dim) {
+  std::vector<int64_t> mapping;
+  for (int d = 0; d < self.rank(); ++d) {
+    if (d != class_dim) mapping.push_back(d);
+  }
+  return b.broadcast_in_dim(per_target, self.dims(), mapping);
+}
+
+}  // namespace
+
+Value Builder::nll_loss(const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction,
+                        int64_t ignore_index) {
+  NllParts p = nll_parts(*this, self, target, weight, ignore_index);
+  std::vector<int64_t> index_dims = p.target.dims();
+  index_dims.insert(index_dims.begin() + p.class_dim, 1);
+  Value picked = reshape(take_along(self, p.class_dim, reshape(p.target, index_dims)), p.target.dims());
+  // -self[target] * weight[target]; exactly 0 where ignored (whatever self holds there).
+  Value loss = select(p.keep, mul(neg(picked), p.weight), broadcast_like(scalar_like(0, picked), picked));
+  switch (reduction) {
+    case 0: return loss;
+    case 1: return div(sum(loss, {}, false), sum(p.weight, {}, false));  // all ignored: 0/0 = NaN, as on CPU
+    case 2: return sum(loss, {}, false);
+  }
+  fail("nll_loss: reduction must be 0 (none), 1 (mean) or 2 (sum), not " + std::to_string(reduction));
+}
+
+Value Builder::nll_loss_total_weight(const Value& self, const Value& target, const std::optional<Value>& weight,
+                                     int64_t reduction, int64_t ignore_index) {
+  if (reduction == 0 && self.rank() >= 2) return scalar_like(0, self);  // CPU leaves it 0 for batched 'none'
+  return sum(nll_parts(*this, self, target, weight, ignore_index).weight, {}, false);
+}
+
+Value Builder::nll_loss_backward(const Value& grad_output, const Value& self, const Value& target,
+                                 const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index,
+                                 const Value& total_weight) {
+  NllParts p = nll_parts(*this, self, target, weight, ignore_index);
+  // CPU: weight[target] * -(grad_output / total_weight) (mean) or * -grad_output.
+  Value g = reduction == 1 ? div(grad_output, total_weight) : grad_output;
+  Value per_target = mul(p.weight, neg(g));
+  per_target = select(p.keep, per_target, broadcast_like(scalar_like(0, per_target), per_target));
+  Value classes = iota(TensorType{ElementType::S64, self.dims()}, p.class_dim);
+  Value hit = eq(classes, along_classes(*this, p.target, self, p.class_dim));
+  return select(hit, along_classes(*this, per_target, self, p.class_dim), full(0, self.type));
+}
+
 }  // namespace torchtpu::rt

@@ -191,6 +191,23 @@ class Builder {
   // CPU's addbmm: beta * self (0 where beta is 0) plus alpha * each batch's product, one batch at a
   // time, rounding through the nominal dtype after each (bfloat16 accumulates in bfloat16 there).
   Value addbmm(const Value& self, const Value& batch1, const Value& batch2, const Value& beta, const Value& alpha);
+  // indexing (gather / scatter, embedding, nll_loss) primitives. Indices may be any integer type.
+  // Out-of-range (and negative) indices are not checked, as a compiled module cannot raise: gathers
+  // clamp them into range, scatters drop their updates.
+  Value index_select(const Value& v, int64_t dim, const Value& index);  // v's dims, dim resized to index's numel
+  Value take_along(const Value& v, int64_t dim, const Value& index);  // torch.gather: index's shape
+  // torch.scatter family along dim: src (0-d: broadcast) is cut to index's shape, then each element is
+  // combined into v: reduce "" (replace) | "add" | "multiply" | "amax" | "amin".
+  Value scatter_along(const Value& v, int64_t dim, const Value& index, const Value& src, const std::string& reduce);
+  // scatter_reduce.two: reduce "sum" | "prod" | "mean" | "amax" | "amin"; include_self false: v's value
+  // takes no part where an index points.
+  Value scatter_reduce_along(const Value& v, int64_t dim, const Value& index, const Value& src, const std::string& reduce, bool include_self);
+  // [num_weights, grad's last dim]: the rows of grad summed by index (rows at padding_idx dropped).
+  Value embedding_backward(const Value& grad, const Value& indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq);
+  // self: [C] or [N, C, ...] (classes along dim 1); target: self's shape without the class dim.
+  Value nll_loss(const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index);
+  Value nll_loss_total_weight(const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index);
+  Value nll_loss_backward(const Value& grad_output, const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index, const Value& total_weight);
 
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).

@@ -455,6 +455,79 @@ std::vector<Value> emit_lt___Scalar(Builder& b, const EmitArgs& a) { return {b.l
 // lt.Scalar_out = lt(self, nominal(other))  (specs/elementwise.yaml:83)
 std::vector<Value> emit_lt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
 
+// index_select = index_select(self, dim, index)  (specs/indexing.yaml:4)
+std::vector<Value> emit_index_select(Builder& b, const EmitArgs& a) { return {b.index_select(a.value(0), a.integer(1), a.value(2))}; }
+// index_select.out = index_select(self, dim, index)  (specs/indexing.yaml:4)
+std::vector<Value> emit_index_select__out(Builder& b, const EmitArgs& a) { return {b.index_select(a.value(0), a.integer(1), a.value(2))}; }
+
+// gather = take_along(self, dim, index)  (specs/indexing.yaml:10)
+std::vector<Value> emit_gather(Builder& b, const EmitArgs& a) { return {b.take_along(a.value(0), a.integer(1), a.value(2))}; }
+// gather.out = take_along(self, dim, index)  (specs/indexing.yaml:10)
+std::vector<Value> emit_gather__out(Builder& b, const EmitArgs& a) { return {b.take_along(a.value(0), a.integer(1), a.value(2))}; }
+
+// scatter.src = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:15)
+std::vector<Value> emit_scatter__src(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
+// scatter_.src = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:15)
+std::vector<Value> emit_scatter___src(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
+// scatter.src_out = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:15)
+std::vector<Value> emit_scatter__src_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
+
+// scatter.value = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:21)
+std::vector<Value> emit_scatter__value(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
+// scatter_.value = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:21)
+std::vector<Value> emit_scatter___value(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
+// scatter.value_out = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:21)
+std::vector<Value> emit_scatter__value_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
+
+// scatter_add = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:26)
+std::vector<Value> emit_scatter_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string("add"))}; }
+// scatter_add_ = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:26)
+std::vector<Value> emit_scatter_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string("add"))}; }
+// scatter_add.out = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:26)
+std::vector<Value> emit_scatter_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string("add"))}; }
+
+// scatter.reduce = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:32)
+std::vector<Value> emit_scatter__reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
+// scatter_.reduce = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:32)
+std::vector<Value> emit_scatter___reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
+// scatter.reduce_out = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:32)
+std::vector<Value> emit_scatter__reduce_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
+
+// scatter.value_reduce = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:37)
+std::vector<Value> emit_scatter__value_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
+// scatter_.value_reduce = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:37)
+std::vector<Value> emit_scatter___value_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
+// scatter.value_reduce_out = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:37)
+std::vector<Value> emit_scatter__value_reduce_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
+
+// scatter_reduce.two = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:42)
+std::vector<Value> emit_scatter_reduce__two(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4), a.boolean(5))}; }
+// scatter_reduce_.two = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:42)
+std::vector<Value> emit_scatter_reduce___two(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4), a.boolean(5))}; }
+// scatter_reduce.two_out = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:42)
+std::vector<Value> emit_scatter_reduce__two_out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4), a.boolean(5))}; }
+
+// embedding_dense_backward = embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)  (specs/indexing.yaml:49)
+std::vector<Value> emit_embedding_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_backward(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
+// embedding_dense_backward.out = embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)  (specs/indexing.yaml:49)
+std::vector<Value> emit_embedding_dense_backward__out(Builder& b, const EmitArgs& a) { return {b.embedding_backward(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
+
+// nll_loss_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:57)
+std::vector<Value> emit_nll_loss_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
+
+// nll_loss_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:64)
+std::vector<Value> emit_nll_loss_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
+// nll_loss_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:64)
+std::vector<Value> emit_nll_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
+
+// nll_loss2d_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:70)
+std::vector<Value> emit_nll_loss2d_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
+
+// nll_loss2d_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:76)
+std::vector<Value> emit_nll_loss2d_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
+// nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:76)
+std::vector<Value> emit_nll_loss2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
+
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
 std::vector<Value> emit_mm(Builder& b, const EmitArgs& a) { return {b.matmul(a.value(0), a.value(1))}; }
 // mm.out = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -1860,6 +1933,126 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, 2,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt__Scalar_out},
+      {"index_select", "specs/indexing.yaml:4", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_select},
+      {"index_select.out", "specs/indexing.yaml:4", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, 3,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_select__out},
+      {"gather", "specs/indexing.yaml:10", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gather},
+      {"gather.out", "specs/indexing.yaml:10", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 4,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gather__out},
+      {"scatter.src", "specs/indexing.yaml:15", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__src},
+      {"scatter_.src", "specs/indexing.yaml:15", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___src},
+      {"scatter.src_out", "specs/indexing.yaml:15", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, 4,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__src_out},
+      {"scatter.value", "specs/indexing.yaml:21", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 3}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value},
+      {"scatter_.value", "specs/indexing.yaml:21", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 3}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___value},
+      {"scatter.value_out", "specs/indexing.yaml:21", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 3}, Compute::Output, 4,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value_out},
+      {"scatter_add", "specs/indexing.yaml:26", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_add},
+      {"scatter_add_", "specs/indexing.yaml:26", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_add_},
+      {"scatter_add.out", "specs/indexing.yaml:26", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, 4,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_add__out},
+      {"scatter.reduce", "specs/indexing.yaml:32", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 3}, Compute::Common, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__reduce},
+      {"scatter_.reduce", "specs/indexing.yaml:32", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 3}, Compute::Common, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___reduce},
+      {"scatter.reduce_out", "specs/indexing.yaml:32", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 3}, Compute::Common, 5,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__reduce_out},
+      {"scatter.value_reduce", "specs/indexing.yaml:37", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
+       {0, 3}, Compute::Output, -1,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value_reduce},
+      {"scatter_.value_reduce", "specs/indexing.yaml:37", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
+       {0, 3}, Compute::Output, 0,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___value_reduce},
+      {"scatter.value_reduce_out", "specs/indexing.yaml:37", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
+       {0, 3}, Compute::Output, 5,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value_reduce_out},
+      {"scatter_reduce.two", "specs/indexing.yaml:42", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 3}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_reduce__two},
+      {"scatter_reduce_.two", "specs/indexing.yaml:42", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 3}, Compute::Common, 0,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_reduce___two},
+      {"scatter_reduce.two_out", "specs/indexing.yaml:42", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 3}, Compute::Common, 6,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_reduce__two_out},
+      {"embedding_dense_backward", "specs/indexing.yaml:49", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_dense_backward},
+      {"embedding_dense_backward.out", "specs/indexing.yaml:49", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 5,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_dense_backward__out},
+      {"nll_loss_forward", "specs/indexing.yaml:57", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_forward},
+      {"nll_loss_backward", "specs/indexing.yaml:64", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 3, 6}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward},
+      {"nll_loss_backward.grad_input", "specs/indexing.yaml:64", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 3, 6}, Compute::Common, 7,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward__grad_input},
+      {"nll_loss2d_forward", "specs/indexing.yaml:70", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_forward},
+      {"nll_loss2d_backward", "specs/indexing.yaml:76", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 3, 6}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward},
+      {"nll_loss2d_backward.grad_input", "specs/indexing.yaml:76", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 3, 6}, Compute::Common, 7,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward__grad_input},
       {"mm", "specs/linalg.yaml:10", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, -1,

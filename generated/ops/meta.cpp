@@ -49,6 +49,7 @@
 #include <ATen/ops/fmin_meta_dispatch.h>
 #include <ATen/ops/fmod_meta_dispatch.h>
 #include <ATen/ops/frac_meta_dispatch.h>
+#include <ATen/ops/gather_meta_dispatch.h>
 #include <ATen/ops/ge_meta_dispatch.h>
 #include <ATen/ops/gt_meta_dispatch.h>
 #include <ATen/ops/hypot_meta_dispatch.h>
@@ -74,12 +75,16 @@
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/ne_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/nll_loss_backward_meta_dispatch.h>
+#include <ATen/ops/nll_loss_forward_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/prod_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
 #include <ATen/ops/remainder_meta_dispatch.h>
 #include <ATen/ops/round_meta_dispatch.h>
 #include <ATen/ops/rsqrt_meta_dispatch.h>
+#include <ATen/ops/scatter_add_meta_dispatch.h>
+#include <ATen/ops/scatter_meta_dispatch.h>
 #include <ATen/ops/sgn_meta_dispatch.h>
 #include <ATen/ops/sigmoid_backward_meta_dispatch.h>
 #include <ATen/ops/sigmoid_meta_dispatch.h>
@@ -889,6 +894,98 @@ void meta_emit_lt___Scalar(torch::jit::Stack& s) {
 void meta_emit_lt__Scalar_out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::lt_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gather(torch::jit::Stack& s) {
+  auto result = at::meta::gather(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gather__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::gather_outf(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toBool(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter__src(torch::jit::Stack& s) {
+  auto result = at::meta::scatter(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter___src(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::scatter_(a0, s[1].toInt(), s[2].toTensor(), s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter__src_out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::scatter_outf(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter__value(torch::jit::Stack& s) {
+  auto result = at::meta::scatter(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter___value(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::scatter_(a0, s[1].toInt(), s[2].toTensor(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter__value_out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::scatter_outf(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toScalar(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter_add(torch::jit::Stack& s) {
+  auto result = at::meta::scatter_add(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter_add_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::scatter_add_(a0, s[1].toInt(), s[2].toTensor(), s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_scatter_add__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::scatter_add_outf(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nll_loss_forward(torch::jit::Stack& s) {
+  auto result = at::meta::nll_loss_forward(s[0].toTensor(), s[1].toTensor(), s[2].toOptional<at::Tensor>(), s[3].toInt(), s[4].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nll_loss_backward(torch::jit::Stack& s) {
+  auto result = at::meta::nll_loss_backward(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toOptional<at::Tensor>(), s[4].toInt(), s[5].toInt(), s[6].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nll_loss_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a7 = s[7].toTensor();
+  auto result = at::meta::nll_loss_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toOptional<at::Tensor>(), s[4].toInt(), s[5].toInt(), s[6].toTensor(), a7);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2346,6 +2443,36 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_lt__Scalar,  // lt.Scalar
       &meta_emit_lt___Scalar,  // lt_.Scalar
       &meta_emit_lt__Scalar_out,  // lt.Scalar_out
+      nullptr,  // index_select
+      nullptr,  // index_select.out
+      &meta_emit_gather,  // gather
+      &meta_emit_gather__out,  // gather.out
+      &meta_emit_scatter__src,  // scatter.src
+      &meta_emit_scatter___src,  // scatter_.src
+      &meta_emit_scatter__src_out,  // scatter.src_out
+      &meta_emit_scatter__value,  // scatter.value
+      &meta_emit_scatter___value,  // scatter_.value
+      &meta_emit_scatter__value_out,  // scatter.value_out
+      &meta_emit_scatter_add,  // scatter_add
+      &meta_emit_scatter_add_,  // scatter_add_
+      &meta_emit_scatter_add__out,  // scatter_add.out
+      nullptr,  // scatter.reduce
+      nullptr,  // scatter_.reduce
+      nullptr,  // scatter.reduce_out
+      nullptr,  // scatter.value_reduce
+      nullptr,  // scatter_.value_reduce
+      nullptr,  // scatter.value_reduce_out
+      nullptr,  // scatter_reduce.two
+      nullptr,  // scatter_reduce_.two
+      nullptr,  // scatter_reduce.two_out
+      nullptr,  // embedding_dense_backward
+      nullptr,  // embedding_dense_backward.out
+      &meta_emit_nll_loss_forward,  // nll_loss_forward
+      &meta_emit_nll_loss_backward,  // nll_loss_backward
+      &meta_emit_nll_loss_backward__grad_input,  // nll_loss_backward.grad_input
+      nullptr,  // nll_loss2d_forward
+      nullptr,  // nll_loss2d_backward
+      nullptr,  // nll_loss2d_backward.grad_input
       &meta_emit_mm,  // mm
       &meta_emit_mm__out,  // mm.out
       &meta_emit_addmm,  // addmm

@@ -553,6 +553,97 @@ def test_lt_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_index_select(dtype):
+    # specs/indexing.yaml:4
+    check_opinfo(
+        "index_select",
+        dtype,
+        overloads=["index_select", "index_select.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_gather(dtype):
+    # specs/indexing.yaml:10
+    check_opinfo(
+        "gather",
+        dtype,
+        overloads=["gather", "gather.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_scatter_src(dtype):
+    # specs/indexing.yaml:15
+    check_opinfo(
+        "scatter",
+        dtype,
+        overloads=["scatter.src", "scatter_.src", "scatter.src_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_scatter_add(dtype):
+    # specs/indexing.yaml:26
+    check_opinfo(
+        "scatter_add",
+        dtype,
+        overloads=["scatter_add", "scatter_add_", "scatter_add.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_scatter_reduce(dtype):
+    # specs/indexing.yaml:32
+    check_opinfo(
+        "scatter",
+        dtype,
+        overloads=["scatter.reduce", "scatter_.reduce", "scatter.reduce_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_scatter_reduce_two(dtype):
+    # specs/indexing.yaml:42
+    check_opinfo(
+        "scatter_reduce.sum",
+        dtype,
+        overloads=["scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nll_loss_forward(dtype):
+    # specs/indexing.yaml:57
+    check_opinfo(
+        "nn.functional.nll_loss",
+        dtype,
+        overloads=["nll_loss_forward"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mm(dtype):
     # specs/linalg.yaml:10

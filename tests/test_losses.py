@@ -1,0 +1,167 @@
+"""cross_entropy (log_softmax + nll_loss) and embedding, forward and backward, on tpu equal CPU, and
+the indexing overloads behind them run their specs (specs/indexing.yaml), never the CPU fallback.
+Out-of-range indices are not checked on tpu (a compiled module cannot raise), so none are used here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+from conftest import assert_equal_cpu
+from torchtpu.testing import check_opinfo
+
+OURS = ("nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "index_select",
+        "embedding_dense_backward", "scatter.value", "scatter_.value", "scatter.value_reduce",
+        "scatter_reduce.two", "scatter_reduce_.two", "gather", "scatter_add", "scatter_add_")
+
+
+def fallbacks() -> dict:
+    return dict(torchtpu.debug.metrics()["cpu_fallbacks"])
+
+
+@pytest.fixture
+def no_fallback():
+    """Fails the test if any op ran on the CPU instead of tpu (the overloads above included)."""
+    before = fallbacks()
+    yield
+    after = fallbacks()
+    new = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
+    assert not any(op.removeprefix("aten::") in OURS for op in new), new
+    assert not new, f"ops fell back to the CPU: {new}"
+
+
+def tpu(t):
+    return None if t is None else t.to("tpu")
+
+
+def grads(loss_fn, inputs, seed_shape_like):
+    """(loss, d loss / d inputs) with a random upstream gradient."""
+    out = loss_fn(*inputs)
+    g = torch.randn(seed_shape_like.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
+    return out, torch.autograd.grad(out, inputs, g)
+
+
+def check_cross_entropy(logits, target, tol=None, **kwargs):
+    tol = tol or {}
+    x = logits.clone().requires_grad_()
+    xt = tpu(logits).requires_grad_()
+    kwargs_t = {k: tpu(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    expected = F.cross_entropy(x, target, **kwargs)
+    actual = F.cross_entropy(xt, tpu(target), **kwargs_t)
+    assert_equal_cpu(actual, expected, **tol)
+    g = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1))
+    (gx,) = torch.autograd.grad(expected, x, g)
+    (gxt,) = torch.autograd.grad(actual, xt, tpu(g))
+    assert_equal_cpu(gxt, gx, **tol)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ignore", [None, -100, 3])
+def test_cross_entropy(reduction, weighted, ignore, no_fallback):
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 5, generator=gen) * 3
+    target = torch.tensor([0, 4, 2, 3, 1, 4, 3, 0])
+    kwargs = {"reduction": reduction, "label_smoothing": 0.0}
+    if weighted:
+        kwargs["weight"] = torch.rand(5, generator=gen) + 0.1
+    if ignore is not None:
+        kwargs["ignore_index"] = ignore
+        if ignore == -100:
+            target[[1, 6]] = -100
+    check_cross_entropy(logits, target, **kwargs)
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 4, 6), (2, 3, 4, 5), (2, 3, 2, 2, 3)])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cross_entropy_shapes(shape, reduction, no_fallback):
+    # Unbatched [C], [N, C, d] and [N, C, d1, d2(, d3)]: the latter run nll_loss2d.
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(*shape, generator=gen)
+    classes = shape[0] if len(shape) == 1 else shape[1]
+    target_shape = () if len(shape) == 1 else (shape[0],) + shape[2:]
+    target = torch.randint(0, classes, target_shape, generator=gen)
+    weight = torch.rand(classes, generator=gen) + 0.5
+    check_cross_entropy(logits, target, reduction=reduction, weight=weight, ignore_index=1)
+
+
+def test_cross_entropy_all_ignored_mean_is_nan(no_fallback):
+    logits = torch.randn(3, 4)
+    target = torch.full((3,), -100)
+    actual = F.cross_entropy(tpu(logits), tpu(target))
+    assert_equal_cpu(actual, F.cross_entropy(logits, target))
+    assert torch.isnan(actual.cpu())
+
+
+def test_cross_entropy_float64_and_bfloat16(no_fallback):
+    logits = torch.randn(6, 7, generator=torch.Generator().manual_seed(3))
+    target = torch.tensor([6, 0, 1, 5, 5, 2])
+    check_cross_entropy(logits.double(), target)
+    check_cross_entropy(logits.bfloat16(), target, tol={"atol": 2e-2, "rtol": 2e-2})
+
+
+def test_nll_loss_total_weight(no_fallback):
+    x = torch.randn(5, 3).log_softmax(1)
+    t = torch.tensor([0, 2, 1, 2, 2])
+    w = torch.tensor([0.5, 1.0, 2.0])
+    for reduction in (0, 1, 2):
+        expected = torch.ops.aten.nll_loss_forward(x, t, w, reduction, 1)
+        actual = torch.ops.aten.nll_loss_forward(tpu(x), tpu(t), tpu(w), reduction, 1)
+        assert_equal_cpu(actual[0], expected[0])
+        assert_equal_cpu(actual[1], expected[1])
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("kwargs", [{}, {"padding_idx": 1}, {"padding_idx": -1}, {"scale_grad_by_freq": True},
+                                    {"padding_idx": 0, "scale_grad_by_freq": True}])
+def test_embedding(index_dtype, kwargs, no_fallback):
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(10, 4, generator=gen)
+    indices = torch.tensor([[1, 2, 1, 9], [0, 9, 1, 1], [3, 3, 3, 0]], dtype=index_dtype)
+    w = weight.clone().requires_grad_()
+    wt = tpu(weight).requires_grad_()
+    expected = F.embedding(indices, w, **kwargs)
+    actual = F.embedding(tpu(indices), wt, **kwargs)
+    assert_equal_cpu(actual, expected, exact=True)
+    g = torch.randn(expected.shape, generator=gen)
+    (gw,) = torch.autograd.grad(expected, w, g)
+    (gwt,) = torch.autograd.grad(actual, wt, tpu(g))
+    assert_equal_cpu(gwt, gw)
+
+
+def test_embedding_dense_backward_direct(no_fallback):
+    grad = torch.randn(2, 3, 5)
+    indices = torch.tensor([[4, 0, 4], [6, 4, 0]])
+    for padding_idx, scale in ((-1, False), (4, False), (-1, True), (0, True)):
+        expected = torch.ops.aten.embedding_dense_backward(grad, indices, 7, padding_idx, scale)
+        actual = torch.ops.aten.embedding_dense_backward(tpu(grad), tpu(indices), 7, padding_idx, scale)
+        assert_equal_cpu(actual, expected)
+
+
+# Indexing overloads the generated parity tests do not reach: scatter with a Scalar value (the
+# scatter OpInfo passes tensors) and scatter_reduce's other reductions (one OpInfo per reduction).
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_scatter_value(dtype, no_fallback):
+    base = torch.zeros(3, 4, dtype=dtype)
+    index = torch.tensor([[0, 1, 2, 0], [2, 0, 1, 1]])
+    value = True if dtype == torch.bool else 2.5
+    assert_equal_cpu(tpu(base).scatter(0, tpu(index), value), base.scatter(0, index, value), exact=True)
+    expected = base.clone().scatter_(1, index, value)
+    actual = tpu(base)
+    actual.scatter_(1, tpu(index), value)
+    assert_equal_cpu(actual, expected, exact=True)
+    if dtype != torch.bool:
+        for reduce in ("add", "multiply"):
+            start = torch.full((3, 4), 3, dtype=dtype)
+            assert_equal_cpu(tpu(start).scatter(0, tpu(index), 2, reduce=reduce),
+                             start.scatter(0, index, 2, reduce=reduce), exact=True)
+
+
+@pytest.mark.parametrize("reduction", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("dtype", ["int64", "float32"])
+def test_scatter_reduce(reduction, dtype):
+    check_opinfo(f"scatter_reduce.{reduction}", dtype, overloads=["scatter_reduce.two", "scatter_reduce_.two"],
+                 variants=["Functional", "Inplace"])
