@@ -1288,4 +1288,156 @@ Value Builder::nll_loss_backward(const Value& grad_output, const Value& self, co
   return select(hit, along_classes(*this, per_target, self, p.class_dim), full(0, self.type));
 }
 
+// Normalization primitives (layer norm, group norm)
+
+namespace {
+
+// The dims layer norm normalizes over: the trailing normalized_shape.size() dims of v.
+std::vector<int64_t> norm_dims(const Value& v, const std::vector<int64_t>& normalized_shape) {
+  const int64_t count = static_cast<int64_t>(normalized_shape.size());
+  if (count < 1 || count > v.rank()) fail("layer norm: normalized_shape does not fit the input's rank");
+  std::vector<int64_t> dims;
+  for (int64_t d = v.rank() - count; d < v.rank(); ++d) dims.push_back(d);
+  return dims;
+}
+
+// v's dims with the normalized ones as 1s: the shape of layer norm's mean and rstd.
+std::vector<int64_t> norm_stat_shape(const Value& v, const std::vector<int64_t>& normalized_shape) {
+  std::vector<int64_t> shape = v.dims();
+  for (int64_t d : norm_dims(v, normalized_shape)) shape[d] = 1;
+  return shape;
+}
+
+// 1/sqrt(var + eps) of `centered` (v minus its mean) over dims, kept as 1s.
+Value rstd_of(Builder& b, const Value& centered, const std::vector<int64_t>& dims, double eps) {
+  Value var = b.mean(b.mul(centered, centered), dims, true);
+  return b.rsqrt(b.add(var, b.scalar_like(eps, var)));
+}
+
+// Sum over dims, or v itself where there are none (Builder::sum reads empty dims as "all").
+Value sum_over(Builder& b, const Value& v, const std::vector<int64_t>& dims) {
+  return dims.empty() ? v : b.sum(v, dims, false);
+}
+
+// Group norm's view of [N, C, *] as [N, group, C/group, HxW].
+Value grouped(Builder& b, const Value& v, int64_t N, int64_t C, int64_t HxW, int64_t group) {
+  if (group <= 0 || C % group != 0) fail("group norm: C must be divisible by group");
+  return b.reshape(v, {N, group, C / group, HxW});
+}
+
+// grad_input of a normalization whose x_hat = (x - mean) * rstd over dims: rstd * (g - mean(g) -
+// x_hat * mean(g * x_hat)), g = the gradient of x_hat.
+Value norm_grad_input(Builder& b, const Value& g, const Value& x_hat, const Value& rstd,
+                      const std::vector<int64_t>& dims) {
+  Value mean_g = b.mean(g, dims, true);
+  Value mean_gx = b.mean(b.mul(g, x_hat), dims, true);
+  return b.mul(rstd, b.sub(b.sub(g, mean_g), b.mul(x_hat, mean_gx)));
+}
+
+}  // namespace
+
+Value Builder::layer_norm(const Value& input, const std::vector<int64_t>& normalized_shape,
+                          const std::optional<Value>& weight, const std::optional<Value>& bias, double eps) {
+  const auto dims = norm_dims(input, normalized_shape);
+  Value centered = sub(input, mean(input, dims, true));
+  Value out = mul(centered, rstd_of(*this, centered, dims, eps));
+  if (weight) out = mul(out, *weight);
+  if (bias) out = add(out, *bias);
+  return out;
+}
+
+Value Builder::layer_norm_mean(const Value& input, const std::vector<int64_t>& normalized_shape) {
+  return mean(input, norm_dims(input, normalized_shape), true);
+}
+
+Value Builder::layer_norm_rstd(const Value& input, const std::vector<int64_t>& normalized_shape, double eps) {
+  const auto dims = norm_dims(input, normalized_shape);
+  return rstd_of(*this, sub(input, mean(input, dims, true)), dims, eps);
+}
+
+namespace {
+
+// (x - mean) * rstd with the saved mean/rstd viewed in the stat shape.
+Value layer_norm_x_hat(Builder& b, const Value& input, const std::vector<int64_t>& normalized_shape,
+                       const Value& mean, const Value& rstd) {
+  const auto stat = norm_stat_shape(input, normalized_shape);
+  return b.mul(b.sub(input, b.reshape(mean, stat)), b.reshape(rstd, stat));
+}
+
+}  // namespace
+
+Value Builder::layer_norm_grad_input(const Value& grad_out, const Value& input,
+                                     const std::vector<int64_t>& normalized_shape, const Value& mean,
+                                     const Value& rstd, const std::optional<Value>& weight) {
+  Value x_hat = layer_norm_x_hat(*this, input, normalized_shape, mean, rstd);
+  Value g = weight ? mul(grad_out, *weight) : grad_out;
+  return norm_grad_input(*this, g, x_hat, reshape(rstd, norm_stat_shape(input, normalized_shape)),
+                         norm_dims(input, normalized_shape));
+}
+
+Value Builder::layer_norm_grad_weight(const Value& grad_out, const Value& input,
+                                      const std::vector<int64_t>& normalized_shape, const Value& mean,
+                                      const Value& rstd) {
+  Value x_hat = layer_norm_x_hat(*this, input, normalized_shape, mean, rstd);
+  std::vector<int64_t> leading;
+  for (int64_t d = 0; d < norm_dims(input, normalized_shape).front(); ++d) leading.push_back(d);
+  return sum_over(*this, mul(grad_out, x_hat), leading);
+}
+
+Value Builder::layer_norm_grad_bias(const Value& grad_out, const std::vector<int64_t>& normalized_shape) {
+  std::vector<int64_t> leading;
+  for (int64_t d = 0; d < norm_dims(grad_out, normalized_shape).front(); ++d) leading.push_back(d);
+  return sum_over(*this, grad_out, leading);
+}
+
+Value Builder::group_norm(const Value& input, const std::optional<Value>& weight, const std::optional<Value>& bias,
+                          int64_t N, int64_t C, int64_t HxW, int64_t group, double eps) {
+  Value x = grouped(*this, input, N, C, HxW, group);
+  Value centered = sub(x, mean(x, {2, 3}, true));
+  Value out = reshape(mul(centered, rstd_of(*this, centered, {2, 3}, eps)), {N, C, HxW});
+  if (weight) out = mul(out, reshape(*weight, {1, C, 1}));
+  if (bias) out = add(out, reshape(*bias, {1, C, 1}));
+  return reshape(out, input.dims());
+}
+
+Value Builder::group_norm_mean(const Value& input, int64_t N, int64_t C, int64_t HxW, int64_t group) {
+  return mean(grouped(*this, input, N, C, HxW, group), {2, 3}, false);
+}
+
+Value Builder::group_norm_rstd(const Value& input, int64_t N, int64_t C, int64_t HxW, int64_t group, double eps) {
+  Value x = grouped(*this, input, N, C, HxW, group);
+  return reshape(rstd_of(*this, sub(x, mean(x, {2, 3}, true)), {2, 3}, eps), {N, group});
+}
+
+namespace {
+
+Value group_norm_x_hat(Builder& b, const Value& input, const Value& mean, const Value& rstd, int64_t N, int64_t C,
+                       int64_t HxW, int64_t group) {
+  Value x = grouped(b, input, N, C, HxW, group);
+  return b.mul(b.sub(x, b.reshape(mean, {N, group, 1, 1})), b.reshape(rstd, {N, group, 1, 1}));
+}
+
+}  // namespace
+
+Value Builder::group_norm_grad_input(const Value& grad_out, const Value& input, const Value& mean, const Value& rstd,
+                                     const std::optional<Value>& weight, int64_t N, int64_t C, int64_t HxW,
+                                     int64_t group) {
+  Value x_hat = group_norm_x_hat(*this, input, mean, rstd, N, C, HxW, group);
+  Value g = grouped(*this, grad_out, N, C, HxW, group);
+  if (weight) g = mul(g, reshape(*weight, {1, group, C / group, 1}));
+  Value dx = norm_grad_input(*this, g, x_hat, reshape(rstd, {N, group, 1, 1}), {2, 3});
+  return reshape(dx, input.dims());
+}
+
+Value Builder::group_norm_grad_weight(const Value& grad_out, const Value& input, const Value& mean, const Value& rstd,
+                                      int64_t N, int64_t C, int64_t HxW, int64_t group) {
+  Value x_hat = group_norm_x_hat(*this, input, mean, rstd, N, C, HxW, group);
+  Value g = grouped(*this, grad_out, N, C, HxW, group);
+  return reshape(sum(mul(g, x_hat), {0, 3}, false), {C});
+}
+
+Value Builder::group_norm_grad_bias(const Value& grad_out, int64_t N, int64_t C, int64_t HxW) {
+  return sum(reshape(grad_out, {N, C, HxW}), {0, 2}, false);
+}
+
 }  // namespace torchtpu::rt

@@ -208,6 +208,21 @@ class Builder {
   Value nll_loss(const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index);
   Value nll_loss_total_weight(const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index);
   Value nll_loss_backward(const Value& grad_output, const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index, const Value& total_weight);
+  // normalization primitives (specs/normalization.yaml). Layer norm normalizes over the trailing
+  // normalized_shape dims; its mean/rstd keep those dims as 1s. Group norm views input as
+  // [N, group, C/group * HxW]; its mean/rstd are [N, group]. Variances are biased.
+  Value layer_norm(const Value& input, const std::vector<int64_t>& normalized_shape, const std::optional<Value>& weight, const std::optional<Value>& bias, double eps);
+  Value layer_norm_mean(const Value& input, const std::vector<int64_t>& normalized_shape);
+  Value layer_norm_rstd(const Value& input, const std::vector<int64_t>& normalized_shape, double eps);  // 1/sqrt(var + eps)
+  Value layer_norm_grad_input(const Value& grad_out, const Value& input, const std::vector<int64_t>& normalized_shape, const Value& mean, const Value& rstd, const std::optional<Value>& weight);
+  Value layer_norm_grad_weight(const Value& grad_out, const Value& input, const std::vector<int64_t>& normalized_shape, const Value& mean, const Value& rstd);
+  Value layer_norm_grad_bias(const Value& grad_out, const std::vector<int64_t>& normalized_shape);
+  Value group_norm(const Value& input, const std::optional<Value>& weight, const std::optional<Value>& bias, int64_t N, int64_t C, int64_t HxW, int64_t group, double eps);
+  Value group_norm_mean(const Value& input, int64_t N, int64_t C, int64_t HxW, int64_t group);
+  Value group_norm_rstd(const Value& input, int64_t N, int64_t C, int64_t HxW, int64_t group, double eps);
+  Value group_norm_grad_input(const Value& grad_out, const Value& input, const Value& mean, const Value& rstd, const std::optional<Value>& weight, int64_t N, int64_t C, int64_t HxW, int64_t group);
+  Value group_norm_grad_weight(const Value& grad_out, const Value& input, const Value& mean, const Value& rstd, int64_t N, int64_t C, int64_t HxW, int64_t group);
+  Value group_norm_grad_bias(const Value& grad_out, int64_t N, int64_t C, int64_t HxW);
 
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).

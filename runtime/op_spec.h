@@ -34,7 +34,7 @@ enum class Compute : uint8_t {
 
 // A schema argument as the emitter sees it.
 using EmitArg = std::variant<std::monostate, rt::Value, std::vector<rt::Value>, int64_t, double, bool,
-                             std::vector<int64_t>, std::string>;
+                             std::vector<int64_t>, std::string, std::vector<bool>>;
 
 class EmitArgs {
  public:
@@ -55,6 +55,8 @@ class EmitArgs {
     return get<std::vector<int64_t>>(i, "an int list");
   }
   const std::string& string(int i) const { return get<std::string>(i, "a string"); }
+  // bool[N] arguments (output_mask).
+  const std::vector<bool>& bools(int i) const { return get<std::vector<bool>>(i, "a bool list"); }
   bool is_none(int i) const { return std::holds_alternative<std::monostate>(args.at(i)); }
   // Optional arguments (Tensor?, Scalar?, float?) for primitives that take std::optional.
   std::optional<rt::Value> optional_value(int i) const {

@@ -83,6 +83,11 @@ void key_attr(KeyWriter& k, const c10::IValue& v) {
     return k.tag('d'), k.i(bits);
   }
   if (v.isIntList()) return k.tag('l'), k.ints(v.toIntVector());
+  if (v.isBoolList()) {  // bool[N] (output_mask)
+    k.tag('B');
+    for (bool bit : v.toBoolList()) k.tag(bit ? 'y' : 'n');
+    return k.tag('.');
+  }
   if (v.isString()) return k.tag('s'), k.str(v.toStringRef());
   if (v.isDevice()) return k.tag('D'), k.i(static_cast<int64_t>(v.toDevice().type()));
   TORCH_CHECK(false, "torchtpu: cannot key a compile-time argument of type ", v.tagKind());
@@ -161,6 +166,7 @@ struct ParamSource {
 struct OutputPlan {
   at::ScalarType dtype;
   std::vector<int64_t> sizes, strides;
+  bool defined = true;  // false: Meta returned an undefined tensor (an output an output_mask turns off)
 };
 
 // The benchmark's "bare PJRT" baseline: the executable and buffers of one real kernel call.
@@ -317,9 +323,14 @@ class SpecKernel final : public c10::OperatorKernel {
 
     if (spec_.variant == Variant::Functional) {
       std::vector<at::Tensor> results;
+      size_t next = 0;  // undefined outputs have no module result
       for (size_t j = 0; j < entry.outputs.size(); ++j) {
         const OutputPlan& plan = entry.outputs[j];
-        results.push_back(wrap_buffer(outputs[j], plan.dtype, plan.sizes, plan.strides, 0, device));
+        if (!plan.defined) {
+          results.emplace_back();
+          continue;
+        }
+        results.push_back(wrap_buffer(outputs[next++], plan.dtype, plan.sizes, plan.strides, 0, device));
       }
       torch::jit::drop(*stack, n);
       for (auto& r : results) stack->emplace_back(std::move(r));
@@ -350,9 +361,11 @@ class SpecKernel final : public c10::OperatorKernel {
     std::vector<OutputPlan> outs;
     if (spec_.variant == Variant::Functional) {
       for (const c10::IValue& r : meta) {
-        if (r.isTensor()) {
+        if (r.isTensor() && r.toTensor().defined()) {
           const at::Tensor& t = r.toTensor();
           outs.push_back(OutputPlan{t.scalar_type(), t.sizes().vec(), t.strides().vec()});
+        } else if (r.isTensor() || r.isNone()) {  // an output the op's output_mask turned off
+          outs.push_back(OutputPlan{at::kFloat, {}, {}, false});
         }
       }
     } else {
@@ -367,7 +380,8 @@ class SpecKernel final : public c10::OperatorKernel {
     }
 
     // 2. The dtype the lowering computes in.
-    at::ScalarType compute = outs.at(0).dtype;
+    const auto first_defined = std::find_if(outs.begin(), outs.end(), [](const OutputPlan& o) { return o.defined; });
+    at::ScalarType compute = first_defined != outs.end() ? first_defined->dtype : outs.at(0).dtype;
     if (spec_.compute != Compute::Output) {
       at::native::ResultTypeState state{};
       for (int i : spec_.promoted) {
@@ -454,11 +468,15 @@ class SpecKernel final : public c10::OperatorKernel {
           else if (a.isDouble()) ea.args[i] = a.toDouble();
           else if (a.isIntList()) ea.args[i] = a.toIntVector();
           else if (a.isString()) ea.args[i] = a.toStringRef();
+          else if (a.isBoolList()) {
+            const auto bits = a.toBoolList();
+            ea.args[i] = std::vector<bool>(bits.begin(), bits.end());
+          }
           else if (a.isScalar()) ea.args[i] = a.toScalar().toDouble();
           break;
         case ArgKind::Generator: {
           int64_t numel = 0;
-          for (const OutputPlan& o : outs) numel += c10::multiply_integers(o.sizes);
+          for (const OutputPlan& o : outs) numel += o.defined ? c10::multiply_integers(o.sizes) : 0;
           // Room for two 32-bit draws per element (Box-Muller) and rounding: streams never overlap.
           const uint64_t words = static_cast<uint64_t>(numel) + 16;
           entry->params.push_back(ParamSource{ParamSource::Random, arg, -1, rt::ElementType::U64, words});
@@ -483,6 +501,7 @@ class SpecKernel final : public c10::OperatorKernel {
                   spec_.source, ") returns ", results.size(), " values; the op returns ", outs.size());
       for (size_t j = 0; j < outs.size(); ++j) {
         const OutputPlan& plan = outs[j];
+        if (!plan.defined) continue;
         rt::Value v = b.broadcast_to(b.convert(results[j], element_type(plan.dtype)), plan.sizes);
         const int64_t itemsize = static_cast<int64_t>(c10::elementSize(plan.dtype));
         const int64_t storage_numel =

@@ -696,6 +696,18 @@ std::vector<Value> emit_mse_loss_backward(Builder& b, const EmitArgs& a) { retur
 // mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:107)
 std::vector<Value> emit_mse_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
 
+// native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
+std::vector<Value> emit_native_layer_norm(Builder& b, const EmitArgs& a) { return {b.layer_norm(a.value(0), a.ints(1), a.optional_value(2), a.optional_value(3), a.real(4)), b.layer_norm_mean(a.value(0), a.ints(1)), b.layer_norm_rstd(a.value(0), a.ints(1), a.real(4))}; }
+
+// native_layer_norm_backward = (layer_norm_grad_input(grad_out, input, normalized_shape, mean, rstd, weight), layer_norm_grad_weight(grad_out, input, normalized_shape, mean, rstd), layer_norm_grad_bias(grad_out, normalized_shape))  (specs/normalization.yaml:13)
+std::vector<Value> emit_native_layer_norm_backward(Builder& b, const EmitArgs& a) { return {b.layer_norm_grad_input(a.value(0), a.value(1), a.ints(2), a.value(3), a.value(4), a.optional_value(5)), b.layer_norm_grad_weight(a.value(0), a.value(1), a.ints(2), a.value(3), a.value(4)), b.layer_norm_grad_bias(a.value(0), a.ints(2))}; }
+
+// native_group_norm = (group_norm(input, weight, bias, N, C, HxW, group, eps), group_norm_mean(input, N, C, HxW, group), group_norm_rstd(input, N, C, HxW, group, eps))  (specs/normalization.yaml:18)
+std::vector<Value> emit_native_group_norm(Builder& b, const EmitArgs& a) { return {b.group_norm(a.value(0), a.optional_value(1), a.optional_value(2), a.integer(3), a.integer(4), a.integer(5), a.integer(6), a.real(7)), b.group_norm_mean(a.value(0), a.integer(3), a.integer(4), a.integer(5), a.integer(6)), b.group_norm_rstd(a.value(0), a.integer(3), a.integer(4), a.integer(5), a.integer(6), a.real(7))}; }
+
+// native_group_norm_backward = (group_norm_grad_input(grad_out, input, mean, rstd, weight, N, C, HxW, group), group_norm_grad_weight(grad_out, input, mean, rstd, N, C, HxW, group), group_norm_grad_bias(grad_out, N, C, HxW))  (specs/normalization.yaml:24)
+std::vector<Value> emit_native_group_norm_backward(Builder& b, const EmitArgs& a) { return {b.group_norm_grad_input(a.value(0), a.value(1), a.value(2), a.value(3), a.optional_value(4), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_weight(a.value(0), a.value(1), a.value(2), a.value(3), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_bias(a.value(0), a.integer(5), a.integer(6), a.integer(7))}; }
+
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
 std::vector<Value> emit_uniform(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
 // uniform_ = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -2329,6 +2341,22 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, 4,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward__grad_input},
+      {"native_layer_norm", "specs/normalization.yaml:7", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 2, 3}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_native_layer_norm},
+      {"native_layer_norm_backward", "specs/normalization.yaml:13", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1, 3, 4, 5, 6}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_native_layer_norm_backward},
+      {"native_group_norm", "specs/normalization.yaml:18", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_native_group_norm},
+      {"native_group_norm_backward", "specs/normalization.yaml:24", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2, 3, 4}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_native_group_norm_backward},
       {"uniform", "specs/random.yaml:5", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Output, -1,

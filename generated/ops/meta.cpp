@@ -2542,6 +2542,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_mse_loss__out,  // mse_loss.out
       nullptr,  // mse_loss_backward
       nullptr,  // mse_loss_backward.grad_input
+      nullptr,  // native_layer_norm
+      nullptr,  // native_layer_norm_backward
+      nullptr,  // native_group_norm
+      nullptr,  // native_group_norm_backward
       nullptr,  // uniform
       nullptr,  // uniform_
       nullptr,  // uniform.out

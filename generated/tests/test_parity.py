@@ -904,6 +904,32 @@ def test_mse_loss(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_native_layer_norm(dtype):
+    # specs/normalization.yaml:7
+    check_opinfo(
+        "nn.functional.layer_norm",
+        dtype,
+        overloads=["native_layer_norm"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_native_group_norm(dtype):
+    # specs/normalization.yaml:18
+    check_opinfo(
+        "nn.functional.group_norm",
+        dtype,
+        overloads=["native_group_norm"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_sum_dim_IntList(dtype):
     # specs/reduction.yaml:3
