@@ -75,10 +75,10 @@ class Builder {
   Value scatter_flat(const Value& flat, const Value& indices, const Value& updates);
 
   // --- Primitives that spec lowerings name (specs/*.yaml) ---
-  // codegen reads this section: one declaration per line; parameters are const Value&,
-  // const std::vector<Value>&, const std::vector<int64_t>&, int64_t, bool or double; an optional
-  // schema argument (None allowed) as const std::optional<Value>& or std::optional<double>.
-  // const std::vector<Value>&, const std::vector<int64_t>&, int64_t, bool, double or const std::string&.
+  // codegen reads this section (codegen/model.py _PARAMETER_KINDS): one declaration per line;
+  // parameters are const Value&, const std::vector<Value>&, const std::vector<int64_t>&, int64_t,
+  // bool, double, const std::string& or const std::vector<bool>&; an optional schema argument (None
+  // allowed) as const std::optional<Value>& or std::optional<double>.
   Value add(const Value& a, const Value& b) { return binary("add", a, b); }
   Value sub(const Value& a, const Value& b) { return binary("subtract", a, b); }
   Value mul(const Value& a, const Value& b) { return binary("multiply", a, b); }
