@@ -41,7 +41,7 @@ DEFAULT_TEST_DTYPES = ("bool", "int64", "bfloat16", "float32")
 COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
 VARIANTS = ("inplace", "out")
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "test", "__line__"}
-TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "skip", "__line__"}
+TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
 # "Primitives that spec lowerings name" section of runtime/hlo_builder.h. Each parameter's kind:
