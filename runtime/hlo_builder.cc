@@ -49,6 +49,23 @@ const char* compare_type(ElementType e) {
 
 [[noreturn]] void fail(const std::string& message) { throw std::invalid_argument("torchtpu builder: " + message); }
 
+// The result of reducing `v` over (normalized) `dims`, given back its reduced dims as 1s.
+Value keep_dims(Builder& b, const Value& reduced, const Value& v, const std::vector<int64_t>& dims, bool keepdim) {
+  if (!keepdim) return reduced;
+  std::vector<int64_t> kept = v.dims();
+  for (int64_t d : dims) kept[d] = 1;
+  return b.reshape(reduced, kept);
+}
+
+// v's dims without `dims`.
+std::vector<int64_t> reduced_dims(const Value& v, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> out;
+  for (int i = 0; i < v.rank(); ++i) {
+    if (!std::count(dims.begin(), dims.end(), i)) out.push_back(v.dims()[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string Builder::name(const Value& v) const {
@@ -250,24 +267,11 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
 }
 
 Value Builder::reduce(const Value& v, const std::vector<int64_t>& dims, const char* combiner, double init) {
-  Value init_value = constant(init, v.element());
-  std::vector<int64_t> out_dims;
-  for (int i = 0; i < v.rank(); ++i) {
-    if (!std::count(dims.begin(), dims.end(), i)) out_dims.push_back(v.dims()[i]);
-  }
-  TensorType t{v.element(), out_dims};
-  return emit("stablehlo.reduce(" + name(v) + " init: " + name(init_value) + ") applies stablehlo." + combiner +
-                  " across dimensions = [" + join(dims) + "] : (" + v.type.mlir() + ", " + init_value.type.mlir() +
-                  ") -> " + t.mlir(),
-              t);
+  return reduce_from(v, dims, combiner, constant(init, v.element()));
 }
 
 Value Builder::reduce_from(const Value& v, const std::vector<int64_t>& dims, const char* combiner, const Value& init) {
-  std::vector<int64_t> out_dims;
-  for (int i = 0; i < v.rank(); ++i) {
-    if (!std::count(dims.begin(), dims.end(), i)) out_dims.push_back(v.dims()[i]);
-  }
-  TensorType t{v.element(), out_dims};
+  TensorType t{v.element(), reduced_dims(v, dims)};
   return emit("stablehlo.reduce(" + name(v) + " init: " + name(init) + ") applies stablehlo." + combiner +
                   " across dimensions = [" + join(dims) + "] : (" + v.type.mlir() + ", " + init.type.mlir() +
                   ") -> " + t.mlir(),
@@ -322,11 +326,7 @@ Value Builder::matmul(const Value& a, const Value& b) { return dot_general(a, b,
 
 Value Builder::sum(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim) {
   const auto dims = normalize_dims(dims_in, v.rank());
-  Value r = reduce(v, dims, v.element() == ElementType::Pred ? "or" : "add", 0);
-  if (!keepdim) return r;
-  std::vector<int64_t> kept = v.dims();
-  for (int64_t d : dims) kept[d] = 1;
-  return reshape(r, kept);
+  return keep_dims(*this, reduce(v, dims, v.element() == ElementType::Pred ? "or" : "add", 0), v, dims, keepdim);
 }
 
 Value Builder::mean(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim) {
@@ -507,10 +507,7 @@ std::string Builder::finish(const std::vector<Value>& results) const {
 
 Value Builder::max_along(const Value& v, int64_t dim) {
   const auto dims = normalize_dims({dim}, v.rank());
-  Value r = reduce(v, dims, "maximum", -std::numeric_limits<double>::infinity());
-  std::vector<int64_t> kept = v.dims();
-  for (int64_t d : dims) kept[d] = 1;
-  return reshape(r, kept);
+  return keep_dims(*this, reduce(v, dims, "maximum", -std::numeric_limits<double>::infinity()), v, dims, true);
 }
 
 Value Builder::softmax(const Value& v, int64_t dim) {
@@ -581,23 +578,6 @@ Value Builder::mse_loss_norm(const Value& like, int64_t reduction) {
 // Reduction family
 
 namespace {
-
-// The result of reducing `v` over (normalized) `dims`, given back its reduced dims as 1s.
-Value keep_dims(Builder& b, const Value& reduced, const Value& v, const std::vector<int64_t>& dims, bool keepdim) {
-  if (!keepdim) return reduced;
-  std::vector<int64_t> kept = v.dims();
-  for (int64_t d : dims) kept[d] = 1;
-  return b.reshape(reduced, kept);
-}
-
-// v's dims without `dims`.
-std::vector<int64_t> reduced_dims(const Value& v, const std::vector<int64_t>& dims) {
-  std::vector<int64_t> out;
-  for (int i = 0; i < v.rank(); ++i) {
-    if (!std::count(dims.begin(), dims.end(), i)) out.push_back(v.dims()[i]);
-  }
-  return out;
-}
 
 int bits_of(ElementType e) { return element_size(e) * 8; }
 
