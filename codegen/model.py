@@ -11,6 +11,7 @@ A spec entry (see README "Adding an op"):
       dtypes: all                     # a group (all, floating, integral, numeric) or a list of torch dtype names
       variants: [inplace, out]        # which of ATen's in-place / out= overloads to derive (default: all)
       test: {opinfo: add, dtypes: [float32, int64], atol: 1e-5, rtol: 1e-5}
+                                      # grad_atol / grad_rtol: for the gradient comparison (default: atol / rtol)
 
 Errors name the spec file and line and what is wrong; codegen stops on the first file with errors.
 """
@@ -41,7 +42,7 @@ DEFAULT_TEST_DTYPES = ("bool", "int64", "bfloat16", "float32")
 COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
 VARIANTS = ("inplace", "out")
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "test", "__line__"}
-TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "__line__"}
+TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
 # "Primitives that spec lowerings name" section of runtime/hlo_builder.h. Each parameter's kind:

@@ -74,9 +74,64 @@ def assert_same(actual, expected, atol=None, rtol=None, context=""):
         assert actual == expected, f"{context}: {actual!r} != {expected!r}"
 
 
-def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str], atol=None, rtol=None):
+def _leaf_to(value, device):
+    """`value` with every tensor a fresh leaf on `device` that requires grad where the original does."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device).requires_grad_(value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_leaf_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _leaf_to(v, device) for k, v in value.items()}
+    return value
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _check_gradients(info, name, torch_dtype, atol, rtol):
+    """Backward parity: for each sample, the gradients of its differentiable outputs (weighted by
+    the same random cotangents on both devices) with respect to its inputs match CPU's."""
+    cotangents = torch.Generator().manual_seed(0)
+    for index, sample in enumerate(info.sample_inputs("cpu", torch_dtype, requires_grad=True)):
+        context = f"{name} {torch_dtype} sample {index} (gradients): {sample}"
+        runs = {}
+        for device in ("cpu", "tpu"):
+            inputs = _leaf_to((sample.input, sample.args, sample.kwargs), device)
+            leaves = [t for t in _tensors(inputs) if t.requires_grad]
+            try:
+                outputs = [t for t in _tensors(info.op(inputs[0], *inputs[1], **inputs[2])) if t.requires_grad]
+            except Exception:
+                if device == "cpu":
+                    break  # CPU itself rejects this sample
+                raise
+            if not leaves or not outputs:
+                break
+            if device == "cpu":
+                weights = [torch.randn(o.shape, generator=cotangents, dtype=o.dtype) if o.is_floating_point()
+                           else None for o in outputs]
+            pairs = [(o, w.to(device)) for o, w in zip(outputs, weights) if w is not None]
+            if not pairs:
+                break
+            grads = torch.autograd.grad([o for o, _ in pairs], leaves, [w for _, w in pairs], allow_unused=True)
+            runs[device] = grads
+        if len(runs) == 2:
+            for i, (actual, expected) in enumerate(zip(runs["tpu"], runs["cpu"])):
+                assert (actual is None) == (expected is None), f"{context}: gradient {i} defined on one side only"
+                if expected is not None:
+                    assert_same(actual, expected, atol, rtol, f"{context} gradient {i}")
+
+
+def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str], atol=None, rtol=None,
+                 grad_atol=None, grad_rtol=None):
     """Runs every OpInfo sample of `name` on tpu and CPU, for each variant (Functional / Inplace /
-    Out) the spec derives, and compares. A sample CPU rejects is skipped; everything else must
+    Out) the spec derives, and compares; in float32/float64 also the gradients. A sample CPU rejects is skipped; everything else must
     match, and none of `overloads` may fall back to the CPU."""
     torch_dtype = getattr(torch, dtype)
     info = find_opinfo(name)
@@ -121,6 +176,11 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
             assert_same(actual, expected, atol, rtol, context)
             checked += 1
     assert checked > 0, f"{name} {dtype}: no sample ran"
+    # Gradients in float32/float64: in half precision CPU rounds every backward intermediate, so
+    # its gradients are no reference for a float32-accumulating lowering.
+    if torch_dtype in (torch.float32, torch.float64) and info.supports_autograd:
+        _check_gradients(info, name, torch_dtype, atol if grad_atol is None else grad_atol,
+                         rtol if grad_rtol is None else grad_rtol)
     after = _fallbacks()
     fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before.get("aten::" + op, 0)]
     assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"
