@@ -9,7 +9,11 @@ A spec entry (see README "Adding an op"):
       promote: [self, other, alpha]   # converted to the compute dtype (default: every Tensor/Scalar argument)
       compile_time: []                # Scalars baked into the module instead of passed at run time
       dtypes: all                     # a group (all, floating, integral, numeric) or a list of torch dtype names
-      variants: [inplace, out]        # which of ATen's in-place / out= overloads to derive (default: all)
+      variants: [inplace, out]        # which of ATen's in-place / out= / mutable overloads to derive (default: all)
+      writes: [running_mean]          # arguments the op updates though its schema does not say so
+      runtime: [lr]                   # float arguments passed at run time (default: compile-time)
+      foreach: true                   # the lowering is per element of the list arguments (_foreach_*)
+      generator: implicit             # draws from the default generator, named `generator` in the lowering
       test: {opinfo: add, dtypes: [float32, int64], atol: 1e-5, rtol: 1e-5}
                                       # grad_atol / grad_rtol: for the gradient comparison (default: atol / rtol)
 
@@ -40,8 +44,9 @@ ALL_DTYPES = set(DTYPE_GROUPS["all"])
 DEFAULT_TEST_DTYPES = ("bool", "int64", "bfloat16", "float32")
 
 COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
-VARIANTS = ("inplace", "out")
-KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "test", "__line__"}
+VARIANTS = {"inplace": "Inplace", "out": "Out", "mutable": "Inplace"}  # mutable variants write args, as in-place ones do
+KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "writes", "runtime", "foreach",
+        "generator", "test", "__line__"}
 TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
@@ -110,7 +115,7 @@ class _LineLoader(yaml.SafeLoader):
 class Argument:
     name: str
     type: str  # torchgen's spelling, e.g. "Tensor", "Scalar", "int[1]?"
-    kind: str  # Tensor | TensorList | Scalar | Attr | Ignored
+    kind: str  # Tensor | TensorList | Scalar | ScalarList | Attr | Generator | Ignored
     access: str  # how the emitter reads it: value | values | ints | int | bool | bools | float | str | none
 
 
@@ -122,7 +127,10 @@ class Overload:
     variant: str  # Functional | Inplace | Out
     arguments: list[Argument]
     promoted: list[int]
-    written_arg: int
+    written: list[int]  # arguments the op writes (see OpSpec::written in runtime/op_spec.h)
+    returns: list[int]  # per return: the argument it aliases, or -1 for a fresh result
+    foreach: bool
+    implicit_generator: bool
     emit_expression: str  # C++ returning std::vector<rt::Value>
     function: str  # the emitter's C++ name
     meta: "MetaCall | None" = None  # the direct call of its C++ Meta kernel, where ATen has one
@@ -304,7 +312,7 @@ def _meta_call(f) -> "MetaCall | None":
     return MetaCall(f"ATen/ops/{f.root_name}_meta_dispatch.h", statements, f"at::meta::{name}({', '.join(args)})")
 
 
-def _classify(arg, promote: set[str], compile_time: set[str]) -> Argument:
+def _classify(arg, promote: set[str], compile_time: set[str], runtime: set[str]) -> Argument:
     t = str(arg.type)
     base = t.rstrip("?")
     if base.startswith("int[") or base.startswith("SymInt["):
@@ -318,6 +326,10 @@ def _classify(arg, promote: set[str], compile_time: set[str]) -> Argument:
     if base == "Scalar":
         kind = "Attr" if arg.name in compile_time else "Scalar"
         return Argument(arg.name, t, kind, "float" if kind == "Attr" else "value")
+    if base == "Scalar[]":
+        return Argument(arg.name, t, "ScalarList", "values")
+    if base == "float" and arg.name in runtime:
+        return Argument(arg.name, t, "Scalar", "value")
     if base == "Generator":
         return Argument(arg.name, t, "Generator", "value")
     if arg.name in IGNORED_NAMES:
@@ -330,9 +342,13 @@ def _classify(arg, promote: set[str], compile_time: set[str]) -> Argument:
 class _LoweringCompiler:
     """Turns a lowering expression into C++ over the builder, checking names and arity."""
 
-    def __init__(self, spec_path: str, line: int, arguments: list[Argument], primitives: dict[str, tuple[str, ...]]):
+    def __init__(self, spec_path: str, line: int, arguments: list[Argument], primitives: dict[str, tuple[str, ...]],
+                 foreach: bool = False):
         self.path, self.line = spec_path, line
         self.primitives = primitives
+        if foreach:  # a foreach lowering names one element of each list argument
+            arguments = [dataclasses.replace(a, access="value") if a.kind in ("TensorList", "ScalarList") else a
+                         for a in arguments]
         self.args = {a.name: (i, a) for i, a in enumerate(arguments)}
         # An argument named after a Python keyword (`from`) is written with a trailing underscore.
         self.args.update({f"{a.name}_": (i, a) for i, a in enumerate(arguments) if keyword.iskeyword(a.name)})
@@ -440,6 +456,23 @@ class _LoweringCompiler:
         self.fail(f"unsupported expression {ast.unparse(node)!r}")
 
 
+def _written_and_returns(f, fargs, writes: list[str]) -> tuple[list[int], list[int]]:
+    """The arguments an overload writes, in the order its lowering produces their new values (those
+    its returns alias, in return order; then other mutated ones; then the spec's `writes`), and
+    per return the argument it aliases or -1."""
+    def alias(a):
+        return a.annotation.alias_set if a.annotation is not None else None
+
+    returns = []
+    for r in f.func.returns:
+        aliased = [i for i, a in enumerate(fargs) if alias(r) is not None and alias(a) == alias(r)]
+        returns.append(aliased[0] if aliased else -1)
+    written = [i for i in returns if i >= 0]
+    written += [i for i, a in enumerate(fargs) if a.annotation is not None and a.annotation.is_write and i not in written]
+    written += [i for i, a in enumerate(fargs) if a.name in writes and i not in written]
+    return written, returns
+
+
 def _expand_dtypes(value, path, line) -> list[str]:
     names = [value] if isinstance(value, str) else list(value or [])
     out: list[str] = []
@@ -496,10 +529,20 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         dtypes = _expand_dtypes(entry.get("dtypes", "all"), display_path, line)
         schema_args = list(func.func.schema_order_arguments())
         names = [a.name for a in schema_args]
-        default_promote = [a.name for a in schema_args if str(a.type).rstrip("?") in ("Tensor", "Scalar", "Tensor[]")]
+        runtime = entry.get("runtime", [])
+        default_promote = [a.name for a in schema_args
+                           if str(a.type).rstrip("?") in ("Tensor", "Scalar", "Tensor[]", "Scalar[]") or a.name in runtime]
         promote = entry.get("promote", default_promote)
         compile_time = entry.get("compile_time", [])
-        for listed, what in ((promote, "promote"), (compile_time, "compile_time")):
+        writes = entry.get("writes", [])
+        foreach = entry.get("foreach", False)
+        generator = entry.get("generator")
+        if foreach not in (True, False):
+            raise SpecError(display_path, line, "foreach is true or false")
+        if generator not in (None, "implicit"):
+            raise SpecError(display_path, line, "generator: implicit is the only form (the op's schema has no generator)")
+        for listed, what in ((promote, "promote"), (compile_time, "compile_time"), (runtime, "runtime"),
+                             (writes, "writes")):
             for name in listed:
                 if name not in names:
                     raise SpecError(display_path, line, f"{what} names {name!r}, which is not an argument of "
@@ -509,35 +552,42 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         for v in variants:
             if v not in VARIANTS:
                 raise SpecError(display_path, line, f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+        for name in runtime:
+            if str(schema_args[names.index(name)].type) != "float":
+                raise SpecError(display_path, line, f"runtime names {name!r}, which is not a float argument")
+        for name in writes:
+            if str(schema_args[names.index(name)].type).rstrip("?") != "Tensor":
+                raise SpecError(display_path, line, f"writes names {name!r}, which is not a Tensor argument")
+        lists = [i for i, a in enumerate(schema_args) if str(a.type).rstrip("?") in ("Tensor[]", "Scalar[]")]
+        if foreach and not lists:
+            raise SpecError(display_path, line, f"foreach: {op} has no list argument")
         targets = [("Functional", func)]
         for v in variants:
             f = getattr(group, v, None) if group else None
             if f is None:
                 raise SpecError(display_path, line, f"{op} has no {v} variant in ATen; drop it from variants")
-            targets.append(("Inplace" if v == "inplace" else "Out", f))
+            targets.append((VARIANTS[v], f))
 
         overloads = []
         for variant, f in targets:
             fargs = list(f.func.schema_order_arguments())
-            arguments = [_classify(a, set(promote), set(compile_time)) for a in fargs]
+            arguments = [_classify(a, set(promote), set(compile_time), set(runtime)) for a in fargs]
             for a in arguments:
                 if a.kind == "Unsupported":
                     raise SpecError(display_path, line, f"argument {a.name!r} of {f.func.name} has type {a.type}, "
                                                         f"which specs cannot take yet")
-            written = -1
-            if variant == "Inplace":
-                written = 0
-            elif variant == "Out":
-                outs = [i for i, a in enumerate(fargs) if a in f.func.arguments.out]
-                if len(outs) != 1:
-                    raise SpecError(display_path, line, f"{f.func.name} has {len(outs)} out arguments; "
-                                                        f"specs take one")
-                written = outs[0]
-            promoted = [i for i, a in enumerate(arguments) if a.name in promote and not (variant == "Out" and i == written)]
-            compiler = _LoweringCompiler(display_path, line, arguments, builder_primitives(repo_root))
+            written, returns = _written_and_returns(f, fargs, writes)
+            outs = [i for i, a in enumerate(fargs) if a in f.func.arguments.out]
+            promoted = [i for i, a in enumerate(arguments) if a.name in promote and i not in outs]
+            compiler_args = arguments + ([Argument("generator", "Generator", "Generator", "value")] if generator else [])
+            compiler = _LoweringCompiler(display_path, line, compiler_args, builder_primitives(repo_root), foreach)
             expression = compiler.compile(str(entry["lowering"]))
-            overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, expression,
-                                      _cpp_name(str(f.func.name)), _meta_call(f)))
+            if foreach:
+                list_args = [i for i, a in enumerate(arguments) if a.kind in ("TensorList", "ScalarList")]
+                expression = (f"foreach_results(a, {{{', '.join(map(str, list_args))}}}, "
+                              f"[&b](const EmitArgs& a) -> std::vector<Value> {{ return {expression}; }})")
+            overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, returns, foreach,
+                                      bool(generator), expression, _cpp_name(str(f.func.name)), _meta_call(f)))
 
         test = entry.get("test", {}) or {}
         if not isinstance(test, dict) or set(test) - TEST_KEYS:

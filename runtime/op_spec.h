@@ -18,11 +18,13 @@ enum class ArgKind : uint8_t {
   Tensor,      // read from its storage inside the executable (CPU 0-d tensors: a runtime scalar)
   TensorList,  // each element as Tensor
   Scalar,      // runtime value: a 0-d parameter, so new values reuse the executable
+  ScalarList,  // each element as Scalar
   Attr,        // compile-time: part of the cache key and a constant in the module
   Generator,   // a random generator: a runtime 2 x u64 (seed, offset) parameter
   Ignored,     // no effect on the computation (layout, pin_memory, non_blocking, ...)
 };
 
+// Inplace also stands for ATen's "mutable" variants (_native_batch_norm_legit): both write arguments.
 enum class Variant : uint8_t { Functional, Inplace, Out };
 
 // The dtype the lowering computes in; results are converted to the output dtype afterwards.
@@ -58,6 +60,17 @@ class EmitArgs {
   // bool[N] arguments (output_mask).
   const std::vector<bool>& bools(int i) const { return get<std::vector<bool>>(i, "a bool list"); }
   bool is_none(int i) const { return std::holds_alternative<std::monostate>(args.at(i)); }
+  // A foreach lowering's view of element `i`: each list argument in `lists` reads as its i-th
+  // element (none where that list is shorter, e.g. an empty max_exp_avg_sqs).
+  EmitArgs element(size_t i, const std::vector<int>& lists) const {
+    EmitArgs one = *this;
+    for (int l : lists) {
+      const auto* list = std::get_if<std::vector<rt::Value>>(&args.at(l));
+      if (list && i < list->size()) one.args[l] = (*list)[i];
+      else one.args[l] = std::monostate{};
+    }
+    return one;
+  }
   // Optional arguments (Tensor?, Scalar?, float?) for primitives that take std::optional.
   std::optional<rt::Value> optional_value(int i) const {
     if (is_none(i)) return std::nullopt;
@@ -78,6 +91,22 @@ class EmitArgs {
 
 using Emitter = std::vector<rt::Value> (*)(rt::Builder&, const EmitArgs&);
 
+// A foreach op's results: `per_element` (the lowering over element i) for each of the N elements
+// of list argument lists[0], arranged result-major: all N of result 0, then all N of result 1, ...
+template <typename PerElement>
+std::vector<rt::Value> foreach_results(const EmitArgs& all, const std::vector<int>& lists, PerElement per_element) {
+  const size_t n = all.values(lists.at(0)).size();
+  std::vector<std::vector<rt::Value>> by_result;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<rt::Value> results = per_element(all.element(i, lists));
+    by_result.resize(results.size());
+    for (size_t r = 0; r < results.size(); ++r) by_result[r].push_back(std::move(results[r]));
+  }
+  std::vector<rt::Value> flat;
+  for (auto& r : by_result) flat.insert(flat.end(), r.begin(), r.end());
+  return flat;
+}
+
 struct OpSpec {
   const char* overload;  // e.g. "add.Tensor"
   const char* source;    // "specs/elementwise.yaml:12": where errors point
@@ -85,7 +114,14 @@ struct OpSpec {
   std::vector<ArgKind> args;       // one per schema argument
   std::vector<int> promoted;       // arguments converted to the compute dtype
   Compute compute;
-  int written_arg;                 // Inplace: self; Out: the out argument; else -1
+  // Arguments the op writes (Tensor, Tensor? or Tensor[]): those its returns alias, in return order,
+  // then the other mutated ones in schema order. The lowering's results are the op's fresh
+  // (non-aliasing) returns followed by one new value per written argument.
+  std::vector<int> written;
+  // Per schema return: the argument it aliases (pushed back as is), or -1 for a fresh result.
+  std::vector<int> returns;
+  bool foreach;             // every result is a list: one value per element of the first list argument
+  bool implicit_generator;  // draws from the default generator: the lowering's extra last argument
   std::vector<std::string> dtypes; // supported compute dtypes, torch names ("float32", ...)
   Emitter emit;
 };

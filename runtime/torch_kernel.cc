@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -157,8 +158,8 @@ rt::Value write_tensor(rt::Builder& b, const rt::Value* old, const rt::TensorTyp
 
 struct ParamSource {
   enum Kind : uint8_t { Storage, Scalar, Random } kind;
-  int arg;
-  int index;  // element of a tensor list, or -1
+  int arg;    // Random: -1 for the default generator (an implicit-generator op)
+  int index;  // element of a tensor or scalar list, or -1
   rt::ElementType element;
   uint64_t random_words = 0;  // Random: counter values one call consumes
 };
@@ -178,12 +179,18 @@ struct CapturedExecution {
 std::atomic<bool> g_capture_next_execution{false};
 CapturedExecution g_captured;
 
+// An out= tensor the Meta pass resized: resized for real before the call is keyed again.
+struct OutResize {
+  int arg;
+  std::vector<int64_t> sizes, strides;
+};
+
 struct Entry {
   rt::ExecutablePtr exe;
   std::vector<ParamSource> params;
-  std::vector<OutputPlan> outputs;
-  bool resize_out = false;  // an out= whose out must first be resized (then keyed again)
-  std::vector<int64_t> resize_sizes, resize_strides;
+  std::vector<std::vector<OutputPlan>> fresh;  // per fresh (non-aliasing) return: its tensor(s)
+  std::vector<bool> fresh_is_list;             // that return is a Tensor[]
+  std::vector<OutResize> resizes;              // non-empty: resize these outs, then key again
 };
 
 // Function-local statics: kernels are constructed by other translation units' static registrations.
@@ -239,10 +246,14 @@ class SpecKernel final : public c10::OperatorKernel {
           break;
         }
         case ArgKind::Scalar:
-          key.tag(args[i].isNone() ? 'N' : args[i].toScalar().isFloatingPoint() ? 'f'
-                                         : args[i].toScalar().isBoolean()      ? 'b'
-                                                                                 : 'i');
+          key_scalar_kind(key, args[i]);
           break;
+        case ArgKind::ScalarList: {
+          const auto list = args[i].toListRef();
+          key.i(static_cast<int64_t>(list.size()));
+          for (const c10::IValue& v : list) key_scalar_kind(key, v);
+          break;
+        }
         case ArgKind::Attr:
           key_attr(key, args[i]);
           break;
@@ -264,11 +275,13 @@ class SpecKernel final : public c10::OperatorKernel {
       std::lock_guard<std::mutex> lock(mutex_);
       entry = cache_.emplace(key.s, std::move(built)).first->second.get();
     }
-    if (entry->resize_out) {
-      const at::Tensor& out = args[spec_.written_arg].toTensor();
-      out.resize_(entry->resize_sizes);
-      if (out.strides() != c10::IntArrayRef(entry->resize_strides)) {
-        out.unsafeGetTensorImpl()->set_sizes_and_strides(entry->resize_sizes, entry->resize_strides);
+    if (!entry->resizes.empty()) {
+      for (const OutResize& r : entry->resizes) {
+        const at::Tensor& out = args[r.arg].toTensor();
+        out.resize_(r.sizes);
+        if (out.strides() != c10::IntArrayRef(r.strides)) {
+          out.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides);
+        }
       }
       return (*this)(op, c10::DispatchKeySet(), stack);
     }
@@ -285,6 +298,17 @@ class SpecKernel final : public c10::OperatorKernel {
   }
 
  private:
+  static void key_scalar_kind(KeyWriter& key, const c10::IValue& v) {
+    key.tag(v.isNone() ? 'N' : v.toScalar().isFloatingPoint() ? 'f' : v.toScalar().isBoolean() ? 'b' : 'i');
+  }
+
+  // The tensors a written argument holds: itself, the elements of a list, none for an absent Tensor?.
+  static std::vector<at::Tensor> written_tensors(const c10::IValue& v) {
+    if (v.isTensorList()) return v.toTensorVector();
+    if (v.isTensor() && v.toTensor().defined()) return {v.toTensor()};
+    return {};
+  }
+
   const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {
     if (index < 0) {
       holder = args[arg].toTensor();
@@ -304,13 +328,16 @@ class SpecKernel final : public c10::OperatorKernel {
       if (p.kind == ParamSource::Storage) {
         keep.push_back(storage_of(tensor_at(args, p.arg, p.index, holder)).buffer);
       } else if (p.kind == ParamSource::Random) {
-        const auto [seed, offset] =
-            reserve_random(args[p.arg].toOptional<at::Generator>(), device, p.random_words);
+        const auto [seed, offset] = reserve_random(
+            p.arg < 0 ? std::nullopt : args[p.arg].toOptional<at::Generator>(), device, p.random_words);
         const uint64_t state[2] = {seed, offset};
         keep.push_back(runtime().to_device(state, rt::ElementType::U64, {2}, device));
       } else {
-        const c10::Scalar value =
-            args[p.arg].isTensor() ? args[p.arg].toTensor().item() : args[p.arg].toScalar();
+        const c10::IValue& a = args[p.arg];
+        const c10::Scalar value = a.isTensor()                 ? a.toTensor().item()
+                                  : a.isTensorList()           ? tensor_at(args, p.arg, p.index, holder).item()
+                                  : p.index >= 0 && a.isList() ? a.toListRef()[p.index].toScalar()
+                                                               : a.toScalar();
         keep.push_back(scalar_buffer(value, p.element, device));
       }
       raw.push_back(keep.back()->raw());
@@ -321,25 +348,29 @@ class SpecKernel final : public c10::OperatorKernel {
       g_capture_next_execution = false;
     }
 
-    if (spec_.variant == Variant::Functional) {
-      std::vector<at::Tensor> results;
-      size_t next = 0;  // undefined outputs have no module result
-      for (size_t j = 0; j < entry.outputs.size(); ++j) {
-        const OutputPlan& plan = entry.outputs[j];
-        if (!plan.defined) {
-          results.emplace_back();
-          continue;
-        }
-        results.push_back(wrap_buffer(outputs[next++], plan.dtype, plan.sizes, plan.strides, 0, device));
+    // Module results: the fresh returns' tensors (undefined ones have none), then the written tensors.
+    size_t next = 0;
+    std::vector<c10::IValue> fresh;
+    for (size_t j = 0; j < entry.fresh.size(); ++j) {
+      std::vector<at::Tensor> tensors;
+      for (const OutputPlan& plan : entry.fresh[j]) {
+        tensors.push_back(plan.defined ? wrap_buffer(outputs[next++], plan.dtype, plan.sizes, plan.strides, 0, device)
+                                       : at::Tensor());
       }
-      torch::jit::drop(*stack, n);
-      for (auto& r : results) stack->emplace_back(std::move(r));
-    } else {
-      at::Tensor target = args[spec_.written_arg].toTensor();
-      storage_of(target).buffer = outputs[0];
-      torch::jit::drop(*stack, n);
-      stack->emplace_back(std::move(target));
+      if (entry.fresh_is_list[j]) {
+        fresh.emplace_back(c10::List<at::Tensor>(tensors));
+      } else {
+        fresh.emplace_back(std::move(tensors.at(0)));
+      }
     }
+    for (int w : spec_.written) {
+      for (const at::Tensor& t : written_tensors(args[w])) storage_of(t).buffer = outputs.at(next++);
+    }
+    std::vector<c10::IValue> returns;
+    size_t next_fresh = 0;
+    for (int r : spec_.returns) returns.push_back(r >= 0 ? args[r] : std::move(fresh.at(next_fresh++)));
+    torch::jit::drop(*stack, n);
+    for (auto& r : returns) stack->push_back(std::move(r));
   }
 
   std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args, int device) {
@@ -350,7 +381,6 @@ class SpecKernel final : public c10::OperatorKernel {
     std::vector<c10::IValue> meta_args;
     meta_args.reserve(n);
     for (size_t i = 0; i < n; ++i) meta_args.push_back(to_meta(args[i]));
-    const at::Tensor meta_written = spec_.written_arg >= 0 ? meta_args[spec_.written_arg].toTensor() : at::Tensor();
     torch::jit::Stack meta(meta_args.begin(), meta_args.end());
     if (meta_) {
       meta_(meta);
@@ -358,30 +388,51 @@ class SpecKernel final : public c10::OperatorKernel {
       op.callBoxed(&meta);
     }
 
-    std::vector<OutputPlan> outs;
-    if (spec_.variant == Variant::Functional) {
-      for (const c10::IValue& r : meta) {
-        if (r.isTensor() && r.toTensor().defined()) {
-          const at::Tensor& t = r.toTensor();
-          outs.push_back(OutputPlan{t.scalar_type(), t.sizes().vec(), t.strides().vec()});
-        } else if (r.isTensor() || r.isNone()) {  // an output the op's output_mask turned off
-          outs.push_back(OutputPlan{at::kFloat, {}, {}, false});
+    auto plan_of = [](const at::Tensor& t) {
+      if (!t.defined()) return OutputPlan{at::kFloat, {}, {}, false};  // an output output_mask turned off
+      return OutputPlan{t.scalar_type(), t.sizes().vec(), t.strides().vec()};
+    };
+    if (spec_.variant == Variant::Out) {
+      for (int w : spec_.written) {
+        if (!meta_args[w].isTensor()) continue;
+        const at::Tensor& resized = meta_args[w].toTensor();
+        const at::Tensor& real = args[w].toTensor();
+        if (resized.defined() && resized.sizes() != real.sizes()) {
+          entry->resizes.push_back(OutResize{static_cast<int>(w), resized.sizes().vec(), resized.strides().vec()});
         }
       }
-    } else {
-      const at::Tensor& real = args[spec_.written_arg].toTensor();
-      if (spec_.variant == Variant::Out && (meta_written.sizes() != real.sizes())) {
-        entry->resize_out = true;
-        entry->resize_sizes = meta_written.sizes().vec();
-        entry->resize_strides = meta_written.strides().vec();
-        return entry;
+      if (!entry->resizes.empty()) return entry;
+    }
+    TORCH_INTERNAL_ASSERT(meta.size() == spec_.returns.size(), "torchtpu: the Meta pass of aten::", spec_.overload,
+                          " returned ", meta.size(), " values for ", spec_.returns.size(), " returns");
+    std::vector<std::vector<OutputPlan>> fresh;
+    std::vector<bool> fresh_is_list;
+    for (size_t j = 0; j < spec_.returns.size(); ++j) {
+      if (spec_.returns[j] >= 0) continue;
+      const c10::IValue& r = meta[j];
+      std::vector<OutputPlan> plans;
+      if (r.isTensorList()) {
+        for (const at::Tensor& t : r.toTensorVector()) plans.push_back(plan_of(t));
+      } else {
+        plans.push_back(plan_of(r.isTensor() ? r.toTensor() : at::Tensor()));
       }
-      outs.push_back(OutputPlan{real.scalar_type(), real.sizes().vec(), real.strides().vec()});
+      fresh.push_back(std::move(plans));
+      fresh_is_list.push_back(r.isTensorList());
+    }
+    std::vector<OutputPlan> written_plans;  // the written tensors, flattened
+    for (int w : spec_.written) {
+      for (const at::Tensor& t : written_tensors(args[w])) written_plans.push_back(plan_of(t));
     }
 
-    // 2. The dtype the lowering computes in.
-    const auto first_defined = std::find_if(outs.begin(), outs.end(), [](const OutputPlan& o) { return o.defined; });
-    at::ScalarType compute = first_defined != outs.end() ? first_defined->dtype : outs.at(0).dtype;
+    // 2. The dtype the lowering computes in: for `output`, the first fresh result's, else the first written one's.
+    std::optional<at::ScalarType> output_dtype;
+    for (const auto& plans : fresh) {
+      for (const OutputPlan& p : plans) {
+        if (p.defined && !output_dtype) output_dtype = p.dtype;
+      }
+    }
+    if (!output_dtype && !written_plans.empty()) output_dtype = written_plans.front().dtype;
+    at::ScalarType compute = output_dtype.value_or(at::kFloat);
     if (spec_.compute != Compute::Output) {
       at::native::ResultTypeState state{};
       for (int i : spec_.promoted) {
@@ -392,6 +443,10 @@ class SpecKernel final : public c10::OperatorKernel {
           for (const at::Tensor& t : v.toTensorList()) state = at::native::update_result_type_state(t, state);
         } else if (v.isScalar()) {
           state = at::native::update_result_type_state(v.toScalar(), state);
+        } else if (v.isDouble()) {  // a float argument passed at run time
+          state = at::native::update_result_type_state(c10::Scalar(v.toDouble()), state);
+        } else if (v.isList()) {  // Scalar[]
+          for (const c10::IValue& e : v.toListRef()) state = at::native::update_result_type_state(e.toScalar(), state);
         }
       }
       compute = at::native::result_type(state);
@@ -413,9 +468,11 @@ class SpecKernel final : public c10::OperatorKernel {
     rt::Builder b;
     b.set_nominal_element(element_type(compute));
     EmitArgs ea;
-    ea.args.resize(n);
-    rt::Value written_storage;
-    bool written_storage_is_param = false;
+    ea.args.resize(n + (spec_.implicit_generator ? 1 : 0));
+    // The current value of each written tensor's storage, keyed by (argument, element), where it
+    // is a parameter (a lazy storage has no contents to keep).
+    std::map<std::pair<int, int>, rt::Value> written_storages;
+    auto is_written = [&](int i) { return std::find(spec_.written.begin(), spec_.written.end(), i) != spec_.written.end(); };
     auto is_promoted = [&](int i) {
       return std::find(spec_.promoted.begin(), spec_.promoted.end(), i) != spec_.promoted.end();
     };
@@ -431,10 +488,7 @@ class SpecKernel final : public c10::OperatorKernel {
         const rt::TensorType st = storage_type(t, &lazy);
         if (!lazy) entry->params.push_back(ParamSource{ParamSource::Storage, arg, index, st.element});
         const rt::Value storage = storage_value(b, st, lazy);
-        if (arg == spec_.written_arg) {
-          written_storage = storage;
-          written_storage_is_param = !lazy;
-        }
+        if (!lazy && is_written(arg)) written_storages.emplace(std::make_pair(arg, index), storage);
         v = read_tensor(b, storage, t);
       }
       return promote ? b.convert(v, compute_element) : v;
@@ -462,6 +516,17 @@ class SpecKernel final : public c10::OperatorKernel {
           ea.args[i] = b.parameter(rt::TensorType{e, {}});
           break;
         }
+        case ArgKind::ScalarList: {
+          std::vector<rt::Value> values;
+          const auto list = a.toListRef();
+          for (size_t j = 0; j < list.size(); ++j) {
+            const rt::ElementType e = is_promoted(arg) ? compute_element : natural_element(list[j].toScalar());
+            entry->params.push_back(ParamSource{ParamSource::Scalar, arg, static_cast<int>(j), e});
+            values.push_back(b.parameter(rt::TensorType{e, {}}));
+          }
+          ea.args[i] = std::move(values);
+          break;
+        }
         case ArgKind::Attr:
           if (a.isBool()) ea.args[i] = a.toBool();
           else if (a.isInt()) ea.args[i] = a.toInt();
@@ -474,19 +539,14 @@ class SpecKernel final : public c10::OperatorKernel {
           }
           else if (a.isScalar()) ea.args[i] = a.toScalar().toDouble();
           break;
-        case ArgKind::Generator: {
-          int64_t numel = 0;
-          for (const OutputPlan& o : outs) numel += o.defined ? c10::multiply_integers(o.sizes) : 0;
-          // Room for two 32-bit draws per element (Box-Muller) and rounding: streams never overlap.
-          const uint64_t words = static_cast<uint64_t>(numel) + 16;
-          entry->params.push_back(ParamSource{ParamSource::Random, arg, -1, rt::ElementType::U64, words});
-          ea.args[i] = b.parameter(rt::TensorType{rt::ElementType::U64, {2}});
+        case ArgKind::Generator:
+          ea.args[i] = random_state_parameter(b, *entry, arg, fresh, written_plans);
           break;
-        }
         case ArgKind::Ignored:
           break;
       }
     }
+    if (spec_.implicit_generator) ea.args[n] = random_state_parameter(b, *entry, -1, fresh, written_plans);
 
     std::vector<rt::Value> results;
     try {
@@ -495,14 +555,20 @@ class SpecKernel final : public c10::OperatorKernel {
       TORCH_CHECK(false, "torchtpu: emitting aten::", spec_.overload, " (", spec_.source, ") failed: ", e.what());
     }
 
+    // The lowering's results, slot by slot: each fresh return, then each written argument. A slot
+    // holds one value, or for a foreach op one per element of its first list argument.
+    const size_t per_slot = spec_.foreach ? list_length(args) : 1;
+    const size_t slots = fresh.size() + spec_.written.size();
+    TORCH_CHECK(results.size() == slots * per_slot, "torchtpu: the lowering of aten::", spec_.overload, " (",
+                spec_.source, ") returns ", results.size(), " values; the op needs ", slots * per_slot);
     std::vector<rt::Value> module_results;
-    if (spec_.variant == Variant::Functional) {
-      TORCH_CHECK(results.size() == outs.size(), "torchtpu: the lowering of aten::", spec_.overload, " (",
-                  spec_.source, ") returns ", results.size(), " values; the op returns ", outs.size());
-      for (size_t j = 0; j < outs.size(); ++j) {
-        const OutputPlan& plan = outs[j];
+    for (size_t j = 0; j < fresh.size(); ++j) {
+      TORCH_CHECK(fresh[j].size() == per_slot, "torchtpu: aten::", spec_.overload, " returns ", fresh[j].size(),
+                  " tensors where its lowering gives ", per_slot);
+      for (size_t e = 0; e < per_slot; ++e) {
+        const OutputPlan& plan = fresh[j][e];
         if (!plan.defined) continue;
-        rt::Value v = b.broadcast_to(b.convert(results[j], element_type(plan.dtype)), plan.sizes);
+        rt::Value v = b.broadcast_to(b.convert(results[j * per_slot + e], element_type(plan.dtype)), plan.sizes);
         const int64_t itemsize = static_cast<int64_t>(c10::elementSize(plan.dtype));
         const int64_t storage_numel =
             static_cast<int64_t>(at::detail::computeStorageNbytes(plan.sizes, plan.strides, itemsize)) / itemsize;
@@ -510,19 +576,62 @@ class SpecKernel final : public c10::OperatorKernel {
         const rt::TensorType st{element_type(plan.dtype), contiguous ? plan.sizes : std::vector<int64_t>{storage_numel}};
         module_results.push_back(b.write_view(nullptr, st, v, rt::ViewGeometry{plan.sizes, plan.strides, 0}));
       }
-    } else {
-      const at::Tensor& target = args[spec_.written_arg].toTensor();
-      bool lazy = false;
-      const rt::TensorType st = storage_type(target, &lazy);
-      module_results.push_back(
-          write_tensor(b, written_storage_is_param ? &written_storage : nullptr, st, results.at(0), target));
+    }
+    for (size_t w = 0; w < spec_.written.size(); ++w) {
+      const int arg = spec_.written[w];
+      const c10::IValue& a = args[arg];
+      const size_t slot = (fresh.size() + w) * per_slot;
+      if (a.isTensorList()) {
+        const auto list = a.toTensorVector();
+        // A shorter list (an empty max_exp_avg_sqs without amsgrad) has no values to write.
+        TORCH_CHECK(list.empty() || list.size() == per_slot, "torchtpu: aten::", spec_.overload, ": list argument ",
+                    arg, " has ", list.size(), " tensors, expected ", per_slot);
+        for (size_t e = 0; e < list.size(); ++e) {
+          module_results.push_back(write_back(b, written_storages, arg, static_cast<int>(e), results[slot + e], list[e]));
+        }
+      } else if (a.isTensor() && a.toTensor().defined()) {
+        module_results.push_back(write_back(b, written_storages, arg, -1, results[slot], a.toTensor()));
+      }
     }
 
     std::vector<rt::TensorType> types;
     for (const auto& r : module_results) types.push_back(r.type);
     entry->exe = runtime().compile(b.finish(module_results), types);
-    entry->outputs = std::move(outs);
+    entry->fresh = std::move(fresh);
+    entry->fresh_is_list = std::move(fresh_is_list);
     return entry;
+  }
+
+  // Length of a foreach op's first list argument.
+  size_t list_length(const c10::IValue* args) const {
+    for (size_t i = 0; i < spec_.args.size(); ++i) {
+      if (spec_.args[i] == ArgKind::TensorList || spec_.args[i] == ArgKind::ScalarList) return args[i].toListRef().size();
+    }
+    TORCH_INTERNAL_ASSERT(false, "torchtpu: foreach op aten::", spec_.overload, " has no list argument");
+  }
+
+  // The (seed, offset) parameter of a random op: room for two 32-bit draws per element it writes
+  // (Box-Muller) and rounding, so that streams never overlap.
+  static rt::Value random_state_parameter(rt::Builder& b, Entry& entry, int arg,
+                                          const std::vector<std::vector<OutputPlan>>& fresh,
+                                          const std::vector<OutputPlan>& written) {
+    int64_t numel = 0;
+    for (const auto& plans : fresh) {
+      for (const OutputPlan& o : plans) numel += o.defined ? c10::multiply_integers(o.sizes) : 0;
+    }
+    for (const OutputPlan& o : written) numel += c10::multiply_integers(o.sizes);
+    const uint64_t words = static_cast<uint64_t>(numel) + 16;
+    entry.params.push_back(ParamSource{ParamSource::Random, arg, -1, rt::ElementType::U64, words});
+    return b.parameter(rt::TensorType{rt::ElementType::U64, {2}});
+  }
+
+  // The new contents of a written tensor's storage after writing `value` through it.
+  static rt::Value write_back(rt::Builder& b, const std::map<std::pair<int, int>, rt::Value>& storages, int arg,
+                              int index, const rt::Value& value, const at::Tensor& target) {
+    bool lazy = false;
+    const rt::TensorType st = storage_type(target, &lazy);
+    const auto it = storages.find({arg, index});
+    return write_tensor(b, it == storages.end() ? nullptr : &it->second, st, value, target);
   }
 
   const OpSpec& spec_;
