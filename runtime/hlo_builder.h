@@ -224,6 +224,20 @@ class Builder {
   Value group_norm_grad_weight(const Value& grad_out, const Value& input, const Value& mean, const Value& rstd, int64_t N, int64_t C, int64_t HxW, int64_t group);
   Value group_norm_grad_bias(const Value& grad_out, int64_t N, int64_t C, int64_t HxW);
 
+  // convolution primitives (specs/conv.yaml)
+  // stablehlo.convolution. `dims` labels each dim of lhs, rhs and the result, in order, as three words:
+  // b/f (batch/feature), i/o (input/output feature) and 0-9 (spatial dims), e.g. "bf01 oi01 bf01" (NCHW).
+  // padding: a (low, high) pair per spatial dim, flattened; negative pads crop.
+  Value convolution(const Value& lhs, const Value& rhs, const std::string& dims, const std::vector<int64_t>& window_strides, const std::vector<int64_t>& padding, const std::vector<int64_t>& lhs_dilation, const std::vector<int64_t>& rhs_dilation, int64_t feature_group_count, int64_t batch_group_count);
+  Value reverse(const Value& v, const std::vector<int64_t>& dims);  // reversed along dims
+  Value sum_except(const Value& v, int64_t dim);  // summed over every dim but dim (a conv's grad_bias)
+  // PyTorch's convolution (aten::convolution_overrideable): input [N, C_in, *S]; weight [C_out, C_in/groups, *K],
+  // or [C_in, C_out/groups, *K] where transposed; bias [C_out] or None.
+  Value conv(const Value& input, const Value& weight, const std::optional<Value>& bias, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool transposed, const std::vector<int64_t>& output_padding, int64_t groups);
+  // Its gradients with respect to input and weight (same arguments, plus the gradient of its result).
+  Value conv_grad_input(const Value& grad_output, const Value& input, const Value& weight, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool transposed, int64_t groups);
+  Value conv_grad_weight(const Value& grad_output, const Value& input, const Value& weight, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool transposed, int64_t groups);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);

@@ -89,4 +89,6 @@ def _start_runtime():
 _register_device()
 _start_runtime()
 
+from torchtpu import _meta  # noqa: E402,F401  (Meta kernels the spec kernels need)
+
 from torchtpu import debug, device  # noqa: E402

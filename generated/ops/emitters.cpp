@@ -331,6 +331,12 @@ std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { re
 // xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
+// convolution_overrideable = conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)  (specs/conv.yaml:10)
+std::vector<Value> emit_convolution_overrideable(Builder& b, const EmitArgs& a) { return {b.conv(a.value(0), a.value(1), a.optional_value(2), a.ints(3), a.ints(4), a.ints(5), a.boolean(6), a.ints(7), a.integer(8))}; }
+
+// convolution_backward_overrideable = (conv_grad_input(grad_output, input, weight, stride, padding, dilation, transposed, groups), conv_grad_weight(grad_output, input, weight, stride, padding, dilation, transposed, groups), sum_except(grad_output, 1))  (specs/conv.yaml:20)
+std::vector<Value> emit_convolution_backward_overrideable(Builder& b, const EmitArgs& a) { return {b.conv_grad_input(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.ints(5), a.boolean(6), a.integer(8)), b.conv_grad_weight(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.ints(5), a.boolean(6), a.integer(8)), b.sum_except(a.value(0), 1)}; }
+
 // add.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
 std::vector<Value> emit_add__Tensor(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
 // add_.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
@@ -1870,6 +1876,14 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other},
+      {"convolution_overrideable", "specs/conv.yaml:10", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_convolution_overrideable},
+      {"convolution_backward_overrideable", "specs/conv.yaml:20", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_convolution_backward_overrideable},
       {"add.Tensor", "specs/elementwise.yaml:4", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},

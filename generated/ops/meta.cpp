@@ -2390,6 +2390,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // xlogy.Scalar_Other
       nullptr,  // xlogy_.Scalar_Other
       nullptr,  // xlogy.OutScalar_Other
+      nullptr,  // convolution_overrideable
+      nullptr,  // convolution_backward_overrideable
       &meta_emit_add__Tensor,  // add.Tensor
       &meta_emit_add___Tensor,  // add_.Tensor
       &meta_emit_add__out,  // add.out

@@ -397,6 +397,19 @@ def test_xlogy_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
+def test_convolution_overrideable(dtype):
+    # specs/conv.yaml:10
+    check_opinfo(
+        "nn.functional.conv2d",
+        dtype,
+        overloads=["convolution_overrideable"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_add_Tensor(dtype):
     # specs/elementwise.yaml:4
