@@ -29,3 +29,14 @@ def test_coverage_counts_specs_and_workload_fallbacks(tmp_path, capsys):
     assert fell_back, "the workload ran nothing on the CPU"
     for op, n in fell_back.items():
         assert f"  {op}: {n} calls" in out
+
+
+def test_coverage_runs_a_workload_as_a_script(tmp_path, capsys):
+    # the workload sees its own arguments and imports a module next to it, as `python x.py` would
+    (tmp_path / "helper.py").write_text("import torch\ndef run(n):\n    torch.arange(4.0).to('tpu').cummax(0)\n    print('argv', n)\n")
+    workload = tmp_path / "workload.py"
+    workload.write_text("import sys\nimport helper\nhelper.run(sys.argv[1:])\n")
+    assert coverage.main(["--workload", str(workload), "--", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "argv ['--steps', '2']" in out
+    assert "ran on the CPU: 1" in out

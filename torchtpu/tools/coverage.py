@@ -3,6 +3,7 @@
     python -m torchtpu.tools.coverage                  # overloads with specs, core-op coverage
     python -m torchtpu.tools.coverage --parity         # also run the generated parity tests
     python -m torchtpu.tools.coverage --workload x.py  # also run a program and list its CPU fallbacks
+    python -m torchtpu.tools.coverage --workload x.py -- --steps 5   # ... giving it arguments
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parity", action="store_true", help="run generated/tests and count results")
     parser.add_argument("--workload", help="a Python program to run on tpu; its CPU fallbacks are listed")
+    parser.add_argument("workload_args", nargs="*", help="the workload's arguments (after --)")
     args = parser.parse_args(argv)
     if not torchtpu.is_available():
         print(f"torchtpu is not available: {torchtpu.init_error()}")
@@ -64,7 +66,14 @@ def main(argv=None) -> int:
         print(parity_summary())
     if args.workload:
         before = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
-        runpy.run_path(args.workload, run_name="__main__")
+        # as `python x.py args...` would: its own argv, its directory first on sys.path
+        saved_argv, saved_path = sys.argv, list(sys.path)
+        sys.argv = [args.workload, *args.workload_args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args.workload)))
+        try:
+            runpy.run_path(args.workload, run_name="__main__")
+        finally:
+            sys.argv, sys.path[:] = saved_argv, saved_path
         after = torchtpu.debug.metrics()["cpu_fallbacks"]
         fell_back = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
         print(f"ops {args.workload} ran on the CPU: {len(fell_back)}")

@@ -1,0 +1,48 @@
+"""Trains a small randomly initialised Llama (transformers' LlamaForCausalLM, nothing downloaded)
+on synthetic token sequences with AdamW and gradient clipping, then generates greedily.
+
+    python examples/llama.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S]
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import common
+
+# (vocab, hidden, intermediate, layers, heads, kv heads, batch, sequence length)
+SIZES = {True: (64, 32, 64, 2, 4, 2, 4, 16), False: (128, 128, 344, 4, 4, 2, 16, 64)}
+
+
+def config(tiny: bool) -> LlamaConfig:
+    vocab, hidden, inter, layers, heads, kv_heads, _, length = SIZES[tiny]
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       max_position_embeddings=2 * length, attention_dropout=0.0,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=0)
+
+
+def build(tiny: bool, seed: int) -> LlamaForCausalLM:
+    return common.build_on_cpu(lambda: LlamaForCausalLM(config(tiny)), seed)
+
+
+def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: LlamaForCausalLM | None = None,
+          progress: bool = False) -> list[float]:
+    vocab, *_, batch, length = SIZES[tiny]
+    model = common.to_device(build(tiny, seed) if model is None else model, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    return common.fit(model, optimizer, common.token_batches(seed, batch, length, vocab),
+                      lambda m, ids: m(input_ids=ids, labels=ids).loss, steps, device, "tokens",
+                      lambda b: b[0].numel(), clip=1.0, progress=progress)
+
+
+def infer(model: LlamaForCausalLM, device: str, tiny: bool, seed: int) -> None:
+    def generate(ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False)
+    common.show_generations(generate, device, SIZES[tiny][0], seed)
+
+
+if __name__ == "__main__":
+    common.main(__doc__, build, train, infer, steps=200)
