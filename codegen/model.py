@@ -357,13 +357,30 @@ class _LoweringCompiler:
         raise SpecError(self.path, self.line, message)
 
     def compile(self, text: str) -> str:
+        """An expression, or `name = expression` lines followed by the result expression."""
         try:
-            tree = ast.parse(text, mode="eval")
+            statements = ast.parse(text.strip(), mode="exec").body
         except SyntaxError as e:
             self.fail(f"lowering is not an expression: {e.msg} in {text!r}")
-        body = tree.body
+        if not statements or not isinstance(statements[-1], ast.Expr):
+            self.fail("a lowering ends with the result expression")
+        self.locals: dict[str, str] = {}
+        lines = []
+        for statement in statements[:-1]:
+            if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                    and isinstance(statement.targets[0], ast.Name)):
+                self.fail(f"a lowering line before the result is `name = expression`, not {ast.unparse(statement)!r}")
+            name = statement.targets[0].id
+            if name in self.args or name in self.locals or name in self.primitives:
+                self.fail(f"local {name!r} shadows an argument, another local or a primitive")
+            lines.append(f"const Value l_{name} = {self.expr(statement.value, 'value')};")
+            self.locals[name] = f"l_{name}"
+        body = statements[-1].value
         results = body.elts if isinstance(body, ast.Tuple) else [body]
-        return "{" + ", ".join(self.expr(r, "value") for r in results) + "}"
+        returned = "{" + ", ".join(self.expr(r, "value") for r in results) + "}"
+        if not lines:
+            return returned
+        return "[&]() -> std::vector<Value> { " + " ".join(lines) + f" return {returned}; }}()"
 
     # Forms over optional schema arguments (not builder primitives):
     #   default(arg, literal)  arg, or literal where arg is None (e.g. default(correction, 1))
@@ -387,6 +404,14 @@ class _LoweringCompiler:
         return f"(a.is_none({index}) ? {self.expr(node.args[1], want)} : {self.expr(node.args[0], want)})"
 
     def expr(self, node, want: str) -> str:
+        if isinstance(node, ast.IfExp):  # `a if flag else b`: chosen at emission time
+            return f"({self.expr(node.test, 'bool')} ? {self.expr(node.body, want)} : {self.expr(node.orelse, want)})"
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and want == "bool":
+            return f"!{self.expr(node.operand, 'bool')}"
+        if isinstance(node, ast.Name) and node.id in getattr(self, "locals", {}):
+            if want != "value":
+                self.fail(f"local {node.id!r} is a value, used where {want} is needed")
+            return self.locals[node.id]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in self.SPECIAL_FORMS \
                 and node.func.id not in self.primitives:
             return self.special_form(node, want)
