@@ -7,6 +7,7 @@
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/nonzero.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/strides.h>
 
@@ -107,8 +108,48 @@ c10::IValue to_meta(const c10::IValue& v) {
     for (const at::Tensor& t : v.toTensorList()) list.push_back(to_meta(t));
     return list;
   }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const c10::IValue& e : v.toListRef()) {
+      list.push_back(e.isTensor() ? std::optional<at::Tensor>(to_meta(e.toTensor())) : std::nullopt);
+    }
+    return list;
+  }
   if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
   return v;
+}
+
+// Tensor?[] indices (ArgKind::OptionalTensorList), as PyTorch's expandTensors: a bool/uint8 mask
+// becomes its nonzero() columns (aten::nonzero on tpu: synchronizes), a CPU index tensor (not 0-d)
+// moves to self's device. Returns `v` itself where nothing changes.
+c10::IValue expand_indices(const c10::IValue& v, const at::Tensor& self) {
+  bool changed = false;
+  c10::List<std::optional<at::Tensor>> out;
+  for (const c10::IValue& e : v.toListRef()) {
+    if (!e.isTensor() || !e.toTensor().defined()) {
+      out.push_back(std::nullopt);
+      continue;
+    }
+    at::Tensor t = e.toTensor();
+    if (!is_tpu(t) && !is_cpu_scalar(t) && is_tpu(self)) {
+      t = t.to(self.device());
+      changed = true;
+    }
+    if (t.scalar_type() != at::kBool && t.scalar_type() != at::kByte) {
+      out.push_back(t);
+      continue;
+    }
+    const int64_t at_dim = static_cast<int64_t>(out.size());
+    for (int64_t j = 0; j < t.dim(); ++j) {
+      TORCH_CHECK_INDEX(at_dim + j < self.dim() && t.size(j) == self.size(at_dim + j), "The shape of the mask ",
+                        t.sizes(), " at index ", j, " does not match the shape of the indexed tensor ", self.sizes(),
+                        " at index ", at_dim + j);
+    }
+    const at::Tensor nz = at::nonzero(is_tpu(t) || !is_tpu(self) ? t : t.to(self.device()));
+    for (int64_t j = 0; j < t.dim(); ++j) out.push_back(nz.select(1, j));
+    changed = true;
+  }
+  return changed ? c10::IValue(out) : v;
 }
 
 const char* dtype_name(at::ScalarType t) {
@@ -224,11 +265,21 @@ class SpecKernel final : public c10::OperatorKernel {
       return;
     }
 
+    for (size_t i = 0; i < n; ++i) {
+      if (spec_.args[i] == ArgKind::OptionalTensorList) args[i] = expand_indices(args[i], args[0].toTensor());
+    }
+
     int device = -1;
     KeyWriter key;
     key.s.reserve(160);
     for (size_t i = 0; i < n; ++i) {
       switch (spec_.args[i]) {
+        case ArgKind::OptionalTensorList: {
+          const auto list = args[i].toListRef();
+          key.i(static_cast<int64_t>(list.size()));
+          for (const c10::IValue& e : list) key_tensor(key, e.isTensor() ? e.toTensor() : at::Tensor(), device);
+          break;
+        }
         case ArgKind::Tensor:
           key_tensor(key, args[i].isTensor() ? args[i].toTensor() : at::Tensor(), device);
           break;
@@ -288,6 +339,8 @@ class SpecKernel final : public c10::OperatorKernel {
   const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {
     if (index < 0) {
       holder = args[arg].toTensor();
+    } else if (spec_.args[arg] == ArgKind::OptionalTensorList) {
+      holder = args[arg].toListRef()[index].toTensor();
     } else {
       holder = args[arg].toTensorList().get(index);
     }
@@ -316,6 +369,10 @@ class SpecKernel final : public c10::OperatorKernel {
       raw.push_back(keep.back()->raw());
     }
     auto outputs = runtime().execute(*entry.exe, raw, device);
+    int64_t rows = -1;  // data_dependent: the outputs' real row count, read from the module's last result
+    if (spec_.data_dependent) {
+      runtime().to_host(*outputs.back(), &rows, sizeof rows);  // synchronizes: the shape is the data's
+    }
     if (g_capture_next_execution) {
       g_captured = CapturedExecution{entry.exe, keep, device};
       g_capture_next_execution = false;
@@ -330,7 +387,9 @@ class SpecKernel final : public c10::OperatorKernel {
           results.emplace_back();
           continue;
         }
-        results.push_back(wrap_buffer(outputs[next++], plan.dtype, plan.sizes, plan.strides, 0, device));
+        std::vector<int64_t> sizes = plan.sizes;
+        if (rows >= 0) sizes.at(0) = rows;
+        results.push_back(wrap_buffer(outputs[next++], plan.dtype, sizes, plan.strides, 0, device));
       }
       torch::jit::drop(*stack, n);
       for (auto& r : results) stack->emplace_back(std::move(r));
@@ -352,7 +411,9 @@ class SpecKernel final : public c10::OperatorKernel {
     for (size_t i = 0; i < n; ++i) meta_args.push_back(to_meta(args[i]));
     const at::Tensor meta_written = spec_.written_arg >= 0 ? meta_args[spec_.written_arg].toTensor() : at::Tensor();
     torch::jit::Stack meta(meta_args.begin(), meta_args.end());
-    if (meta_) {
+    if (spec_.data_dependent) {
+      meta.clear();  // no Meta pass: the lowering's padded results give the outputs (after emission)
+    } else if (meta_) {
       meta_(meta);
     } else {
       op.callBoxed(&meta);
@@ -381,7 +442,9 @@ class SpecKernel final : public c10::OperatorKernel {
 
     // 2. The dtype the lowering computes in.
     const auto first_defined = std::find_if(outs.begin(), outs.end(), [](const OutputPlan& o) { return o.defined; });
-    at::ScalarType compute = first_defined != outs.end() ? first_defined->dtype : outs.at(0).dtype;
+    at::ScalarType compute = first_defined != outs.end() ? first_defined->dtype
+                             : spec_.data_dependent       ? at::kLong  // compute is never output here
+                                                          : outs.at(0).dtype;
     if (spec_.compute != Compute::Output) {
       at::native::ResultTypeState state{};
       for (int i : spec_.promoted) {
@@ -446,6 +509,17 @@ class SpecKernel final : public c10::OperatorKernel {
         case ArgKind::Tensor:
           ea.args[i] = emit_tensor(a.isTensor() ? a.toTensor() : at::Tensor(), arg, -1, is_promoted(arg));
           break;
+        case ArgKind::OptionalTensorList: {
+          std::vector<rt::Value> values;
+          const auto list = a.toListRef();
+          for (size_t j = 0; j < list.size(); ++j) {
+            const EmitArg e = emit_tensor(list[j].isTensor() ? list[j].toTensor() : at::Tensor(), arg,
+                                          static_cast<int>(j), is_promoted(arg));
+            values.push_back(std::holds_alternative<rt::Value>(e) ? std::get<rt::Value>(e) : rt::Value{});
+          }
+          ea.args[i] = std::move(values);
+          break;
+        }
         case ArgKind::TensorList: {
           std::vector<rt::Value> values;
           const auto list = a.toTensorList();
@@ -495,6 +569,19 @@ class SpecKernel final : public c10::OperatorKernel {
       TORCH_CHECK(false, "torchtpu: emitting aten::", spec_.overload, " (", spec_.source, ") failed: ", e.what());
     }
 
+    std::optional<rt::Value> count;
+    if (spec_.data_dependent) {  // padded outputs, then the count of real rows
+      TORCH_CHECK(results.size() >= 2, "torchtpu: the lowering of aten::", spec_.overload, " (", spec_.source,
+                  ") is data_dependent: it returns the padded outputs and then a count");
+      count = b.convert(results.back(), rt::ElementType::S64);
+      results.pop_back();
+      for (const rt::Value& r : results) {
+        const at::ScalarType dtype = r.element() == compute_element ? compute : scalar_type(r.element());
+        const auto strides = c10::contiguous_strides(r.dims());
+        outs.push_back(OutputPlan{dtype, r.dims(), std::vector<int64_t>(strides.begin(), strides.end())});
+      }
+    }
+
     std::vector<rt::Value> module_results;
     if (spec_.variant == Variant::Functional) {
       TORCH_CHECK(results.size() == outs.size(), "torchtpu: the lowering of aten::", spec_.overload, " (",
@@ -517,6 +604,8 @@ class SpecKernel final : public c10::OperatorKernel {
       module_results.push_back(
           write_tensor(b, written_storage_is_param ? &written_storage : nullptr, st, results.at(0), target));
     }
+
+    if (count) module_results.push_back(*count);
 
     std::vector<rt::TensorType> types;
     for (const auto& r : module_results) types.push_back(r.type);
