@@ -46,7 +46,7 @@ DEFAULT_TEST_DTYPES = ("bool", "int64", "bfloat16", "float32")
 COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
 VARIANTS = {"inplace": "Inplace", "out": "Out", "mutable": "Inplace"}  # mutable variants write args, as in-place ones do
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "writes", "runtime", "foreach",
-        "generator", "test", "__line__"}
+        "generator", "data_dependent", "test", "__line__"}
 TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
@@ -156,6 +156,7 @@ class Spec:
     dtypes: list[str]
     overloads: list[Overload]
     test: dict[str, Any]
+    data_dependent: bool = False  # output shapes from the data: padded outputs + a count (no Meta pass)
 
     @property
     def source(self) -> str:
@@ -323,6 +324,8 @@ def _classify(arg, promote: set[str], compile_time: set[str], runtime: set[str])
         return Argument(arg.name, t, "Tensor", "value")
     if base == "Tensor[]":
         return Argument(arg.name, t, "TensorList", "values")
+    if base == "Tensor?[]":  # indexing's indices: None elements reach the emitter as Values with id -1
+        return Argument(arg.name, t, "OptionalTensorList", "values")
     if base == "Scalar":
         kind = "Attr" if arg.name in compile_time else "Scalar"
         return Argument(arg.name, t, kind, "float" if kind == "Attr" else "value")
@@ -572,6 +575,12 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
                 if name not in names:
                     raise SpecError(display_path, line, f"{what} names {name!r}, which is not an argument of "
                                                         f"{op} ({', '.join(names)})")
+        data_dependent = entry.get("data_dependent", False)
+        if not isinstance(data_dependent, bool):
+            raise SpecError(display_path, line, "data_dependent is true or false")
+        if data_dependent and (compute == "output" or entry.get("variants") != []):
+            raise SpecError(display_path, line, "a data_dependent spec has no Meta output dtype and no variants: "
+                                                "use compute common/common_float and variants: []")
         group = groups.get(op)
         variants = entry.get("variants", [v for v in VARIANTS if group is not None and getattr(group, v, None)])
         for v in variants:
@@ -622,7 +631,8 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         else:
             test["dtypes"] = [d for d in dtypes if d in DEFAULT_TEST_DTYPES]
         test.pop("__line__", None)
-        specs.append(Spec(display_path, line, op, str(entry["lowering"]), COMPUTE[compute], dtypes, overloads, test))
+        specs.append(Spec(display_path, line, op, str(entry["lowering"]), COMPUTE[compute], dtypes, overloads, test,
+                          data_dependent))
     return specs
 
 

@@ -1643,4 +1643,313 @@ Value Builder::conv_grad_weight(const Value& grad_output, const Value& input, co
   return regular_grad_weight(*this, x, gy, spatial_sizes(weight), stride, padding, dilation, groups);
 }
 
+// ---------------------------------------------------------------------------------------------
+// advanced indexing primitives (index / index_put, nonzero, masked_select, isin, embedding_bag)
+
+namespace {
+
+// numpy broadcasting of several shapes.
+std::vector<int64_t> broadcast_dims(const std::vector<std::vector<int64_t>>& shapes, const char* op) {
+  size_t rank = 0;
+  for (const auto& s : shapes) rank = std::max(rank, s.size());
+  std::vector<int64_t> out(rank, 1);
+  for (const auto& s : shapes) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      int64_t& o = out[rank - s.size() + i];
+      const int64_t d = s[i];
+      if (d == o || d == 1) continue;
+      if (o != 1) fail(std::string(op) + ": shape mismatch: indexing tensors could not be broadcast together");
+      o = d;
+    }
+  }
+  return out;
+}
+
+// Where an advanced index reads: the indexed dims of v, the index tensors' broadcast shape, the
+// coordinates [batch..., k] (int64, negatives wrapped) and the result's layout.
+struct AdvancedIndex {
+  std::vector<int64_t> dims, batch, out_dims, offset_dims, slice_sizes;
+  Value coords;
+};
+
+AdvancedIndex advanced_index(Builder& b, const Value& v, const std::vector<Value>& indices) {
+  AdvancedIndex ai;
+  if (static_cast<int>(indices.size()) > v.rank()) fail("index: too many indices for tensor of dimension " + std::to_string(v.rank()));
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t d = 0; d < indices.size(); ++d) {
+    if (indices[d].id < 0) continue;
+    if (is_float(indices[d].element()) || indices[d].element() == ElementType::Pred) fail("index: tensors used as indices must be long, int, byte or bool tensors");
+    ai.dims.push_back(static_cast<int64_t>(d));
+    shapes.push_back(indices[d].dims());
+  }
+  if (ai.dims.empty()) fail("index: no index tensors");
+  ai.batch = broadcast_dims(shapes, "index");
+  const int64_t nb = static_cast<int64_t>(ai.batch.size());
+  const bool adjacent = ai.dims.back() - ai.dims.front() + 1 == static_cast<int64_t>(ai.dims.size());
+  std::vector<int64_t> rest_before, rest_after;
+  ai.slice_sizes = v.dims();
+  for (int64_t d : ai.dims) ai.slice_sizes[d] = 1;
+  for (int d = 0; d < v.rank(); ++d) {
+    if (std::find(ai.dims.begin(), ai.dims.end(), d) != ai.dims.end()) continue;
+    (adjacent && d < ai.dims.front() ? rest_before : rest_after).push_back(v.dims()[d]);
+  }
+  ai.out_dims = rest_before;
+  ai.out_dims.insert(ai.out_dims.end(), ai.batch.begin(), ai.batch.end());
+  ai.out_dims.insert(ai.out_dims.end(), rest_after.begin(), rest_after.end());
+  for (int64_t i = 0; i < static_cast<int64_t>(rest_before.size()); ++i) ai.offset_dims.push_back(i);
+  for (int64_t i = 0; i < static_cast<int64_t>(rest_after.size()); ++i) {
+    ai.offset_dims.push_back(static_cast<int64_t>(rest_before.size()) + nb + i);
+  }
+  std::vector<int64_t> one = ai.batch;
+  one.push_back(1);
+  std::vector<Value> parts;
+  for (int64_t d : ai.dims) {
+    Value idx = b.broadcast_to(b.convert(indices[d], ElementType::S64), ai.batch);
+    Value size = b.constant_int(v.dims()[d], ElementType::S64);
+    idx = b.select(b.lt(idx, b.scalar_like(0, idx)), b.add(idx, b.broadcast_like(size, idx)), idx);
+    parts.push_back(b.reshape(idx, one));
+  }
+  ai.coords = parts.size() == 1 ? parts[0] : b.concatenate(parts, nb);
+  return ai;
+}
+
+}  // namespace
+
+Value Builder::index_tensor(const Value& v, const std::vector<Value>& indices) {
+  AdvancedIndex ai = advanced_index(*this, v, indices);
+  TensorType t{v.element(), ai.out_dims};
+  if (t.numel() == 0) return full(0, t);
+  return emit("\"stablehlo.gather\"(" + name(v) + ", " + name(ai.coords) + ") {dimension_numbers = #stablehlo.gather<" +
+                  dims_field("offset_dims", ai.offset_dims) + "collapsed_slice_dims = " + list(ai.dims) +
+                  ", start_index_map = " + list(ai.dims) + ", index_vector_dim = " + std::to_string(ai.batch.size()) +
+                  ">, slice_sizes = " + i64_array(ai.slice_sizes) + ", indices_are_sorted = false} : (" +
+                  v.type.mlir() + ", " + ai.coords.type.mlir() + ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::index_put(const Value& v, const std::vector<Value>& indices, const Value& values, bool accumulate) {
+  AdvancedIndex ai = advanced_index(*this, v, indices);
+  if (TensorType{v.element(), ai.out_dims}.numel() == 0 || v.type.numel() == 0) return v;
+  Value updates = broadcast_to(convert(values, v.element()), ai.out_dims);
+  const TensorType s{v.element(), {}};
+  const std::string st = s.mlir(), r = "%r" + std::to_string(next_id_);
+  const std::string a = r + "a", n = r + "b";
+  std::string body, result = n;
+  if (accumulate) {
+    body = "      " + r + "c = stablehlo." + (v.element() == ElementType::Pred ? "or" : "add") + " " + a + ", " + n +
+           " : " + st + "\n";
+    result = r + "c";
+  }
+  return emit("\"stablehlo.scatter\"(" + name(v) + ", " + name(ai.coords) + ", " + name(updates) + ") ({\n    ^bb0(" + a +
+                  ": " + st + ", " + n + ": " + st + "):\n" + body + "      stablehlo.return " + result + " : " + st +
+                  "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<" +
+                  dims_field("update_window_dims", ai.offset_dims) + "inserted_window_dims = " + list(ai.dims) +
+                  ", scatter_dims_to_operand_dims = " + list(ai.dims) + ", index_vector_dim = " +
+                  std::to_string(ai.batch.size()) + ">, indices_are_sorted = false, unique_indices = false} : (" +
+                  v.type.mlir() + ", " + ai.coords.type.mlir() + ", " + updates.type.mlir() + ") -> " + v.type.mlir(),
+              v.type);
+}
+
+namespace {
+
+// For each element of the flat mask m [N]: the row it lands in (its rank among the set elements),
+// or N (out of range: dropped by a scatter) where it is not set.
+Value packed_rows(Builder& b, const Value& m) {
+  const int64_t n = m.type.numel();
+  Value pos = b.sub(b.cumsum(b.convert(m, ElementType::S64), 0), b.constant_int(1, ElementType::S64));
+  return b.select(m, pos, b.broadcast_like(b.constant_int(n, ElementType::S64), pos));
+}
+
+Value is_set(Builder& b, const Value& v) {
+  return v.element() == ElementType::Pred ? v : b.ne(v, b.scalar_like(0, v));
+}
+
+}  // namespace
+
+Value Builder::nonzero_padded(const Value& v) {
+  const int64_t n = v.type.numel(), r = v.rank();
+  TensorType t{ElementType::S64, {n, r}};
+  if (n == 0 || r == 0) return full(0, t);
+  Value m = reshape(is_set(*this, v), {n});
+  std::vector<Value> cols;
+  for (int d = 0; d < r; ++d) cols.push_back(reshape(iota(TensorType{ElementType::S64, v.dims()}, d), {n, 1}));
+  Value coords = r == 1 ? cols[0] : concatenate(cols, 1);
+  return index_put(full(0, t), {packed_rows(*this, m)}, coords, false);
+}
+
+Value Builder::masked_select_padded(const Value& v, const Value& mask) {
+  const std::vector<int64_t> dims = broadcast_dims({v.dims(), mask.dims()}, "masked_select");
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  TensorType t{v.element(), {n}};
+  if (n == 0) return full(0, t);
+  Value m = reshape(broadcast_to(is_set(*this, mask), dims), {n});
+  return index_put(full(0, t), {packed_rows(*this, m)}, reshape(broadcast_to(v, dims), {n}), false);
+}
+
+Value Builder::nonzero_count(const Value& v, const Value& like) {
+  const std::vector<int64_t> dims = broadcast_dims({v.dims(), like.dims()}, "nonzero");
+  Value m = convert(broadcast_to(is_set(*this, v), dims), ElementType::S64);
+  return reduce(m, iota_list(static_cast<int64_t>(dims.size())), "add", 0);
+}
+
+Value Builder::isin(const Value& elements, const Value& test_elements, bool invert) {
+  TensorType t{ElementType::Pred, elements.dims()};
+  const int64_t m = test_elements.type.numel();
+  if (m == 0 || t.numel() == 0) return full(invert ? 1 : 0, t);
+  std::vector<int64_t> e_dims = elements.dims();
+  e_dims.push_back(1);
+  Value hit = eq(reshape(elements, e_dims), reshape(test_elements, {m}));
+  Value found = reduce(hit, {static_cast<int64_t>(elements.rank())}, "or", 0);
+  return invert ? bitwise_not(found) : found;
+}
+
+namespace {
+
+// Each index's bag: how many bag starts (offsets[:B]) lie at or before it, minus one; int64 [N].
+Value bag_of(Builder& b, const Value& indices, const Value& offsets, bool include_last_offset) {
+  const int64_t n = indices.type.numel();
+  const int64_t bags = offsets.type.numel() - (include_last_offset ? 1 : 0);
+  if (bags <= 0) return b.full(0, TensorType{ElementType::S64, {n}});
+  Value starts = b.convert(b.slice(b.reshape(offsets, {offsets.type.numel()}), {0}, {bags}, {1}), ElementType::S64);
+  Value pos = b.iota(TensorType{ElementType::S64, {n, bags}}, 0);
+  Value started = b.convert(b.ge(pos, b.broadcast_in_dim(starts, {n, bags}, {1})), ElementType::S64);
+  return b.sub(b.reduce(started, {1}, "add", 0), b.constant_int(1, ElementType::S64));
+}
+
+Value not_padding(Builder& b, const Value& idx, int64_t padding_idx) {
+  return b.ne(idx, b.broadcast_like(b.constant_int(padding_idx, ElementType::S64), idx));
+}
+
+int64_t bag_count(const Value& offsets, bool include_last_offset) {
+  return std::max<int64_t>(offsets.type.numel() - (include_last_offset ? 1 : 0), 0);
+}
+
+}  // namespace
+
+Value Builder::embedding_bag_offset2bag(const Value& indices, const Value& offsets, bool include_last_offset) {
+  return bag_of(*this, indices, offsets, include_last_offset);
+}
+
+Value Builder::embedding_bag_size(const Value& indices, const Value& offsets, bool include_last_offset,
+                                  int64_t padding_idx) {
+  const int64_t n = indices.type.numel(), slots = offsets.type.numel();
+  TensorType t{ElementType::S64, {slots}};
+  if (n == 0 || bag_count(offsets, include_last_offset) == 0) return full(0, t);
+  Value idx = reshape(convert(indices, ElementType::S64), {n});
+  Value ones = convert(not_padding(*this, idx, padding_idx), ElementType::S64);
+  return scatter_along(full(0, t), 0, bag_of(*this, indices, offsets, include_last_offset), ones, "add");
+}
+
+Value Builder::embedding_bag(const Value& weight, const Value& indices, const Value& offsets, int64_t mode,
+                             const std::optional<Value>& per_sample_weights, bool include_last_offset,
+                             int64_t padding_idx) {
+  const int64_t n = indices.type.numel(), bags = bag_count(offsets, include_last_offset);
+  const int64_t width = weight.dims().at(1);
+  TensorType t{weight.element(), {bags, width}};
+  if (n == 0 || t.numel() == 0) return full(0, t);
+  Value idx = reshape(convert(indices, ElementType::S64), {n});
+  Value bag = bag_of(*this, indices, offsets, include_last_offset);
+  Value keep = broadcast_in_dim(not_padding(*this, idx, padding_idx), {n, width}, {0});
+  Value rows = index_select(weight, 0, idx);
+  Value bag2 = broadcast_in_dim(bag, {n, width}, {0});
+  if (mode == 2) {  // max; bags with no (non-padding) index stay 0
+    Value low = broadcast_like(extreme_constant(*this, weight.element(), true), rows);
+    Value best = scatter_along(broadcast_to(extreme_constant(*this, weight.element(), true), t.dims), 0, bag2,
+                               select(keep, rows, low), "amax");
+    Value size = embedding_bag_size(indices, offsets, include_last_offset, padding_idx);
+    Value empty = eq(slice(size, {0}, {bags}, {1}), constant_int(0, ElementType::S64));
+    return select(broadcast_in_dim(empty, t.dims, {0}), full(0, t), best);
+  }
+  if (per_sample_weights) rows = mul(rows, broadcast_in_dim(convert(*per_sample_weights, rows.element()), {n, width}, {0}));
+  rows = select(keep, rows, broadcast_like(scalar_like(0, rows), rows));
+  Value total = scatter_along(full(0, t), 0, bag2, rows, "add");
+  if (mode != 1) return total;
+  Value size = convert(slice(embedding_bag_size(indices, offsets, include_last_offset, padding_idx), {0}, {bags}, {1}),
+                       weight.element());
+  size = maximum(size, scalar_like(1, size));
+  return div(total, broadcast_in_dim(size, t.dims, {0}));
+}
+
+Value Builder::embedding_bag_max_indices(const Value& weight, const Value& indices, const Value& offsets, int64_t mode,
+                                         bool include_last_offset, int64_t padding_idx) {
+  if (mode != 2) return full(0, TensorType{ElementType::S64, {0}});
+  const int64_t n = indices.type.numel(), bags = bag_count(offsets, include_last_offset);
+  const int64_t width = weight.dims().at(1);
+  TensorType t{ElementType::S64, {bags, width}};
+  if (n == 0 || t.numel() == 0) return full(-1, t);
+  Value best = embedding_bag(weight, indices, offsets, 2, std::nullopt, include_last_offset, padding_idx);
+  Value idx = reshape(convert(indices, ElementType::S64), {n});
+  Value bag2 = broadcast_in_dim(bag_of(*this, indices, offsets, include_last_offset), {n, width}, {0});
+  Value rows = index_select(weight, 0, idx);
+  Value keep = broadcast_in_dim(not_padding(*this, idx, padding_idx), {n, width}, {0});
+  // The first position in the bag whose row holds the max, then the index at that position.
+  Value hit = bitwise_and(keep, eq(rows, take_along(best, 0, bag2)));
+  Value pos = iota(TensorType{ElementType::S64, {n, width}}, 0);
+  Value none = broadcast_like(constant_int(n, ElementType::S64), pos);
+  Value first = scatter_along(full(n, t), 0, bag2, select(hit, pos, none), "amin");
+  Value picked = take_along(broadcast_in_dim(idx, {n, width}, {0}), 0, minimum(first, full(n - 1, t)));
+  return select(eq(first, full(n, t)), full(-1, t), picked);
+}
+
+Value Builder::embedding_bag_dense_backward(const Value& grad, const Value& indices, const Value& offset2bag,
+                                            const Value& bag_size, const Value& max_indices, int64_t num_weights,
+                                            bool scale_grad_by_freq, int64_t mode,
+                                            const std::optional<Value>& per_sample_weights, int64_t padding_idx) {
+  const int64_t width = grad.dims().at(1), n = indices.type.numel();
+  TensorType t{grad.element(), {num_weights, width}};
+  if (t.numel() == 0) return full(0, t);
+  if (mode == 2) {  // each bag's max row gets the bag's grad; empty bags (-1) give nothing
+    const int64_t bags = grad.dims().at(0);
+    if (bags == 0) return full(0, t);
+    Value mi = convert(max_indices, ElementType::S64);
+    Value keep = bitwise_and(ge(mi, scalar_like(0, mi)), not_padding(*this, mi, padding_idx));
+    Value rows = select(keep, grad, broadcast_like(scalar_like(0, grad), grad));
+    Value target = select(keep, mi, broadcast_like(constant_int(0, ElementType::S64), mi));
+    return scatter_along(full(0, t), 0, target, rows, "add");
+  }
+  if (n == 0) return full(0, t);
+  Value idx = reshape(convert(indices, ElementType::S64), {n});
+  Value bag = reshape(convert(offset2bag, ElementType::S64), {n});
+  Value rows = index_select(grad, 0, bag);
+  if (mode == 1) {
+    Value size = convert(take_along(reshape(bag_size, {bag_size.type.numel()}), 0, bag), grad.element());
+    rows = div(rows, broadcast_in_dim(maximum(size, scalar_like(1, size)), {n, width}, {0}));
+  }
+  if (per_sample_weights) rows = mul(rows, broadcast_in_dim(convert(*per_sample_weights, grad.element()), {n, width}, {0}));
+  return embedding_backward(rows, idx, num_weights, padding_idx, scale_grad_by_freq);
+}
+
+Value Builder::embedding_bag_backward(const Value& grad, const Value& indices, const Value& offset2bag,
+                                      const Value& bag_size, const Value& max_indices, int64_t num_weights,
+                                      bool scale_grad_by_freq, int64_t mode, bool sparse,
+                                      const std::optional<Value>& per_sample_weights, int64_t padding_idx) {
+  if (sparse) fail("embedding_bag: sparse gradients are not supported on tpu");
+  return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_indices, num_weights, scale_grad_by_freq,
+                                      mode, per_sample_weights, padding_idx);
+}
+
+Value Builder::masked_scatter(const Value& v, const Value& mask, const Value& source) {
+  const std::vector<int64_t> dims = broadcast_dims({v.dims(), mask.dims()}, "masked_scatter");
+  Value base = broadcast_to(v, dims);
+  const int64_t n = base.type.numel(), m = source.type.numel();
+  if (n == 0 || m == 0) return base;  // nothing set can take a value (CPU checks source is large enough)
+  Value set = reshape(broadcast_to(is_set(*this, mask), dims), {n});
+  Value pos = sub(cumsum(convert(set, ElementType::S64), 0), constant_int(1, ElementType::S64));
+  pos = minimum(pos, broadcast_like(constant_int(m - 1, ElementType::S64), pos));
+  Value picked = take_along(reshape(convert(source, v.element()), {m}), 0, pos);
+  return reshape(select(set, picked, reshape(base, {n})), dims);
+}
+
+Value Builder::embedding_bag_psw_backward(const Value& grad, const Value& weight, const Value& indices,
+                                          const Value& offset2bag, int64_t padding_idx) {
+  const int64_t n = indices.type.numel();
+  TensorType t{grad.element(), {n}};
+  if (n == 0) return full(0, t);
+  Value idx = reshape(convert(indices, ElementType::S64), {n});
+  Value bag = reshape(convert(offset2bag, ElementType::S64), {n});
+  Value dot = reduce(mul(index_select(grad, 0, bag), convert(index_select(weight, 0, idx), grad.element())), {1}, "add", 0);
+  return select(not_padding(*this, idx, padding_idx), dot, full(0, t));
+}
+
 }  // namespace torchtpu::rt

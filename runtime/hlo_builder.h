@@ -238,6 +238,32 @@ class Builder {
   Value conv_grad_input(const Value& grad_output, const Value& input, const Value& weight, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool transposed, int64_t groups);
   Value conv_grad_weight(const Value& grad_output, const Value& input, const Value& weight, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool transposed, int64_t groups);
 
+  // advanced indexing primitives (specs/indexing.yaml, the advanced indexing block). `indices` is a
+  // Tensor?[]: a None element is a Value whose id is -1 (a full slice); bool masks never get here
+  // (the kernel expands them through nonzero first). Index tensors broadcast together; negative
+  // indices wrap once; out-of-range ones are not checked: index clamps them, index_put drops them.
+  Value index_tensor(const Value& v, const std::vector<Value>& indices);
+  Value index_put(const Value& v, const std::vector<Value>& indices, const Value& values, bool accumulate);
+  // Data-dependent shapes (spec `data_dependent: true`): a padded result of the largest size plus the
+  // count of leading rows that are real. nonzero: [numel, rank] int64 coordinates of the nonzero
+  // elements, row-major order; masked_select: [numel of the broadcast shape] elements where mask is set.
+  Value nonzero_padded(const Value& v);
+  Value masked_select_padded(const Value& v, const Value& mask);
+  Value nonzero_count(const Value& v, const Value& like);  // 0-d int64: nonzeros of v broadcast with like
+  Value isin(const Value& elements, const Value& test_elements, bool invert);  // bool, elements' shape
+  // _embedding_bag (mode 0 sum, 1 mean, 2 max) over 1-D indices and offsets; rows at padding_idx count
+  // for nothing; empty bags give 0. The four outputs, with CUDA's shapes (what Meta gives a device):
+  Value embedding_bag(const Value& weight, const Value& indices, const Value& offsets, int64_t mode, const std::optional<Value>& per_sample_weights, bool include_last_offset, int64_t padding_idx);
+  Value embedding_bag_offset2bag(const Value& indices, const Value& offsets, bool include_last_offset);  // [N]: each index's bag
+  Value embedding_bag_size(const Value& indices, const Value& offsets, bool include_last_offset, int64_t padding_idx);  // [offsets numel]: non-padding count per bag
+  Value embedding_bag_max_indices(const Value& weight, const Value& indices, const Value& offsets, int64_t mode, bool include_last_offset, int64_t padding_idx);  // max: [B, D] row picked (-1: empty bag); else [0]
+  Value embedding_bag_dense_backward(const Value& grad, const Value& indices, const Value& offset2bag, const Value& bag_size, const Value& max_indices, int64_t num_weights, bool scale_grad_by_freq, int64_t mode, const std::optional<Value>& per_sample_weights, int64_t padding_idx);
+  // _embedding_bag_backward: the dense backward; sparse (a sparse gradient) is not supported.
+  Value embedding_bag_backward(const Value& grad, const Value& indices, const Value& offset2bag, const Value& bag_size, const Value& max_indices, int64_t num_weights, bool scale_grad_by_freq, int64_t mode, bool sparse, const std::optional<Value>& per_sample_weights, int64_t padding_idx);
+  // masked_scatter: where mask (broadcast with v) is set, the next element of source in row-major order.
+  Value masked_scatter(const Value& v, const Value& mask, const Value& source);
+  Value embedding_bag_psw_backward(const Value& grad, const Value& weight, const Value& indices, const Value& offset2bag, int64_t padding_idx);  // [N]: grad[bag] . weight[index]
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);

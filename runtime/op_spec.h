@@ -17,6 +17,10 @@ namespace torchtpu {
 enum class ArgKind : uint8_t {
   Tensor,      // read from its storage inside the executable (CPU 0-d tensors: a runtime scalar)
   TensorList,  // each element as Tensor
+  // Tensor?[] (indexing): each element as Tensor, None as a Value whose id is -1. First, as
+  // PyTorch's expandTensors does, a bool/uint8 mask becomes its nonzero() columns (aten::nonzero on
+  // tpu, which synchronizes) and an index tensor on the CPU (not 0-d) is copied to the device.
+  OptionalTensorList,
   Scalar,      // runtime value: a 0-d parameter, so new values reuse the executable
   ScalarList,  // each element as Scalar
   Attr,        // compile-time: part of the cache key and a constant in the module
@@ -124,6 +128,11 @@ struct OpSpec {
   bool implicit_generator;  // draws from the default generator: the lowering's extra last argument
   std::vector<std::string> dtypes; // supported compute dtypes, torch names ("float32", ...)
   Emitter emit;
+  // The output shapes depend on the data (nonzero, masked_select): no Meta pass; the lowering returns
+  // its outputs padded along dim 0 (their dtype: the value's, the compute dtype where that is the
+  // compute element) and then a 0-d integer count; the kernel synchronizes to read the count and
+  // returns the outputs cut to `count` rows (a view of the padded storage).
+  bool data_dependent = false;
 };
 
 // The generated table (generated/ops/emitters.cpp).

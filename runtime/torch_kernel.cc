@@ -7,6 +7,7 @@
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/nonzero.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/strides.h>
 
@@ -108,8 +109,48 @@ c10::IValue to_meta(const c10::IValue& v) {
     for (const at::Tensor& t : v.toTensorList()) list.push_back(to_meta(t));
     return list;
   }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const c10::IValue& e : v.toListRef()) {
+      list.push_back(e.isTensor() ? std::optional<at::Tensor>(to_meta(e.toTensor())) : std::nullopt);
+    }
+    return list;
+  }
   if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
   return v;
+}
+
+// Tensor?[] indices (ArgKind::OptionalTensorList), as PyTorch's expandTensors: a bool/uint8 mask
+// becomes its nonzero() columns (aten::nonzero on tpu: synchronizes), a CPU index tensor (not 0-d)
+// moves to self's device. Returns `v` itself where nothing changes.
+c10::IValue expand_indices(const c10::IValue& v, const at::Tensor& self) {
+  bool changed = false;
+  c10::List<std::optional<at::Tensor>> out;
+  for (const c10::IValue& e : v.toListRef()) {
+    if (!e.isTensor() || !e.toTensor().defined()) {
+      out.push_back(std::nullopt);
+      continue;
+    }
+    at::Tensor t = e.toTensor();
+    if (!is_tpu(t) && !is_cpu_scalar(t) && is_tpu(self)) {
+      t = t.to(self.device());
+      changed = true;
+    }
+    if (t.scalar_type() != at::kBool && t.scalar_type() != at::kByte) {
+      out.push_back(t);
+      continue;
+    }
+    const int64_t at_dim = static_cast<int64_t>(out.size());
+    for (int64_t j = 0; j < t.dim(); ++j) {
+      TORCH_CHECK_INDEX(at_dim + j < self.dim() && t.size(j) == self.size(at_dim + j), "The shape of the mask ",
+                        t.sizes(), " at index ", j, " does not match the shape of the indexed tensor ", self.sizes(),
+                        " at index ", at_dim + j);
+    }
+    const at::Tensor nz = at::nonzero(is_tpu(t) || !is_tpu(self) ? t : t.to(self.device()));
+    for (int64_t j = 0; j < t.dim(); ++j) out.push_back(nz.select(1, j));
+    changed = true;
+  }
+  return changed ? c10::IValue(out) : v;
 }
 
 const char* dtype_name(at::ScalarType t) {
@@ -231,11 +272,21 @@ class SpecKernel final : public c10::OperatorKernel {
       return;
     }
 
+    for (size_t i = 0; i < n; ++i) {
+      if (spec_.args[i] == ArgKind::OptionalTensorList) args[i] = expand_indices(args[i], args[0].toTensor());
+    }
+
     int device = -1;
     KeyWriter key;
     key.s.reserve(160);
     for (size_t i = 0; i < n; ++i) {
       switch (spec_.args[i]) {
+        case ArgKind::OptionalTensorList: {
+          const auto list = args[i].toListRef();
+          key.i(static_cast<int64_t>(list.size()));
+          for (const c10::IValue& e : list) key_tensor(key, e.isTensor() ? e.toTensor() : at::Tensor(), device);
+          break;
+        }
         case ArgKind::Tensor:
           key_tensor(key, args[i].isTensor() ? args[i].toTensor() : at::Tensor(), device);
           break;
@@ -312,6 +363,8 @@ class SpecKernel final : public c10::OperatorKernel {
   const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {
     if (index < 0) {
       holder = args[arg].toTensor();
+    } else if (spec_.args[arg] == ArgKind::OptionalTensorList) {
+      holder = args[arg].toListRef()[index].toTensor();
     } else {
       holder = args[arg].toTensorList().get(index);
     }
@@ -343,6 +396,10 @@ class SpecKernel final : public c10::OperatorKernel {
       raw.push_back(keep.back()->raw());
     }
     auto outputs = runtime().execute(*entry.exe, raw, device);
+    int64_t rows = -1;  // data_dependent: the outputs' real row count, read from the module's last result
+    if (spec_.data_dependent) {
+      runtime().to_host(*outputs.back(), &rows, sizeof rows);  // synchronizes: the shape is the data's
+    }
     if (g_capture_next_execution) {
       g_captured = CapturedExecution{entry.exe, keep, device};
       g_capture_next_execution = false;
@@ -354,7 +411,9 @@ class SpecKernel final : public c10::OperatorKernel {
     for (size_t j = 0; j < entry.fresh.size(); ++j) {
       std::vector<at::Tensor> tensors;
       for (const OutputPlan& plan : entry.fresh[j]) {
-        tensors.push_back(plan.defined ? wrap_buffer(outputs[next++], plan.dtype, plan.sizes, plan.strides, 0, device)
+        std::vector<int64_t> sizes = plan.sizes;
+        if (rows >= 0) sizes.at(0) = rows;  // data_dependent: the real rows of the padded result
+        tensors.push_back(plan.defined ? wrap_buffer(outputs[next++], plan.dtype, sizes, plan.strides, 0, device)
                                        : at::Tensor());
       }
       if (entry.fresh_is_list[j]) {
@@ -382,7 +441,9 @@ class SpecKernel final : public c10::OperatorKernel {
     meta_args.reserve(n);
     for (size_t i = 0; i < n; ++i) meta_args.push_back(to_meta(args[i]));
     torch::jit::Stack meta(meta_args.begin(), meta_args.end());
-    if (meta_) {
+    if (spec_.data_dependent) {
+      meta.clear();  // no Meta pass: the lowering's padded results give the outputs (after emission)
+    } else if (meta_) {
       meta_(meta);
     } else {
       op.callBoxed(&meta);
@@ -403,11 +464,11 @@ class SpecKernel final : public c10::OperatorKernel {
       }
       if (!entry->resizes.empty()) return entry;
     }
-    TORCH_INTERNAL_ASSERT(meta.size() == spec_.returns.size(), "torchtpu: the Meta pass of aten::", spec_.overload,
-                          " returned ", meta.size(), " values for ", spec_.returns.size(), " returns");
-    std::vector<std::vector<OutputPlan>> fresh;
+    TORCH_INTERNAL_ASSERT(spec_.data_dependent || meta.size() == spec_.returns.size(), "torchtpu: the Meta pass of aten::",
+                          spec_.overload, " returned ", meta.size(), " values for ", spec_.returns.size(), " returns");
+    std::vector<std::vector<OutputPlan>> fresh;  // data_dependent: filled from the lowering's results instead
     std::vector<bool> fresh_is_list;
-    for (size_t j = 0; j < spec_.returns.size(); ++j) {
+    for (size_t j = 0; j < meta.size(); ++j) {
       if (spec_.returns[j] >= 0) continue;
       const c10::IValue& r = meta[j];
       std::vector<OutputPlan> plans;
@@ -432,7 +493,7 @@ class SpecKernel final : public c10::OperatorKernel {
       }
     }
     if (!output_dtype && !written_plans.empty()) output_dtype = written_plans.front().dtype;
-    at::ScalarType compute = output_dtype.value_or(at::kFloat);
+    at::ScalarType compute = output_dtype.value_or(at::kLong);  // data_dependent: compute is never output
     if (spec_.compute != Compute::Output) {
       at::native::ResultTypeState state{};
       for (int i : spec_.promoted) {
@@ -500,6 +561,17 @@ class SpecKernel final : public c10::OperatorKernel {
         case ArgKind::Tensor:
           ea.args[i] = emit_tensor(a.isTensor() ? a.toTensor() : at::Tensor(), arg, -1, is_promoted(arg));
           break;
+        case ArgKind::OptionalTensorList: {
+          std::vector<rt::Value> values;
+          const auto list = a.toListRef();
+          for (size_t j = 0; j < list.size(); ++j) {
+            const EmitArg e = emit_tensor(list[j].isTensor() ? list[j].toTensor() : at::Tensor(), arg,
+                                          static_cast<int>(j), is_promoted(arg));
+            values.push_back(std::holds_alternative<rt::Value>(e) ? std::get<rt::Value>(e) : rt::Value{});
+          }
+          ea.args[i] = std::move(values);
+          break;
+        }
         case ArgKind::TensorList: {
           std::vector<rt::Value> values;
           const auto list = a.toTensorList();
@@ -555,6 +627,19 @@ class SpecKernel final : public c10::OperatorKernel {
       TORCH_CHECK(false, "torchtpu: emitting aten::", spec_.overload, " (", spec_.source, ") failed: ", e.what());
     }
 
+    std::optional<rt::Value> count;
+    if (spec_.data_dependent) {  // padded outputs, then the count of real rows
+      TORCH_CHECK(results.size() >= 2, "torchtpu: the lowering of aten::", spec_.overload, " (", spec_.source,
+                  ") is data_dependent: it returns the padded outputs and then a count");
+      count = b.convert(results.back(), rt::ElementType::S64);
+      results.pop_back();
+      for (const rt::Value& r : results) {
+        const at::ScalarType dtype = r.element() == compute_element ? compute : scalar_type(r.element());
+        const auto strides = c10::contiguous_strides(r.dims());
+        fresh.push_back({OutputPlan{dtype, r.dims(), std::vector<int64_t>(strides.begin(), strides.end())}});
+        fresh_is_list.push_back(false);
+      }
+    }
     // The lowering's results, slot by slot: each fresh return, then each written argument. A slot
     // holds one value, or for a foreach op one per element of its first list argument.
     const size_t per_slot = spec_.foreach ? list_length(args) : 1;
@@ -593,6 +678,8 @@ class SpecKernel final : public c10::OperatorKernel {
         module_results.push_back(write_back(b, written_storages, arg, -1, results[slot], a.toTensor()));
       }
     }
+
+    if (count) module_results.push_back(*count);
 
     std::vector<rt::TensorType> types;
     for (const auto& r : module_results) types.push_back(r.type);

@@ -534,6 +534,63 @@ std::vector<Value> emit_nll_loss2d_backward(Builder& b, const EmitArgs& a) { ret
 // nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:76)
 std::vector<Value> emit_nll_loss2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
 
+// index.Tensor = index_tensor(self, indices)  (specs/indexing.yaml:87)
+std::vector<Value> emit_index__Tensor(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
+// index.Tensor_out = index_tensor(self, indices)  (specs/indexing.yaml:87)
+std::vector<Value> emit_index__Tensor_out(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
+
+// index_put = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:94)
+std::vector<Value> emit_index_put(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
+// index_put_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:94)
+std::vector<Value> emit_index_put_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
+// index_put.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:94)
+std::vector<Value> emit_index_put__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
+
+// _index_put_impl = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:99)
+std::vector<Value> emit__index_put_impl(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
+// _index_put_impl_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:99)
+std::vector<Value> emit__index_put_impl_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
+// _index_put_impl.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:99)
+std::vector<Value> emit__index_put_impl__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
+
+// nonzero = (nonzero_padded(self), nonzero_count(self, self))  (specs/indexing.yaml:106)
+std::vector<Value> emit_nonzero(Builder& b, const EmitArgs& a) { return {b.nonzero_padded(a.value(0)), b.nonzero_count(a.value(0), a.value(0))}; }
+
+// masked_select = (masked_select_padded(self, mask), nonzero_count(mask, self))  (specs/indexing.yaml:112)
+std::vector<Value> emit_masked_select(Builder& b, const EmitArgs& a) { return {b.masked_select_padded(a.value(0), a.value(1)), b.nonzero_count(a.value(1), a.value(0))}; }
+
+// masked_scatter = masked_scatter(self, mask, source)  (specs/indexing.yaml:120)
+std::vector<Value> emit_masked_scatter(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
+// masked_scatter_ = masked_scatter(self, mask, source)  (specs/indexing.yaml:120)
+std::vector<Value> emit_masked_scatter_(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
+// masked_scatter.out = masked_scatter(self, mask, source)  (specs/indexing.yaml:120)
+std::vector<Value> emit_masked_scatter__out(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
+
+// isin.Tensor_Tensor = isin(elements, test_elements, invert)  (specs/indexing.yaml:126)
+std::vector<Value> emit_isin__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
+// isin.Tensor_Tensor_out = isin(elements, test_elements, invert)  (specs/indexing.yaml:126)
+std::vector<Value> emit_isin__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
+
+// isin.Tensor_Scalar = isin(elements, test_element, invert)  (specs/indexing.yaml:130)
+std::vector<Value> emit_isin__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
+// isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:130)
+std::vector<Value> emit_isin__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
+
+// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:138)
+std::vector<Value> emit__embedding_bag(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
+
+// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:145)
+std::vector<Value> emit__embedding_bag_forward_only(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
+
+// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:152)
+std::vector<Value> emit__embedding_bag_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_backward(a.value(0), a.value(1), a.value(3), a.value(4), a.value(5), a.integer(6), a.boolean(7), a.integer(8), a.boolean(9), a.optional_value(10), a.integer(11))}; }
+
+// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:158)
+std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_dense_backward(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.integer(5), a.boolean(6), a.integer(7), a.optional_value(8), a.integer(9))}; }
+
+// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:164)
+std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
+
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
 std::vector<Value> emit_mm(Builder& b, const EmitArgs& a) { return {b.matmul(a.value(0), a.value(1))}; }
 // mm.out = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -2301,6 +2358,116 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 3, 6}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward__grad_input},
+      {"index.Tensor", "specs/indexing.yaml:87", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor},
+      {"index.Tensor_out", "specs/indexing.yaml:87", Variant::Out,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor_out},
+      {"index_put", "specs/indexing.yaml:94", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
+       {0, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put},
+      {"index_put_", "specs/indexing.yaml:94", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
+       {0, 2}, Compute::Common, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put_},
+      {"index_put.out", "specs/indexing.yaml:94", Variant::Out,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put__out},
+      {"_index_put_impl", "specs/indexing.yaml:99", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl},
+      {"_index_put_impl_", "specs/indexing.yaml:99", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Common, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl_},
+      {"_index_put_impl.out", "specs/indexing.yaml:99", Variant::Out,
+       {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {5},
+       {5}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl__out},
+      {"nonzero", "specs/indexing.yaml:106", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nonzero, true},
+      {"masked_select", "specs/indexing.yaml:112", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_select, true},
+      {"masked_scatter", "specs/indexing.yaml:120", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter},
+      {"masked_scatter_", "specs/indexing.yaml:120", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter_},
+      {"masked_scatter.out", "specs/indexing.yaml:120", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {3},
+       {3}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter__out},
+      {"isin.Tensor_Tensor", "specs/indexing.yaml:126", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor},
+      {"isin.Tensor_Tensor_out", "specs/indexing.yaml:126", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor_out},
+      {"isin.Tensor_Scalar", "specs/indexing.yaml:130", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar},
+      {"isin.Tensor_Scalar_out", "specs/indexing.yaml:130", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar_out},
+      {"_embedding_bag", "specs/indexing.yaml:138", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 6}, Compute::Common, {},
+       {-1, -1, -1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag},
+      {"_embedding_bag_forward_only", "specs/indexing.yaml:145", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 6}, Compute::Common, {},
+       {-1, -1, -1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_forward_only},
+      {"_embedding_bag_backward", "specs/indexing.yaml:152", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {0, 10}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_backward},
+      {"_embedding_bag_dense_backward", "specs/indexing.yaml:158", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {0, 8}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_dense_backward},
+      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:164", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward},
       {"mm", "specs/linalg.yaml:10", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},

@@ -53,6 +53,7 @@
 #include <ATen/ops/ge_meta_dispatch.h>
 #include <ATen/ops/gt_meta_dispatch.h>
 #include <ATen/ops/hypot_meta_dispatch.h>
+#include <ATen/ops/isin_meta_dispatch.h>
 #include <ATen/ops/isneginf_meta_dispatch.h>
 #include <ATen/ops/isposinf_meta_dispatch.h>
 #include <ATen/ops/le_meta_dispatch.h>
@@ -986,6 +987,32 @@ void meta_emit_nll_loss_backward(torch::jit::Stack& s) {
 void meta_emit_nll_loss_backward__grad_input(torch::jit::Stack& s) {
   at::Tensor a7 = s[7].toTensor();
   auto result = at::meta::nll_loss_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toOptional<at::Tensor>(), s[4].toInt(), s[5].toInt(), s[6].toTensor(), a7);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isin__Tensor_Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::isin(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isin__Tensor_Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::isin_outf(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isin__Tensor_Scalar(torch::jit::Stack& s) {
+  auto result = at::meta::isin(s[0].toTensor(), s[1].toScalar(), s[2].toBool(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isin__Tensor_Scalar_out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::isin_outf(s[0].toTensor(), s[1].toScalar(), s[2].toBool(), s[3].toBool(), a4);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2475,6 +2502,28 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // nll_loss2d_forward
       nullptr,  // nll_loss2d_backward
       nullptr,  // nll_loss2d_backward.grad_input
+      nullptr,  // index.Tensor
+      nullptr,  // index.Tensor_out
+      nullptr,  // index_put
+      nullptr,  // index_put_
+      nullptr,  // index_put.out
+      nullptr,  // _index_put_impl
+      nullptr,  // _index_put_impl_
+      nullptr,  // _index_put_impl.out
+      nullptr,  // nonzero
+      nullptr,  // masked_select
+      nullptr,  // masked_scatter
+      nullptr,  // masked_scatter_
+      nullptr,  // masked_scatter.out
+      &meta_emit_isin__Tensor_Tensor,  // isin.Tensor_Tensor
+      &meta_emit_isin__Tensor_Tensor_out,  // isin.Tensor_Tensor_out
+      &meta_emit_isin__Tensor_Scalar,  // isin.Tensor_Scalar
+      &meta_emit_isin__Tensor_Scalar_out,  // isin.Tensor_Scalar_out
+      nullptr,  // _embedding_bag
+      nullptr,  // _embedding_bag_forward_only
+      nullptr,  // _embedding_bag_backward
+      nullptr,  // _embedding_bag_dense_backward
+      nullptr,  // _embedding_bag_per_sample_weights_backward
       &meta_emit_mm,  // mm
       &meta_emit_mm__out,  // mm.out
       &meta_emit_addmm,  // addmm

@@ -657,6 +657,97 @@ def test_nll_loss_forward(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_index_Tensor(dtype):
+    # specs/indexing.yaml:87
+    check_opinfo(
+        "__getitem__",
+        dtype,
+        overloads=["index.Tensor", "index.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_index_put(dtype):
+    # specs/indexing.yaml:94
+    check_opinfo(
+        "index_put",
+        dtype,
+        overloads=["index_put", "index_put_", "index_put.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_nonzero(dtype):
+    # specs/indexing.yaml:106
+    check_opinfo(
+        "nonzero",
+        dtype,
+        overloads=["nonzero"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_masked_select(dtype):
+    # specs/indexing.yaml:112
+    check_opinfo(
+        "masked_select",
+        dtype,
+        overloads=["masked_select"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_masked_scatter(dtype):
+    # specs/indexing.yaml:120
+    check_opinfo(
+        "masked_scatter",
+        dtype,
+        overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_isin_Tensor_Tensor(dtype):
+    # specs/indexing.yaml:126
+    check_opinfo(
+        "isin",
+        dtype,
+        overloads=["isin.Tensor_Tensor", "isin.Tensor_Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__embedding_bag(dtype):
+    # specs/indexing.yaml:138
+    check_opinfo(
+        "nn.functional.embedding_bag",
+        dtype,
+        overloads=["_embedding_bag"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mm(dtype):
     # specs/linalg.yaml:10
