@@ -411,6 +411,9 @@ class _LoweringCompiler:
             return f"({self.expr(node.test, 'bool')} ? {self.expr(node.body, want)} : {self.expr(node.orelse, want)})"
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and want == "bool":
             return f"!{self.expr(node.operand, 'bool')}"
+        if isinstance(node, ast.BoolOp) and want == "bool":
+            joiner = " && " if isinstance(node.op, ast.And) else " || "
+            return "(" + joiner.join(self.expr(v, "bool") for v in node.values) + ")"
         if isinstance(node, ast.Name) and node.id in getattr(self, "locals", {}):
             if want != "value":
                 self.fail(f"local {node.id!r} is a value, used where {want} is needed")

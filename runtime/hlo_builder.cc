@@ -1952,4 +1952,44 @@ Value Builder::embedding_bag_psw_backward(const Value& grad, const Value& weight
   return select(not_padding(*this, idx, padding_idx), dot, full(0, t));
 }
 
+// ---------------------------------------------------------------------------------------------
+// batch norm and dropout primitives
+
+namespace {
+
+// Elements per channel of v [N, C, *].
+double per_channel_count(const Value& v) {
+  if (v.rank() < 2) fail("batch norm: input needs a channel dim (rank >= 2)");
+  return static_cast<double>(v.type.numel() / v.dims()[1]);
+}
+
+}  // namespace
+
+Value Builder::channel_mean(const Value& v) {
+  return div(sum_except(v, 1), scalar_like(per_channel_count(v), v));
+}
+
+Value Builder::channel_var(const Value& v, double correction) {
+  Value centered = sub(v, per_channel(channel_mean(v), v));
+  const double n = per_channel_count(v) - correction;
+  return div(sum_except(mul(centered, centered), 1), scalar_like(n > 0 ? n : 0.0, v));
+}
+
+Value Builder::per_channel(const Value& c, const Value& like) {
+  std::vector<int64_t> shape(like.rank(), 1);
+  if (like.rank() < 2) fail("per_channel: the target needs a channel dim (rank >= 2)");
+  shape[1] = c.type.numel();
+  return broadcast_to(reshape(c, shape), like.dims());
+}
+
+Value Builder::dropout(const Value& state, const Value& input, double p) {
+  if (p >= 1) return full(0, input.type);
+  return mul(convert(dropout_mask(state, input, p), input.element()), scalar_like(1.0 / (1.0 - p), input));
+}
+
+Value Builder::dropout_mask(const Value& state, const Value& input, double p) {
+  Value u = uniform01(state, input.dims(), ElementType::F32);
+  return ge(u, constant(p, ElementType::F32));
+}
+
 }  // namespace torchtpu::rt

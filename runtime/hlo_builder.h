@@ -264,6 +264,15 @@ class Builder {
   Value masked_scatter(const Value& v, const Value& mask, const Value& source);
   Value embedding_bag_psw_backward(const Value& grad, const Value& weight, const Value& indices, const Value& offset2bag, int64_t padding_idx);  // [N]: grad[bag] . weight[index]
 
+  // batch norm and dropout primitives (specs/normalization.yaml, specs/nn.yaml)
+  Value channel_mean(const Value& v);  // [C]: mean of v [N, C, *] over every dim but 1
+  Value channel_var(const Value& v, double correction);  // [C]: variance over every dim but 1
+  Value per_channel(const Value& c, const Value& like);  // c [C] viewed as [1, C, 1, ...] and broadcast to like
+  // input with elements zeroed with probability p and the rest scaled by 1/(1-p); dropout_mask: the kept ones (pred).
+  // Both draw the same bits from `state`, so they agree.
+  Value dropout(const Value& state, const Value& input, double p);
+  Value dropout_mask(const Value& state, const Value& input, double p);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);

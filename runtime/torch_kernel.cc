@@ -653,7 +653,11 @@ class SpecKernel final : public c10::OperatorKernel {
       for (size_t e = 0; e < per_slot; ++e) {
         const OutputPlan& plan = fresh[j][e];
         if (!plan.defined) continue;
-        rt::Value v = b.broadcast_to(b.convert(results[j * per_slot + e], element_type(plan.dtype)), plan.sizes);
+        // An empty output has no elements to compute (eval batch norm's save_mean is [0]).
+        const rt::TensorType out_type{element_type(plan.dtype), plan.sizes};
+        rt::Value v = out_type.numel() == 0
+                          ? b.full(0, out_type)
+                          : b.broadcast_to(b.convert(results[j * per_slot + e], out_type.element), plan.sizes);
         const int64_t itemsize = static_cast<int64_t>(c10::elementSize(plan.dtype));
         const int64_t storage_numel =
             static_cast<int64_t>(at::detail::computeStorageNbytes(plan.sizes, plan.strides, itemsize)) / itemsize;

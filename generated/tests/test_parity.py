@@ -1036,6 +1036,552 @@ def test_native_group_norm(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_native_batch_norm(dtype):
+    # specs/normalization.yaml:32
+    check_opinfo(
+        "nn.functional.batch_norm",
+        dtype,
+        overloads=["native_batch_norm"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test__foreach_add_List(dtype):
+    # specs/optim.yaml:8
+    check_opinfo(
+        "_foreach_add",
+        dtype,
+        overloads=["_foreach_add.List", "_foreach_add_.List", "_foreach_add.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_sub_List(dtype):
+    # specs/optim.yaml:25
+    check_opinfo(
+        "_foreach_sub",
+        dtype,
+        overloads=["_foreach_sub.List", "_foreach_sub_.List", "_foreach_sub.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test__foreach_mul_List(dtype):
+    # specs/optim.yaml:41
+    check_opinfo(
+        "_foreach_mul",
+        dtype,
+        overloads=["_foreach_mul.List", "_foreach_mul_.List", "_foreach_mul.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_div_List(dtype):
+    # specs/optim.yaml:58
+    check_opinfo(
+        "_foreach_div",
+        dtype,
+        overloads=["_foreach_div.List", "_foreach_div_.List", "_foreach_div.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_maximum_List(dtype):
+    # specs/optim.yaml:83
+    check_opinfo(
+        "_foreach_maximum",
+        dtype,
+        overloads=["_foreach_maximum.List", "_foreach_maximum_.List", "_foreach_maximum.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_minimum_List(dtype):
+    # specs/optim.yaml:99
+    check_opinfo(
+        "_foreach_minimum",
+        dtype,
+        overloads=["_foreach_minimum.List", "_foreach_minimum_.List", "_foreach_minimum.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_clamp_min_List(dtype):
+    # specs/optim.yaml:115
+    check_opinfo(
+        "_foreach_clamp_min",
+        dtype,
+        overloads=["_foreach_clamp_min.List", "_foreach_clamp_min_.List", "_foreach_clamp_min.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_clamp_max_List(dtype):
+    # specs/optim.yaml:131
+    check_opinfo(
+        "_foreach_clamp_max",
+        dtype,
+        overloads=["_foreach_clamp_max.List", "_foreach_clamp_max_.List", "_foreach_clamp_max.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_pow_List(dtype):
+    # specs/optim.yaml:147
+    check_opinfo(
+        "_foreach_pow",
+        dtype,
+        overloads=["_foreach_pow.List", "_foreach_pow_.List", "_foreach_pow.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_addcmul_Scalar(dtype):
+    # specs/optim.yaml:166
+    check_opinfo(
+        "_foreach_addcmul",
+        dtype,
+        overloads=["_foreach_addcmul.Scalar", "_foreach_addcmul_.Scalar", "_foreach_addcmul.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_addcdiv_Scalar(dtype):
+    # specs/optim.yaml:177
+    check_opinfo(
+        "_foreach_addcdiv",
+        dtype,
+        overloads=["_foreach_addcdiv.Scalar", "_foreach_addcdiv_.Scalar", "_foreach_addcdiv.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_lerp_List(dtype):
+    # specs/optim.yaml:188
+    check_opinfo(
+        "_foreach_lerp",
+        dtype,
+        overloads=["_foreach_lerp.List", "_foreach_lerp_.List", "_foreach_lerp.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_exp(dtype):
+    # specs/optim.yaml:206
+    check_opinfo(
+        "_foreach_exp",
+        dtype,
+        overloads=["_foreach_exp", "_foreach_exp_", "_foreach_exp.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_log(dtype):
+    # specs/optim.yaml:213
+    check_opinfo(
+        "_foreach_log",
+        dtype,
+        overloads=["_foreach_log", "_foreach_log_", "_foreach_log.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_log2(dtype):
+    # specs/optim.yaml:220
+    check_opinfo(
+        "_foreach_log2",
+        dtype,
+        overloads=["_foreach_log2", "_foreach_log2_", "_foreach_log2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_log10(dtype):
+    # specs/optim.yaml:227
+    check_opinfo(
+        "_foreach_log10",
+        dtype,
+        overloads=["_foreach_log10", "_foreach_log10_", "_foreach_log10.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_log1p(dtype):
+    # specs/optim.yaml:234
+    check_opinfo(
+        "_foreach_log1p",
+        dtype,
+        overloads=["_foreach_log1p", "_foreach_log1p_", "_foreach_log1p.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_expm1(dtype):
+    # specs/optim.yaml:241
+    check_opinfo(
+        "_foreach_expm1",
+        dtype,
+        overloads=["_foreach_expm1", "_foreach_expm1_", "_foreach_expm1.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_sqrt(dtype):
+    # specs/optim.yaml:248
+    check_opinfo(
+        "_foreach_sqrt",
+        dtype,
+        overloads=["_foreach_sqrt", "_foreach_sqrt_", "_foreach_sqrt.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_rsqrt(dtype):
+    # specs/optim.yaml:255
+    check_opinfo(
+        "_foreach_rsqrt",
+        dtype,
+        overloads=["_foreach_rsqrt", "_foreach_rsqrt_", "_foreach_rsqrt.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_sin(dtype):
+    # specs/optim.yaml:262
+    check_opinfo(
+        "_foreach_sin",
+        dtype,
+        overloads=["_foreach_sin", "_foreach_sin_", "_foreach_sin.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_cos(dtype):
+    # specs/optim.yaml:269
+    check_opinfo(
+        "_foreach_cos",
+        dtype,
+        overloads=["_foreach_cos", "_foreach_cos_", "_foreach_cos.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_tan(dtype):
+    # specs/optim.yaml:276
+    check_opinfo(
+        "_foreach_tan",
+        dtype,
+        overloads=["_foreach_tan", "_foreach_tan_", "_foreach_tan.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_tanh(dtype):
+    # specs/optim.yaml:283
+    check_opinfo(
+        "_foreach_tanh",
+        dtype,
+        overloads=["_foreach_tanh", "_foreach_tanh_", "_foreach_tanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_sinh(dtype):
+    # specs/optim.yaml:290
+    check_opinfo(
+        "_foreach_sinh",
+        dtype,
+        overloads=["_foreach_sinh", "_foreach_sinh_", "_foreach_sinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_cosh(dtype):
+    # specs/optim.yaml:297
+    check_opinfo(
+        "_foreach_cosh",
+        dtype,
+        overloads=["_foreach_cosh", "_foreach_cosh_", "_foreach_cosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_sigmoid(dtype):
+    # specs/optim.yaml:304
+    check_opinfo(
+        "_foreach_sigmoid",
+        dtype,
+        overloads=["_foreach_sigmoid", "_foreach_sigmoid_", "_foreach_sigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_erf(dtype):
+    # specs/optim.yaml:311
+    check_opinfo(
+        "_foreach_erf",
+        dtype,
+        overloads=["_foreach_erf", "_foreach_erf_", "_foreach_erf.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_reciprocal(dtype):
+    # specs/optim.yaml:318
+    check_opinfo(
+        "_foreach_reciprocal",
+        dtype,
+        overloads=["_foreach_reciprocal", "_foreach_reciprocal_", "_foreach_reciprocal.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_neg(dtype):
+    # specs/optim.yaml:325
+    check_opinfo(
+        "_foreach_neg",
+        dtype,
+        overloads=["_foreach_neg", "_foreach_neg_", "_foreach_neg.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_abs(dtype):
+    # specs/optim.yaml:331
+    check_opinfo(
+        "_foreach_abs",
+        dtype,
+        overloads=["_foreach_abs", "_foreach_abs_", "_foreach_abs.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_sign(dtype):
+    # specs/optim.yaml:337
+    check_opinfo(
+        "_foreach_sign",
+        dtype,
+        overloads=["_foreach_sign", "_foreach_sign_", "_foreach_sign.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_floor(dtype):
+    # specs/optim.yaml:343
+    check_opinfo(
+        "_foreach_floor",
+        dtype,
+        overloads=["_foreach_floor", "_foreach_floor_", "_foreach_floor.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_ceil(dtype):
+    # specs/optim.yaml:349
+    check_opinfo(
+        "_foreach_ceil",
+        dtype,
+        overloads=["_foreach_ceil", "_foreach_ceil_", "_foreach_ceil.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_round(dtype):
+    # specs/optim.yaml:355
+    check_opinfo(
+        "_foreach_round",
+        dtype,
+        overloads=["_foreach_round", "_foreach_round_", "_foreach_round.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_trunc(dtype):
+    # specs/optim.yaml:361
+    check_opinfo(
+        "_foreach_trunc",
+        dtype,
+        overloads=["_foreach_trunc", "_foreach_trunc_", "_foreach_trunc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_frac(dtype):
+    # specs/optim.yaml:367
+    check_opinfo(
+        "_foreach_frac",
+        dtype,
+        overloads=["_foreach_frac", "_foreach_frac_", "_foreach_frac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test__foreach_zero(dtype):
+    # specs/optim.yaml:373
+    check_opinfo(
+        "_foreach_zero",
+        dtype,
+        overloads=["_foreach_zero", "_foreach_zero_", "_foreach_zero.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__foreach_norm_Scalar(dtype):
+    # specs/optim.yaml:380
+    check_opinfo(
+        "_foreach_norm",
+        dtype,
+        overloads=["_foreach_norm.Scalar", "_foreach_norm.Scalar_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test__foreach_max(dtype):
+    # specs/optim.yaml:388
+    check_opinfo(
+        "_foreach_max",
+        dtype,
+        overloads=["_foreach_max", "_foreach_max.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test__foreach_copy(dtype):
+    # specs/optim.yaml:394
+    check_opinfo(
+        "_foreach_copy",
+        dtype,
+        overloads=["_foreach_copy", "_foreach_copy_", "_foreach_copy.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_sum_dim_IntList(dtype):
     # specs/reduction.yaml:3
