@@ -205,3 +205,17 @@ def test_tolist_and_item():
     assert torch.tensor(2.5).to("tpu").item() == 2.5
     assert float(torch.tensor(2.5, device="tpu")) == 2.5
     assert int(torch.tensor(7, device="tpu")) == 7
+
+
+def test_module_transfer_keeps_parameter_objects_and_ties():
+    """As for cuda: .to("tpu") / .tpu() / .cpu() keep each Parameter (tied weights stay tied)."""
+    embedding = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = embedding.weight
+    model = torch.nn.ModuleDict({"embedding": embedding, "head": head})
+    shared = embedding.weight
+    for move in (lambda m: m.to("tpu"), lambda m: m.cpu(), lambda m: m.tpu(), lambda m: m.to(device="cpu")):
+        move(model)
+        assert model["embedding"].weight is shared and model["head"].weight is shared
+    model.to("tpu")
+    assert shared.device.type == "tpu" and list(model.parameters()) == [shared]

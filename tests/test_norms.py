@@ -142,3 +142,42 @@ def test_rms_norm_opinfo(dtype, no_fallback):
     # F.rms_norm is CompositeImplicitAutograd: on tpu it decomposes into pow, mean, add, rsqrt, mul
     # (ATen routes only CUDA/MPS/XPU to _fused_rms_norm), so it needs no spec of its own.
     check_opinfo("nn.functional.rms_norm", dtype, overloads=[], variants=["Functional"], atol=1e-5, rtol=1.3e-6)
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3), (4, 3, 5), (2, 3, 4, 4), (2, 3, 2, 3, 2)])
+def test_batch_norm_train_and_eval_match_cpu(shape, affine, no_fallback):
+    """Training steps update running_mean/running_var in place as on CPU; eval uses them; grads match."""
+    kind = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d, 5: torch.nn.BatchNorm3d}
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        bn = kind[len(shape)](3, affine=affine, momentum=0.2).to(device)
+        if affine:
+            with torch.no_grad():
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.uniform_(-0.5, 0.5)
+            bn.to(device)
+        gen = torch.Generator().manual_seed(1)
+        outs = []
+        for _ in range(2):
+            x = (torch.randn(shape, generator=gen) * 2 + 1).to(device).requires_grad_()
+            y = bn(x)
+            (y * torch.arange(y.numel()).reshape(y.shape).to(device).float()).sum().backward()
+            outs += [y.detach(), x.grad] + ([bn.weight.grad, bn.bias.grad] if affine else [])
+        bn.eval()
+        outs.append(bn(torch.randn(shape, generator=gen).to(device)))
+        outs += [bn.running_mean, bn.running_var, bn.num_batches_tracked]
+        results[device] = [t.cpu() for t in outs]
+    for a, e in zip(results["tpu"], results["cpu"]):
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-4)
+
+
+def test_batch_norm_without_running_stats(no_fallback):
+    for device in ("cpu", "tpu"):
+        bn = torch.nn.BatchNorm2d(3, track_running_stats=False).to(device)
+        x = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(2))
+        y = bn(x.to(device))
+        if device == "cpu":
+            expected = y
+    torch.testing.assert_close(y.cpu(), expected, atol=1e-5, rtol=1e-5)

@@ -106,3 +106,27 @@ def test_uniform_rejects_integer_tensors_like_cpu():
         torch.empty(3, dtype=torch.int64).uniform_()
     with pytest.raises((RuntimeError, NotImplementedError)):
         torch.empty(3, dtype=torch.int64, device="tpu").uniform_()
+
+
+def test_dropout_zeroes_at_rate_and_scales_the_rest(no_fallback):
+    torch.manual_seed(0)
+    x = torch.ones(200, 100, device="tpu", requires_grad=True)
+    y = torch.nn.functional.dropout(x, p=0.3, training=True)
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.7) < 0.01, kept
+    assert torch.allclose(y[y != 0].cpu(), torch.full((1,), 1 / 0.7))
+    y.sum().backward()  # the gradient flows through the kept elements, scaled the same way
+    torch.testing.assert_close(x.grad.cpu(), y.detach().cpu())
+
+
+def test_dropout_is_reproducible_and_off_in_eval(no_fallback):
+    x = torch.randn(64, 64, device="tpu")
+    torch.manual_seed(5)
+    a = torch.nn.functional.dropout(x, 0.5)
+    torch.manual_seed(5)
+    b = torch.nn.functional.dropout(x, 0.5)
+    c = torch.nn.functional.dropout(x, 0.5)
+    assert torch.equal(a.cpu(), b.cpu())
+    assert not torch.equal(b.cpu(), c.cpu())
+    layer = torch.nn.Dropout(0.5).eval()
+    assert torch.equal(layer(x).cpu(), x.cpu())

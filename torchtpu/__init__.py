@@ -8,6 +8,8 @@ of a tpu tensor raises an error that says what was tried and which variable to s
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 
 import torch
@@ -56,6 +58,39 @@ def _patch_printing():
     tensor_str._tensor_str = _tensor_str
 
 
+def _keep_parameters_on_transfer():
+    # Moving a module between the CPU and tpu must keep each Parameter object, as it does for cuda:
+    # tied weights (one Parameter in two modules) stay tied and optimizers keep their references.
+    # PyTorch swaps data under a Parameter only between "compatible" TensorImpls, which excludes
+    # PrivateUse1; its swap_tensors path does the same for any device, so transfers use it.
+    module = torch.nn.Module
+    if getattr(module.to, "_torchtpu", False):
+        return
+
+    def involves_tpu(m, device=None):
+        if device is not None and torch.device(device).type == "tpu":
+            return True
+        return any(t.device.type == "tpu" for t in itertools.chain(m.parameters(), m.buffers()))
+
+    def swapping(method, target):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            if torch.__future__.get_swap_module_params_on_conversion() or not involves_tpu(self, target(args, kwargs)):
+                return method(self, *args, **kwargs)
+            torch.__future__.set_swap_module_params_on_conversion(True)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                torch.__future__.set_swap_module_params_on_conversion(False)
+
+        wrapper._torchtpu = True
+        return wrapper
+
+    module.to = swapping(module.to, lambda args, kwargs: torch._C._nn._parse_to(*args, **kwargs)[0])
+    module.cpu = swapping(module.cpu, lambda args, kwargs: None)
+    module.tpu = swapping(module.tpu, lambda args, kwargs: "tpu")
+
+
 def _register_device():
     if torch._C._get_privateuse1_backend_name() != "tpu":
         torch.utils.rename_privateuse1_backend("tpu")
@@ -66,6 +101,7 @@ def _register_device():
     if not hasattr(torch.Tensor, "tpu"):
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
     _patch_printing()
+    _keep_parameters_on_transfer()
 
 
 def _start_runtime():
