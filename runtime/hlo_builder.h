@@ -223,6 +223,29 @@ class Builder {
   Value group_norm_grad_input(const Value& grad_out, const Value& input, const Value& mean, const Value& rstd, const std::optional<Value>& weight, int64_t N, int64_t C, int64_t HxW, int64_t group);
   Value group_norm_grad_weight(const Value& grad_out, const Value& input, const Value& mean, const Value& rstd, int64_t N, int64_t C, int64_t HxW, int64_t group);
   Value group_norm_grad_bias(const Value& grad_out, int64_t N, int64_t C, int64_t HxW);
+  // shape primitives (specs/shape.yaml, specs/creation.yaml, sort/topk in specs/reduction.yaml).
+  // Dims may be negative. Padding lists hold (before, after) pairs starting from the last dim.
+  Value flip(const Value& v, const std::vector<int64_t>& dims);
+  Value roll(const Value& v, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims);  // no dims: over the flattened tensor
+  Value repeat(const Value& v, const std::vector<int64_t>& repeats);  // torch.Tensor.repeat (tiles)
+  Value tril(const Value& v, int64_t diagonal);  // over the last two dims
+  Value triu(const Value& v, int64_t diagonal);
+  Value constant_pad(const Value& v, const std::vector<int64_t>& pad, const Value& value);  // negative pads crop
+  Value reflection_pad(const Value& v, const std::vector<int64_t>& padding);
+  Value replication_pad(const Value& v, const std::vector<int64_t>& padding);
+  // The gradient of a reflection/replication pad of `self` (its shape): grad's elements summed back.
+  Value reflection_pad_backward(const Value& grad, const Value& self, const std::vector<int64_t>& padding);
+  Value replication_pad_backward(const Value& grad, const Value& self, const std::vector<int64_t>& padding);
+  // A stable sort along dim (NaN ranks above everything, as in PyTorch): the values, or (indices)
+  // their int64 positions in v. topk: the first k of the sort (descending where largest).
+  Value sort_along(const Value& v, int64_t dim, bool descending, bool indices);
+  Value topk(const Value& v, int64_t k, int64_t dim, bool largest, bool indices);
+  // Creation: arange's 1-D [ceil((end - start) / step)] in the op's nominal dtype's kind (integer
+  // outputs: int64 from truncated start/step, as on CPU); linspace of `steps` between two 0-d values
+  // (CPU's formula: from start up to the halfway point, from end after it); eye: a bool [n, m].
+  Value arange(double start, double end, double step);
+  Value linspace(const Value& start, const Value& end, int64_t steps);
+  Value eye(int64_t n, int64_t m);
 
   // convolution primitives (specs/conv.yaml)
   // stablehlo.convolution. `dims` labels each dim of lhs, rhs and the result, in order, as three words:

@@ -51,6 +51,7 @@ class EmitArgs {
   int64_t integer(int i) const { return get<int64_t>(i, "an int"); }
   double real(int i) const {
     if (auto* v = std::get_if<int64_t>(&args.at(i))) return static_cast<double>(*v);
+    if (auto* v = std::get_if<bool>(&args.at(i))) return *v ? 1.0 : 0.0;  // a compile-time bool Scalar
     return get<double>(i, "a float");
   }
   bool boolean(int i) const { return get<bool>(i, "a bool"); }

@@ -49,6 +49,16 @@ def find_opinfo(name: str):
     raise LookupError(f"no OpInfo named {name!r} in op_db")
 
 
+def _has_tensor(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_tensor(v) for v in value.values())
+    return False
+
+
 def _fallbacks() -> dict:
     return dict(torchtpu.debug.metrics()["cpu_fallbacks"])
 
@@ -167,6 +177,8 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
             except Exception:
                 continue  # CPU itself rejects this sample
             tpu_input, tpu_args, tpu_kwargs = to_device((sample.input, sample.args, sample.kwargs), "tpu")
+            if "device" in tpu_kwargs or not _has_tensor((sample.input, sample.args, sample.kwargs)):
+                tpu_kwargs = {**tpu_kwargs, "device": "tpu"}  # creation ops (arange, eye, ...)
             if variant == "Out":
                 tpu_out = torch.empty_like(expected, device="tpu")
                 actual = fn(tpu_input, *tpu_args, **tpu_kwargs, out=tpu_out)

@@ -337,6 +337,26 @@ std::vector<Value> emit_convolution_overrideable(Builder& b, const EmitArgs& a) 
 // convolution_backward_overrideable = (conv_grad_input(grad_output, input, weight, stride, padding, dilation, transposed, groups), conv_grad_weight(grad_output, input, weight, stride, padding, dilation, transposed, groups), sum_except(grad_output, 1))  (specs/conv.yaml:20)
 std::vector<Value> emit_convolution_backward_overrideable(Builder& b, const EmitArgs& a) { return {b.conv_grad_input(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.ints(5), a.boolean(6), a.integer(8)), b.conv_grad_weight(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.ints(5), a.boolean(6), a.integer(8)), b.sum_except(a.value(0), 1)}; }
 
+// arange.start_step = arange(start, end, step)  (specs/creation.yaml:8)
+std::vector<Value> emit_arange__start_step(Builder& b, const EmitArgs& a) { return {b.arange(a.real(0), a.real(1), a.real(2))}; }
+// arange.start_out = arange(start, end, step)  (specs/creation.yaml:8)
+std::vector<Value> emit_arange__start_out(Builder& b, const EmitArgs& a) { return {b.arange(a.real(0), a.real(1), a.real(2))}; }
+
+// linspace = linspace(start, end, steps)  (specs/creation.yaml:19)
+std::vector<Value> emit_linspace(Builder& b, const EmitArgs& a) { return {b.linspace(a.value(0), a.value(1), a.integer(2))}; }
+// linspace.out = linspace(start, end, steps)  (specs/creation.yaml:19)
+std::vector<Value> emit_linspace__out(Builder& b, const EmitArgs& a) { return {b.linspace(a.value(0), a.value(1), a.integer(2))}; }
+
+// eye = eye(n, n)  (specs/creation.yaml:26)
+std::vector<Value> emit_eye(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(0))}; }
+// eye.out = eye(n, n)  (specs/creation.yaml:26)
+std::vector<Value> emit_eye__out(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(0))}; }
+
+// eye.m = eye(n, m)  (specs/creation.yaml:31)
+std::vector<Value> emit_eye__m(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(1))}; }
+// eye.m_out = eye(n, m)  (specs/creation.yaml:31)
+std::vector<Value> emit_eye__m_out(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(1))}; }
+
 // add.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
 std::vector<Value> emit_add__Tensor(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
 // add_.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
@@ -1419,6 +1439,86 @@ std::vector<Value> emit_cumprod_(Builder& b, const EmitArgs& a) { return {b.cump
 // cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:203)
 std::vector<Value> emit_cumprod__out(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
 
+// sort.stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:215)
+std::vector<Value> emit_sort__stable(Builder& b, const EmitArgs& a) { return {b.sort_along(a.value(0), a.integer(2), a.boolean(3), false), b.sort_along(a.value(0), a.integer(2), a.boolean(3), true)}; }
+
+// topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:222)
+std::vector<Value> emit_topk(Builder& b, const EmitArgs& a) { return {b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
+
+// flip = flip(self, dims)  (specs/shape.yaml:4)
+std::vector<Value> emit_flip(Builder& b, const EmitArgs& a) { return {b.flip(a.value(0), a.ints(1))}; }
+// flip.out = flip(self, dims)  (specs/shape.yaml:4)
+std::vector<Value> emit_flip__out(Builder& b, const EmitArgs& a) { return {b.flip(a.value(0), a.ints(1))}; }
+
+// roll = roll(self, shifts, dims)  (specs/shape.yaml:11)
+std::vector<Value> emit_roll(Builder& b, const EmitArgs& a) { return {b.roll(a.value(0), a.ints(1), a.ints(2))}; }
+// roll.out = roll(self, shifts, dims)  (specs/shape.yaml:11)
+std::vector<Value> emit_roll__out(Builder& b, const EmitArgs& a) { return {b.roll(a.value(0), a.ints(1), a.ints(2))}; }
+
+// repeat = repeat(self, repeats)  (specs/shape.yaml:17)
+std::vector<Value> emit_repeat(Builder& b, const EmitArgs& a) { return {b.repeat(a.value(0), a.ints(1))}; }
+// repeat.out = repeat(self, repeats)  (specs/shape.yaml:17)
+std::vector<Value> emit_repeat__out(Builder& b, const EmitArgs& a) { return {b.repeat(a.value(0), a.ints(1))}; }
+
+// tril = tril(self, diagonal)  (specs/shape.yaml:23)
+std::vector<Value> emit_tril(Builder& b, const EmitArgs& a) { return {b.tril(a.value(0), a.integer(1))}; }
+// tril_ = tril(self, diagonal)  (specs/shape.yaml:23)
+std::vector<Value> emit_tril_(Builder& b, const EmitArgs& a) { return {b.tril(a.value(0), a.integer(1))}; }
+// tril.out = tril(self, diagonal)  (specs/shape.yaml:23)
+std::vector<Value> emit_tril__out(Builder& b, const EmitArgs& a) { return {b.tril(a.value(0), a.integer(1))}; }
+
+// triu = triu(self, diagonal)  (specs/shape.yaml:29)
+std::vector<Value> emit_triu(Builder& b, const EmitArgs& a) { return {b.triu(a.value(0), a.integer(1))}; }
+// triu_ = triu(self, diagonal)  (specs/shape.yaml:29)
+std::vector<Value> emit_triu_(Builder& b, const EmitArgs& a) { return {b.triu(a.value(0), a.integer(1))}; }
+// triu.out = triu(self, diagonal)  (specs/shape.yaml:29)
+std::vector<Value> emit_triu__out(Builder& b, const EmitArgs& a) { return {b.triu(a.value(0), a.integer(1))}; }
+
+// constant_pad_nd = constant_pad(self, pad, value)  (specs/shape.yaml:36)
+std::vector<Value> emit_constant_pad_nd(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
+// constant_pad_nd.out = constant_pad(self, pad, value)  (specs/shape.yaml:36)
+std::vector<Value> emit_constant_pad_nd__out(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
+
+// reflection_pad1d = reflection_pad(self, padding)  (specs/shape.yaml:43)
+std::vector<Value> emit_reflection_pad1d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
+// reflection_pad1d.out = reflection_pad(self, padding)  (specs/shape.yaml:43)
+std::vector<Value> emit_reflection_pad1d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
+
+// reflection_pad2d = reflection_pad(self, padding)  (specs/shape.yaml:50)
+std::vector<Value> emit_reflection_pad2d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
+// reflection_pad2d.out = reflection_pad(self, padding)  (specs/shape.yaml:50)
+std::vector<Value> emit_reflection_pad2d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
+
+// replication_pad1d = replication_pad(self, padding)  (specs/shape.yaml:56)
+std::vector<Value> emit_replication_pad1d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
+// replication_pad1d.out = replication_pad(self, padding)  (specs/shape.yaml:56)
+std::vector<Value> emit_replication_pad1d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
+
+// replication_pad2d = replication_pad(self, padding)  (specs/shape.yaml:63)
+std::vector<Value> emit_replication_pad2d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
+// replication_pad2d.out = replication_pad(self, padding)  (specs/shape.yaml:63)
+std::vector<Value> emit_replication_pad2d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
+
+// reflection_pad1d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:69)
+std::vector<Value> emit_reflection_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+// reflection_pad1d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:69)
+std::vector<Value> emit_reflection_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+
+// reflection_pad2d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:73)
+std::vector<Value> emit_reflection_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+// reflection_pad2d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:73)
+std::vector<Value> emit_reflection_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+
+// replication_pad1d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:77)
+std::vector<Value> emit_replication_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+// replication_pad1d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:77)
+std::vector<Value> emit_replication_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+
+// replication_pad2d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:81)
+std::vector<Value> emit_replication_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+// replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:81)
+std::vector<Value> emit_replication_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+
 // fill.Scalar = fill(value, self)  (specs/tensor.yaml:3)
 std::vector<Value> emit_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
 // fill_.Scalar = fill(value, self)  (specs/tensor.yaml:3)
@@ -2434,6 +2534,46 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_convolution_backward_overrideable},
+      {"arange.start_step", "specs/creation.yaml:8", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {0, 1, 2}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_arange__start_step},
+      {"arange.start_out", "specs/creation.yaml:8", Variant::Out,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Output, {3},
+       {3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_arange__start_out},
+      {"linspace", "specs/creation.yaml:19", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {0, 1}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linspace},
+      {"linspace.out", "specs/creation.yaml:19", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Output, {3},
+       {3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linspace__out},
+      {"eye", "specs/creation.yaml:26", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye},
+      {"eye.out", "specs/creation.yaml:26", Variant::Out,
+       {ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {1},
+       {1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye__out},
+      {"eye.m", "specs/creation.yaml:31", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye__m},
+      {"eye.m_out", "specs/creation.yaml:31", Variant::Out,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye__m_out},
       {"add.Tensor", "specs/elementwise.yaml:4", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
@@ -4684,6 +4824,166 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod__out},
+      {"sort.stable", "specs/reduction.yaml:215", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sort__stable},
+      {"topk", "specs/reduction.yaml:222", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_topk},
+      {"flip", "specs/shape.yaml:4", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_flip},
+      {"flip.out", "specs/shape.yaml:4", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_flip__out},
+      {"roll", "specs/shape.yaml:11", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_roll},
+      {"roll.out", "specs/shape.yaml:11", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {3},
+       {3}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_roll__out},
+      {"repeat", "specs/shape.yaml:17", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_repeat},
+      {"repeat.out", "specs/shape.yaml:17", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_repeat__out},
+      {"tril", "specs/shape.yaml:23", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril},
+      {"tril_", "specs/shape.yaml:23", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril_},
+      {"tril.out", "specs/shape.yaml:23", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril__out},
+      {"triu", "specs/shape.yaml:29", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu},
+      {"triu_", "specs/shape.yaml:29", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu_},
+      {"triu.out", "specs/shape.yaml:29", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu__out},
+      {"constant_pad_nd", "specs/shape.yaml:36", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
+       {0, 2}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_constant_pad_nd},
+      {"constant_pad_nd.out", "specs/shape.yaml:36", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 2}, Compute::Output, {3},
+       {3}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_constant_pad_nd__out},
+      {"reflection_pad1d", "specs/shape.yaml:43", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d},
+      {"reflection_pad1d.out", "specs/shape.yaml:43", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d__out},
+      {"reflection_pad2d", "specs/shape.yaml:50", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d},
+      {"reflection_pad2d.out", "specs/shape.yaml:50", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d__out},
+      {"replication_pad1d", "specs/shape.yaml:56", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d},
+      {"replication_pad1d.out", "specs/shape.yaml:56", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d__out},
+      {"replication_pad2d", "specs/shape.yaml:63", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d},
+      {"replication_pad2d.out", "specs/shape.yaml:63", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d__out},
+      {"reflection_pad1d_backward", "specs/shape.yaml:69", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward},
+      {"reflection_pad1d_backward.grad_input", "specs/shape.yaml:69", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward__grad_input},
+      {"reflection_pad2d_backward", "specs/shape.yaml:73", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward},
+      {"reflection_pad2d_backward.grad_input", "specs/shape.yaml:73", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward__grad_input},
+      {"replication_pad1d_backward", "specs/shape.yaml:77", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward},
+      {"replication_pad1d_backward.grad_input", "specs/shape.yaml:77", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward__grad_input},
+      {"replication_pad2d_backward", "specs/shape.yaml:81", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d_backward},
+      {"replication_pad2d_backward.grad_input", "specs/shape.yaml:81", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d_backward__grad_input},
       {"fill.Scalar", "specs/tensor.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {1}, Compute::Output, {},

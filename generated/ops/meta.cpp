@@ -17,6 +17,7 @@
 #include <ATen/ops/amax_meta_dispatch.h>
 #include <ATen/ops/amin_meta_dispatch.h>
 #include <ATen/ops/any_meta_dispatch.h>
+#include <ATen/ops/arange_meta_dispatch.h>
 #include <ATen/ops/asin_meta_dispatch.h>
 #include <ATen/ops/atan2_meta_dispatch.h>
 #include <ATen/ops/atan_meta_dispatch.h>
@@ -43,6 +44,7 @@
 #include <ATen/ops/erf_meta_dispatch.h>
 #include <ATen/ops/exp_meta_dispatch.h>
 #include <ATen/ops/expm1_meta_dispatch.h>
+#include <ATen/ops/eye_meta_dispatch.h>
 #include <ATen/ops/fill_meta_dispatch.h>
 #include <ATen/ops/floor_meta_dispatch.h>
 #include <ATen/ops/fmax_meta_dispatch.h>
@@ -61,6 +63,7 @@
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
 #include <ATen/ops/lerp_meta_dispatch.h>
 #include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
+#include <ATen/ops/linspace_meta_dispatch.h>
 #include <ATen/ops/log10_meta_dispatch.h>
 #include <ATen/ops/log1p_meta_dispatch.h>
 #include <ATen/ops/log2_meta_dispatch.h>
@@ -81,7 +84,12 @@
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/prod_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
+#include <ATen/ops/reflection_pad1d_backward_meta_dispatch.h>
+#include <ATen/ops/reflection_pad1d_meta_dispatch.h>
 #include <ATen/ops/remainder_meta_dispatch.h>
+#include <ATen/ops/replication_pad1d_backward_meta_dispatch.h>
+#include <ATen/ops/replication_pad1d_meta_dispatch.h>
+#include <ATen/ops/replication_pad2d_meta_dispatch.h>
 #include <ATen/ops/round_meta_dispatch.h>
 #include <ATen/ops/rsqrt_meta_dispatch.h>
 #include <ATen/ops/scatter_add_meta_dispatch.h>
@@ -97,6 +105,7 @@
 #include <ATen/ops/sinh_meta_dispatch.h>
 #include <ATen/ops/softplus_backward_meta_dispatch.h>
 #include <ATen/ops/softplus_meta_dispatch.h>
+#include <ATen/ops/sort_meta_dispatch.h>
 #include <ATen/ops/sqrt_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/sum_meta_dispatch.h>
@@ -105,6 +114,9 @@
 #include <ATen/ops/tanh_meta_dispatch.h>
 #include <ATen/ops/threshold_backward_meta_dispatch.h>
 #include <ATen/ops/threshold_meta_dispatch.h>
+#include <ATen/ops/topk_meta_dispatch.h>
+#include <ATen/ops/tril_meta_dispatch.h>
+#include <ATen/ops/triu_meta_dispatch.h>
 #include <ATen/ops/trunc_meta_dispatch.h>
 #include <ATen/ops/xlogy_meta_dispatch.h>
 #include <ATen/ops/zero_meta_dispatch.h>
@@ -655,6 +667,34 @@ void meta_emit_xlogy___Tensor(torch::jit::Stack& s) {
 void meta_emit_xlogy__OutTensor(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::xlogy_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_arange__start_out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::arange_outf(s[0].toScalar(), s[1].toScalar(), s[2].toScalar(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linspace__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::linspace_outf(s[0].toScalar(), s[1].toScalar(), s[2].toInt(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_eye__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::eye_outf(s[0].toInt(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_eye__m_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::eye_outf(s[0].toInt(), s[1].toInt(), a2);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1531,6 +1571,133 @@ void meta_emit_cumprod_(torch::jit::Stack& s) {
 void meta_emit_cumprod__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::cumprod_outf(s[0].toTensor(), s[1].toInt(), s[2].toOptional<at::ScalarType>(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sort__stable(torch::jit::Stack& s) {
+  auto result = at::meta::sort(s[0].toTensor(), s[1].toOptional<bool>(), s[2].toInt(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_topk(torch::jit::Stack& s) {
+  auto result = at::meta::topk(s[0].toTensor(), s[1].toInt(), s[2].toInt(), s[3].toBool(), s[4].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tril(torch::jit::Stack& s) {
+  auto result = at::meta::tril(s[0].toTensor(), s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tril_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::tril_(a0, s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_tril__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::tril_outf(s[0].toTensor(), s[1].toInt(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_triu(torch::jit::Stack& s) {
+  auto result = at::meta::triu(s[0].toTensor(), s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_triu_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::triu_(a0, s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_triu__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::triu_outf(s[0].toTensor(), s[1].toInt(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reflection_pad1d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::reflection_pad1d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reflection_pad1d__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::reflection_pad1d_outf(s[0].toTensor(), a1, a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_replication_pad1d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::replication_pad1d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_replication_pad1d__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::replication_pad1d_outf(s[0].toTensor(), a1, a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_replication_pad2d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::replication_pad2d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_replication_pad2d__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::replication_pad2d_outf(s[0].toTensor(), a1, a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reflection_pad1d_backward(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  auto result = at::meta::reflection_pad1d_backward(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reflection_pad1d_backward__grad_input(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::reflection_pad1d_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_replication_pad1d_backward(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  auto result = at::meta::replication_pad1d_backward(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_replication_pad1d_backward__grad_input(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::replication_pad1d_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2419,6 +2586,14 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // xlogy.OutScalar_Other
       nullptr,  // convolution_overrideable
       nullptr,  // convolution_backward_overrideable
+      nullptr,  // arange.start_step
+      &meta_emit_arange__start_out,  // arange.start_out
+      nullptr,  // linspace
+      &meta_emit_linspace__out,  // linspace.out
+      nullptr,  // eye
+      &meta_emit_eye__out,  // eye.out
+      nullptr,  // eye.m
+      &meta_emit_eye__m_out,  // eye.m_out
       &meta_emit_add__Tensor,  // add.Tensor
       &meta_emit_add___Tensor,  // add_.Tensor
       &meta_emit_add__out,  // add.out
@@ -2869,6 +3044,38 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_cumprod,  // cumprod
       &meta_emit_cumprod_,  // cumprod_
       &meta_emit_cumprod__out,  // cumprod.out
+      &meta_emit_sort__stable,  // sort.stable
+      &meta_emit_topk,  // topk
+      nullptr,  // flip
+      nullptr,  // flip.out
+      nullptr,  // roll
+      nullptr,  // roll.out
+      nullptr,  // repeat
+      nullptr,  // repeat.out
+      &meta_emit_tril,  // tril
+      &meta_emit_tril_,  // tril_
+      &meta_emit_tril__out,  // tril.out
+      &meta_emit_triu,  // triu
+      &meta_emit_triu_,  // triu_
+      &meta_emit_triu__out,  // triu.out
+      nullptr,  // constant_pad_nd
+      nullptr,  // constant_pad_nd.out
+      &meta_emit_reflection_pad1d,  // reflection_pad1d
+      &meta_emit_reflection_pad1d__out,  // reflection_pad1d.out
+      nullptr,  // reflection_pad2d
+      nullptr,  // reflection_pad2d.out
+      &meta_emit_replication_pad1d,  // replication_pad1d
+      &meta_emit_replication_pad1d__out,  // replication_pad1d.out
+      &meta_emit_replication_pad2d,  // replication_pad2d
+      &meta_emit_replication_pad2d__out,  // replication_pad2d.out
+      &meta_emit_reflection_pad1d_backward,  // reflection_pad1d_backward
+      &meta_emit_reflection_pad1d_backward__grad_input,  // reflection_pad1d_backward.grad_input
+      nullptr,  // reflection_pad2d_backward
+      nullptr,  // reflection_pad2d_backward.grad_input
+      &meta_emit_replication_pad1d_backward,  // replication_pad1d_backward
+      &meta_emit_replication_pad1d_backward__grad_input,  // replication_pad1d_backward.grad_input
+      nullptr,  // replication_pad2d_backward
+      nullptr,  // replication_pad2d_backward.grad_input
       nullptr,  // fill.Scalar
       &meta_emit_fill___Scalar,  // fill_.Scalar
       nullptr,  // fill.Scalar_out

@@ -410,6 +410,45 @@ def test_convolution_overrideable(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32", "float64"])
+def test_arange_start_step(dtype):
+    # specs/creation.yaml:8
+    check_opinfo(
+        "arange",
+        dtype,
+        overloads=["arange.start_step", "arange.start_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float32", "float64"])
+def test_linspace(dtype):
+    # specs/creation.yaml:19
+    check_opinfo(
+        "linspace",
+        dtype,
+        overloads=["linspace", "linspace.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_eye(dtype):
+    # specs/creation.yaml:26
+    check_opinfo(
+        "eye",
+        dtype,
+        overloads=["eye", "eye.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_add_Tensor(dtype):
     # specs/elementwise.yaml:4
@@ -1852,6 +1891,136 @@ def test_cumprod(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=1e-5,
         rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float32"])
+def test_sort_stable(dtype):
+    # specs/reduction.yaml:215
+    check_opinfo(
+        "sort",
+        dtype,
+        overloads=["sort.stable"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_topk(dtype):
+    # specs/reduction.yaml:222
+    check_opinfo(
+        "topk",
+        dtype,
+        overloads=["topk"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_flip(dtype):
+    # specs/shape.yaml:4
+    check_opinfo(
+        "flip",
+        dtype,
+        overloads=["flip", "flip.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_roll(dtype):
+    # specs/shape.yaml:11
+    check_opinfo(
+        "roll",
+        dtype,
+        overloads=["roll", "roll.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_repeat(dtype):
+    # specs/shape.yaml:17
+    check_opinfo(
+        "repeat",
+        dtype,
+        overloads=["repeat", "repeat.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_tril(dtype):
+    # specs/shape.yaml:23
+    check_opinfo(
+        "tril",
+        dtype,
+        overloads=["tril", "tril_", "tril.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_triu(dtype):
+    # specs/shape.yaml:29
+    check_opinfo(
+        "triu",
+        dtype,
+        overloads=["triu", "triu_", "triu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_constant_pad_nd(dtype):
+    # specs/shape.yaml:36
+    check_opinfo(
+        "nn.functional.pad.constant",
+        dtype,
+        overloads=["constant_pad_nd", "constant_pad_nd.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_reflection_pad1d(dtype):
+    # specs/shape.yaml:43
+    check_opinfo(
+        "nn.functional.pad.reflect",
+        dtype,
+        overloads=["reflection_pad1d", "reflection_pad1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_replication_pad1d(dtype):
+    # specs/shape.yaml:56
+    check_opinfo(
+        "nn.functional.pad.replicate",
+        dtype,
+        overloads=["replication_pad1d", "replication_pad1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
     )
 
 
