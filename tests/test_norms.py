@@ -152,12 +152,12 @@ def test_batch_norm_train_and_eval_match_cpu(shape, affine, no_fallback):
     results = {}
     for device in ("cpu", "tpu"):
         torch.manual_seed(0)
-        bn = kind[len(shape)](3, affine=affine, momentum=0.2).to(device)
-        if affine:
+        bn = kind[len(shape)](3, affine=affine, momentum=0.2)
+        if affine:  # initialized on the CPU, so both devices start from the same weights
             with torch.no_grad():
                 bn.weight.uniform_(0.5, 1.5)
                 bn.bias.uniform_(-0.5, 0.5)
-            bn.to(device)
+        bn.to(device)
         gen = torch.Generator().manual_seed(1)
         outs = []
         for _ in range(2):

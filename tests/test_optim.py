@@ -55,6 +55,7 @@ def test_fused_adamw_is_one_spec_call_per_step():
     model = _model().to("tpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
     model(torch.randn(2, 6, device="tpu")).sum().backward()
+    optimizer.step()  # the first step also creates the state (zeros, step counts)
     before = torchtpu.debug.metrics()["executions"]
     with no_cpu_fallback():
         optimizer.step()

@@ -3,7 +3,8 @@
 The spec kernel's first step runs an op's Meta kernel for its output shapes and dtypes (strides too).
 aten::convolution_overrideable and aten::convolution_backward_overrideable, which PyTorch calls for
 convolutions on a PrivateUse1 device, have no Meta kernel; they get the ones of aten::convolution and
-aten::convolution_backward, which compute the same results.
+aten::convolution_backward, which compute the same results. aten::_fused_sgd_ (SGD with fused=True)
+has none either: an in-place update returns nothing, so its Meta kernel only checks the lists agree.
 """
 
 from __future__ import annotations
@@ -27,3 +28,13 @@ def _convolution_backward_meta(grad_output, input, weight, stride, padding, dila
 
 _lib.impl("convolution_overrideable", _convolution_meta, "Meta")
 _lib.impl("convolution_backward_overrideable", _convolution_backward_meta, "Meta")
+
+
+def _fused_sgd_meta(self, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dampening, nesterov, maximize,
+                    is_first_step, grad_scale=None, found_inf=None):
+    torch._check(len(grads) == len(self), lambda: "_fused_sgd_: self and grads must have the same length")
+    torch._check(len(momentum_buffer_list) in (0, len(self)),
+                 lambda: "_fused_sgd_: momentum_buffer_list must be empty or as long as self")
+
+
+_lib.impl("_fused_sgd_", _fused_sgd_meta, "Meta")
