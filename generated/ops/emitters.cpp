@@ -708,6 +708,168 @@ std::vector<Value> emit_native_group_norm(Builder& b, const EmitArgs& a) { retur
 // native_group_norm_backward = (group_norm_grad_input(grad_out, input, mean, rstd, weight, N, C, HxW, group), group_norm_grad_weight(grad_out, input, mean, rstd, N, C, HxW, group), group_norm_grad_bias(grad_out, N, C, HxW))  (specs/normalization.yaml:24)
 std::vector<Value> emit_native_group_norm_backward(Builder& b, const EmitArgs& a) { return {b.group_norm_grad_input(a.value(0), a.value(1), a.value(2), a.value(3), a.optional_value(4), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_weight(a.value(0), a.value(1), a.value(2), a.value(3), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_bias(a.value(0), a.integer(5), a.integer(6), a.integer(7))}; }
 
+// max_pool2d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, True))  (specs/pooling.yaml:9)
+std::vector<Value> emit_max_pool2d_with_indices(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, true)}; }
+
+// max_pool2d_with_indices_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:15)
+std::vector<Value> emit_max_pool2d_with_indices_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 2)}; }
+// max_pool2d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:15)
+std::vector<Value> emit_max_pool2d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 2)}; }
+
+// max_pool3d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, True))  (specs/pooling.yaml:21)
+std::vector<Value> emit_max_pool3d_with_indices(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, true)}; }
+
+// max_pool3d_with_indices_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:27)
+std::vector<Value> emit_max_pool3d_with_indices_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
+// max_pool3d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:27)
+std::vector<Value> emit_max_pool3d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
+
+// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:33)
+std::vector<Value> emit_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
+// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:33)
+std::vector<Value> emit_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
+
+// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:38)
+std::vector<Value> emit_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
+// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:38)
+std::vector<Value> emit_avg_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
+
+// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:43)
+std::vector<Value> emit_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
+// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:43)
+std::vector<Value> emit_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
+
+// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:48)
+std::vector<Value> emit_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
+// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:48)
+std::vector<Value> emit_avg_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
+
+// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:52)
+std::vector<Value> emit__adaptive_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:52)
+std::vector<Value> emit__adaptive_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+
+// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:57)
+std::vector<Value> emit__adaptive_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
+// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:57)
+std::vector<Value> emit__adaptive_avg_pool2d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
+
+// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:62)
+std::vector<Value> emit__adaptive_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:62)
+std::vector<Value> emit__adaptive_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+
+// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:67)
+std::vector<Value> emit__adaptive_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
+// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:67)
+std::vector<Value> emit__adaptive_avg_pool3d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
+
+// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:71)
+std::vector<Value> emit_adaptive_max_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
+
+// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:77)
+std::vector<Value> emit_adaptive_max_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
+// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:77)
+std::vector<Value> emit_adaptive_max_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
+
+// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:83)
+std::vector<Value> emit_adaptive_max_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
+
+// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:89)
+std::vector<Value> emit_adaptive_max_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
+// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:89)
+std::vector<Value> emit_adaptive_max_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
+
+// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:96)
+std::vector<Value> emit_upsample_nearest1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
+// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:96)
+std::vector<Value> emit_upsample_nearest1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
+
+// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:101)
+std::vector<Value> emit_upsample_nearest1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
+// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:101)
+std::vector<Value> emit_upsample_nearest1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
+
+// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:105)
+std::vector<Value> emit_upsample_nearest2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
+// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:105)
+std::vector<Value> emit_upsample_nearest2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
+
+// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:110)
+std::vector<Value> emit_upsample_nearest2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
+// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:110)
+std::vector<Value> emit_upsample_nearest2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
+
+// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:114)
+std::vector<Value> emit_upsample_nearest3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
+// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:114)
+std::vector<Value> emit_upsample_nearest3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
+
+// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:118)
+std::vector<Value> emit_upsample_nearest3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
+// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:118)
+std::vector<Value> emit_upsample_nearest3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
+
+// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:122)
+std::vector<Value> emit__upsample_nearest_exact1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
+// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:122)
+std::vector<Value> emit__upsample_nearest_exact1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
+
+// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:127)
+std::vector<Value> emit__upsample_nearest_exact1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
+// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:127)
+std::vector<Value> emit__upsample_nearest_exact1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
+
+// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:131)
+std::vector<Value> emit__upsample_nearest_exact2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
+// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:131)
+std::vector<Value> emit__upsample_nearest_exact2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
+
+// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:135)
+std::vector<Value> emit__upsample_nearest_exact2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
+// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:135)
+std::vector<Value> emit__upsample_nearest_exact2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
+
+// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:139)
+std::vector<Value> emit__upsample_nearest_exact3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
+// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:139)
+std::vector<Value> emit__upsample_nearest_exact3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
+
+// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:143)
+std::vector<Value> emit__upsample_nearest_exact3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
+// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:143)
+std::vector<Value> emit__upsample_nearest_exact3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
+
+// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:149)
+std::vector<Value> emit_upsample_linear1d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
+// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:149)
+std::vector<Value> emit_upsample_linear1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
+
+// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:154)
+std::vector<Value> emit_upsample_linear1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
+// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:154)
+std::vector<Value> emit_upsample_linear1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
+
+// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:158)
+std::vector<Value> emit_upsample_bilinear2d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
+// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:158)
+std::vector<Value> emit_upsample_bilinear2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
+
+// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:163)
+std::vector<Value> emit_upsample_bilinear2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
+// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:163)
+std::vector<Value> emit_upsample_bilinear2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
+
+// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:168)
+std::vector<Value> emit_upsample_trilinear3d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
+// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:168)
+std::vector<Value> emit_upsample_trilinear3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
+
+// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:173)
+std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
+// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:173)
+std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
+
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
 std::vector<Value> emit_uniform(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
 // uniform_ = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -2357,6 +2519,262 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2, 3, 4}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_group_norm_backward},
+      {"max_pool2d_with_indices", "specs/pooling.yaml:9", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices},
+      {"max_pool2d_with_indices_backward", "specs/pooling.yaml:15", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices_backward},
+      {"max_pool2d_with_indices_backward.grad_input", "specs/pooling.yaml:15", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 8,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices_backward__grad_input},
+      {"max_pool3d_with_indices", "specs/pooling.yaml:21", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices},
+      {"max_pool3d_with_indices_backward", "specs/pooling.yaml:27", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward},
+      {"max_pool3d_with_indices_backward.grad_input", "specs/pooling.yaml:27", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 8,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward__grad_input},
+      {"avg_pool2d", "specs/pooling.yaml:33", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d},
+      {"avg_pool2d.out", "specs/pooling.yaml:33", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 7,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d__out},
+      {"avg_pool2d_backward", "specs/pooling.yaml:38", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward},
+      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:38", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 8,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward__grad_input},
+      {"avg_pool3d", "specs/pooling.yaml:43", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d},
+      {"avg_pool3d.out", "specs/pooling.yaml:43", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 7,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d__out},
+      {"avg_pool3d_backward", "specs/pooling.yaml:48", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward},
+      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:48", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 8,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward__grad_input},
+      {"_adaptive_avg_pool2d", "specs/pooling.yaml:52", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d},
+      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:52", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d__out},
+      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:57", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward},
+      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:57", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward__out},
+      {"_adaptive_avg_pool3d", "specs/pooling.yaml:62", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d},
+      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:62", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d__out},
+      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:67", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward},
+      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:67", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 2,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward__out},
+      {"adaptive_max_pool2d", "specs/pooling.yaml:71", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d},
+      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:77", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward},
+      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:77", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward__grad_input},
+      {"adaptive_max_pool3d", "specs/pooling.yaml:83", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d},
+      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:89", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward},
+      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:89", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, 3,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward__grad_input},
+      {"upsample_nearest1d", "specs/pooling.yaml:96", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d},
+      {"upsample_nearest1d.out", "specs/pooling.yaml:96", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 3,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d__out},
+      {"upsample_nearest1d_backward", "specs/pooling.yaml:101", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward},
+      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:101", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward__grad_input},
+      {"upsample_nearest2d", "specs/pooling.yaml:105", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d},
+      {"upsample_nearest2d.out", "specs/pooling.yaml:105", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 4,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d__out},
+      {"upsample_nearest2d_backward", "specs/pooling.yaml:110", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward},
+      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:110", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 5,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward__grad_input},
+      {"upsample_nearest3d", "specs/pooling.yaml:114", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d},
+      {"upsample_nearest3d.out", "specs/pooling.yaml:114", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 5,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d__out},
+      {"upsample_nearest3d_backward", "specs/pooling.yaml:118", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward},
+      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:118", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 6,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward__grad_input},
+      {"_upsample_nearest_exact1d", "specs/pooling.yaml:122", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d},
+      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:122", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 3,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d__out},
+      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:127", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward},
+      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:127", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward__grad_input},
+      {"_upsample_nearest_exact2d", "specs/pooling.yaml:131", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d},
+      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:131", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 4,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d__out},
+      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:135", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward},
+      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:135", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 5,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward__grad_input},
+      {"_upsample_nearest_exact3d", "specs/pooling.yaml:139", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d},
+      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:139", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 5,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d__out},
+      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:143", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward},
+      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:143", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 6,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward__grad_input},
+      {"upsample_linear1d", "specs/pooling.yaml:149", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d},
+      {"upsample_linear1d.out", "specs/pooling.yaml:149", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 4,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d__out},
+      {"upsample_linear1d_backward", "specs/pooling.yaml:154", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward},
+      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:154", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 5,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward__grad_input},
+      {"upsample_bilinear2d", "specs/pooling.yaml:158", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d},
+      {"upsample_bilinear2d.out", "specs/pooling.yaml:158", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 5,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d__out},
+      {"upsample_bilinear2d_backward", "specs/pooling.yaml:163", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward},
+      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:163", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 6,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward__grad_input},
+      {"upsample_trilinear3d", "specs/pooling.yaml:168", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d},
+      {"upsample_trilinear3d.out", "specs/pooling.yaml:168", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 6,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d__out},
+      {"upsample_trilinear3d_backward", "specs/pooling.yaml:173", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, -1,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward},
+      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:173", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, 7,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward__grad_input},
       {"uniform", "specs/random.yaml:5", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Output, -1,
