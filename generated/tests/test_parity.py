@@ -1034,9 +1034,9 @@ def test__adaptive_avg_pool2d_backward(dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__adaptive_avg_pool3d(dtype):
-    # specs/pooling.yaml:62
+    # specs/pooling.yaml:64
     check_opinfo(
         "nn.functional.adaptive_avg_pool3d",
         dtype,
@@ -1049,7 +1049,7 @@ def test__adaptive_avg_pool3d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d(dtype):
-    # specs/pooling.yaml:71
+    # specs/pooling.yaml:73
     check_opinfo(
         "nn.functional.adaptive_max_pool2d",
         dtype,
@@ -1062,7 +1062,7 @@ def test_adaptive_max_pool2d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d_backward(dtype):
-    # specs/pooling.yaml:77
+    # specs/pooling.yaml:79
     check_opinfo(
         "nn.functional.adaptive_max_pool1d",
         dtype,
@@ -1075,7 +1075,7 @@ def test_adaptive_max_pool2d_backward(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool3d(dtype):
-    # specs/pooling.yaml:83
+    # specs/pooling.yaml:85
     check_opinfo(
         "nn.functional.adaptive_max_pool3d",
         dtype,
@@ -1088,7 +1088,7 @@ def test_adaptive_max_pool3d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest1d(dtype):
-    # specs/pooling.yaml:96
+    # specs/pooling.yaml:98
     check_opinfo(
         "nn.functional.interpolate.nearest",
         dtype,
@@ -1101,7 +1101,7 @@ def test_upsample_nearest1d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest2d(dtype):
-    # specs/pooling.yaml:105
+    # specs/pooling.yaml:107
     check_opinfo(
         "nn.functional.upsample_nearest",
         dtype,
@@ -1114,7 +1114,7 @@ def test_upsample_nearest2d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__upsample_nearest_exact1d(dtype):
-    # specs/pooling.yaml:122
+    # specs/pooling.yaml:124
     check_opinfo(
         "nn.functional.interpolate.nearest-exact",
         dtype,
@@ -1127,7 +1127,7 @@ def test__upsample_nearest_exact1d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_linear1d(dtype):
-    # specs/pooling.yaml:149
+    # specs/pooling.yaml:151
     check_opinfo(
         "nn.functional.interpolate.linear",
         dtype,
@@ -1140,7 +1140,7 @@ def test_upsample_linear1d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d(dtype):
-    # specs/pooling.yaml:158
+    # specs/pooling.yaml:160
     check_opinfo(
         "nn.functional.interpolate.bilinear",
         dtype,
@@ -1153,7 +1153,7 @@ def test_upsample_bilinear2d(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d_backward(dtype):
-    # specs/pooling.yaml:163
+    # specs/pooling.yaml:165
     check_opinfo(
         "nn.functional.upsample_bilinear",
         dtype,
@@ -1166,7 +1166,7 @@ def test_upsample_bilinear2d_backward(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_trilinear3d(dtype):
-    # specs/pooling.yaml:168
+    # specs/pooling.yaml:170
     check_opinfo(
         "nn.functional.interpolate.trilinear",
         dtype,
