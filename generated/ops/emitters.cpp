@@ -840,34 +840,34 @@ std::vector<Value> emit__upsample_nearest_exact3d_backward(Builder& b, const Emi
 // _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:145)
 std::vector<Value> emit__upsample_nearest_exact3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
 
-// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:151)
+// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:153)
 std::vector<Value> emit_upsample_linear1d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
-// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:151)
+// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:153)
 std::vector<Value> emit_upsample_linear1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
 
-// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:156)
+// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:158)
 std::vector<Value> emit_upsample_linear1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
-// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:156)
+// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:158)
 std::vector<Value> emit_upsample_linear1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
 
-// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:160)
+// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:162)
 std::vector<Value> emit_upsample_bilinear2d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
-// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:160)
+// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:162)
 std::vector<Value> emit_upsample_bilinear2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
 
-// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:165)
+// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:167)
 std::vector<Value> emit_upsample_bilinear2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
-// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:165)
+// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:167)
 std::vector<Value> emit_upsample_bilinear2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
 
-// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:170)
+// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:172)
 std::vector<Value> emit_upsample_trilinear3d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
-// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:170)
+// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:172)
 std::vector<Value> emit_upsample_trilinear3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
 
-// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:175)
+// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:177)
 std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
-// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:175)
+// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:177)
 std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
 
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -2727,51 +2727,51 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, 6,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward__grad_input},
-      {"upsample_linear1d", "specs/pooling.yaml:151", Variant::Functional,
+      {"upsample_linear1d", "specs/pooling.yaml:153", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d},
-      {"upsample_linear1d.out", "specs/pooling.yaml:151", Variant::Out,
+      {"upsample_linear1d.out", "specs/pooling.yaml:153", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, 4,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d__out},
-      {"upsample_linear1d_backward", "specs/pooling.yaml:156", Variant::Functional,
+      {"upsample_linear1d_backward", "specs/pooling.yaml:158", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward},
-      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:156", Variant::Out,
+      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:158", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, 5,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward__grad_input},
-      {"upsample_bilinear2d", "specs/pooling.yaml:160", Variant::Functional,
+      {"upsample_bilinear2d", "specs/pooling.yaml:162", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d},
-      {"upsample_bilinear2d.out", "specs/pooling.yaml:160", Variant::Out,
+      {"upsample_bilinear2d.out", "specs/pooling.yaml:162", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, 5,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d__out},
-      {"upsample_bilinear2d_backward", "specs/pooling.yaml:165", Variant::Functional,
+      {"upsample_bilinear2d_backward", "specs/pooling.yaml:167", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward},
-      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:165", Variant::Out,
+      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:167", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, 6,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward__grad_input},
-      {"upsample_trilinear3d", "specs/pooling.yaml:170", Variant::Functional,
+      {"upsample_trilinear3d", "specs/pooling.yaml:172", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d},
-      {"upsample_trilinear3d.out", "specs/pooling.yaml:170", Variant::Out,
+      {"upsample_trilinear3d.out", "specs/pooling.yaml:172", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, 6,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d__out},
-      {"upsample_trilinear3d_backward", "specs/pooling.yaml:175", Variant::Functional,
+      {"upsample_trilinear3d_backward", "specs/pooling.yaml:177", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, -1,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward},
-      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:175", Variant::Out,
+      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:177", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, 7,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward__grad_input},

@@ -351,18 +351,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_upsample_nearest_exact3d.out", torchtpu::spec_kernel(specs[342], metas[342]));  // specs/pooling.yaml:141
   m.impl("_upsample_nearest_exact3d_backward", torchtpu::spec_kernel(specs[343], metas[343]));  // specs/pooling.yaml:145
   m.impl("_upsample_nearest_exact3d_backward.grad_input", torchtpu::spec_kernel(specs[344], metas[344]));  // specs/pooling.yaml:145
-  m.impl("upsample_linear1d", torchtpu::spec_kernel(specs[345], metas[345]));  // specs/pooling.yaml:151
-  m.impl("upsample_linear1d.out", torchtpu::spec_kernel(specs[346], metas[346]));  // specs/pooling.yaml:151
-  m.impl("upsample_linear1d_backward", torchtpu::spec_kernel(specs[347], metas[347]));  // specs/pooling.yaml:156
-  m.impl("upsample_linear1d_backward.grad_input", torchtpu::spec_kernel(specs[348], metas[348]));  // specs/pooling.yaml:156
-  m.impl("upsample_bilinear2d", torchtpu::spec_kernel(specs[349], metas[349]));  // specs/pooling.yaml:160
-  m.impl("upsample_bilinear2d.out", torchtpu::spec_kernel(specs[350], metas[350]));  // specs/pooling.yaml:160
-  m.impl("upsample_bilinear2d_backward", torchtpu::spec_kernel(specs[351], metas[351]));  // specs/pooling.yaml:165
-  m.impl("upsample_bilinear2d_backward.grad_input", torchtpu::spec_kernel(specs[352], metas[352]));  // specs/pooling.yaml:165
-  m.impl("upsample_trilinear3d", torchtpu::spec_kernel(specs[353], metas[353]));  // specs/pooling.yaml:170
-  m.impl("upsample_trilinear3d.out", torchtpu::spec_kernel(specs[354], metas[354]));  // specs/pooling.yaml:170
-  m.impl("upsample_trilinear3d_backward", torchtpu::spec_kernel(specs[355], metas[355]));  // specs/pooling.yaml:175
-  m.impl("upsample_trilinear3d_backward.grad_input", torchtpu::spec_kernel(specs[356], metas[356]));  // specs/pooling.yaml:175
+  m.impl("upsample_linear1d", torchtpu::spec_kernel(specs[345], metas[345]));  // specs/pooling.yaml:153
+  m.impl("upsample_linear1d.out", torchtpu::spec_kernel(specs[346], metas[346]));  // specs/pooling.yaml:153
+  m.impl("upsample_linear1d_backward", torchtpu::spec_kernel(specs[347], metas[347]));  // specs/pooling.yaml:158
+  m.impl("upsample_linear1d_backward.grad_input", torchtpu::spec_kernel(specs[348], metas[348]));  // specs/pooling.yaml:158
+  m.impl("upsample_bilinear2d", torchtpu::spec_kernel(specs[349], metas[349]));  // specs/pooling.yaml:162
+  m.impl("upsample_bilinear2d.out", torchtpu::spec_kernel(specs[350], metas[350]));  // specs/pooling.yaml:162
+  m.impl("upsample_bilinear2d_backward", torchtpu::spec_kernel(specs[351], metas[351]));  // specs/pooling.yaml:167
+  m.impl("upsample_bilinear2d_backward.grad_input", torchtpu::spec_kernel(specs[352], metas[352]));  // specs/pooling.yaml:167
+  m.impl("upsample_trilinear3d", torchtpu::spec_kernel(specs[353], metas[353]));  // specs/pooling.yaml:172
+  m.impl("upsample_trilinear3d.out", torchtpu::spec_kernel(specs[354], metas[354]));  // specs/pooling.yaml:172
+  m.impl("upsample_trilinear3d_backward", torchtpu::spec_kernel(specs[355], metas[355]));  // specs/pooling.yaml:177
+  m.impl("upsample_trilinear3d_backward.grad_input", torchtpu::spec_kernel(specs[356], metas[356]));  // specs/pooling.yaml:177
   m.impl("uniform", torchtpu::spec_kernel(specs[357], metas[357]));  // specs/random.yaml:5
   m.impl("uniform_", torchtpu::spec_kernel(specs[358], metas[358]));  // specs/random.yaml:5
   m.impl("uniform.out", torchtpu::spec_kernel(specs[359], metas[359]));  // specs/random.yaml:5
