@@ -296,6 +296,26 @@ class Builder {
   Value dropout(const Value& state, const Value& input, double p);
   Value dropout_mask(const Value& state, const Value& input, double p);
 
+  // pooling / upsampling primitives (specs/pooling.yaml). The last `nd` dims are spatial (nd = the
+  // length of output_size for adaptive pools and upsampling); list arguments of one element apply to
+  // every spatial dim, an empty stride is the kernel size. Max pools give the max or (indices) the
+  // int64 flat index within each spatial plane of the first max (the last NaN), as on CPU.
+  Value max_pool(const Value& self, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode, int64_t nd, bool indices);
+  Value adaptive_max_pool(const Value& self, const std::vector<int64_t>& output_size, bool indices);
+  // grad scatter-added into self's shape at the flat per-plane indices a max pool gave.
+  Value max_pool_backward(const Value& grad, const Value& self, const Value& indices, int64_t nd);
+  // divisor_override 0: none.
+  Value avg_pool(const Value& self, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, bool ceil_mode, bool count_include_pad, int64_t divisor_override, int64_t nd);
+  Value avg_pool_backward(const Value& grad, const Value& self, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, bool ceil_mode, bool count_include_pad, int64_t divisor_override, int64_t nd);
+  Value adaptive_avg_pool(const Value& self, const std::vector<int64_t>& output_size);
+  Value adaptive_avg_pool_backward(const Value& grad, const Value& self, int64_t nd);
+  // Scales (None: from the sizes) in schema order, one per spatial dim (unused ones None); exact:
+  // _upsample_nearest_exact's half-pixel rule. Backward ops take the full input_size.
+  Value upsample_nearest(const Value& self, const std::vector<int64_t>& output_size, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2, bool exact);
+  Value upsample_nearest_backward(const Value& grad, const std::vector<int64_t>& input_size, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2, bool exact);
+  Value upsample_linear(const Value& self, const std::vector<int64_t>& output_size, bool align_corners, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2);
+  Value upsample_linear_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);
@@ -303,6 +323,9 @@ class Builder {
   // contents, or nullptr where nothing needs to be kept (a fresh or lazy storage).
   Value write_view(const Value* storage, const TensorType& storage_type, const Value& value,
                    const ViewGeometry& view);
+
+  // A constant tensor from its element literals ("[1, 2]"; pooling block).
+  Value dense_constant(const std::string& elements, const TensorType& type);
 
   // Prints the module whose function returns `results`.
   std::string finish(const std::vector<Value>& results) const;

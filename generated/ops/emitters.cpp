@@ -1282,6 +1282,168 @@ std::vector<Value> emit__fused_sgd_(Builder& b, const EmitArgs& a) { return fore
 // _fused_sgd.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:438)
 std::vector<Value> emit__fused_sgd__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 12}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
 
+// max_pool2d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, True))  (specs/pooling.yaml:9)
+std::vector<Value> emit_max_pool2d_with_indices(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, true)}; }
+
+// max_pool2d_with_indices_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:15)
+std::vector<Value> emit_max_pool2d_with_indices_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 2)}; }
+// max_pool2d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:15)
+std::vector<Value> emit_max_pool2d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 2)}; }
+
+// max_pool3d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, True))  (specs/pooling.yaml:21)
+std::vector<Value> emit_max_pool3d_with_indices(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, true)}; }
+
+// max_pool3d_with_indices_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:27)
+std::vector<Value> emit_max_pool3d_with_indices_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
+// max_pool3d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:27)
+std::vector<Value> emit_max_pool3d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
+
+// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:33)
+std::vector<Value> emit_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
+// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:33)
+std::vector<Value> emit_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
+
+// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:38)
+std::vector<Value> emit_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
+// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:38)
+std::vector<Value> emit_avg_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
+
+// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:43)
+std::vector<Value> emit_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
+// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:43)
+std::vector<Value> emit_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
+
+// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:48)
+std::vector<Value> emit_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
+// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:48)
+std::vector<Value> emit_avg_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
+
+// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:52)
+std::vector<Value> emit__adaptive_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:52)
+std::vector<Value> emit__adaptive_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+
+// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:57)
+std::vector<Value> emit__adaptive_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
+// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:57)
+std::vector<Value> emit__adaptive_avg_pool2d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
+
+// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:64)
+std::vector<Value> emit__adaptive_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:64)
+std::vector<Value> emit__adaptive_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
+
+// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:69)
+std::vector<Value> emit__adaptive_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
+// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:69)
+std::vector<Value> emit__adaptive_avg_pool3d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
+
+// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:73)
+std::vector<Value> emit_adaptive_max_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
+
+// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:79)
+std::vector<Value> emit_adaptive_max_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
+// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:79)
+std::vector<Value> emit_adaptive_max_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
+
+// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:85)
+std::vector<Value> emit_adaptive_max_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
+
+// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:91)
+std::vector<Value> emit_adaptive_max_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
+// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:91)
+std::vector<Value> emit_adaptive_max_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
+
+// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:98)
+std::vector<Value> emit_upsample_nearest1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
+// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:98)
+std::vector<Value> emit_upsample_nearest1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
+
+// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:103)
+std::vector<Value> emit_upsample_nearest1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
+// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:103)
+std::vector<Value> emit_upsample_nearest1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
+
+// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:107)
+std::vector<Value> emit_upsample_nearest2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
+// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:107)
+std::vector<Value> emit_upsample_nearest2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
+
+// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:112)
+std::vector<Value> emit_upsample_nearest2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
+// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:112)
+std::vector<Value> emit_upsample_nearest2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
+
+// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:116)
+std::vector<Value> emit_upsample_nearest3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
+// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:116)
+std::vector<Value> emit_upsample_nearest3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
+
+// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:120)
+std::vector<Value> emit_upsample_nearest3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
+// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:120)
+std::vector<Value> emit_upsample_nearest3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
+
+// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:124)
+std::vector<Value> emit__upsample_nearest_exact1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
+// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:124)
+std::vector<Value> emit__upsample_nearest_exact1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
+
+// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:129)
+std::vector<Value> emit__upsample_nearest_exact1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
+// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:129)
+std::vector<Value> emit__upsample_nearest_exact1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
+
+// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:133)
+std::vector<Value> emit__upsample_nearest_exact2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
+// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:133)
+std::vector<Value> emit__upsample_nearest_exact2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
+
+// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:137)
+std::vector<Value> emit__upsample_nearest_exact2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
+// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:137)
+std::vector<Value> emit__upsample_nearest_exact2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
+
+// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:141)
+std::vector<Value> emit__upsample_nearest_exact3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
+// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:141)
+std::vector<Value> emit__upsample_nearest_exact3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
+
+// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:145)
+std::vector<Value> emit__upsample_nearest_exact3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
+// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:145)
+std::vector<Value> emit__upsample_nearest_exact3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
+
+// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:153)
+std::vector<Value> emit_upsample_linear1d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
+// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:153)
+std::vector<Value> emit_upsample_linear1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
+
+// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:158)
+std::vector<Value> emit_upsample_linear1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
+// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:158)
+std::vector<Value> emit_upsample_linear1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
+
+// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:162)
+std::vector<Value> emit_upsample_bilinear2d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
+// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:162)
+std::vector<Value> emit_upsample_bilinear2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
+
+// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:167)
+std::vector<Value> emit_upsample_bilinear2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
+// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:167)
+std::vector<Value> emit_upsample_bilinear2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
+
+// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:172)
+std::vector<Value> emit_upsample_trilinear3d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
+// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:172)
+std::vector<Value> emit_upsample_trilinear3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
+
+// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:177)
+std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
+// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:177)
+std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
+
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
 std::vector<Value> emit_uniform(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
 // uniform_ = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -4509,6 +4671,326 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2, 3, 4, 5, 6, 10, 11}, Compute::Common, {1, 2, 12},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_sgd__out},
+      {"max_pool2d_with_indices", "specs/pooling.yaml:9", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices},
+      {"max_pool2d_with_indices_backward", "specs/pooling.yaml:15", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices_backward},
+      {"max_pool2d_with_indices_backward.grad_input", "specs/pooling.yaml:15", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {8},
+       {8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices_backward__grad_input},
+      {"max_pool3d_with_indices", "specs/pooling.yaml:21", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices},
+      {"max_pool3d_with_indices_backward", "specs/pooling.yaml:27", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward},
+      {"max_pool3d_with_indices_backward.grad_input", "specs/pooling.yaml:27", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {8},
+       {8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward__grad_input},
+      {"avg_pool2d", "specs/pooling.yaml:33", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d},
+      {"avg_pool2d.out", "specs/pooling.yaml:33", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {7},
+       {7}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d__out},
+      {"avg_pool2d_backward", "specs/pooling.yaml:38", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward},
+      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:38", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {8},
+       {8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward__grad_input},
+      {"avg_pool3d", "specs/pooling.yaml:43", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d},
+      {"avg_pool3d.out", "specs/pooling.yaml:43", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {7},
+       {7}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d__out},
+      {"avg_pool3d_backward", "specs/pooling.yaml:48", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward},
+      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:48", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {8},
+       {8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward__grad_input},
+      {"_adaptive_avg_pool2d", "specs/pooling.yaml:52", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d},
+      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:52", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d__out},
+      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:57", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward},
+      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:57", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward__out},
+      {"_adaptive_avg_pool3d", "specs/pooling.yaml:64", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d},
+      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:64", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d__out},
+      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:69", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward},
+      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:69", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward__out},
+      {"adaptive_max_pool2d", "specs/pooling.yaml:73", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d},
+      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:79", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward},
+      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:79", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward__grad_input},
+      {"adaptive_max_pool3d", "specs/pooling.yaml:85", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d},
+      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:91", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward},
+      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:91", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward__grad_input},
+      {"upsample_nearest1d", "specs/pooling.yaml:98", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d},
+      {"upsample_nearest1d.out", "specs/pooling.yaml:98", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {3},
+       {3}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d__out},
+      {"upsample_nearest1d_backward", "specs/pooling.yaml:103", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward},
+      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:103", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward__grad_input},
+      {"upsample_nearest2d", "specs/pooling.yaml:107", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d},
+      {"upsample_nearest2d.out", "specs/pooling.yaml:107", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {4},
+       {4}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d__out},
+      {"upsample_nearest2d_backward", "specs/pooling.yaml:112", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward},
+      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:112", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward__grad_input},
+      {"upsample_nearest3d", "specs/pooling.yaml:116", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d},
+      {"upsample_nearest3d.out", "specs/pooling.yaml:116", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d__out},
+      {"upsample_nearest3d_backward", "specs/pooling.yaml:120", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward},
+      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:120", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward__grad_input},
+      {"_upsample_nearest_exact1d", "specs/pooling.yaml:124", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d},
+      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:124", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {3},
+       {3}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d__out},
+      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:129", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward},
+      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:129", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward__grad_input},
+      {"_upsample_nearest_exact2d", "specs/pooling.yaml:133", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d},
+      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:133", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {4},
+       {4}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d__out},
+      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:137", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward},
+      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:137", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward__grad_input},
+      {"_upsample_nearest_exact3d", "specs/pooling.yaml:141", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d},
+      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:141", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d__out},
+      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:145", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward},
+      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:145", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward__grad_input},
+      {"upsample_linear1d", "specs/pooling.yaml:153", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d},
+      {"upsample_linear1d.out", "specs/pooling.yaml:153", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d__out},
+      {"upsample_linear1d_backward", "specs/pooling.yaml:158", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward},
+      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:158", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward__grad_input},
+      {"upsample_bilinear2d", "specs/pooling.yaml:162", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d},
+      {"upsample_bilinear2d.out", "specs/pooling.yaml:162", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d__out},
+      {"upsample_bilinear2d_backward", "specs/pooling.yaml:167", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward},
+      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:167", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward__grad_input},
+      {"upsample_trilinear3d", "specs/pooling.yaml:172", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d},
+      {"upsample_trilinear3d.out", "specs/pooling.yaml:172", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d__out},
+      {"upsample_trilinear3d_backward", "specs/pooling.yaml:177", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward},
+      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:177", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {7},
+       {7}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward__grad_input},
       {"uniform", "specs/random.yaml:5", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Output, {},

@@ -8,6 +8,10 @@
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/acos_meta_dispatch.h>
+#include <ATen/ops/adaptive_max_pool2d_backward_meta_dispatch.h>
+#include <ATen/ops/adaptive_max_pool2d_meta_dispatch.h>
+#include <ATen/ops/adaptive_max_pool3d_backward_meta_dispatch.h>
+#include <ATen/ops/adaptive_max_pool3d_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/addcdiv_meta_dispatch.h>
 #include <ATen/ops/addcmul_meta_dispatch.h>
@@ -70,6 +74,8 @@
 #include <ATen/ops/log_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
 #include <ATen/ops/max_meta_dispatch.h>
+#include <ATen/ops/max_pool2d_with_indices_backward_meta_dispatch.h>
+#include <ATen/ops/max_pool2d_with_indices_meta_dispatch.h>
 #include <ATen/ops/maximum_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/min_meta_dispatch.h>
@@ -1349,6 +1355,77 @@ void meta_emit_mse_loss(torch::jit::Stack& s) {
 void meta_emit_mse_loss__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::mse_loss_outf(s[0].toTensor(), s[1].toTensor(), s[2].toInt(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_max_pool2d_with_indices(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  const auto a2 = s[2].toDimVector();
+  const auto a3 = s[3].toDimVector();
+  const auto a4 = s[4].toDimVector();
+  auto result = at::meta::max_pool2d_with_indices(s[0].toTensor(), a1, a2, a3, a4, s[5].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_max_pool2d_with_indices_backward(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  const auto a3 = s[3].toDimVector();
+  const auto a4 = s[4].toDimVector();
+  const auto a5 = s[5].toDimVector();
+  auto result = at::meta::max_pool2d_with_indices_backward(s[0].toTensor(), s[1].toTensor(), a2, a3, a4, a5, s[6].toBool(), s[7].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_max_pool2d_with_indices_backward__grad_input(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  const auto a3 = s[3].toDimVector();
+  const auto a4 = s[4].toDimVector();
+  const auto a5 = s[5].toDimVector();
+  at::Tensor a8 = s[8].toTensor();
+  auto result = at::meta::max_pool2d_with_indices_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3, a4, a5, s[6].toBool(), s[7].toTensor(), a8);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_adaptive_max_pool2d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::adaptive_max_pool2d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_adaptive_max_pool2d_backward(torch::jit::Stack& s) {
+  auto result = at::meta::adaptive_max_pool2d_backward(s[0].toTensor(), s[1].toTensor(), s[2].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_adaptive_max_pool2d_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::adaptive_max_pool2d_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_adaptive_max_pool3d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::adaptive_max_pool3d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_adaptive_max_pool3d_backward(torch::jit::Stack& s) {
+  auto result = at::meta::adaptive_max_pool3d_backward(s[0].toTensor(), s[1].toTensor(), s[2].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_adaptive_max_pool3d_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::adaptive_max_pool3d_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), a3);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2981,6 +3058,70 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // _fused_sgd
       nullptr,  // _fused_sgd_
       nullptr,  // _fused_sgd.out
+      &meta_emit_max_pool2d_with_indices,  // max_pool2d_with_indices
+      &meta_emit_max_pool2d_with_indices_backward,  // max_pool2d_with_indices_backward
+      &meta_emit_max_pool2d_with_indices_backward__grad_input,  // max_pool2d_with_indices_backward.grad_input
+      nullptr,  // max_pool3d_with_indices
+      nullptr,  // max_pool3d_with_indices_backward
+      nullptr,  // max_pool3d_with_indices_backward.grad_input
+      nullptr,  // avg_pool2d
+      nullptr,  // avg_pool2d.out
+      nullptr,  // avg_pool2d_backward
+      nullptr,  // avg_pool2d_backward.grad_input
+      nullptr,  // avg_pool3d
+      nullptr,  // avg_pool3d.out
+      nullptr,  // avg_pool3d_backward
+      nullptr,  // avg_pool3d_backward.grad_input
+      nullptr,  // _adaptive_avg_pool2d
+      nullptr,  // _adaptive_avg_pool2d.out
+      nullptr,  // _adaptive_avg_pool2d_backward
+      nullptr,  // _adaptive_avg_pool2d_backward.out
+      nullptr,  // _adaptive_avg_pool3d
+      nullptr,  // _adaptive_avg_pool3d.out
+      nullptr,  // _adaptive_avg_pool3d_backward
+      nullptr,  // _adaptive_avg_pool3d_backward.out
+      &meta_emit_adaptive_max_pool2d,  // adaptive_max_pool2d
+      &meta_emit_adaptive_max_pool2d_backward,  // adaptive_max_pool2d_backward
+      &meta_emit_adaptive_max_pool2d_backward__grad_input,  // adaptive_max_pool2d_backward.grad_input
+      &meta_emit_adaptive_max_pool3d,  // adaptive_max_pool3d
+      &meta_emit_adaptive_max_pool3d_backward,  // adaptive_max_pool3d_backward
+      &meta_emit_adaptive_max_pool3d_backward__grad_input,  // adaptive_max_pool3d_backward.grad_input
+      nullptr,  // upsample_nearest1d
+      nullptr,  // upsample_nearest1d.out
+      nullptr,  // upsample_nearest1d_backward
+      nullptr,  // upsample_nearest1d_backward.grad_input
+      nullptr,  // upsample_nearest2d
+      nullptr,  // upsample_nearest2d.out
+      nullptr,  // upsample_nearest2d_backward
+      nullptr,  // upsample_nearest2d_backward.grad_input
+      nullptr,  // upsample_nearest3d
+      nullptr,  // upsample_nearest3d.out
+      nullptr,  // upsample_nearest3d_backward
+      nullptr,  // upsample_nearest3d_backward.grad_input
+      nullptr,  // _upsample_nearest_exact1d
+      nullptr,  // _upsample_nearest_exact1d.out
+      nullptr,  // _upsample_nearest_exact1d_backward
+      nullptr,  // _upsample_nearest_exact1d_backward.grad_input
+      nullptr,  // _upsample_nearest_exact2d
+      nullptr,  // _upsample_nearest_exact2d.out
+      nullptr,  // _upsample_nearest_exact2d_backward
+      nullptr,  // _upsample_nearest_exact2d_backward.grad_input
+      nullptr,  // _upsample_nearest_exact3d
+      nullptr,  // _upsample_nearest_exact3d.out
+      nullptr,  // _upsample_nearest_exact3d_backward
+      nullptr,  // _upsample_nearest_exact3d_backward.grad_input
+      nullptr,  // upsample_linear1d
+      nullptr,  // upsample_linear1d.out
+      nullptr,  // upsample_linear1d_backward
+      nullptr,  // upsample_linear1d_backward.grad_input
+      nullptr,  // upsample_bilinear2d
+      nullptr,  // upsample_bilinear2d.out
+      nullptr,  // upsample_bilinear2d_backward
+      nullptr,  // upsample_bilinear2d_backward.grad_input
+      nullptr,  // upsample_trilinear3d
+      nullptr,  // upsample_trilinear3d.out
+      nullptr,  // upsample_trilinear3d_backward
+      nullptr,  // upsample_trilinear3d_backward.grad_input
       nullptr,  // uniform
       nullptr,  // uniform_
       nullptr,  // uniform.out

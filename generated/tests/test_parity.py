@@ -1621,6 +1621,253 @@ def test__foreach_copy(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_max_pool2d_with_indices(dtype):
+    # specs/pooling.yaml:9
+    check_opinfo(
+        "nn.functional.max_pool2d",
+        dtype,
+        overloads=["max_pool2d_with_indices"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_max_pool2d_with_indices_backward(dtype):
+    # specs/pooling.yaml:15
+    check_opinfo(
+        "nn.functional.max_pool1d",
+        dtype,
+        overloads=["max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_max_pool3d_with_indices(dtype):
+    # specs/pooling.yaml:21
+    check_opinfo(
+        "nn.functional.max_pool3d",
+        dtype,
+        overloads=["max_pool3d_with_indices"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_avg_pool2d(dtype):
+    # specs/pooling.yaml:33
+    check_opinfo(
+        "nn.functional.avg_pool2d",
+        dtype,
+        overloads=["avg_pool2d", "avg_pool2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_avg_pool2d_backward(dtype):
+    # specs/pooling.yaml:38
+    check_opinfo(
+        "nn.functional.avg_pool1d",
+        dtype,
+        overloads=["avg_pool2d_backward", "avg_pool2d_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_avg_pool3d(dtype):
+    # specs/pooling.yaml:43
+    check_opinfo(
+        "nn.functional.avg_pool3d",
+        dtype,
+        overloads=["avg_pool3d", "avg_pool3d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__adaptive_avg_pool2d(dtype):
+    # specs/pooling.yaml:52
+    check_opinfo(
+        "nn.functional.adaptive_avg_pool2d",
+        dtype,
+        overloads=["_adaptive_avg_pool2d", "_adaptive_avg_pool2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__adaptive_avg_pool2d_backward(dtype):
+    # specs/pooling.yaml:57
+    check_opinfo(
+        "nn.functional.adaptive_avg_pool1d",
+        dtype,
+        overloads=["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__adaptive_avg_pool3d(dtype):
+    # specs/pooling.yaml:64
+    check_opinfo(
+        "nn.functional.adaptive_avg_pool3d",
+        dtype,
+        overloads=["_adaptive_avg_pool3d", "_adaptive_avg_pool3d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_adaptive_max_pool2d(dtype):
+    # specs/pooling.yaml:73
+    check_opinfo(
+        "nn.functional.adaptive_max_pool2d",
+        dtype,
+        overloads=["adaptive_max_pool2d"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_adaptive_max_pool2d_backward(dtype):
+    # specs/pooling.yaml:79
+    check_opinfo(
+        "nn.functional.adaptive_max_pool1d",
+        dtype,
+        overloads=["adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_adaptive_max_pool3d(dtype):
+    # specs/pooling.yaml:85
+    check_opinfo(
+        "nn.functional.adaptive_max_pool3d",
+        dtype,
+        overloads=["adaptive_max_pool3d"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_upsample_nearest1d(dtype):
+    # specs/pooling.yaml:98
+    check_opinfo(
+        "nn.functional.interpolate.nearest",
+        dtype,
+        overloads=["upsample_nearest1d", "upsample_nearest1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_upsample_nearest2d(dtype):
+    # specs/pooling.yaml:107
+    check_opinfo(
+        "nn.functional.upsample_nearest",
+        dtype,
+        overloads=["upsample_nearest2d", "upsample_nearest2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__upsample_nearest_exact1d(dtype):
+    # specs/pooling.yaml:124
+    check_opinfo(
+        "nn.functional.interpolate.nearest-exact",
+        dtype,
+        overloads=["_upsample_nearest_exact1d", "_upsample_nearest_exact1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_upsample_linear1d(dtype):
+    # specs/pooling.yaml:153
+    check_opinfo(
+        "nn.functional.interpolate.linear",
+        dtype,
+        overloads=["upsample_linear1d", "upsample_linear1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_upsample_bilinear2d(dtype):
+    # specs/pooling.yaml:162
+    check_opinfo(
+        "nn.functional.interpolate.bilinear",
+        dtype,
+        overloads=["upsample_bilinear2d", "upsample_bilinear2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_upsample_bilinear2d_backward(dtype):
+    # specs/pooling.yaml:167
+    check_opinfo(
+        "nn.functional.upsample_bilinear",
+        dtype,
+        overloads=["upsample_bilinear2d_backward", "upsample_bilinear2d_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_upsample_trilinear3d(dtype):
+    # specs/pooling.yaml:172
+    check_opinfo(
+        "nn.functional.interpolate.trilinear",
+        dtype,
+        overloads=["upsample_trilinear3d", "upsample_trilinear3d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_sum_dim_IntList(dtype):
     # specs/reduction.yaml:3
