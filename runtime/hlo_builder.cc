@@ -446,6 +446,8 @@ Value Builder::uniform01(const Value& state, const std::vector<int64_t>& dims, E
   const ElementType bits_type = wide ? ElementType::U64 : ElementType::U32;
   const ElementType float_type = wide ? ElementType::F64 : ElementType::F32;
   const TensorType bits_tensor{bits_type, dims};
+  // Counter values this draw consumes (64 random bits each); every draw starts from `state`.
+  random_counters_ = std::max(random_counters_, wide ? bits_tensor.numel() : (bits_tensor.numel() + 1) / 2);
   auto drawn = emit_multi("\"stablehlo.rng_bit_generator\"(" + name(state) +
                               ") {rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>} : (" + state.type.mlir() +
                               ") -> (" + state.type.mlir() + ", " + bits_tensor.mlir() + ")",
@@ -1990,6 +1992,26 @@ Value Builder::dropout(const Value& state, const Value& input, double p) {
 Value Builder::dropout_mask(const Value& state, const Value& input, double p) {
   Value u = uniform01(state, input.dims(), ElementType::F32);
   return ge(u, constant(p, ElementType::F32));
+}
+
+Value Builder::multinomial(const Value& state, const Value& probs, int64_t num_samples, bool replacement) {
+  if (probs.rank() < 1 || probs.rank() > 2) fail("multinomial: probs must be 1-D or 2-D");
+  const int64_t n = probs.dims().back();
+  const int64_t rows = probs.rank() == 2 ? probs.dims()[0] : 1;
+  const ElementType e = probs.element() == ElementType::F64 ? ElementType::F64 : ElementType::F32;
+  Value log_p = log(convert(reshape(probs, {rows, n}), e));  // zero weights: -inf, never drawn
+  Value indices;
+  if (replacement) {
+    Value u = uniform01(state, {rows, num_samples, n}, e);
+    Value gumbel = neg(log(neg(log(u))));
+    Value keys = add(broadcast_to(reshape(log_p, {rows, 1, n}), {rows, num_samples, n}), gumbel);
+    indices = argmax(keys, {2}, false);
+  } else {
+    Value u = uniform01(state, {rows, n}, e);
+    indices = topk(add(log_p, neg(log(neg(log(u))))), num_samples, 1, true, true);
+  }
+  indices = convert(indices, ElementType::S64);
+  return probs.rank() == 1 ? reshape(indices, {num_samples}) : indices;
 }
 
 // ---------------------------------------------------------------------------------------------

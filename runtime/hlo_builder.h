@@ -295,6 +295,9 @@ class Builder {
   // Both draw the same bits from `state`, so they agree.
   Value dropout(const Value& state, const Value& input, double p);
   Value dropout_mask(const Value& state, const Value& input, double p);
+  // num_samples category indices (int64) per row of probs [n] or [rows, n] (unnormalized weights),
+  // by Gumbel-max: with replacement an independent argmax per sample, without the top num_samples keys.
+  Value multinomial(const Value& state, const Value& probs, int64_t num_samples, bool replacement);
 
   // pooling / upsampling primitives (specs/pooling.yaml). The last `nd` dims are spatial (nd = the
   // length of output_size for adaptive pools and upsampling); list arguments of one element apply to
@@ -327,6 +330,10 @@ class Builder {
   // A constant tensor from its element literals ("[1, 2]"; pooling block).
   Value dense_constant(const std::string& elements, const TensorType& type);
 
+  // The most counter values (of a random state parameter) one random draw so far consumed: a
+  // call must advance its generator past them so that the next call's stream does not overlap.
+  int64_t random_counters() const { return random_counters_; }
+
   // Prints the module whose function returns `results`.
   std::string finish(const std::vector<Value>& results) const;
 
@@ -345,6 +352,7 @@ class Builder {
   std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;
 
   ElementType nominal_element_ = ElementType::F64;  // never narrower than a value: no rounding
+  int64_t random_counters_ = 0;
   std::vector<Value> parameters_;
   std::string body_;
   int next_id_ = 0;

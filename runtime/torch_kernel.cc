@@ -627,6 +627,9 @@ class SpecKernel final : public c10::OperatorKernel {
       TORCH_CHECK(false, "torchtpu: emitting aten::", spec_.overload, " (", spec_.source, ") failed: ", e.what());
     }
 
+    for (ParamSource& p : entry->params) {  // the generator advances past every counter the module used
+      if (p.kind == ParamSource::Random) p.random_words = std::max<uint64_t>(p.random_words, b.random_counters() + 16);
+    }
     std::optional<rt::Value> count;
     if (spec_.data_dependent) {  // padded outputs, then the count of real rows
       TORCH_CHECK(results.size() >= 2, "torchtpu: the lowering of aten::", spec_.overload, " (", spec_.source,

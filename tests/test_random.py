@@ -130,3 +130,19 @@ def test_dropout_is_reproducible_and_off_in_eval(no_fallback):
     assert not torch.equal(b.cpu(), c.cpu())
     layer = torch.nn.Dropout(0.5).eval()
     assert torch.equal(layer(x).cpu(), x.cpu())
+
+
+def test_multinomial_follows_the_weights(no_fallback):
+    torch.manual_seed(0)
+    weights = torch.tensor([[0.1, 0.0, 0.6, 0.3], [1.0, 1.0, 1.0, 1.0]], device="tpu")
+    draws = torch.multinomial(weights, 4000, replacement=True).cpu()
+    assert draws.dtype == torch.int64 and draws.shape == (2, 4000)
+    frequencies = torch.stack([torch.bincount(row, minlength=4) for row in draws]).float() / 4000
+    torch.testing.assert_close(frequencies[0], torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=0.03, rtol=0)
+    torch.testing.assert_close(frequencies[1], torch.full((4,), 0.25), atol=0.03, rtol=0)
+    without = torch.multinomial(torch.ones(10, device="tpu"), 10).cpu()
+    assert sorted(without.tolist()) == list(range(10))  # without replacement: each category once
+    torch.manual_seed(3)
+    a = torch.multinomial(weights, 5, replacement=True).cpu()
+    torch.manual_seed(3)
+    assert torch.equal(torch.multinomial(weights, 5, replacement=True).cpu(), a)

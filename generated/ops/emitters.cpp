@@ -785,6 +785,14 @@ std::vector<Value> emit_native_dropout(Builder& b, const EmitArgs& a) { return {
 // native_dropout_backward = mul(mul(grad_output, mask), scale)  (specs/nn.yaml:121)
 std::vector<Value> emit_native_dropout_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), a.value(1)), a.value(2))}; }
 
+// log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:129)
+std::vector<Value> emit_log_sigmoid_forward(Builder& b, const EmitArgs& a) { return {b.sub([&] { const Value anchor = a.value(0); return b.minimum(anchor, b.scalar_like(0.0, anchor)); }(), b.log1p(b.exp(b.neg(b.abs(a.value(0)))))), b.exp(b.neg(b.abs(a.value(0))))}; }
+
+// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:136)
+std::vector<Value> emit_log_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
+// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:136)
+std::vector<Value> emit_log_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
+
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
 std::vector<Value> emit_native_layer_norm(Builder& b, const EmitArgs& a) { return {b.layer_norm(a.value(0), a.ints(1), a.optional_value(2), a.optional_value(3), a.real(4)), b.layer_norm_mean(a.value(0), a.ints(1)), b.layer_norm_rstd(a.value(0), a.ints(1), a.real(4))}; }
 
@@ -1464,6 +1472,11 @@ std::vector<Value> emit_bernoulli__p(Builder& b, const EmitArgs& a) { return {b.
 std::vector<Value> emit_bernoulli___float(Builder& b, const EmitArgs& a) { return {b.bernoulli(a.value(2), a.value(0), a.real(1))}; }
 // bernoulli.float_out = bernoulli(generator, self, p)  (specs/random.yaml:17)
 std::vector<Value> emit_bernoulli__float_out(Builder& b, const EmitArgs& a) { return {b.bernoulli(a.value(2), a.value(0), a.real(1))}; }
+
+// multinomial = multinomial(generator, self, num_samples, replacement)  (specs/random.yaml:24)
+std::vector<Value> emit_multinomial(Builder& b, const EmitArgs& a) { return {b.multinomial(a.value(3), a.value(0), a.integer(1), a.boolean(2))}; }
+// multinomial.out = multinomial(generator, self, num_samples, replacement)  (specs/random.yaml:24)
+std::vector<Value> emit_multinomial__out(Builder& b, const EmitArgs& a) { return {b.multinomial(a.value(3), a.value(0), a.integer(1), a.boolean(2))}; }
 
 // sum.dim_IntList = sum(self, dim, keepdim)  (specs/reduction.yaml:3)
 std::vector<Value> emit_sum__dim_IntList(Builder& b, const EmitArgs& a) { return {b.sum(a.value(0), a.ints(1), a.boolean(2))}; }
@@ -3616,6 +3629,21 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_dropout_backward},
+      {"log_sigmoid_forward", "specs/nn.yaml:129", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_forward},
+      {"log_sigmoid_backward", "specs/nn.yaml:136", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward},
+      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:136", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward__grad_input},
       {"native_layer_norm", "specs/normalization.yaml:7", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2, 3}, Compute::Common, {},
@@ -5036,6 +5064,16 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bernoulli__float_out},
+      {"multinomial", "specs/random.yaml:24", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"int64"}, &emit_multinomial},
+      {"multinomial.out", "specs/random.yaml:24", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {}, Compute::Output, {4},
+       {4}, false, false,
+       {"int64"}, &emit_multinomial__out},
       {"sum.dim_IntList", "specs/reduction.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},

@@ -2847,6 +2847,9 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // mse_loss_backward.grad_input
       nullptr,  // native_dropout
       nullptr,  // native_dropout_backward
+      nullptr,  // log_sigmoid_forward
+      nullptr,  // log_sigmoid_backward
+      nullptr,  // log_sigmoid_backward.grad_input
       nullptr,  // native_layer_norm
       nullptr,  // native_layer_norm_backward
       nullptr,  // native_group_norm
@@ -3131,6 +3134,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // bernoulli.p
       nullptr,  // bernoulli_.float
       nullptr,  // bernoulli.float_out
+      nullptr,  // multinomial
+      nullptr,  // multinomial.out
       &meta_emit_sum__dim_IntList,  // sum.dim_IntList
       &meta_emit_sum__IntList_out,  // sum.IntList_out
       nullptr,  // sum

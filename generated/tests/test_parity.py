@@ -1048,6 +1048,19 @@ def test_mse_loss(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_log_sigmoid_forward(dtype):
+    # specs/nn.yaml:129
+    check_opinfo(
+        "nn.functional.logsigmoid",
+        dtype,
+        overloads=["log_sigmoid_forward"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_native_layer_norm(dtype):
     # specs/normalization.yaml:7
     check_opinfo(
