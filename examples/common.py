@@ -41,21 +41,6 @@ def build_on_cpu(make: Callable[[], torch.nn.Module], seed: int) -> torch.nn.Mod
         return make()
 
 
-def to_device(model: torch.nn.Module, device: str) -> torch.nn.Module:
-    """`model.to(device)` that keeps a parameter shared by two modules (tied embeddings) shared.
-
-    A plain `.to("tpu")` gives each module its own new Parameter, because PyTorch only swaps the
-    data under an existing Parameter when `torch._has_compatible_shallow_copy_type` holds, and it
-    holds for the built-in dense backends, not PrivateUse1. Swapping the tensors keeps each
-    Parameter object, so the tie survives."""
-    swap = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        return model.to(device)
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(swap)
-
-
 def data_generator(seed: int, held_out: bool = False) -> torch.Generator:
     """The CPU generator synthetic data is drawn from: the training stream, or with `held_out` a
     second stream for inference on samples the model has not seen."""

@@ -80,7 +80,7 @@ def build(tiny: bool, seed: int) -> DLRM:
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: DLRM | None = None,
           progress: bool = False) -> list[float]:
     rows, *_, batch = SIZES[tiny]
-    model = common.to_device(build(tiny, seed) if model is None else model, device)
+    model = (build(tiny, seed) if model is None else model).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     return common.fit(model, optimizer, click_batches(seed, rows, batch),
                       lambda m, dense, ids, offsets, y: F.binary_cross_entropy_with_logits(m(dense, ids, offsets), y),

@@ -30,7 +30,7 @@ def build(tiny: bool, seed: int) -> LlamaForCausalLM:
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: LlamaForCausalLM | None = None,
           progress: bool = False) -> list[float]:
     vocab, *_, batch, length = SIZES[tiny]
-    model = common.to_device(build(tiny, seed) if model is None else model, device)
+    model = (build(tiny, seed) if model is None else model).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     return common.fit(model, optimizer, common.token_batches(seed, batch, length, vocab),
                       lambda m, ids: m(input_ids=ids, labels=ids).loss, steps, device, "tokens",

@@ -110,7 +110,7 @@ def build(tiny: bool, seed: int) -> GPT:
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: GPT | None = None,
           progress: bool = False) -> list[float]:
     cfg = SIZES[tiny]
-    model = common.to_device(build(tiny, seed) if model is None else model, device)
+    model = (build(tiny, seed) if model is None else model).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],

@@ -73,7 +73,7 @@ def build(tiny: bool, seed: int) -> ResNet:
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: ResNet | None = None,
           progress: bool = False) -> list[float]:
     *_, size, batch = SIZES[tiny]
-    model = common.to_device(build(tiny, seed) if model is None else model, device)
+    model = (build(tiny, seed) if model is None else model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     return common.fit(model, optimizer, image_batches(seed, batch, size),
                       lambda m, x, y: F.cross_entropy(m(x), y), steps, device, "images",

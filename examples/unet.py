@@ -67,7 +67,7 @@ def build(tiny: bool, seed: int) -> UNet:
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: UNet | None = None,
           progress: bool = False) -> list[float]:
     _, size, batch = SIZES[tiny]
-    model = common.to_device(build(tiny, seed) if model is None else model, device)
+    model = (build(tiny, seed) if model is None else model).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     return common.fit(model, optimizer, noisy_batches(seed, batch, size),
                       lambda m, noisy, noise: F.mse_loss(m(noisy), noise), steps, device, "images",

@@ -1,6 +1,6 @@
 """Each example in examples/ trains its tiny configuration on tpu exactly as on the CPU (same seed,
 same initial weights, same batches) with TORCHTPU_FALLBACK=error, so nothing runs on the CPU
-behind the tpu run's back.
+behind the tpu run's back; then runs its inference on tpu, also without fallback.
 """
 
 import os
@@ -13,12 +13,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = ["llama", "qwen", "mingpt", "resnet", "dlrm", "unet"]
 STEPS = 3
 
+
 TRAIN = r"""
 import json, sys
 sys.path.insert(0, {examples!r})
 import torch, torchtpu
 import {name} as example
-tpu = example.train("tpu", {steps}, tiny=True, seed=0)
+model = example.build(True, 0)
+tpu = example.train("tpu", {steps}, tiny=True, seed=0, model=model)
+with torch.no_grad():
+    example.infer(model.eval(), "tpu", True, 0)  # inference on tpu, with fallback still forbidden
 cpu = example.train("cpu", {steps}, tiny=True, seed=0)
 print(json.dumps({{"tpu": tpu, "cpu": cpu, "fallbacks": torchtpu.debug.metrics()["cpu_fallbacks"]}}))
 """

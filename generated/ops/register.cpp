@@ -337,7 +337,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_group_norm", torchtpu::spec_kernel(specs[328], metas[328]));  // specs/normalization.yaml:18
   m.impl("native_group_norm_backward", torchtpu::spec_kernel(specs[329], metas[329]));  // specs/normalization.yaml:24
   m.impl("native_batch_norm", torchtpu::spec_kernel(specs[330], metas[330]));  // specs/normalization.yaml:32
-  m.impl("native_batch_norm_backward", torchtpu::spec_kernel(specs[331], metas[331]));  // specs/normalization.yaml:49
+  m.impl("native_batch_norm_backward", torchtpu::spec_kernel(specs[331], metas[331]));  // specs/normalization.yaml:50
   m.impl("_foreach_add.List", torchtpu::spec_kernel(specs[332], metas[332]));  // specs/optim.yaml:8
   m.impl("_foreach_add_.List", torchtpu::spec_kernel(specs[333], metas[333]));  // specs/optim.yaml:8
   m.impl("_foreach_add.List_out", torchtpu::spec_kernel(specs[334], metas[334]));  // specs/optim.yaml:8
