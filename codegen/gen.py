@@ -16,7 +16,7 @@ import jinja2
 if __package__ in (None, ""):  # run as a script (bazel's py_binary): make `codegen` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from codegen.model import SpecError, load_specs  # noqa: E402
+from codegen.model import SWEEP_SAMPLES, SpecError, load_specs  # noqa: E402
 
 TEMPLATES = {
     "generated/ops/emitters.cpp": "emitters.cpp.j2",
@@ -40,7 +40,7 @@ def render(root: str) -> dict[str, str]:
         lstrip_blocks=True,
     )
     meta_headers = sorted({o.meta.header for spec in specs for o in spec.overloads if o.meta})
-    return {out: env.get_template(tpl).render(specs=specs, meta_headers=meta_headers)
+    return {out: env.get_template(tpl).render(specs=specs, meta_headers=meta_headers, sweep_samples=SWEEP_SAMPLES)
             for out, tpl in TEMPLATES.items()}
 
 

@@ -40,8 +40,10 @@ DTYPE_GROUPS["numeric"] = DTYPE_GROUPS["integral"] + DTYPE_GROUPS["floating"]
 DTYPE_GROUPS["all"] = ["bool"] + DTYPE_GROUPS["numeric"]
 ALL_DTYPES = set(DTYPE_GROUPS["all"])
 
-# What parity tests run by default: one of each kind, to keep the suite fast on 2 cores.
+# What parity tests run by default: one of each kind, to keep the suite fast on 2 cores. Every other
+# dtype a spec supports runs too, over the first SWEEP_SAMPLES samples of its OpInfo.
 DEFAULT_TEST_DTYPES = ("bool", "int64", "bfloat16", "float32")
+SWEEP_SAMPLES = 3
 
 COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
 VARIANTS = {"inplace": "Inplace", "out": "Out", "mutable": "Inplace"}  # mutable variants write args, as in-place ones do
@@ -631,8 +633,10 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
             raise SpecError(display_path, line, f"test takes {', '.join(sorted(TEST_KEYS - {'__line__'}))}")
         if "dtypes" in test:
             test["dtypes"] = _expand_dtypes(test["dtypes"], display_path, line)
+            test["sweep_dtypes"] = []  # the spec chose its dtypes
         else:
             test["dtypes"] = [d for d in dtypes if d in DEFAULT_TEST_DTYPES]
+            test["sweep_dtypes"] = [d for d in dtypes if d not in DEFAULT_TEST_DTYPES]
         test.pop("__line__", None)
         specs.append(Spec(display_path, line, op, str(entry["lowering"]), COMPUTE[compute], dtypes, overloads, test,
                           data_dependent))

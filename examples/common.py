@@ -149,3 +149,22 @@ def show_generations(generate: Callable[[torch.Tensor, int], torch.Tensor], devi
     right = (out[:, prompt_len:] == expected[:, prompt_len:]).float().mean().item()
     print(f"generated tokens that continue the progression: {right:.0%}")
     return right
+
+
+def train_causal_lm(model: torch.nn.Module, device: str, steps: int, seed: int, batch: int, length: int,
+                    vocab: int, progress: bool) -> list[float]:
+    """Trains a transformers causal LM (`model(input_ids=, labels=).loss`) on token progressions
+    with AdamW and gradient clipping; returns the losses."""
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    return fit(model, optimizer, token_batches(seed, batch, length, vocab),
+               lambda m, ids: m(input_ids=ids, labels=ids).loss, steps, device, "tokens",
+               lambda b: b[0].numel(), clip=1.0, progress=progress)
+
+
+def generate_greedily(model: torch.nn.Module, device: str, vocab: int, seed: int) -> float:
+    """A transformers causal LM continues unseen progressions with greedy `generate`."""
+    def generate(ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False)
+    return show_generations(generate, device, vocab, seed)

@@ -6,7 +6,6 @@ on synthetic token sequences with AdamW and gradient clipping, then generates gr
 
 from __future__ import annotations
 
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import common
@@ -30,18 +29,12 @@ def build(tiny: bool, seed: int) -> LlamaForCausalLM:
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: LlamaForCausalLM | None = None,
           progress: bool = False) -> list[float]:
     vocab, *_, batch, length = SIZES[tiny]
-    model = (build(tiny, seed) if model is None else model).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    return common.fit(model, optimizer, common.token_batches(seed, batch, length, vocab),
-                      lambda m, ids: m(input_ids=ids, labels=ids).loss, steps, device, "tokens",
-                      lambda b: b[0].numel(), clip=1.0, progress=progress)
+    return common.train_causal_lm(build(tiny, seed) if model is None else model, device, steps, seed, batch, length,
+                                  vocab, progress)
 
 
 def infer(model: LlamaForCausalLM, device: str, tiny: bool, seed: int) -> None:
-    def generate(ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False)
-    common.show_generations(generate, device, SIZES[tiny][0], seed)
+    common.generate_greedily(model, device, SIZES[tiny][0], seed)
 
 
 if __name__ == "__main__":

@@ -252,6 +252,7 @@ class SpecKernel final : public c10::OperatorKernel {
   }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    calls_.fetch_add(1, std::memory_order_relaxed);
     const size_t n = spec_.args.size();
     TORCH_INTERNAL_ASSERT(stack->size() >= n);
     c10::IValue* args = stack->data() + (stack->size() - n);
@@ -343,6 +344,8 @@ class SpecKernel final : public c10::OperatorKernel {
     std::lock_guard<std::mutex> lock(mutex_);
     cache_.clear();
   }
+  int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  const char* overload() const { return spec_.overload; }
   size_t size() {
     std::lock_guard<std::mutex> lock(mutex_);
     return cache_.size();
@@ -730,6 +733,7 @@ class SpecKernel final : public c10::OperatorKernel {
 
   const OpSpec& spec_;
   const MetaCallFn meta_;
+  std::atomic<int64_t> calls_{0};
   std::mutex mutex_;
   std::unordered_map<std::string, std::unique_ptr<Entry>> cache_;
 };
@@ -999,6 +1003,15 @@ void clear_kernel_caches() {
   }
   std::lock_guard<std::mutex> lock(g_modules_mutex);
   g_modules.clear();
+}
+
+std::vector<std::pair<std::string, int64_t>> spec_op_calls() {
+  std::vector<std::pair<std::string, int64_t>> calls;
+  std::lock_guard<std::mutex> lock(all_kernels_mutex());
+  for (auto* k : all_kernels()) {
+    if (k->calls() > 0) calls.emplace_back(std::string("aten::") + k->overload(), k->calls());
+  }
+  return calls;
 }
 
 int64_t kernel_cache_size() {

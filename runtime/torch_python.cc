@@ -40,6 +40,9 @@ py::dict metrics() {
   py::dict fallbacks;
   for (const auto& [op, count] : torchtpu::fallback_counts()) fallbacks[py::str(op)] = count;
   d["cpu_fallbacks"] = fallbacks;
+  py::dict ops;
+  for (const auto& [op, count] : torchtpu::spec_op_calls()) ops[py::str(op)] = count;
+  d["ops"] = ops;
   return d;
 }
 

@@ -60,6 +60,8 @@ std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void set_fallback_is_error(bool error);
 void clear_kernel_caches();
 int64_t kernel_cache_size();
+// Calls of each spec'd overload so far (those called at least once).
+std::vector<std::pair<std::string, int64_t>> spec_op_calls();
 
 // Random numbers: one generator per device (hooks' default), fresh ones for torch.Generator("tpu").
 const at::Generator& default_tpu_generator(int device);

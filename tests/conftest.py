@@ -84,3 +84,22 @@ def fresh_cache_dir(tmp_path):
     d = tmp_path / "ttcache"
     d.mkdir()
     return str(d)
+
+
+def close(actual, expected, **tol):
+    """A tpu result equals the CPU one: device, dtype, shape, then values (NaNs equal)."""
+    assert actual.device.type == "tpu", actual.device
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, **tol)
+
+
+def module_forward_backward(module, x, device):
+    """Forward, a weighted loss (so the output gradient is not all ones) and backward on `device`:
+    the output, then the gradients of x, the module's weight and (if it has one) its bias."""
+    module = module.to(device)
+    x = x.detach().to(device).requires_grad_(True)
+    out = module(x)
+    weights = torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape).to(device)
+    (out * weights).sum().backward()
+    return [out.detach(), x.grad, module.weight.grad] + ([module.bias.grad] if module.bias is not None else [])

@@ -8,27 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import close, module_forward_backward
 from torchtpu.testing import check_opinfo
 
 CONV_OPS = ["convolution_overrideable", "convolution_backward_overrideable"]
 
 
-def close(actual, expected, **tol):
-    assert actual.device.type == "tpu", actual.device
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    torch.testing.assert_close(actual.cpu(), expected, **tol)
 
 
-def _forward_backward(module, x, device):
-    """Forward, a weighted loss (so grad_output is not all ones) and backward: out and every grad."""
-    module = module.to(device)
-    x = x.detach().to(device).requires_grad_(True)
-    out = module(x)
-    weights = torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape).to(device)
-    (out * weights).sum().backward()
-    grads = [x.grad, module.weight.grad] + ([module.bias.grad] if module.bias is not None else [])
-    return [out.detach()] + grads
 
 
 def _check_module(make, shape, dtype=torch.float32, tol=None):
@@ -37,8 +24,8 @@ def _check_module(make, shape, dtype=torch.float32, tol=None):
     tpu = make().to(dtype)
     tpu.load_state_dict(cpu.state_dict())
     x = torch.randn(shape, dtype=dtype)
-    expected = _forward_backward(cpu, x, "cpu")
-    actual = _forward_backward(tpu, x, "tpu")
+    expected = module_forward_backward(cpu, x, "cpu")
+    actual = module_forward_backward(tpu, x, "tpu")
     assert len(actual) == len(expected)
     for what, a, e in zip(["out", "grad_input", "grad_weight", "grad_bias"], actual, expected):
         assert a is not None, what
@@ -77,7 +64,7 @@ MODULES = {
 
 
 @pytest.mark.parametrize("name", list(MODULES))
-def test_module_forward_backward(name, no_fallback):
+def test_modulemodule_forward_backward(name, no_fallback):
     make, shape = MODULES[name]
     _check_module(make, shape)
 

@@ -7,24 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import close, module_forward_backward
 from torchtpu.testing import check_opinfo, find_opinfo
 
 
 
-def close(actual, expected, **tol):
-    assert actual.device.type == "tpu", actual.device
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    torch.testing.assert_close(actual.cpu(), expected, **tol)
 
 
-def _train_step(module, x, device):
-    """Forward, a weighted loss (so grad_out is not all ones) and backward; returns out and the grads."""
-    module = module.to(device)
-    x = x.detach().to(device).requires_grad_(True)
-    out = module(x)
-    weights = torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape).to(device)
-    (out * weights).sum().backward()
-    return out, x.grad, module.weight.grad, module.bias.grad
 
 
 @pytest.mark.parametrize("shape,normalized", [((4, 10), (10,)), ((2, 3, 8), (8,)), ((2, 3, 4, 5), (4, 5)),
@@ -38,8 +27,8 @@ def test_layer_norm_module_forward_backward(shape, normalized, no_fallback):
     tpu = torch.nn.LayerNorm(normalized)
     tpu.load_state_dict(cpu.state_dict())
     x = torch.randn(shape) * 3 + 1
-    expected = _train_step(cpu, x, "cpu")
-    actual = _train_step(tpu, x, "tpu")
+    expected = module_forward_backward(cpu, x, "cpu")
+    actual = module_forward_backward(tpu, x, "tpu")
     for a, e in zip(actual, expected):
         close(a, e, atol=1e-5, rtol=1e-5)
 
@@ -61,8 +50,8 @@ def test_layer_norm_bfloat16_module(no_fallback):
     tpu = torch.nn.LayerNorm(16).bfloat16()
     tpu.load_state_dict(cpu.state_dict())
     x = torch.randn(4, 16).bfloat16()
-    expected = _train_step(cpu, x, "cpu")
-    actual = _train_step(tpu, x, "tpu")
+    expected = module_forward_backward(cpu, x, "cpu")
+    actual = module_forward_backward(tpu, x, "tpu")
     for a, e in zip(actual, expected):
         close(a, e, atol=2e-2, rtol=2e-2)
 
@@ -92,8 +81,8 @@ def test_group_norm_module_forward_backward(shape, groups, no_fallback):
     tpu = torch.nn.GroupNorm(groups, shape[1])
     tpu.load_state_dict(cpu.state_dict())
     x = torch.randn(shape) * 2 - 1
-    expected = _train_step(cpu, x, "cpu")
-    actual = _train_step(tpu, x, "tpu")
+    expected = module_forward_backward(cpu, x, "cpu")
+    actual = module_forward_backward(tpu, x, "tpu")
     for a, e in zip(actual, expected):
         close(a, e, atol=1e-5, rtol=1e-5)
 

@@ -9,12 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import close
 
-def close(actual, expected, **tol):
-    assert actual.device.type == "tpu", actual.device
-    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, **tol)
+
 
 
 def forward_backward(fn, x, device):

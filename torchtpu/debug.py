@@ -11,7 +11,10 @@ def metrics() -> dict:
 
 def metrics_report() -> str:
     m = metrics()
+    ops = m["ops"]
     lines = [
+        f"ops executed:        {sum(ops.values())} calls of {len(ops)} spec'd overloads",
+        *(f"  {op}: {count}" for op, count in sorted(ops.items(), key=lambda kv: -kv[1])[:10]),
         f"executions:          {m['executions']}",
         f"compiles:            {m['compiles']} ({m['compile_seconds']:.3f} s)",
         f"in-process hits:     {m['memory_cache_hits']} (module text), kernel entries {m['kernel_cache_entries']}",

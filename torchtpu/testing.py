@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
@@ -107,11 +108,12 @@ def _tensors(value) -> list:
     return []
 
 
-def _check_gradients(info, name, torch_dtype, atol, rtol):
+def _check_gradients(info, name, torch_dtype, atol, rtol, max_samples=None):
     """Backward parity: for each sample, the gradients of its differentiable outputs (weighted by
     the same random cotangents on both devices) with respect to its inputs match CPU's."""
     cotangents = torch.Generator().manual_seed(0)
-    for index, sample in enumerate(info.sample_inputs("cpu", torch_dtype, requires_grad=True)):
+    for index, sample in enumerate(itertools.islice(info.sample_inputs("cpu", torch_dtype, requires_grad=True),
+                                                    max_samples)):
         context = f"{name} {torch_dtype} sample {index} (gradients): {sample}"
         runs = {}
         for device in ("cpu", "tpu"):
@@ -141,7 +143,7 @@ def _check_gradients(info, name, torch_dtype, atol, rtol):
 
 
 def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str], atol=None, rtol=None,
-                 grad_atol=None, grad_rtol=None):
+                 grad_atol=None, grad_rtol=None, max_samples=None):
     """Runs every OpInfo sample of `name` on tpu and CPU, for each variant (Functional / Inplace /
     Out) the spec derives, and compares; in float32/float64 also the gradients. A sample CPU rejects is skipped; everything else must
     match, and none of `overloads` may fall back to the CPU."""
@@ -153,7 +155,8 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
         pytest.skip(f"OpInfo {name} does not support {dtype} on CPU")
     before = _fallbacks()
     checked = 0
-    for index, sample in enumerate(info.sample_inputs("cpu", torch_dtype, requires_grad=False)):
+    for index, sample in enumerate(itertools.islice(info.sample_inputs("cpu", torch_dtype, requires_grad=False),
+                                                    max_samples)):
         for variant in dict.fromkeys(variants):
             context = f"{name} {dtype} sample {index} ({variant}): {sample}"
             if variant == "Functional":
@@ -197,7 +200,7 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
     # its gradients are no reference for a float32-accumulating lowering.
     if torch_dtype in (torch.float32, torch.float64) and info.supports_autograd:
         _check_gradients(info, name, torch_dtype, atol if grad_atol is None else grad_atol,
-                         rtol if grad_rtol is None else grad_rtol)
+                         rtol if grad_rtol is None else grad_rtol, max_samples)
     after = _fallbacks()
     fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before.get("aten::" + op, 0)]
     assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"

@@ -20,6 +20,20 @@ def test_ne_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_ne_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:6: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "ne",
+        dtype,
+        overloads=["ne.Tensor", "ne_.Tensor", "ne.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_le_Tensor(dtype):
     # specs/binary.yaml:13
@@ -30,6 +44,20 @@ def test_le_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_le_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:13: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "le",
+        dtype,
+        overloads=["le.Tensor", "le_.Tensor", "le.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -46,6 +74,20 @@ def test_gt_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_gt_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:20: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "gt",
+        dtype,
+        overloads=["gt.Tensor", "gt_.Tensor", "gt.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_ge_Tensor(dtype):
     # specs/binary.yaml:27
@@ -56,6 +98,20 @@ def test_ge_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_ge_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:27: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "ge",
+        dtype,
+        overloads=["ge.Tensor", "ge_.Tensor", "ge.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -72,6 +128,20 @@ def test_maximum(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_maximum_other_dtypes(dtype):
+    # specs/binary.yaml:36: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "maximum",
+        dtype,
+        overloads=["maximum", "maximum.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_minimum(dtype):
     # specs/binary.yaml:40
@@ -82,6 +152,20 @@ def test_minimum(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_minimum_other_dtypes(dtype):
+    # specs/binary.yaml:40: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "minimum",
+        dtype,
+        overloads=["minimum", "minimum.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -98,6 +182,20 @@ def test_fmax(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_fmax_other_dtypes(dtype):
+    # specs/binary.yaml:44: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "fmax",
+        dtype,
+        overloads=["fmax", "fmax.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_fmin(dtype):
     # specs/binary.yaml:48
@@ -108,6 +206,20 @@ def test_fmin(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_fmin_other_dtypes(dtype):
+    # specs/binary.yaml:48: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "fmin",
+        dtype,
+        overloads=["fmin", "fmin.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -137,6 +249,20 @@ def test_pow_Scalar(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_pow_Scalar_other_dtypes(dtype):
+    # specs/binary.yaml:63: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "__rpow__",
+        dtype,
+        overloads=["pow.Scalar", "pow.Scalar_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_remainder_Tensor(dtype):
     # specs/binary.yaml:70
@@ -160,6 +286,20 @@ def test_remainder_Scalar_Tensor(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_remainder_Scalar_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:79: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "__rmod__",
+        dtype,
+        overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -228,6 +368,20 @@ def test_logical_and(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_logical_and_other_dtypes(dtype):
+    # specs/binary.yaml:117: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logical_and",
+        dtype,
+        overloads=["logical_and", "logical_and_", "logical_and.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_or(dtype):
     # specs/binary.yaml:121
@@ -241,6 +395,20 @@ def test_logical_or(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_logical_or_other_dtypes(dtype):
+    # specs/binary.yaml:121: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logical_or",
+        dtype,
+        overloads=["logical_or", "logical_or_", "logical_or.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_xor(dtype):
     # specs/binary.yaml:125
@@ -251,6 +419,20 @@ def test_logical_xor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_logical_xor_other_dtypes(dtype):
+    # specs/binary.yaml:125: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logical_xor",
+        dtype,
+        overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -306,6 +488,20 @@ def test_masked_fill_Scalar(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_masked_fill_Scalar_other_dtypes(dtype):
+    # specs/binary.yaml:170: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "masked_fill",
+        dtype,
+        overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lerp_Scalar(dtype):
     # specs/binary.yaml:183
@@ -316,6 +512,20 @@ def test_lerp_Scalar(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_lerp_Scalar_other_dtypes(dtype):
+    # specs/binary.yaml:183: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "lerp",
+        dtype,
+        overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -332,6 +542,20 @@ def test_addcmul(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_addcmul_other_dtypes(dtype):
+    # specs/binary.yaml:192: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "addcmul",
+        dtype,
+        overloads=["addcmul", "addcmul_", "addcmul.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_addcdiv(dtype):
     # specs/binary.yaml:197
@@ -342,6 +566,20 @@ def test_addcdiv(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_addcdiv_other_dtypes(dtype):
+    # specs/binary.yaml:197: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "addcdiv",
+        dtype,
+        overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -358,6 +596,20 @@ def test_atan2(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_atan2_other_dtypes(dtype):
+    # specs/binary.yaml:204: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "atan2",
+        dtype,
+        overloads=["atan2", "atan2_", "atan2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hypot(dtype):
     # specs/binary.yaml:210
@@ -368,6 +620,20 @@ def test_hypot(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_hypot_other_dtypes(dtype):
+    # specs/binary.yaml:210: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "hypot",
+        dtype,
+        overloads=["hypot", "hypot_", "hypot.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -384,6 +650,20 @@ def test_copysign_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_copysign_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:215: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "copysign",
+        dtype,
+        overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_xlogy_Tensor(dtype):
     # specs/binary.yaml:226
@@ -394,6 +674,20 @@ def test_xlogy_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_xlogy_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:226: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "xlogy",
+        dtype,
+        overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -449,6 +743,20 @@ def test_eye(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_eye_other_dtypes(dtype):
+    # specs/creation.yaml:26: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "eye",
+        dtype,
+        overloads=["eye", "eye.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_add_Tensor(dtype):
     # specs/elementwise.yaml:4
@@ -459,6 +767,20 @@ def test_add_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_add_Tensor_other_dtypes(dtype):
+    # specs/elementwise.yaml:4: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "add",
+        dtype,
+        overloads=["add.Tensor", "add_.Tensor", "add.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -475,6 +797,20 @@ def test_sub_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_sub_Tensor_other_dtypes(dtype):
+    # specs/elementwise.yaml:11: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sub",
+        dtype,
+        overloads=["sub.Tensor", "sub_.Tensor", "sub.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_mul_Tensor(dtype):
     # specs/elementwise.yaml:20
@@ -485,6 +821,20 @@ def test_mul_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_mul_Tensor_other_dtypes(dtype):
+    # specs/elementwise.yaml:20: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "mul",
+        dtype,
+        overloads=["mul.Tensor", "mul_.Tensor", "mul.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -501,6 +851,20 @@ def test_div_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_div_Tensor_other_dtypes(dtype):
+    # specs/elementwise.yaml:27: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "div.no_rounding_mode",
+        dtype,
+        overloads=["div.Tensor", "div_.Tensor", "div.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_neg(dtype):
     # specs/elementwise.yaml:38
@@ -511,6 +875,20 @@ def test_neg(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_neg_other_dtypes(dtype):
+    # specs/elementwise.yaml:38: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "neg",
+        dtype,
+        overloads=["neg", "neg_", "neg.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -527,6 +905,20 @@ def test_exp(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_exp_other_dtypes(dtype):
+    # specs/elementwise.yaml:43: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "exp",
+        dtype,
+        overloads=["exp", "exp_", "exp.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log(dtype):
     # specs/elementwise.yaml:49
@@ -537,6 +929,20 @@ def test_log(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_log_other_dtypes(dtype):
+    # specs/elementwise.yaml:49: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "log",
+        dtype,
+        overloads=["log", "log_", "log.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -553,6 +959,20 @@ def test_sqrt(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_sqrt_other_dtypes(dtype):
+    # specs/elementwise.yaml:55: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sqrt",
+        dtype,
+        overloads=["sqrt", "sqrt_", "sqrt.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_relu(dtype):
     # specs/elementwise.yaml:61
@@ -563,6 +983,20 @@ def test_relu(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_relu_other_dtypes(dtype):
+    # specs/elementwise.yaml:61: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.relu",
+        dtype,
+        overloads=["relu", "relu_", "relu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -579,6 +1013,20 @@ def test_where_self(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_where_self_other_dtypes(dtype):
+    # specs/elementwise.yaml:66: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "where",
+        dtype,
+        overloads=["where.self", "where.self_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_eq_Tensor(dtype):
     # specs/elementwise.yaml:71
@@ -589,6 +1037,20 @@ def test_eq_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_eq_Tensor_other_dtypes(dtype):
+    # specs/elementwise.yaml:71: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "eq",
+        dtype,
+        overloads=["eq.Tensor", "eq_.Tensor", "eq.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -605,6 +1067,20 @@ def test_lt_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_lt_Tensor_other_dtypes(dtype):
+    # specs/elementwise.yaml:78: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "lt",
+        dtype,
+        overloads=["lt.Tensor", "lt_.Tensor", "lt.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_select(dtype):
     # specs/indexing.yaml:4
@@ -615,6 +1091,20 @@ def test_index_select(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_index_select_other_dtypes(dtype):
+    # specs/indexing.yaml:4: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "index_select",
+        dtype,
+        overloads=["index_select", "index_select.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -631,6 +1121,20 @@ def test_gather(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_gather_other_dtypes(dtype):
+    # specs/indexing.yaml:10: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "gather",
+        dtype,
+        overloads=["gather", "gather.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_src(dtype):
     # specs/indexing.yaml:15
@@ -641,6 +1145,20 @@ def test_scatter_src(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_scatter_src_other_dtypes(dtype):
+    # specs/indexing.yaml:15: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "scatter",
+        dtype,
+        overloads=["scatter.src", "scatter_.src", "scatter.src_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -657,6 +1175,20 @@ def test_scatter_add(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_scatter_add_other_dtypes(dtype):
+    # specs/indexing.yaml:26: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "scatter_add",
+        dtype,
+        overloads=["scatter_add", "scatter_add_", "scatter_add.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_reduce(dtype):
     # specs/indexing.yaml:32
@@ -670,6 +1202,20 @@ def test_scatter_reduce(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_scatter_reduce_other_dtypes(dtype):
+    # specs/indexing.yaml:32: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "scatter",
+        dtype,
+        overloads=["scatter.reduce", "scatter_.reduce", "scatter.reduce_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_scatter_reduce_two(dtype):
     # specs/indexing.yaml:42
@@ -680,6 +1226,20 @@ def test_scatter_reduce_two(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_scatter_reduce_two_other_dtypes(dtype):
+    # specs/indexing.yaml:42: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "scatter_reduce.sum",
+        dtype,
+        overloads=["scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -709,6 +1269,20 @@ def test_index_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_index_Tensor_other_dtypes(dtype):
+    # specs/indexing.yaml:87: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "__getitem__",
+        dtype,
+        overloads=["index.Tensor", "index.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_put(dtype):
     # specs/indexing.yaml:94
@@ -719,6 +1293,20 @@ def test_index_put(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_index_put_other_dtypes(dtype):
+    # specs/indexing.yaml:94: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "index_put",
+        dtype,
+        overloads=["index_put", "index_put_", "index_put.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -735,6 +1323,20 @@ def test_nonzero(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_nonzero_other_dtypes(dtype):
+    # specs/indexing.yaml:106: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nonzero",
+        dtype,
+        overloads=["nonzero"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_select(dtype):
     # specs/indexing.yaml:112
@@ -745,6 +1347,20 @@ def test_masked_select(dtype):
         variants=["Functional"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_masked_select_other_dtypes(dtype):
+    # specs/indexing.yaml:112: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "masked_select",
+        dtype,
+        overloads=["masked_select"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -761,6 +1377,20 @@ def test_masked_scatter(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_masked_scatter_other_dtypes(dtype):
+    # specs/indexing.yaml:120: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "masked_scatter",
+        dtype,
+        overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isin_Tensor_Tensor(dtype):
     # specs/indexing.yaml:126
@@ -771,6 +1401,20 @@ def test_isin_Tensor_Tensor(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_isin_Tensor_Tensor_other_dtypes(dtype):
+    # specs/indexing.yaml:126: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "isin",
+        dtype,
+        overloads=["isin.Tensor_Tensor", "isin.Tensor_Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -787,6 +1431,20 @@ def test__embedding_bag(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__embedding_bag_other_dtypes(dtype):
+    # specs/indexing.yaml:138: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.embedding_bag",
+        dtype,
+        overloads=["_embedding_bag"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mm(dtype):
     # specs/linalg.yaml:10
@@ -797,6 +1455,20 @@ def test_mm(dtype):
         variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_mm_other_dtypes(dtype):
+    # specs/linalg.yaml:10: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "mm",
+        dtype,
+        overloads=["mm", "mm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
     )
 
 
@@ -813,6 +1485,20 @@ def test_addmm(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_addmm_other_dtypes(dtype):
+    # specs/linalg.yaml:16: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "addmm",
+        dtype,
+        overloads=["addmm", "addmm_", "addmm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_bmm(dtype):
     # specs/linalg.yaml:28
@@ -823,6 +1509,20 @@ def test_bmm(dtype):
         variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_bmm_other_dtypes(dtype):
+    # specs/linalg.yaml:28: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "bmm",
+        dtype,
+        overloads=["bmm", "bmm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
     )
 
 
@@ -839,6 +1539,20 @@ def test_baddbmm(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_baddbmm_other_dtypes(dtype):
+    # specs/linalg.yaml:34: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "baddbmm",
+        dtype,
+        overloads=["baddbmm", "baddbmm_", "baddbmm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addbmm(dtype):
     # specs/linalg.yaml:42
@@ -849,6 +1563,20 @@ def test_addbmm(dtype):
         variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_addbmm_other_dtypes(dtype):
+    # specs/linalg.yaml:42: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "addbmm",
+        dtype,
+        overloads=["addbmm", "addbmm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
     )
 
 
@@ -865,6 +1593,20 @@ def test_mv(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_mv_other_dtypes(dtype):
+    # specs/linalg.yaml:49: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "mv",
+        dtype,
+        overloads=["mv", "mv.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addmv(dtype):
     # specs/linalg.yaml:54
@@ -875,6 +1617,20 @@ def test_addmv(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=1e-4,
         rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_addmv_other_dtypes(dtype):
+    # specs/linalg.yaml:54: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "addmv",
+        dtype,
+        overloads=["addmv", "addmv_", "addmv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
     )
 
 
@@ -891,6 +1647,20 @@ def test_dot(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_dot_other_dtypes(dtype):
+    # specs/linalg.yaml:60: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "dot",
+        dtype,
+        overloads=["dot", "dot.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_vdot(dtype):
     # specs/linalg.yaml:66
@@ -904,6 +1674,20 @@ def test_vdot(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_vdot_other_dtypes(dtype):
+    # specs/linalg.yaml:66: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "vdot",
+        dtype,
+        overloads=["vdot", "vdot.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__softmax(dtype):
     # specs/nn.yaml:5
@@ -914,6 +1698,20 @@ def test__softmax(dtype):
         variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__softmax_other_dtypes(dtype):
+    # specs/nn.yaml:5: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "softmax",
+        dtype,
+        overloads=["_softmax", "_softmax.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
     )
 
 
@@ -943,6 +1741,20 @@ def test__softmax_backward_data(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__softmax_backward_data_other_dtypes(dtype):
+    # specs/nn.yaml:18: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_softmax_backward_data",
+        dtype,
+        overloads=["_softmax_backward_data", "_softmax_backward_data.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_gelu(dtype):
     # specs/nn.yaml:27
@@ -953,6 +1765,20 @@ def test_gelu(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=1e-5,
         rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_gelu_other_dtypes(dtype):
+    # specs/nn.yaml:27: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.gelu",
+        dtype,
+        overloads=["gelu", "gelu_", "gelu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
     )
 
 
@@ -969,6 +1795,20 @@ def test_silu(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_silu_other_dtypes(dtype):
+    # specs/nn.yaml:36: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.silu",
+        dtype,
+        overloads=["silu", "silu_", "silu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_leaky_relu(dtype):
     # specs/nn.yaml:46
@@ -979,6 +1819,20 @@ def test_leaky_relu(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_leaky_relu_other_dtypes(dtype):
+    # specs/nn.yaml:46: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.leaky_relu",
+        dtype,
+        overloads=["leaky_relu", "leaky_relu_", "leaky_relu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -995,6 +1849,20 @@ def test_elu(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_elu_other_dtypes(dtype):
+    # specs/nn.yaml:57: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.elu",
+        dtype,
+        overloads=["elu", "elu_", "elu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_softplus(dtype):
     # specs/nn.yaml:69
@@ -1005,6 +1873,20 @@ def test_softplus(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_softplus_other_dtypes(dtype):
+    # specs/nn.yaml:69: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.softplus",
+        dtype,
+        overloads=["softplus", "softplus.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1021,6 +1903,20 @@ def test_hardtanh(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_hardtanh_other_dtypes(dtype):
+    # specs/nn.yaml:80: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.hardtanh",
+        dtype,
+        overloads=["hardtanh", "hardtanh_", "hardtanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_threshold(dtype):
     # specs/nn.yaml:91
@@ -1031,6 +1927,20 @@ def test_threshold(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_threshold_other_dtypes(dtype):
+    # specs/nn.yaml:91: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.threshold",
+        dtype,
+        overloads=["threshold", "threshold_", "threshold.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1047,6 +1957,20 @@ def test_mse_loss(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_mse_loss_other_dtypes(dtype):
+    # specs/nn.yaml:102: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.mse_loss",
+        dtype,
+        overloads=["mse_loss", "mse_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log_sigmoid_forward(dtype):
     # specs/nn.yaml:129
@@ -1057,6 +1981,20 @@ def test_log_sigmoid_forward(dtype):
         variants=["Functional"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_log_sigmoid_forward_other_dtypes(dtype):
+    # specs/nn.yaml:129: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.logsigmoid",
+        dtype,
+        overloads=["log_sigmoid_forward"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1075,6 +2013,22 @@ def test_native_layer_norm(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_native_layer_norm_other_dtypes(dtype):
+    # specs/normalization.yaml:7: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.layer_norm",
+        dtype,
+        overloads=["native_layer_norm"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        grad_atol=1e-4,
+        grad_rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_native_group_norm(dtype):
     # specs/normalization.yaml:18
@@ -1085,6 +2039,20 @@ def test_native_group_norm(dtype):
         variants=["Functional"],
         atol=1e-5,
         rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_native_group_norm_other_dtypes(dtype):
+    # specs/normalization.yaml:18: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.group_norm",
+        dtype,
+        overloads=["native_group_norm"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
     )
 
 
@@ -1114,6 +2082,20 @@ def test__foreach_add_List(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_add_List_other_dtypes(dtype):
+    # specs/optim.yaml:8: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_add",
+        dtype,
+        overloads=["_foreach_add.List", "_foreach_add_.List", "_foreach_add.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_sub_List(dtype):
     # specs/optim.yaml:25
@@ -1124,6 +2106,20 @@ def test__foreach_sub_List(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_sub_List_other_dtypes(dtype):
+    # specs/optim.yaml:25: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_sub",
+        dtype,
+        overloads=["_foreach_sub.List", "_foreach_sub_.List", "_foreach_sub.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1140,6 +2136,20 @@ def test__foreach_mul_List(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_mul_List_other_dtypes(dtype):
+    # specs/optim.yaml:41: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_mul",
+        dtype,
+        overloads=["_foreach_mul.List", "_foreach_mul_.List", "_foreach_mul.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_div_List(dtype):
     # specs/optim.yaml:58
@@ -1150,6 +2160,20 @@ def test__foreach_div_List(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_div_List_other_dtypes(dtype):
+    # specs/optim.yaml:58: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_div",
+        dtype,
+        overloads=["_foreach_div.List", "_foreach_div_.List", "_foreach_div.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1166,6 +2190,20 @@ def test__foreach_maximum_List(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_maximum_List_other_dtypes(dtype):
+    # specs/optim.yaml:83: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_maximum",
+        dtype,
+        overloads=["_foreach_maximum.List", "_foreach_maximum_.List", "_foreach_maximum.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_minimum_List(dtype):
     # specs/optim.yaml:99
@@ -1176,6 +2214,20 @@ def test__foreach_minimum_List(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_minimum_List_other_dtypes(dtype):
+    # specs/optim.yaml:99: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_minimum",
+        dtype,
+        overloads=["_foreach_minimum.List", "_foreach_minimum_.List", "_foreach_minimum.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1192,6 +2244,20 @@ def test__foreach_clamp_min_List(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_clamp_min_List_other_dtypes(dtype):
+    # specs/optim.yaml:115: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_clamp_min",
+        dtype,
+        overloads=["_foreach_clamp_min.List", "_foreach_clamp_min_.List", "_foreach_clamp_min.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_clamp_max_List(dtype):
     # specs/optim.yaml:131
@@ -1202,6 +2268,20 @@ def test__foreach_clamp_max_List(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_clamp_max_List_other_dtypes(dtype):
+    # specs/optim.yaml:131: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_clamp_max",
+        dtype,
+        overloads=["_foreach_clamp_max.List", "_foreach_clamp_max_.List", "_foreach_clamp_max.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1218,6 +2298,20 @@ def test__foreach_pow_List(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_pow_List_other_dtypes(dtype):
+    # specs/optim.yaml:147: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_pow",
+        dtype,
+        overloads=["_foreach_pow.List", "_foreach_pow_.List", "_foreach_pow.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_addcmul_Scalar(dtype):
     # specs/optim.yaml:166
@@ -1228,6 +2322,20 @@ def test__foreach_addcmul_Scalar(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_addcmul_Scalar_other_dtypes(dtype):
+    # specs/optim.yaml:166: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_addcmul",
+        dtype,
+        overloads=["_foreach_addcmul.Scalar", "_foreach_addcmul_.Scalar", "_foreach_addcmul.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1244,6 +2352,20 @@ def test__foreach_addcdiv_Scalar(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_addcdiv_Scalar_other_dtypes(dtype):
+    # specs/optim.yaml:177: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_addcdiv",
+        dtype,
+        overloads=["_foreach_addcdiv.Scalar", "_foreach_addcdiv_.Scalar", "_foreach_addcdiv.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_lerp_List(dtype):
     # specs/optim.yaml:188
@@ -1254,6 +2376,20 @@ def test__foreach_lerp_List(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_lerp_List_other_dtypes(dtype):
+    # specs/optim.yaml:188: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_lerp",
+        dtype,
+        overloads=["_foreach_lerp.List", "_foreach_lerp_.List", "_foreach_lerp.List_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1270,6 +2406,20 @@ def test__foreach_exp(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_exp_other_dtypes(dtype):
+    # specs/optim.yaml:206: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_exp",
+        dtype,
+        overloads=["_foreach_exp", "_foreach_exp_", "_foreach_exp.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log(dtype):
     # specs/optim.yaml:213
@@ -1280,6 +2430,20 @@ def test__foreach_log(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_log_other_dtypes(dtype):
+    # specs/optim.yaml:213: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_log",
+        dtype,
+        overloads=["_foreach_log", "_foreach_log_", "_foreach_log.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1296,6 +2460,20 @@ def test__foreach_log2(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_log2_other_dtypes(dtype):
+    # specs/optim.yaml:220: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_log2",
+        dtype,
+        overloads=["_foreach_log2", "_foreach_log2_", "_foreach_log2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log10(dtype):
     # specs/optim.yaml:227
@@ -1306,6 +2484,20 @@ def test__foreach_log10(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_log10_other_dtypes(dtype):
+    # specs/optim.yaml:227: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_log10",
+        dtype,
+        overloads=["_foreach_log10", "_foreach_log10_", "_foreach_log10.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1322,6 +2514,20 @@ def test__foreach_log1p(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_log1p_other_dtypes(dtype):
+    # specs/optim.yaml:234: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_log1p",
+        dtype,
+        overloads=["_foreach_log1p", "_foreach_log1p_", "_foreach_log1p.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_expm1(dtype):
     # specs/optim.yaml:241
@@ -1332,6 +2538,20 @@ def test__foreach_expm1(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_expm1_other_dtypes(dtype):
+    # specs/optim.yaml:241: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_expm1",
+        dtype,
+        overloads=["_foreach_expm1", "_foreach_expm1_", "_foreach_expm1.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1348,6 +2568,20 @@ def test__foreach_sqrt(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_sqrt_other_dtypes(dtype):
+    # specs/optim.yaml:248: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_sqrt",
+        dtype,
+        overloads=["_foreach_sqrt", "_foreach_sqrt_", "_foreach_sqrt.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_rsqrt(dtype):
     # specs/optim.yaml:255
@@ -1358,6 +2592,20 @@ def test__foreach_rsqrt(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_rsqrt_other_dtypes(dtype):
+    # specs/optim.yaml:255: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_rsqrt",
+        dtype,
+        overloads=["_foreach_rsqrt", "_foreach_rsqrt_", "_foreach_rsqrt.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1374,6 +2622,20 @@ def test__foreach_sin(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_sin_other_dtypes(dtype):
+    # specs/optim.yaml:262: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_sin",
+        dtype,
+        overloads=["_foreach_sin", "_foreach_sin_", "_foreach_sin.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_cos(dtype):
     # specs/optim.yaml:269
@@ -1384,6 +2646,20 @@ def test__foreach_cos(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_cos_other_dtypes(dtype):
+    # specs/optim.yaml:269: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_cos",
+        dtype,
+        overloads=["_foreach_cos", "_foreach_cos_", "_foreach_cos.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1400,6 +2676,20 @@ def test__foreach_tan(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_tan_other_dtypes(dtype):
+    # specs/optim.yaml:276: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_tan",
+        dtype,
+        overloads=["_foreach_tan", "_foreach_tan_", "_foreach_tan.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_tanh(dtype):
     # specs/optim.yaml:283
@@ -1410,6 +2700,20 @@ def test__foreach_tanh(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_tanh_other_dtypes(dtype):
+    # specs/optim.yaml:283: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_tanh",
+        dtype,
+        overloads=["_foreach_tanh", "_foreach_tanh_", "_foreach_tanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1426,6 +2730,20 @@ def test__foreach_sinh(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_sinh_other_dtypes(dtype):
+    # specs/optim.yaml:290: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_sinh",
+        dtype,
+        overloads=["_foreach_sinh", "_foreach_sinh_", "_foreach_sinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_cosh(dtype):
     # specs/optim.yaml:297
@@ -1436,6 +2754,20 @@ def test__foreach_cosh(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_cosh_other_dtypes(dtype):
+    # specs/optim.yaml:297: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_cosh",
+        dtype,
+        overloads=["_foreach_cosh", "_foreach_cosh_", "_foreach_cosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1452,6 +2784,20 @@ def test__foreach_sigmoid(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_sigmoid_other_dtypes(dtype):
+    # specs/optim.yaml:304: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_sigmoid",
+        dtype,
+        overloads=["_foreach_sigmoid", "_foreach_sigmoid_", "_foreach_sigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_erf(dtype):
     # specs/optim.yaml:311
@@ -1462,6 +2808,20 @@ def test__foreach_erf(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_erf_other_dtypes(dtype):
+    # specs/optim.yaml:311: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_erf",
+        dtype,
+        overloads=["_foreach_erf", "_foreach_erf_", "_foreach_erf.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1478,6 +2838,20 @@ def test__foreach_reciprocal(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_reciprocal_other_dtypes(dtype):
+    # specs/optim.yaml:318: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_reciprocal",
+        dtype,
+        overloads=["_foreach_reciprocal", "_foreach_reciprocal_", "_foreach_reciprocal.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_neg(dtype):
     # specs/optim.yaml:325
@@ -1488,6 +2862,20 @@ def test__foreach_neg(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_neg_other_dtypes(dtype):
+    # specs/optim.yaml:325: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_neg",
+        dtype,
+        overloads=["_foreach_neg", "_foreach_neg_", "_foreach_neg.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1504,6 +2892,20 @@ def test__foreach_abs(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_abs_other_dtypes(dtype):
+    # specs/optim.yaml:331: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_abs",
+        dtype,
+        overloads=["_foreach_abs", "_foreach_abs_", "_foreach_abs.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_sign(dtype):
     # specs/optim.yaml:337
@@ -1514,6 +2916,20 @@ def test__foreach_sign(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_sign_other_dtypes(dtype):
+    # specs/optim.yaml:337: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_sign",
+        dtype,
+        overloads=["_foreach_sign", "_foreach_sign_", "_foreach_sign.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1530,6 +2946,20 @@ def test__foreach_floor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_floor_other_dtypes(dtype):
+    # specs/optim.yaml:343: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_floor",
+        dtype,
+        overloads=["_foreach_floor", "_foreach_floor_", "_foreach_floor.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_ceil(dtype):
     # specs/optim.yaml:349
@@ -1540,6 +2970,20 @@ def test__foreach_ceil(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_ceil_other_dtypes(dtype):
+    # specs/optim.yaml:349: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_ceil",
+        dtype,
+        overloads=["_foreach_ceil", "_foreach_ceil_", "_foreach_ceil.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1556,6 +3000,20 @@ def test__foreach_round(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_round_other_dtypes(dtype):
+    # specs/optim.yaml:355: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_round",
+        dtype,
+        overloads=["_foreach_round", "_foreach_round_", "_foreach_round.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_trunc(dtype):
     # specs/optim.yaml:361
@@ -1566,6 +3024,20 @@ def test__foreach_trunc(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_trunc_other_dtypes(dtype):
+    # specs/optim.yaml:361: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_trunc",
+        dtype,
+        overloads=["_foreach_trunc", "_foreach_trunc_", "_foreach_trunc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1582,6 +3054,20 @@ def test__foreach_frac(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_frac_other_dtypes(dtype):
+    # specs/optim.yaml:367: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_frac",
+        dtype,
+        overloads=["_foreach_frac", "_foreach_frac_", "_foreach_frac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_zero(dtype):
     # specs/optim.yaml:373
@@ -1592,6 +3078,20 @@ def test__foreach_zero(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_zero_other_dtypes(dtype):
+    # specs/optim.yaml:373: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_zero",
+        dtype,
+        overloads=["_foreach_zero", "_foreach_zero_", "_foreach_zero.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1608,6 +3108,20 @@ def test__foreach_norm_Scalar(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__foreach_norm_Scalar_other_dtypes(dtype):
+    # specs/optim.yaml:380: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_norm",
+        dtype,
+        overloads=["_foreach_norm.Scalar", "_foreach_norm.Scalar_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_max(dtype):
     # specs/optim.yaml:388
@@ -1618,6 +3132,20 @@ def test__foreach_max(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_max_other_dtypes(dtype):
+    # specs/optim.yaml:388: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_max",
+        dtype,
+        overloads=["_foreach_max", "_foreach_max.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1634,6 +3162,20 @@ def test__foreach_copy(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__foreach_copy_other_dtypes(dtype):
+    # specs/optim.yaml:394: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "_foreach_copy",
+        dtype,
+        overloads=["_foreach_copy", "_foreach_copy_", "_foreach_copy.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_max_pool2d_with_indices(dtype):
     # specs/pooling.yaml:9
@@ -1644,6 +3186,20 @@ def test_max_pool2d_with_indices(dtype):
         variants=["Functional"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_max_pool2d_with_indices_other_dtypes(dtype):
+    # specs/pooling.yaml:9: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.max_pool2d",
+        dtype,
+        overloads=["max_pool2d_with_indices"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1660,6 +3216,20 @@ def test_max_pool2d_with_indices_backward(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_max_pool2d_with_indices_backward_other_dtypes(dtype):
+    # specs/pooling.yaml:15: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.max_pool1d",
+        dtype,
+        overloads=["max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_max_pool3d_with_indices(dtype):
     # specs/pooling.yaml:21
@@ -1670,6 +3240,20 @@ def test_max_pool3d_with_indices(dtype):
         variants=["Functional"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_max_pool3d_with_indices_other_dtypes(dtype):
+    # specs/pooling.yaml:21: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.max_pool3d",
+        dtype,
+        overloads=["max_pool3d_with_indices"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1686,6 +3270,20 @@ def test_avg_pool2d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_avg_pool2d_other_dtypes(dtype):
+    # specs/pooling.yaml:33: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.avg_pool2d",
+        dtype,
+        overloads=["avg_pool2d", "avg_pool2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d_backward(dtype):
     # specs/pooling.yaml:38
@@ -1696,6 +3294,20 @@ def test_avg_pool2d_backward(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_avg_pool2d_backward_other_dtypes(dtype):
+    # specs/pooling.yaml:38: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.avg_pool1d",
+        dtype,
+        overloads=["avg_pool2d_backward", "avg_pool2d_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1712,6 +3324,20 @@ def test_avg_pool3d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_avg_pool3d_other_dtypes(dtype):
+    # specs/pooling.yaml:43: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.avg_pool3d",
+        dtype,
+        overloads=["avg_pool3d", "avg_pool3d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d(dtype):
     # specs/pooling.yaml:52
@@ -1725,6 +3351,20 @@ def test__adaptive_avg_pool2d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__adaptive_avg_pool2d_other_dtypes(dtype):
+    # specs/pooling.yaml:52: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.adaptive_avg_pool2d",
+        dtype,
+        overloads=["_adaptive_avg_pool2d", "_adaptive_avg_pool2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d_backward(dtype):
     # specs/pooling.yaml:57
@@ -1735,6 +3375,20 @@ def test__adaptive_avg_pool2d_backward(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__adaptive_avg_pool2d_backward_other_dtypes(dtype):
+    # specs/pooling.yaml:57: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.adaptive_avg_pool1d",
+        dtype,
+        overloads=["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1764,6 +3418,20 @@ def test_adaptive_max_pool2d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_adaptive_max_pool2d_other_dtypes(dtype):
+    # specs/pooling.yaml:73: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.adaptive_max_pool2d",
+        dtype,
+        overloads=["adaptive_max_pool2d"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d_backward(dtype):
     # specs/pooling.yaml:79
@@ -1774,6 +3442,20 @@ def test_adaptive_max_pool2d_backward(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
+    # specs/pooling.yaml:79: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.adaptive_max_pool1d",
+        dtype,
+        overloads=["adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1790,6 +3472,20 @@ def test_adaptive_max_pool3d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_adaptive_max_pool3d_other_dtypes(dtype):
+    # specs/pooling.yaml:85: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.adaptive_max_pool3d",
+        dtype,
+        overloads=["adaptive_max_pool3d"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest1d(dtype):
     # specs/pooling.yaml:98
@@ -1800,6 +3496,20 @@ def test_upsample_nearest1d(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
+def test_upsample_nearest1d_other_dtypes(dtype):
+    # specs/pooling.yaml:98: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.interpolate.nearest",
+        dtype,
+        overloads=["upsample_nearest1d", "upsample_nearest1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1816,6 +3526,20 @@ def test_upsample_nearest2d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
+def test_upsample_nearest2d_other_dtypes(dtype):
+    # specs/pooling.yaml:107: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.upsample_nearest",
+        dtype,
+        overloads=["upsample_nearest2d", "upsample_nearest2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__upsample_nearest_exact1d(dtype):
     # specs/pooling.yaml:124
@@ -1826,6 +3550,20 @@ def test__upsample_nearest_exact1d(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
+def test__upsample_nearest_exact1d_other_dtypes(dtype):
+    # specs/pooling.yaml:124: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.interpolate.nearest-exact",
+        dtype,
+        overloads=["_upsample_nearest_exact1d", "_upsample_nearest_exact1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1855,6 +3593,20 @@ def test_upsample_bilinear2d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_upsample_bilinear2d_other_dtypes(dtype):
+    # specs/pooling.yaml:162: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.interpolate.bilinear",
+        dtype,
+        overloads=["upsample_bilinear2d", "upsample_bilinear2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d_backward(dtype):
     # specs/pooling.yaml:167
@@ -1865,6 +3617,20 @@ def test_upsample_bilinear2d_backward(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_upsample_bilinear2d_backward_other_dtypes(dtype):
+    # specs/pooling.yaml:167: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.upsample_bilinear",
+        dtype,
+        overloads=["upsample_bilinear2d_backward", "upsample_bilinear2d_backward.grad_input"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1894,6 +3660,20 @@ def test_sum_dim_IntList(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_sum_dim_IntList_other_dtypes(dtype):
+    # specs/reduction.yaml:3: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sum",
+        dtype,
+        overloads=["sum.dim_IntList", "sum.IntList_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mean_dim(dtype):
     # specs/reduction.yaml:15
@@ -1904,6 +3684,20 @@ def test_mean_dim(dtype):
         variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_mean_dim_other_dtypes(dtype):
+    # specs/reduction.yaml:15: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "mean",
+        dtype,
+        overloads=["mean.dim", "mean.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
     )
 
 
@@ -1920,6 +3714,20 @@ def test_prod_dim_int(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_prod_dim_int_other_dtypes(dtype):
+    # specs/reduction.yaml:29: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "prod",
+        dtype,
+        overloads=["prod.dim_int", "prod.int_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_amax(dtype):
     # specs/reduction.yaml:41
@@ -1930,6 +3738,20 @@ def test_amax(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_amax_other_dtypes(dtype):
+    # specs/reduction.yaml:41: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "amax",
+        dtype,
+        overloads=["amax", "amax.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1946,6 +3768,20 @@ def test_amin(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_amin_other_dtypes(dtype):
+    # specs/reduction.yaml:48: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "amin",
+        dtype,
+        overloads=["amin", "amin.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_max(dtype):
     # specs/reduction.yaml:56
@@ -1956,6 +3792,20 @@ def test_max(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_max_other_dtypes(dtype):
+    # specs/reduction.yaml:56: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "max.reduction_no_dim",
+        dtype,
+        overloads=["max", "max.unary_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1972,6 +3822,20 @@ def test_min(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_min_other_dtypes(dtype):
+    # specs/reduction.yaml:62: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "min.reduction_no_dim",
+        dtype,
+        overloads=["min", "min.unary_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_max_dim(dtype):
     # specs/reduction.yaml:69
@@ -1982,6 +3846,20 @@ def test_max_dim(dtype):
         variants=["Functional"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_max_dim_other_dtypes(dtype):
+    # specs/reduction.yaml:69: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "max.reduction_with_dim",
+        dtype,
+        overloads=["max.dim"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -1998,6 +3876,20 @@ def test_min_dim(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_min_dim_other_dtypes(dtype):
+    # specs/reduction.yaml:76: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "min.reduction_with_dim",
+        dtype,
+        overloads=["min.dim"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_argmax(dtype):
     # specs/reduction.yaml:84
@@ -2008,6 +3900,20 @@ def test_argmax(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_argmax_other_dtypes(dtype):
+    # specs/reduction.yaml:84: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "argmax",
+        dtype,
+        overloads=["argmax", "argmax.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2024,6 +3930,20 @@ def test_argmin(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_argmin_other_dtypes(dtype):
+    # specs/reduction.yaml:92: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "argmin",
+        dtype,
+        overloads=["argmin", "argmin.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_any_dims(dtype):
     # specs/reduction.yaml:116
@@ -2034,6 +3954,20 @@ def test_any_dims(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_any_dims_other_dtypes(dtype):
+    # specs/reduction.yaml:116: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "any",
+        dtype,
+        overloads=["any.dims", "any.dims_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2050,6 +3984,20 @@ def test_all_dims(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_all_dims_other_dtypes(dtype):
+    # specs/reduction.yaml:138: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "all",
+        dtype,
+        overloads=["all.dims", "all.dims_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_correction(dtype):
     # specs/reduction.yaml:147
@@ -2060,6 +4008,20 @@ def test_var_correction(dtype):
         variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_var_correction_other_dtypes(dtype):
+    # specs/reduction.yaml:147: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "var",
+        dtype,
+        overloads=["var.correction", "var.correction_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
     )
 
 
@@ -2076,6 +4038,20 @@ def test_std_correction(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_std_correction_other_dtypes(dtype):
+    # specs/reduction.yaml:155: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "std",
+        dtype,
+        overloads=["std.correction", "std.correction_out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_mean_correction(dtype):
     # specs/reduction.yaml:163
@@ -2089,6 +4065,20 @@ def test_var_mean_correction(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_var_mean_correction_other_dtypes(dtype):
+    # specs/reduction.yaml:163: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "var_mean",
+        dtype,
+        overloads=["var_mean.correction"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_mean_correction(dtype):
     # specs/reduction.yaml:171
@@ -2099,6 +4089,20 @@ def test_std_mean_correction(dtype):
         variants=["Functional"],
         atol=1e-5,
         rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_std_mean_correction_other_dtypes(dtype):
+    # specs/reduction.yaml:171: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "std_mean",
+        dtype,
+        overloads=["std_mean.correction"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
     )
 
 
@@ -2128,6 +4132,20 @@ def test_linalg_vector_norm(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_linalg_vector_norm_other_dtypes(dtype):
+    # specs/reduction.yaml:188: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.vector_norm",
+        dtype,
+        overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumsum(dtype):
     # specs/reduction.yaml:197
@@ -2141,6 +4159,20 @@ def test_cumsum(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_cumsum_other_dtypes(dtype):
+    # specs/reduction.yaml:197: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cumsum",
+        dtype,
+        overloads=["cumsum", "cumsum_", "cumsum.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumprod(dtype):
     # specs/reduction.yaml:203
@@ -2151,6 +4183,20 @@ def test_cumprod(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=1e-5,
         rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_cumprod_other_dtypes(dtype):
+    # specs/reduction.yaml:203: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cumprod",
+        dtype,
+        overloads=["cumprod", "cumprod_", "cumprod.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
     )
 
 
@@ -2193,6 +4239,20 @@ def test_flip(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_flip_other_dtypes(dtype):
+    # specs/shape.yaml:4: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "flip",
+        dtype,
+        overloads=["flip", "flip.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_roll(dtype):
     # specs/shape.yaml:11
@@ -2203,6 +4263,20 @@ def test_roll(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_roll_other_dtypes(dtype):
+    # specs/shape.yaml:11: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "roll",
+        dtype,
+        overloads=["roll", "roll.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2219,6 +4293,20 @@ def test_repeat(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_repeat_other_dtypes(dtype):
+    # specs/shape.yaml:17: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "repeat",
+        dtype,
+        overloads=["repeat", "repeat.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_tril(dtype):
     # specs/shape.yaml:23
@@ -2229,6 +4317,20 @@ def test_tril(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_tril_other_dtypes(dtype):
+    # specs/shape.yaml:23: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "tril",
+        dtype,
+        overloads=["tril", "tril_", "tril.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2245,6 +4347,20 @@ def test_triu(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_triu_other_dtypes(dtype):
+    # specs/shape.yaml:29: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "triu",
+        dtype,
+        overloads=["triu", "triu_", "triu.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_constant_pad_nd(dtype):
     # specs/shape.yaml:36
@@ -2255,6 +4371,20 @@ def test_constant_pad_nd(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_constant_pad_nd_other_dtypes(dtype):
+    # specs/shape.yaml:36: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.pad.constant",
+        dtype,
+        overloads=["constant_pad_nd", "constant_pad_nd.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2271,6 +4401,20 @@ def test_reflection_pad1d(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_reflection_pad1d_other_dtypes(dtype):
+    # specs/shape.yaml:43: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.pad.reflect",
+        dtype,
+        overloads=["reflection_pad1d", "reflection_pad1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_replication_pad1d(dtype):
     # specs/shape.yaml:56
@@ -2281,6 +4425,20 @@ def test_replication_pad1d(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_replication_pad1d_other_dtypes(dtype):
+    # specs/shape.yaml:56: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.pad.replicate",
+        dtype,
+        overloads=["replication_pad1d", "replication_pad1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2297,6 +4455,20 @@ def test_fill_Scalar(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_fill_Scalar_other_dtypes(dtype):
+    # specs/tensor.yaml:3: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "fill",
+        dtype,
+        overloads=["fill.Scalar", "fill_.Scalar", "fill.Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_zero(dtype):
     # specs/tensor.yaml:14
@@ -2307,6 +4479,20 @@ def test_zero(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_zero_other_dtypes(dtype):
+    # specs/tensor.yaml:14: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "zero_",
+        dtype,
+        overloads=["zero", "zero_", "zero.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2323,6 +4509,20 @@ def test_cat(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_cat_other_dtypes(dtype):
+    # specs/tensor.yaml:20: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cat",
+        dtype,
+        overloads=["cat", "cat.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clone(dtype):
     # specs/tensor.yaml:25
@@ -2333,6 +4533,20 @@ def test_clone(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_clone_other_dtypes(dtype):
+    # specs/tensor.yaml:25: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "clone",
+        dtype,
+        overloads=["clone", "clone.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2349,6 +4563,20 @@ def test_abs(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_abs_other_dtypes(dtype):
+    # specs/unary.yaml:5: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "abs",
+        dtype,
+        overloads=["abs", "abs_", "abs.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_sign(dtype):
     # specs/unary.yaml:10
@@ -2359,6 +4587,20 @@ def test_sign(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_sign_other_dtypes(dtype):
+    # specs/unary.yaml:10: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sign",
+        dtype,
+        overloads=["sign", "sign_", "sign.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2375,6 +4617,20 @@ def test_sgn(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_sgn_other_dtypes(dtype):
+    # specs/unary.yaml:14: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sgn",
+        dtype,
+        overloads=["sgn", "sgn_", "sgn.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_expm1(dtype):
     # specs/unary.yaml:20
@@ -2385,6 +4641,20 @@ def test_expm1(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_expm1_other_dtypes(dtype):
+    # specs/unary.yaml:20: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "expm1",
+        dtype,
+        overloads=["expm1", "expm1_", "expm1.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2401,6 +4671,20 @@ def test_log1p(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_log1p_other_dtypes(dtype):
+    # specs/unary.yaml:26: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "log1p",
+        dtype,
+        overloads=["log1p", "log1p_", "log1p.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log2(dtype):
     # specs/unary.yaml:32
@@ -2411,6 +4695,20 @@ def test_log2(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_log2_other_dtypes(dtype):
+    # specs/unary.yaml:32: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "log2",
+        dtype,
+        overloads=["log2", "log2_", "log2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2427,6 +4725,20 @@ def test_log10(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_log10_other_dtypes(dtype):
+    # specs/unary.yaml:38: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "log10",
+        dtype,
+        overloads=["log10", "log10_", "log10.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_rsqrt(dtype):
     # specs/unary.yaml:44
@@ -2437,6 +4749,20 @@ def test_rsqrt(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_rsqrt_other_dtypes(dtype):
+    # specs/unary.yaml:44: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "rsqrt",
+        dtype,
+        overloads=["rsqrt", "rsqrt_", "rsqrt.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2453,6 +4779,20 @@ def test_reciprocal(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_reciprocal_other_dtypes(dtype):
+    # specs/unary.yaml:50: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "reciprocal",
+        dtype,
+        overloads=["reciprocal", "reciprocal_", "reciprocal.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sin(dtype):
     # specs/unary.yaml:58
@@ -2463,6 +4803,20 @@ def test_sin(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_sin_other_dtypes(dtype):
+    # specs/unary.yaml:58: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sin",
+        dtype,
+        overloads=["sin", "sin_", "sin.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2479,6 +4833,20 @@ def test_cos(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_cos_other_dtypes(dtype):
+    # specs/unary.yaml:64: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cos",
+        dtype,
+        overloads=["cos", "cos_", "cos.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_tan(dtype):
     # specs/unary.yaml:70
@@ -2489,6 +4857,20 @@ def test_tan(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_tan_other_dtypes(dtype):
+    # specs/unary.yaml:70: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "tan",
+        dtype,
+        overloads=["tan", "tan_", "tan.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2505,6 +4887,20 @@ def test_tanh(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_tanh_other_dtypes(dtype):
+    # specs/unary.yaml:76: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "tanh",
+        dtype,
+        overloads=["tanh", "tanh_", "tanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_asin(dtype):
     # specs/unary.yaml:83
@@ -2515,6 +4911,20 @@ def test_asin(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_asin_other_dtypes(dtype):
+    # specs/unary.yaml:83: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "asin",
+        dtype,
+        overloads=["asin", "asin_", "asin.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2531,6 +4941,20 @@ def test_acos(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_acos_other_dtypes(dtype):
+    # specs/unary.yaml:89: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "acos",
+        dtype,
+        overloads=["acos", "acos_", "acos.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan(dtype):
     # specs/unary.yaml:95
@@ -2541,6 +4965,20 @@ def test_atan(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_atan_other_dtypes(dtype):
+    # specs/unary.yaml:95: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "atan",
+        dtype,
+        overloads=["atan", "atan_", "atan.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2557,6 +4995,20 @@ def test_sinh(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_sinh_other_dtypes(dtype):
+    # specs/unary.yaml:101: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sinh",
+        dtype,
+        overloads=["sinh", "sinh_", "sinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_cosh(dtype):
     # specs/unary.yaml:107
@@ -2567,6 +5019,20 @@ def test_cosh(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_cosh_other_dtypes(dtype):
+    # specs/unary.yaml:107: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cosh",
+        dtype,
+        overloads=["cosh", "cosh_", "cosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2583,6 +5049,20 @@ def test_sigmoid(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_sigmoid_other_dtypes(dtype):
+    # specs/unary.yaml:113: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sigmoid",
+        dtype,
+        overloads=["sigmoid", "sigmoid_", "sigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_erf(dtype):
     # specs/unary.yaml:119
@@ -2593,6 +5073,20 @@ def test_erf(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_erf_other_dtypes(dtype):
+    # specs/unary.yaml:119: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "erf",
+        dtype,
+        overloads=["erf", "erf_", "erf.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2609,6 +5103,20 @@ def test_floor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_floor_other_dtypes(dtype):
+    # specs/unary.yaml:127: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "floor",
+        dtype,
+        overloads=["floor", "floor_", "floor.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_ceil(dtype):
     # specs/unary.yaml:132
@@ -2619,6 +5127,20 @@ def test_ceil(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_ceil_other_dtypes(dtype):
+    # specs/unary.yaml:132: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "ceil",
+        dtype,
+        overloads=["ceil", "ceil_", "ceil.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2635,6 +5157,20 @@ def test_round(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_round_other_dtypes(dtype):
+    # specs/unary.yaml:137: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "round",
+        dtype,
+        overloads=["round", "round_", "round.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_round_decimals(dtype):
     # specs/unary.yaml:142
@@ -2645,6 +5181,20 @@ def test_round_decimals(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_round_decimals_other_dtypes(dtype):
+    # specs/unary.yaml:142: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "round.decimals_3",
+        dtype,
+        overloads=["round.decimals", "round_.decimals", "round.decimals_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2661,6 +5211,20 @@ def test_trunc(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_trunc_other_dtypes(dtype):
+    # specs/unary.yaml:147: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "trunc",
+        dtype,
+        overloads=["trunc", "trunc_", "trunc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_frac(dtype):
     # specs/unary.yaml:152
@@ -2671,6 +5235,20 @@ def test_frac(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_frac_other_dtypes(dtype):
+    # specs/unary.yaml:152: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "frac",
+        dtype,
+        overloads=["frac", "frac_", "frac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2687,6 +5265,20 @@ def test_isnan(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_isnan_other_dtypes(dtype):
+    # specs/unary.yaml:159: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "isnan",
+        dtype,
+        overloads=["isnan", "isnan.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isinf(dtype):
     # specs/unary.yaml:163
@@ -2697,6 +5289,20 @@ def test_isinf(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_isinf_other_dtypes(dtype):
+    # specs/unary.yaml:163: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "isinf",
+        dtype,
+        overloads=["isinf", "isinf.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2713,6 +5319,20 @@ def test_isposinf(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_isposinf_other_dtypes(dtype):
+    # specs/unary.yaml:167: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "isposinf",
+        dtype,
+        overloads=["isposinf", "isposinf.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isneginf(dtype):
     # specs/unary.yaml:171
@@ -2723,6 +5343,20 @@ def test_isneginf(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_isneginf_other_dtypes(dtype):
+    # specs/unary.yaml:171: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "isneginf",
+        dtype,
+        overloads=["isneginf", "isneginf.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2739,6 +5373,20 @@ def test_signbit(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_signbit_other_dtypes(dtype):
+    # specs/unary.yaml:175: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "signbit",
+        dtype,
+        overloads=["signbit", "signbit.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_not(dtype):
     # specs/unary.yaml:179
@@ -2749,6 +5397,20 @@ def test_logical_not(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_logical_not_other_dtypes(dtype):
+    # specs/unary.yaml:179: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logical_not",
+        dtype,
+        overloads=["logical_not", "logical_not_", "logical_not.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2765,6 +5427,20 @@ def test_bitwise_not(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32"])
+def test_bitwise_not_other_dtypes(dtype):
+    # specs/unary.yaml:183: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "bitwise_not",
+        dtype,
+        overloads=["bitwise_not", "bitwise_not_", "bitwise_not.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nan_to_num(dtype):
     # specs/unary.yaml:190
@@ -2775,6 +5451,20 @@ def test_nan_to_num(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_nan_to_num_other_dtypes(dtype):
+    # specs/unary.yaml:190: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nan_to_num",
+        dtype,
+        overloads=["nan_to_num", "nan_to_num_", "nan_to_num.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2791,6 +5481,20 @@ def test_clamp(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_clamp_other_dtypes(dtype):
+    # specs/unary.yaml:199: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "clamp",
+        dtype,
+        overloads=["clamp", "clamp_", "clamp.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_Tensor(dtype):
     # specs/unary.yaml:204
@@ -2801,6 +5505,20 @@ def test_clamp_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_clamp_Tensor_other_dtypes(dtype):
+    # specs/unary.yaml:204: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "clamp",
+        dtype,
+        overloads=["clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2817,6 +5535,20 @@ def test_clamp_min(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_clamp_min_other_dtypes(dtype):
+    # specs/unary.yaml:209: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "clamp_min",
+        dtype,
+        overloads=["clamp_min", "clamp_min_", "clamp_min.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_max(dtype):
     # specs/unary.yaml:214
@@ -2827,6 +5559,20 @@ def test_clamp_max(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_clamp_max_other_dtypes(dtype):
+    # specs/unary.yaml:214: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "clamp_max",
+        dtype,
+        overloads=["clamp_max", "clamp_max_", "clamp_max.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
 
 
@@ -2843,6 +5589,20 @@ def test_clamp_min_Tensor(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_clamp_min_Tensor_other_dtypes(dtype):
+    # specs/unary.yaml:219: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "clamp_min",
+        dtype,
+        overloads=["clamp_min.Tensor", "clamp_min_.Tensor", "clamp_min.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clamp_max_Tensor(dtype):
     # specs/unary.yaml:223
@@ -2853,4 +5613,18 @@ def test_clamp_max_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_clamp_max_Tensor_other_dtypes(dtype):
+    # specs/unary.yaml:223: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "clamp_max",
+        dtype,
+        overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
     )
