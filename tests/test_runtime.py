@@ -307,15 +307,17 @@ def test_transfer_byte_counters():
 
 
 def test_metrics_report_text():
+    (torch.ones(3, device="tpu") * 2).sum().item()
     report = torchtpu.debug.metrics_report()
     assert isinstance(report, str)
     m = metrics()
-    for key in ("executions", "compiles", "disk cache", "live buffers", "CPU fallbacks"):
+    for key in ("ops executed", "aten::", "executions", "compiles", "disk cache", "live buffers", "CPU fallbacks"):
         assert key in report
+    assert m["ops"]["aten::mul.Tensor"] >= 1
     assert set(m) >= {"executions", "compiles", "compile_seconds", "memory_cache_hits", "disk_cache_hits",
                       "disk_cache_writes", "disk_cache_rejected", "bytes_to_device", "bytes_to_host",
                       "live_buffers", "live_bytes", "peak_live_bytes", "kernel_cache_entries",
-                      "cpu_fallbacks"}
+                      "cpu_fallbacks", "ops"}
     assert isinstance(m["cpu_fallbacks"], dict)
     assert isinstance(torchtpu._C.cache_dir(), str)
 
