@@ -818,476 +818,476 @@ std::vector<Value> emit__foreach_add___List(Builder& b, const EmitArgs& a) { ret
 // _foreach_add.List_out = add(self, mul(other, alpha))  (specs/optim.yaml:8)
 std::vector<Value> emit__foreach_add__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
 
-// _foreach_add.Scalar = add(self, scalar)  (specs/optim.yaml:13)
+// _foreach_add.Scalar = add(self, scalar)  (specs/optim.yaml:14)
 std::vector<Value> emit__foreach_add__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add_.Scalar = add(self, scalar)  (specs/optim.yaml:13)
+// _foreach_add_.Scalar = add(self, scalar)  (specs/optim.yaml:14)
 std::vector<Value> emit__foreach_add___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add.Scalar_out = add(self, scalar)  (specs/optim.yaml:13)
+// _foreach_add.Scalar_out = add(self, scalar)  (specs/optim.yaml:14)
 std::vector<Value> emit__foreach_add__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
 
-// _foreach_add.ScalarList = add(self, scalars)  (specs/optim.yaml:17)
+// _foreach_add.ScalarList = add(self, scalars)  (specs/optim.yaml:18)
 std::vector<Value> emit__foreach_add__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add_.ScalarList = add(self, scalars)  (specs/optim.yaml:17)
+// _foreach_add_.ScalarList = add(self, scalars)  (specs/optim.yaml:18)
 std::vector<Value> emit__foreach_add___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add.ScalarList_out = add(self, scalars)  (specs/optim.yaml:17)
+// _foreach_add.ScalarList_out = add(self, scalars)  (specs/optim.yaml:18)
 std::vector<Value> emit__foreach_add__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
 
-// _foreach_add.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:21)
+// _foreach_add.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:22)
 std::vector<Value> emit__foreach_add__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_add_.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:21)
+// _foreach_add_.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:22)
 std::vector<Value> emit__foreach_add___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_add.Tensor_out = add(self, mul(other, alpha))  (specs/optim.yaml:21)
+// _foreach_add.Tensor_out = add(self, mul(other, alpha))  (specs/optim.yaml:22)
 std::vector<Value> emit__foreach_add__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
 
-// _foreach_sub.List = sub(self, mul(other, alpha))  (specs/optim.yaml:25)
+// _foreach_sub.List = sub(self, mul(other, alpha))  (specs/optim.yaml:26)
 std::vector<Value> emit__foreach_sub__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_sub_.List = sub(self, mul(other, alpha))  (specs/optim.yaml:25)
+// _foreach_sub_.List = sub(self, mul(other, alpha))  (specs/optim.yaml:26)
 std::vector<Value> emit__foreach_sub___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_sub.List_out = sub(self, mul(other, alpha))  (specs/optim.yaml:25)
+// _foreach_sub.List_out = sub(self, mul(other, alpha))  (specs/optim.yaml:26)
 std::vector<Value> emit__foreach_sub__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
 
-// _foreach_sub.Scalar = sub(self, scalar)  (specs/optim.yaml:31)
+// _foreach_sub.Scalar = sub(self, scalar)  (specs/optim.yaml:33)
 std::vector<Value> emit__foreach_sub__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub_.Scalar = sub(self, scalar)  (specs/optim.yaml:31)
+// _foreach_sub_.Scalar = sub(self, scalar)  (specs/optim.yaml:33)
 std::vector<Value> emit__foreach_sub___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub.Scalar_out = sub(self, scalar)  (specs/optim.yaml:31)
+// _foreach_sub.Scalar_out = sub(self, scalar)  (specs/optim.yaml:33)
 std::vector<Value> emit__foreach_sub__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
 
-// _foreach_sub.ScalarList = sub(self, scalars)  (specs/optim.yaml:36)
+// _foreach_sub.ScalarList = sub(self, scalars)  (specs/optim.yaml:38)
 std::vector<Value> emit__foreach_sub__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub_.ScalarList = sub(self, scalars)  (specs/optim.yaml:36)
+// _foreach_sub_.ScalarList = sub(self, scalars)  (specs/optim.yaml:38)
 std::vector<Value> emit__foreach_sub___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub.ScalarList_out = sub(self, scalars)  (specs/optim.yaml:36)
+// _foreach_sub.ScalarList_out = sub(self, scalars)  (specs/optim.yaml:38)
 std::vector<Value> emit__foreach_sub__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
 
-// _foreach_mul.List = mul(self, other)  (specs/optim.yaml:41)
+// _foreach_mul.List = mul(self, other)  (specs/optim.yaml:43)
 std::vector<Value> emit__foreach_mul__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.List = mul(self, other)  (specs/optim.yaml:41)
+// _foreach_mul_.List = mul(self, other)  (specs/optim.yaml:43)
 std::vector<Value> emit__foreach_mul___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.List_out = mul(self, other)  (specs/optim.yaml:41)
+// _foreach_mul.List_out = mul(self, other)  (specs/optim.yaml:43)
 std::vector<Value> emit__foreach_mul__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
 
-// _foreach_mul.Scalar = mul(self, scalar)  (specs/optim.yaml:46)
+// _foreach_mul.Scalar = mul(self, scalar)  (specs/optim.yaml:48)
 std::vector<Value> emit__foreach_mul__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.Scalar = mul(self, scalar)  (specs/optim.yaml:46)
+// _foreach_mul_.Scalar = mul(self, scalar)  (specs/optim.yaml:48)
 std::vector<Value> emit__foreach_mul___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.Scalar_out = mul(self, scalar)  (specs/optim.yaml:46)
+// _foreach_mul.Scalar_out = mul(self, scalar)  (specs/optim.yaml:48)
 std::vector<Value> emit__foreach_mul__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
 
-// _foreach_mul.ScalarList = mul(self, scalars)  (specs/optim.yaml:50)
+// _foreach_mul.ScalarList = mul(self, scalars)  (specs/optim.yaml:52)
 std::vector<Value> emit__foreach_mul__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.ScalarList = mul(self, scalars)  (specs/optim.yaml:50)
+// _foreach_mul_.ScalarList = mul(self, scalars)  (specs/optim.yaml:52)
 std::vector<Value> emit__foreach_mul___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.ScalarList_out = mul(self, scalars)  (specs/optim.yaml:50)
+// _foreach_mul.ScalarList_out = mul(self, scalars)  (specs/optim.yaml:52)
 std::vector<Value> emit__foreach_mul__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
 
-// _foreach_mul.Tensor = mul(self, other)  (specs/optim.yaml:54)
+// _foreach_mul.Tensor = mul(self, other)  (specs/optim.yaml:56)
 std::vector<Value> emit__foreach_mul__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.Tensor = mul(self, other)  (specs/optim.yaml:54)
+// _foreach_mul_.Tensor = mul(self, other)  (specs/optim.yaml:56)
 std::vector<Value> emit__foreach_mul___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.Tensor_out = mul(self, other)  (specs/optim.yaml:54)
+// _foreach_mul.Tensor_out = mul(self, other)  (specs/optim.yaml:56)
 std::vector<Value> emit__foreach_mul__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
 
-// _foreach_div.List = div(self, other)  (specs/optim.yaml:58)
+// _foreach_div.List = div(self, other)  (specs/optim.yaml:60)
 std::vector<Value> emit__foreach_div__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.List = div(self, other)  (specs/optim.yaml:58)
+// _foreach_div_.List = div(self, other)  (specs/optim.yaml:60)
 std::vector<Value> emit__foreach_div___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.List_out = div(self, other)  (specs/optim.yaml:58)
+// _foreach_div.List_out = div(self, other)  (specs/optim.yaml:60)
 std::vector<Value> emit__foreach_div__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
 
-// _foreach_div.Scalar = div(self, scalar)  (specs/optim.yaml:65)
+// _foreach_div.Scalar = div(self, scalar)  (specs/optim.yaml:67)
 std::vector<Value> emit__foreach_div__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.Scalar = div(self, scalar)  (specs/optim.yaml:65)
+// _foreach_div_.Scalar = div(self, scalar)  (specs/optim.yaml:67)
 std::vector<Value> emit__foreach_div___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.Scalar_out = div(self, scalar)  (specs/optim.yaml:65)
+// _foreach_div.Scalar_out = div(self, scalar)  (specs/optim.yaml:67)
 std::vector<Value> emit__foreach_div__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
 
-// _foreach_div.ScalarList = div(self, scalars)  (specs/optim.yaml:71)
+// _foreach_div.ScalarList = div(self, scalars)  (specs/optim.yaml:73)
 std::vector<Value> emit__foreach_div__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.ScalarList = div(self, scalars)  (specs/optim.yaml:71)
+// _foreach_div_.ScalarList = div(self, scalars)  (specs/optim.yaml:73)
 std::vector<Value> emit__foreach_div___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.ScalarList_out = div(self, scalars)  (specs/optim.yaml:71)
+// _foreach_div.ScalarList_out = div(self, scalars)  (specs/optim.yaml:73)
 std::vector<Value> emit__foreach_div__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
 
-// _foreach_div.Tensor = div(self, other)  (specs/optim.yaml:77)
+// _foreach_div.Tensor = div(self, other)  (specs/optim.yaml:79)
 std::vector<Value> emit__foreach_div__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.Tensor = div(self, other)  (specs/optim.yaml:77)
+// _foreach_div_.Tensor = div(self, other)  (specs/optim.yaml:79)
 std::vector<Value> emit__foreach_div___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.Tensor_out = div(self, other)  (specs/optim.yaml:77)
+// _foreach_div.Tensor_out = div(self, other)  (specs/optim.yaml:79)
 std::vector<Value> emit__foreach_div__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
 
-// _foreach_maximum.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:83)
+// _foreach_maximum.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:85)
 std::vector<Value> emit__foreach_maximum__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:83)
+// _foreach_maximum_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:85)
 std::vector<Value> emit__foreach_maximum___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:83)
+// _foreach_maximum.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:85)
 std::vector<Value> emit__foreach_maximum__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_maximum.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:89)
+// _foreach_maximum.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:91)
 std::vector<Value> emit__foreach_maximum__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:89)
+// _foreach_maximum_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:91)
 std::vector<Value> emit__foreach_maximum___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:89)
+// _foreach_maximum.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:91)
 std::vector<Value> emit__foreach_maximum__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_maximum.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:94)
+// _foreach_maximum.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:96)
 std::vector<Value> emit__foreach_maximum__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:94)
+// _foreach_maximum_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:96)
 std::vector<Value> emit__foreach_maximum___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:94)
+// _foreach_maximum.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:96)
 std::vector<Value> emit__foreach_maximum__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_minimum.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:99)
+// _foreach_minimum.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:101)
 std::vector<Value> emit__foreach_minimum__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:99)
+// _foreach_minimum_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:101)
 std::vector<Value> emit__foreach_minimum___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:99)
+// _foreach_minimum.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:101)
 std::vector<Value> emit__foreach_minimum__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_minimum.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:105)
+// _foreach_minimum.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:107)
 std::vector<Value> emit__foreach_minimum__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:105)
+// _foreach_minimum_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:107)
 std::vector<Value> emit__foreach_minimum___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:105)
+// _foreach_minimum.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:107)
 std::vector<Value> emit__foreach_minimum__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_minimum.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:110)
+// _foreach_minimum.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:112)
 std::vector<Value> emit__foreach_minimum__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:110)
+// _foreach_minimum_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:112)
 std::vector<Value> emit__foreach_minimum___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:110)
+// _foreach_minimum.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:112)
 std::vector<Value> emit__foreach_minimum__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_clamp_min.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:115)
+// _foreach_clamp_min.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:117)
 std::vector<Value> emit__foreach_clamp_min__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:115)
+// _foreach_clamp_min_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:117)
 std::vector<Value> emit__foreach_clamp_min___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:115)
+// _foreach_clamp_min.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:117)
 std::vector<Value> emit__foreach_clamp_min__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_clamp_min.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:121)
+// _foreach_clamp_min.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:123)
 std::vector<Value> emit__foreach_clamp_min__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:121)
+// _foreach_clamp_min_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:123)
 std::vector<Value> emit__foreach_clamp_min___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:121)
+// _foreach_clamp_min.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:123)
 std::vector<Value> emit__foreach_clamp_min__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_clamp_min.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:126)
+// _foreach_clamp_min.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:128)
 std::vector<Value> emit__foreach_clamp_min__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:126)
+// _foreach_clamp_min_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:128)
 std::vector<Value> emit__foreach_clamp_min___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:126)
+// _foreach_clamp_min.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:128)
 std::vector<Value> emit__foreach_clamp_min__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_clamp_max.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:131)
+// _foreach_clamp_max.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:133)
 std::vector<Value> emit__foreach_clamp_max__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:131)
+// _foreach_clamp_max_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:133)
 std::vector<Value> emit__foreach_clamp_max___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:131)
+// _foreach_clamp_max.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:133)
 std::vector<Value> emit__foreach_clamp_max__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_clamp_max.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:137)
+// _foreach_clamp_max.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:139)
 std::vector<Value> emit__foreach_clamp_max__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:137)
+// _foreach_clamp_max_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:139)
 std::vector<Value> emit__foreach_clamp_max___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:137)
+// _foreach_clamp_max.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:139)
 std::vector<Value> emit__foreach_clamp_max__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_clamp_max.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:142)
+// _foreach_clamp_max.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:144)
 std::vector<Value> emit__foreach_clamp_max__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:142)
+// _foreach_clamp_max_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:144)
 std::vector<Value> emit__foreach_clamp_max___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:142)
+// _foreach_clamp_max.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:144)
 std::vector<Value> emit__foreach_clamp_max__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_pow.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:147)
+// _foreach_pow.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:149)
 std::vector<Value> emit__foreach_pow__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow_.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:147)
+// _foreach_pow_.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:149)
 std::vector<Value> emit__foreach_pow___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow.List_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:147)
+// _foreach_pow.List_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:149)
 std::vector<Value> emit__foreach_pow__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_pow.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:153)
+// _foreach_pow.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:155)
 std::vector<Value> emit__foreach_pow__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:153)
+// _foreach_pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:155)
 std::vector<Value> emit__foreach_pow___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:153)
+// _foreach_pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:155)
 std::vector<Value> emit__foreach_pow__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_pow.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:158)
+// _foreach_pow.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:160)
 std::vector<Value> emit__foreach_pow__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow_.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:158)
+// _foreach_pow_.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:160)
 std::vector<Value> emit__foreach_pow___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow.ScalarList_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:158)
+// _foreach_pow.ScalarList_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:160)
 std::vector<Value> emit__foreach_pow__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
 
-// _foreach_addcmul.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:166)
+// _foreach_addcmul.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:168)
 std::vector<Value> emit__foreach_addcmul__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul_.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:166)
+// _foreach_addcmul_.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:168)
 std::vector<Value> emit__foreach_addcmul___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul.Scalar_out = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:166)
+// _foreach_addcmul.Scalar_out = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:168)
 std::vector<Value> emit__foreach_addcmul__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
 
-// _foreach_addcmul.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:172)
+// _foreach_addcmul.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:174)
 std::vector<Value> emit__foreach_addcmul__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul_.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:172)
+// _foreach_addcmul_.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:174)
 std::vector<Value> emit__foreach_addcmul___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul.ScalarList_out = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:172)
+// _foreach_addcmul.ScalarList_out = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:174)
 std::vector<Value> emit__foreach_addcmul__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
 
-// _foreach_addcdiv.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:177)
+// _foreach_addcdiv.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:179)
 std::vector<Value> emit__foreach_addcdiv__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv_.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:177)
+// _foreach_addcdiv_.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:179)
 std::vector<Value> emit__foreach_addcdiv___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv.Scalar_out = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:177)
+// _foreach_addcdiv.Scalar_out = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:179)
 std::vector<Value> emit__foreach_addcdiv__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
 
-// _foreach_addcdiv.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:183)
+// _foreach_addcdiv.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:185)
 std::vector<Value> emit__foreach_addcdiv__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv_.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:183)
+// _foreach_addcdiv_.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:185)
 std::vector<Value> emit__foreach_addcdiv___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv.ScalarList_out = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:183)
+// _foreach_addcdiv.ScalarList_out = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:185)
 std::vector<Value> emit__foreach_addcdiv__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
 
-// _foreach_lerp.List = lerp(self, tensors1, weights)  (specs/optim.yaml:188)
+// _foreach_lerp.List = lerp(self, tensors1, weights)  (specs/optim.yaml:190)
 std::vector<Value> emit__foreach_lerp__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp_.List = lerp(self, tensors1, weights)  (specs/optim.yaml:188)
+// _foreach_lerp_.List = lerp(self, tensors1, weights)  (specs/optim.yaml:190)
 std::vector<Value> emit__foreach_lerp___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp.List_out = lerp(self, tensors1, weights)  (specs/optim.yaml:188)
+// _foreach_lerp.List_out = lerp(self, tensors1, weights)  (specs/optim.yaml:190)
 std::vector<Value> emit__foreach_lerp__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
 
-// _foreach_lerp.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:194)
+// _foreach_lerp.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:196)
 std::vector<Value> emit__foreach_lerp__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp_.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:194)
+// _foreach_lerp_.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:196)
 std::vector<Value> emit__foreach_lerp___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp.Scalar_out = lerp(self, tensors1, weight)  (specs/optim.yaml:194)
+// _foreach_lerp.Scalar_out = lerp(self, tensors1, weight)  (specs/optim.yaml:196)
 std::vector<Value> emit__foreach_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
 
-// _foreach_lerp.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:199)
+// _foreach_lerp.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:201)
 std::vector<Value> emit__foreach_lerp__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp_.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:199)
+// _foreach_lerp_.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:201)
 std::vector<Value> emit__foreach_lerp___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp.ScalarList_out = lerp(self, tensors1, weight)  (specs/optim.yaml:199)
+// _foreach_lerp.ScalarList_out = lerp(self, tensors1, weight)  (specs/optim.yaml:201)
 std::vector<Value> emit__foreach_lerp__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
 
-// _foreach_exp = exp(self)  (specs/optim.yaml:206)
+// _foreach_exp = exp(self)  (specs/optim.yaml:208)
 std::vector<Value> emit__foreach_exp(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
-// _foreach_exp_ = exp(self)  (specs/optim.yaml:206)
+// _foreach_exp_ = exp(self)  (specs/optim.yaml:208)
 std::vector<Value> emit__foreach_exp_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
-// _foreach_exp.out = exp(self)  (specs/optim.yaml:206)
+// _foreach_exp.out = exp(self)  (specs/optim.yaml:208)
 std::vector<Value> emit__foreach_exp__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
 
-// _foreach_log = log(self)  (specs/optim.yaml:213)
+// _foreach_log = log(self)  (specs/optim.yaml:215)
 std::vector<Value> emit__foreach_log(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
-// _foreach_log_ = log(self)  (specs/optim.yaml:213)
+// _foreach_log_ = log(self)  (specs/optim.yaml:215)
 std::vector<Value> emit__foreach_log_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
-// _foreach_log.out = log(self)  (specs/optim.yaml:213)
+// _foreach_log.out = log(self)  (specs/optim.yaml:215)
 std::vector<Value> emit__foreach_log__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
 
-// _foreach_log2 = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:220)
+// _foreach_log2 = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:222)
 std::vector<Value> emit__foreach_log2(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
-// _foreach_log2_ = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:220)
+// _foreach_log2_ = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:222)
 std::vector<Value> emit__foreach_log2_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
-// _foreach_log2.out = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:220)
+// _foreach_log2.out = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:222)
 std::vector<Value> emit__foreach_log2__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
 
-// _foreach_log10 = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:227)
+// _foreach_log10 = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:229)
 std::vector<Value> emit__foreach_log10(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
-// _foreach_log10_ = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:227)
+// _foreach_log10_ = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:229)
 std::vector<Value> emit__foreach_log10_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
-// _foreach_log10.out = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:227)
+// _foreach_log10.out = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:229)
 std::vector<Value> emit__foreach_log10__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
 
-// _foreach_log1p = log1p(self)  (specs/optim.yaml:234)
+// _foreach_log1p = log1p(self)  (specs/optim.yaml:236)
 std::vector<Value> emit__foreach_log1p(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
-// _foreach_log1p_ = log1p(self)  (specs/optim.yaml:234)
+// _foreach_log1p_ = log1p(self)  (specs/optim.yaml:236)
 std::vector<Value> emit__foreach_log1p_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
-// _foreach_log1p.out = log1p(self)  (specs/optim.yaml:234)
+// _foreach_log1p.out = log1p(self)  (specs/optim.yaml:236)
 std::vector<Value> emit__foreach_log1p__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
 
-// _foreach_expm1 = expm1(self)  (specs/optim.yaml:241)
+// _foreach_expm1 = expm1(self)  (specs/optim.yaml:243)
 std::vector<Value> emit__foreach_expm1(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
-// _foreach_expm1_ = expm1(self)  (specs/optim.yaml:241)
+// _foreach_expm1_ = expm1(self)  (specs/optim.yaml:243)
 std::vector<Value> emit__foreach_expm1_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
-// _foreach_expm1.out = expm1(self)  (specs/optim.yaml:241)
+// _foreach_expm1.out = expm1(self)  (specs/optim.yaml:243)
 std::vector<Value> emit__foreach_expm1__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
 
-// _foreach_sqrt = sqrt(self)  (specs/optim.yaml:248)
+// _foreach_sqrt = sqrt(self)  (specs/optim.yaml:250)
 std::vector<Value> emit__foreach_sqrt(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
-// _foreach_sqrt_ = sqrt(self)  (specs/optim.yaml:248)
+// _foreach_sqrt_ = sqrt(self)  (specs/optim.yaml:250)
 std::vector<Value> emit__foreach_sqrt_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
-// _foreach_sqrt.out = sqrt(self)  (specs/optim.yaml:248)
+// _foreach_sqrt.out = sqrt(self)  (specs/optim.yaml:250)
 std::vector<Value> emit__foreach_sqrt__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
 
-// _foreach_rsqrt = rsqrt(self)  (specs/optim.yaml:255)
+// _foreach_rsqrt = rsqrt(self)  (specs/optim.yaml:257)
 std::vector<Value> emit__foreach_rsqrt(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
-// _foreach_rsqrt_ = rsqrt(self)  (specs/optim.yaml:255)
+// _foreach_rsqrt_ = rsqrt(self)  (specs/optim.yaml:257)
 std::vector<Value> emit__foreach_rsqrt_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
-// _foreach_rsqrt.out = rsqrt(self)  (specs/optim.yaml:255)
+// _foreach_rsqrt.out = rsqrt(self)  (specs/optim.yaml:257)
 std::vector<Value> emit__foreach_rsqrt__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
 
-// _foreach_sin = sin(self)  (specs/optim.yaml:262)
+// _foreach_sin = sin(self)  (specs/optim.yaml:264)
 std::vector<Value> emit__foreach_sin(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
-// _foreach_sin_ = sin(self)  (specs/optim.yaml:262)
+// _foreach_sin_ = sin(self)  (specs/optim.yaml:264)
 std::vector<Value> emit__foreach_sin_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
-// _foreach_sin.out = sin(self)  (specs/optim.yaml:262)
+// _foreach_sin.out = sin(self)  (specs/optim.yaml:264)
 std::vector<Value> emit__foreach_sin__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
 
-// _foreach_cos = cos(self)  (specs/optim.yaml:269)
+// _foreach_cos = cos(self)  (specs/optim.yaml:271)
 std::vector<Value> emit__foreach_cos(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
-// _foreach_cos_ = cos(self)  (specs/optim.yaml:269)
+// _foreach_cos_ = cos(self)  (specs/optim.yaml:271)
 std::vector<Value> emit__foreach_cos_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
-// _foreach_cos.out = cos(self)  (specs/optim.yaml:269)
+// _foreach_cos.out = cos(self)  (specs/optim.yaml:271)
 std::vector<Value> emit__foreach_cos__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
 
-// _foreach_tan = tan(self)  (specs/optim.yaml:276)
+// _foreach_tan = tan(self)  (specs/optim.yaml:278)
 std::vector<Value> emit__foreach_tan(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
-// _foreach_tan_ = tan(self)  (specs/optim.yaml:276)
+// _foreach_tan_ = tan(self)  (specs/optim.yaml:278)
 std::vector<Value> emit__foreach_tan_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
-// _foreach_tan.out = tan(self)  (specs/optim.yaml:276)
+// _foreach_tan.out = tan(self)  (specs/optim.yaml:278)
 std::vector<Value> emit__foreach_tan__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
 
-// _foreach_tanh = tanh(self)  (specs/optim.yaml:283)
+// _foreach_tanh = tanh(self)  (specs/optim.yaml:285)
 std::vector<Value> emit__foreach_tanh(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
-// _foreach_tanh_ = tanh(self)  (specs/optim.yaml:283)
+// _foreach_tanh_ = tanh(self)  (specs/optim.yaml:285)
 std::vector<Value> emit__foreach_tanh_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
-// _foreach_tanh.out = tanh(self)  (specs/optim.yaml:283)
+// _foreach_tanh.out = tanh(self)  (specs/optim.yaml:285)
 std::vector<Value> emit__foreach_tanh__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
 
-// _foreach_sinh = sinh(self)  (specs/optim.yaml:290)
+// _foreach_sinh = sinh(self)  (specs/optim.yaml:292)
 std::vector<Value> emit__foreach_sinh(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
-// _foreach_sinh_ = sinh(self)  (specs/optim.yaml:290)
+// _foreach_sinh_ = sinh(self)  (specs/optim.yaml:292)
 std::vector<Value> emit__foreach_sinh_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
-// _foreach_sinh.out = sinh(self)  (specs/optim.yaml:290)
+// _foreach_sinh.out = sinh(self)  (specs/optim.yaml:292)
 std::vector<Value> emit__foreach_sinh__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
 
-// _foreach_cosh = cosh(self)  (specs/optim.yaml:297)
+// _foreach_cosh = cosh(self)  (specs/optim.yaml:299)
 std::vector<Value> emit__foreach_cosh(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
-// _foreach_cosh_ = cosh(self)  (specs/optim.yaml:297)
+// _foreach_cosh_ = cosh(self)  (specs/optim.yaml:299)
 std::vector<Value> emit__foreach_cosh_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
-// _foreach_cosh.out = cosh(self)  (specs/optim.yaml:297)
+// _foreach_cosh.out = cosh(self)  (specs/optim.yaml:299)
 std::vector<Value> emit__foreach_cosh__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
 
-// _foreach_sigmoid = sigmoid(self)  (specs/optim.yaml:304)
+// _foreach_sigmoid = sigmoid(self)  (specs/optim.yaml:306)
 std::vector<Value> emit__foreach_sigmoid(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
-// _foreach_sigmoid_ = sigmoid(self)  (specs/optim.yaml:304)
+// _foreach_sigmoid_ = sigmoid(self)  (specs/optim.yaml:306)
 std::vector<Value> emit__foreach_sigmoid_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
-// _foreach_sigmoid.out = sigmoid(self)  (specs/optim.yaml:304)
+// _foreach_sigmoid.out = sigmoid(self)  (specs/optim.yaml:306)
 std::vector<Value> emit__foreach_sigmoid__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
 
-// _foreach_erf = erf(self)  (specs/optim.yaml:311)
+// _foreach_erf = erf(self)  (specs/optim.yaml:313)
 std::vector<Value> emit__foreach_erf(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
-// _foreach_erf_ = erf(self)  (specs/optim.yaml:311)
+// _foreach_erf_ = erf(self)  (specs/optim.yaml:313)
 std::vector<Value> emit__foreach_erf_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
-// _foreach_erf.out = erf(self)  (specs/optim.yaml:311)
+// _foreach_erf.out = erf(self)  (specs/optim.yaml:313)
 std::vector<Value> emit__foreach_erf__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
 
-// _foreach_reciprocal = div(1, self)  (specs/optim.yaml:318)
+// _foreach_reciprocal = div(1, self)  (specs/optim.yaml:320)
 std::vector<Value> emit__foreach_reciprocal(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
-// _foreach_reciprocal_ = div(1, self)  (specs/optim.yaml:318)
+// _foreach_reciprocal_ = div(1, self)  (specs/optim.yaml:320)
 std::vector<Value> emit__foreach_reciprocal_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
-// _foreach_reciprocal.out = div(1, self)  (specs/optim.yaml:318)
+// _foreach_reciprocal.out = div(1, self)  (specs/optim.yaml:320)
 std::vector<Value> emit__foreach_reciprocal__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
 
-// _foreach_neg = neg(self)  (specs/optim.yaml:325)
+// _foreach_neg = neg(self)  (specs/optim.yaml:327)
 std::vector<Value> emit__foreach_neg(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
-// _foreach_neg_ = neg(self)  (specs/optim.yaml:325)
+// _foreach_neg_ = neg(self)  (specs/optim.yaml:327)
 std::vector<Value> emit__foreach_neg_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
-// _foreach_neg.out = neg(self)  (specs/optim.yaml:325)
+// _foreach_neg.out = neg(self)  (specs/optim.yaml:327)
 std::vector<Value> emit__foreach_neg__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
 
-// _foreach_abs = abs(self)  (specs/optim.yaml:331)
+// _foreach_abs = abs(self)  (specs/optim.yaml:333)
 std::vector<Value> emit__foreach_abs(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
-// _foreach_abs_ = abs(self)  (specs/optim.yaml:331)
+// _foreach_abs_ = abs(self)  (specs/optim.yaml:333)
 std::vector<Value> emit__foreach_abs_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
-// _foreach_abs.out = abs(self)  (specs/optim.yaml:331)
+// _foreach_abs.out = abs(self)  (specs/optim.yaml:333)
 std::vector<Value> emit__foreach_abs__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
 
-// _foreach_sign = sign(self)  (specs/optim.yaml:337)
+// _foreach_sign = sign(self)  (specs/optim.yaml:339)
 std::vector<Value> emit__foreach_sign(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
-// _foreach_sign_ = sign(self)  (specs/optim.yaml:337)
+// _foreach_sign_ = sign(self)  (specs/optim.yaml:339)
 std::vector<Value> emit__foreach_sign_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
-// _foreach_sign.out = sign(self)  (specs/optim.yaml:337)
+// _foreach_sign.out = sign(self)  (specs/optim.yaml:339)
 std::vector<Value> emit__foreach_sign__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
 
-// _foreach_floor = floor(self)  (specs/optim.yaml:343)
+// _foreach_floor = floor(self)  (specs/optim.yaml:345)
 std::vector<Value> emit__foreach_floor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
-// _foreach_floor_ = floor(self)  (specs/optim.yaml:343)
+// _foreach_floor_ = floor(self)  (specs/optim.yaml:345)
 std::vector<Value> emit__foreach_floor_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
-// _foreach_floor.out = floor(self)  (specs/optim.yaml:343)
+// _foreach_floor.out = floor(self)  (specs/optim.yaml:345)
 std::vector<Value> emit__foreach_floor__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
 
-// _foreach_ceil = ceil(self)  (specs/optim.yaml:349)
+// _foreach_ceil = ceil(self)  (specs/optim.yaml:351)
 std::vector<Value> emit__foreach_ceil(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
-// _foreach_ceil_ = ceil(self)  (specs/optim.yaml:349)
+// _foreach_ceil_ = ceil(self)  (specs/optim.yaml:351)
 std::vector<Value> emit__foreach_ceil_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
-// _foreach_ceil.out = ceil(self)  (specs/optim.yaml:349)
+// _foreach_ceil.out = ceil(self)  (specs/optim.yaml:351)
 std::vector<Value> emit__foreach_ceil__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
 
-// _foreach_round = round(self)  (specs/optim.yaml:355)
+// _foreach_round = round(self)  (specs/optim.yaml:357)
 std::vector<Value> emit__foreach_round(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
-// _foreach_round_ = round(self)  (specs/optim.yaml:355)
+// _foreach_round_ = round(self)  (specs/optim.yaml:357)
 std::vector<Value> emit__foreach_round_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
-// _foreach_round.out = round(self)  (specs/optim.yaml:355)
+// _foreach_round.out = round(self)  (specs/optim.yaml:357)
 std::vector<Value> emit__foreach_round__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
 
-// _foreach_trunc = trunc(self)  (specs/optim.yaml:361)
+// _foreach_trunc = trunc(self)  (specs/optim.yaml:363)
 std::vector<Value> emit__foreach_trunc(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
-// _foreach_trunc_ = trunc(self)  (specs/optim.yaml:361)
+// _foreach_trunc_ = trunc(self)  (specs/optim.yaml:363)
 std::vector<Value> emit__foreach_trunc_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
-// _foreach_trunc.out = trunc(self)  (specs/optim.yaml:361)
+// _foreach_trunc.out = trunc(self)  (specs/optim.yaml:363)
 std::vector<Value> emit__foreach_trunc__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
 
-// _foreach_frac = sub(self, trunc(self))  (specs/optim.yaml:367)
+// _foreach_frac = sub(self, trunc(self))  (specs/optim.yaml:369)
 std::vector<Value> emit__foreach_frac(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
-// _foreach_frac_ = sub(self, trunc(self))  (specs/optim.yaml:367)
+// _foreach_frac_ = sub(self, trunc(self))  (specs/optim.yaml:369)
 std::vector<Value> emit__foreach_frac_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
-// _foreach_frac.out = sub(self, trunc(self))  (specs/optim.yaml:367)
+// _foreach_frac.out = sub(self, trunc(self))  (specs/optim.yaml:369)
 std::vector<Value> emit__foreach_frac__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
 
-// _foreach_zero = mul(self, 0)  (specs/optim.yaml:373)
+// _foreach_zero = mul(self, 0)  (specs/optim.yaml:375)
 std::vector<Value> emit__foreach_zero(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
-// _foreach_zero_ = mul(self, 0)  (specs/optim.yaml:373)
+// _foreach_zero_ = mul(self, 0)  (specs/optim.yaml:375)
 std::vector<Value> emit__foreach_zero_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
-// _foreach_zero.out = mul(self, 0)  (specs/optim.yaml:373)
+// _foreach_zero.out = mul(self, 0)  (specs/optim.yaml:375)
 std::vector<Value> emit__foreach_zero__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
 
-// _foreach_norm.Scalar = vector_norm(self, ord, [], False)  (specs/optim.yaml:380)
+// _foreach_norm.Scalar = vector_norm(self, ord, [], False)  (specs/optim.yaml:382)
 std::vector<Value> emit__foreach_norm__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
-// _foreach_norm.Scalar_out = vector_norm(self, ord, [], False)  (specs/optim.yaml:380)
+// _foreach_norm.Scalar_out = vector_norm(self, ord, [], False)  (specs/optim.yaml:382)
 std::vector<Value> emit__foreach_norm__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
 
-// _foreach_max = amax(self, [], False)  (specs/optim.yaml:388)
+// _foreach_max = amax(self, [], False)  (specs/optim.yaml:390)
 std::vector<Value> emit__foreach_max(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }); }
-// _foreach_max.out = amax(self, [], False)  (specs/optim.yaml:388)
+// _foreach_max.out = amax(self, [], False)  (specs/optim.yaml:390)
 std::vector<Value> emit__foreach_max__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }); }
 
-// _foreach_copy = identity(src)  (specs/optim.yaml:394)
+// _foreach_copy = identity(src)  (specs/optim.yaml:396)
 std::vector<Value> emit__foreach_copy(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
-// _foreach_copy_ = identity(src)  (specs/optim.yaml:394)
+// _foreach_copy_ = identity(src)  (specs/optim.yaml:396)
 std::vector<Value> emit__foreach_copy_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
-// _foreach_copy.out = identity(src)  (specs/optim.yaml:394)
+// _foreach_copy.out = identity(src)  (specs/optim.yaml:396)
 std::vector<Value> emit__foreach_copy__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
 
-// _fused_adamw = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:404)
+// _fused_adamw = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:406)
 std::vector<Value> emit__fused_adamw(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adamw_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:404)
+// _fused_adamw_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:406)
 std::vector<Value> emit__fused_adamw_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adamw.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:404)
+// _fused_adamw.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:406)
 std::vector<Value> emit__fused_adamw__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5, 15}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
 
-// _fused_adam = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:421)
+// _fused_adam = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:423)
 std::vector<Value> emit__fused_adam(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adam_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:421)
+// _fused_adam_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:423)
 std::vector<Value> emit__fused_adam_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adam.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:421)
+// _fused_adam.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:423)
 std::vector<Value> emit__fused_adam__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5, 15}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
 
-// _fused_sgd = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:438)
+// _fused_sgd = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:440)
 std::vector<Value> emit__fused_sgd(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
-// _fused_sgd_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:438)
+// _fused_sgd_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:440)
 std::vector<Value> emit__fused_sgd_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
-// _fused_sgd.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:438)
+// _fused_sgd.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:440)
 std::vector<Value> emit__fused_sgd__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 12}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
 
 // max_pool2d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, True))  (specs/pooling.yaml:9)
@@ -3689,1012 +3689,1012 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__List_out},
-      {"_foreach_add.Scalar", "specs/optim.yaml:13", Variant::Functional,
+      {"_foreach_add.Scalar", "specs/optim.yaml:14", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Scalar},
-      {"_foreach_add_.Scalar", "specs/optim.yaml:13", Variant::Inplace,
+      {"_foreach_add_.Scalar", "specs/optim.yaml:14", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add___Scalar},
-      {"_foreach_add.Scalar_out", "specs/optim.yaml:13", Variant::Out,
+      {"_foreach_add.Scalar_out", "specs/optim.yaml:14", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Scalar_out},
-      {"_foreach_add.ScalarList", "specs/optim.yaml:17", Variant::Functional,
+      {"_foreach_add.ScalarList", "specs/optim.yaml:18", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__ScalarList},
-      {"_foreach_add_.ScalarList", "specs/optim.yaml:17", Variant::Inplace,
+      {"_foreach_add_.ScalarList", "specs/optim.yaml:18", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add___ScalarList},
-      {"_foreach_add.ScalarList_out", "specs/optim.yaml:17", Variant::Out,
+      {"_foreach_add.ScalarList_out", "specs/optim.yaml:18", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__ScalarList_out},
-      {"_foreach_add.Tensor", "specs/optim.yaml:21", Variant::Functional,
+      {"_foreach_add.Tensor", "specs/optim.yaml:22", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Tensor},
-      {"_foreach_add_.Tensor", "specs/optim.yaml:21", Variant::Inplace,
+      {"_foreach_add_.Tensor", "specs/optim.yaml:22", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add___Tensor},
-      {"_foreach_add.Tensor_out", "specs/optim.yaml:21", Variant::Out,
+      {"_foreach_add.Tensor_out", "specs/optim.yaml:22", Variant::Out,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Tensor_out},
-      {"_foreach_sub.List", "specs/optim.yaml:25", Variant::Functional,
+      {"_foreach_sub.List", "specs/optim.yaml:26", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__List},
-      {"_foreach_sub_.List", "specs/optim.yaml:25", Variant::Inplace,
+      {"_foreach_sub_.List", "specs/optim.yaml:26", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub___List},
-      {"_foreach_sub.List_out", "specs/optim.yaml:25", Variant::Out,
+      {"_foreach_sub.List_out", "specs/optim.yaml:26", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__List_out},
-      {"_foreach_sub.Scalar", "specs/optim.yaml:31", Variant::Functional,
+      {"_foreach_sub.Scalar", "specs/optim.yaml:33", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__Scalar},
-      {"_foreach_sub_.Scalar", "specs/optim.yaml:31", Variant::Inplace,
+      {"_foreach_sub_.Scalar", "specs/optim.yaml:33", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub___Scalar},
-      {"_foreach_sub.Scalar_out", "specs/optim.yaml:31", Variant::Out,
+      {"_foreach_sub.Scalar_out", "specs/optim.yaml:33", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__Scalar_out},
-      {"_foreach_sub.ScalarList", "specs/optim.yaml:36", Variant::Functional,
+      {"_foreach_sub.ScalarList", "specs/optim.yaml:38", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__ScalarList},
-      {"_foreach_sub_.ScalarList", "specs/optim.yaml:36", Variant::Inplace,
+      {"_foreach_sub_.ScalarList", "specs/optim.yaml:38", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub___ScalarList},
-      {"_foreach_sub.ScalarList_out", "specs/optim.yaml:36", Variant::Out,
+      {"_foreach_sub.ScalarList_out", "specs/optim.yaml:38", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__ScalarList_out},
-      {"_foreach_mul.List", "specs/optim.yaml:41", Variant::Functional,
+      {"_foreach_mul.List", "specs/optim.yaml:43", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__List},
-      {"_foreach_mul_.List", "specs/optim.yaml:41", Variant::Inplace,
+      {"_foreach_mul_.List", "specs/optim.yaml:43", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___List},
-      {"_foreach_mul.List_out", "specs/optim.yaml:41", Variant::Out,
+      {"_foreach_mul.List_out", "specs/optim.yaml:43", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__List_out},
-      {"_foreach_mul.Scalar", "specs/optim.yaml:46", Variant::Functional,
+      {"_foreach_mul.Scalar", "specs/optim.yaml:48", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Scalar},
-      {"_foreach_mul_.Scalar", "specs/optim.yaml:46", Variant::Inplace,
+      {"_foreach_mul_.Scalar", "specs/optim.yaml:48", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___Scalar},
-      {"_foreach_mul.Scalar_out", "specs/optim.yaml:46", Variant::Out,
+      {"_foreach_mul.Scalar_out", "specs/optim.yaml:48", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Scalar_out},
-      {"_foreach_mul.ScalarList", "specs/optim.yaml:50", Variant::Functional,
+      {"_foreach_mul.ScalarList", "specs/optim.yaml:52", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__ScalarList},
-      {"_foreach_mul_.ScalarList", "specs/optim.yaml:50", Variant::Inplace,
+      {"_foreach_mul_.ScalarList", "specs/optim.yaml:52", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___ScalarList},
-      {"_foreach_mul.ScalarList_out", "specs/optim.yaml:50", Variant::Out,
+      {"_foreach_mul.ScalarList_out", "specs/optim.yaml:52", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__ScalarList_out},
-      {"_foreach_mul.Tensor", "specs/optim.yaml:54", Variant::Functional,
+      {"_foreach_mul.Tensor", "specs/optim.yaml:56", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Tensor},
-      {"_foreach_mul_.Tensor", "specs/optim.yaml:54", Variant::Inplace,
+      {"_foreach_mul_.Tensor", "specs/optim.yaml:56", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___Tensor},
-      {"_foreach_mul.Tensor_out", "specs/optim.yaml:54", Variant::Out,
+      {"_foreach_mul.Tensor_out", "specs/optim.yaml:56", Variant::Out,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Tensor_out},
-      {"_foreach_div.List", "specs/optim.yaml:58", Variant::Functional,
+      {"_foreach_div.List", "specs/optim.yaml:60", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__List},
-      {"_foreach_div_.List", "specs/optim.yaml:58", Variant::Inplace,
+      {"_foreach_div_.List", "specs/optim.yaml:60", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___List},
-      {"_foreach_div.List_out", "specs/optim.yaml:58", Variant::Out,
+      {"_foreach_div.List_out", "specs/optim.yaml:60", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__List_out},
-      {"_foreach_div.Scalar", "specs/optim.yaml:65", Variant::Functional,
+      {"_foreach_div.Scalar", "specs/optim.yaml:67", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Scalar},
-      {"_foreach_div_.Scalar", "specs/optim.yaml:65", Variant::Inplace,
+      {"_foreach_div_.Scalar", "specs/optim.yaml:67", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___Scalar},
-      {"_foreach_div.Scalar_out", "specs/optim.yaml:65", Variant::Out,
+      {"_foreach_div.Scalar_out", "specs/optim.yaml:67", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Scalar_out},
-      {"_foreach_div.ScalarList", "specs/optim.yaml:71", Variant::Functional,
+      {"_foreach_div.ScalarList", "specs/optim.yaml:73", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__ScalarList},
-      {"_foreach_div_.ScalarList", "specs/optim.yaml:71", Variant::Inplace,
+      {"_foreach_div_.ScalarList", "specs/optim.yaml:73", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___ScalarList},
-      {"_foreach_div.ScalarList_out", "specs/optim.yaml:71", Variant::Out,
+      {"_foreach_div.ScalarList_out", "specs/optim.yaml:73", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__ScalarList_out},
-      {"_foreach_div.Tensor", "specs/optim.yaml:77", Variant::Functional,
+      {"_foreach_div.Tensor", "specs/optim.yaml:79", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Tensor},
-      {"_foreach_div_.Tensor", "specs/optim.yaml:77", Variant::Inplace,
+      {"_foreach_div_.Tensor", "specs/optim.yaml:79", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___Tensor},
-      {"_foreach_div.Tensor_out", "specs/optim.yaml:77", Variant::Out,
+      {"_foreach_div.Tensor_out", "specs/optim.yaml:79", Variant::Out,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Tensor_out},
-      {"_foreach_maximum.List", "specs/optim.yaml:83", Variant::Functional,
+      {"_foreach_maximum.List", "specs/optim.yaml:85", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__List},
-      {"_foreach_maximum_.List", "specs/optim.yaml:83", Variant::Inplace,
+      {"_foreach_maximum_.List", "specs/optim.yaml:85", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum___List},
-      {"_foreach_maximum.List_out", "specs/optim.yaml:83", Variant::Out,
+      {"_foreach_maximum.List_out", "specs/optim.yaml:85", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__List_out},
-      {"_foreach_maximum.Scalar", "specs/optim.yaml:89", Variant::Functional,
+      {"_foreach_maximum.Scalar", "specs/optim.yaml:91", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__Scalar},
-      {"_foreach_maximum_.Scalar", "specs/optim.yaml:89", Variant::Inplace,
+      {"_foreach_maximum_.Scalar", "specs/optim.yaml:91", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum___Scalar},
-      {"_foreach_maximum.Scalar_out", "specs/optim.yaml:89", Variant::Out,
+      {"_foreach_maximum.Scalar_out", "specs/optim.yaml:91", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__Scalar_out},
-      {"_foreach_maximum.ScalarList", "specs/optim.yaml:94", Variant::Functional,
+      {"_foreach_maximum.ScalarList", "specs/optim.yaml:96", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__ScalarList},
-      {"_foreach_maximum_.ScalarList", "specs/optim.yaml:94", Variant::Inplace,
+      {"_foreach_maximum_.ScalarList", "specs/optim.yaml:96", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum___ScalarList},
-      {"_foreach_maximum.ScalarList_out", "specs/optim.yaml:94", Variant::Out,
+      {"_foreach_maximum.ScalarList_out", "specs/optim.yaml:96", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__ScalarList_out},
-      {"_foreach_minimum.List", "specs/optim.yaml:99", Variant::Functional,
+      {"_foreach_minimum.List", "specs/optim.yaml:101", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__List},
-      {"_foreach_minimum_.List", "specs/optim.yaml:99", Variant::Inplace,
+      {"_foreach_minimum_.List", "specs/optim.yaml:101", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum___List},
-      {"_foreach_minimum.List_out", "specs/optim.yaml:99", Variant::Out,
+      {"_foreach_minimum.List_out", "specs/optim.yaml:101", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__List_out},
-      {"_foreach_minimum.Scalar", "specs/optim.yaml:105", Variant::Functional,
+      {"_foreach_minimum.Scalar", "specs/optim.yaml:107", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__Scalar},
-      {"_foreach_minimum_.Scalar", "specs/optim.yaml:105", Variant::Inplace,
+      {"_foreach_minimum_.Scalar", "specs/optim.yaml:107", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum___Scalar},
-      {"_foreach_minimum.Scalar_out", "specs/optim.yaml:105", Variant::Out,
+      {"_foreach_minimum.Scalar_out", "specs/optim.yaml:107", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__Scalar_out},
-      {"_foreach_minimum.ScalarList", "specs/optim.yaml:110", Variant::Functional,
+      {"_foreach_minimum.ScalarList", "specs/optim.yaml:112", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__ScalarList},
-      {"_foreach_minimum_.ScalarList", "specs/optim.yaml:110", Variant::Inplace,
+      {"_foreach_minimum_.ScalarList", "specs/optim.yaml:112", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum___ScalarList},
-      {"_foreach_minimum.ScalarList_out", "specs/optim.yaml:110", Variant::Out,
+      {"_foreach_minimum.ScalarList_out", "specs/optim.yaml:112", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__ScalarList_out},
-      {"_foreach_clamp_min.List", "specs/optim.yaml:115", Variant::Functional,
+      {"_foreach_clamp_min.List", "specs/optim.yaml:117", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__List},
-      {"_foreach_clamp_min_.List", "specs/optim.yaml:115", Variant::Inplace,
+      {"_foreach_clamp_min_.List", "specs/optim.yaml:117", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min___List},
-      {"_foreach_clamp_min.List_out", "specs/optim.yaml:115", Variant::Out,
+      {"_foreach_clamp_min.List_out", "specs/optim.yaml:117", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__List_out},
-      {"_foreach_clamp_min.Scalar", "specs/optim.yaml:121", Variant::Functional,
+      {"_foreach_clamp_min.Scalar", "specs/optim.yaml:123", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__Scalar},
-      {"_foreach_clamp_min_.Scalar", "specs/optim.yaml:121", Variant::Inplace,
+      {"_foreach_clamp_min_.Scalar", "specs/optim.yaml:123", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min___Scalar},
-      {"_foreach_clamp_min.Scalar_out", "specs/optim.yaml:121", Variant::Out,
+      {"_foreach_clamp_min.Scalar_out", "specs/optim.yaml:123", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__Scalar_out},
-      {"_foreach_clamp_min.ScalarList", "specs/optim.yaml:126", Variant::Functional,
+      {"_foreach_clamp_min.ScalarList", "specs/optim.yaml:128", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__ScalarList},
-      {"_foreach_clamp_min_.ScalarList", "specs/optim.yaml:126", Variant::Inplace,
+      {"_foreach_clamp_min_.ScalarList", "specs/optim.yaml:128", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min___ScalarList},
-      {"_foreach_clamp_min.ScalarList_out", "specs/optim.yaml:126", Variant::Out,
+      {"_foreach_clamp_min.ScalarList_out", "specs/optim.yaml:128", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__ScalarList_out},
-      {"_foreach_clamp_max.List", "specs/optim.yaml:131", Variant::Functional,
+      {"_foreach_clamp_max.List", "specs/optim.yaml:133", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__List},
-      {"_foreach_clamp_max_.List", "specs/optim.yaml:131", Variant::Inplace,
+      {"_foreach_clamp_max_.List", "specs/optim.yaml:133", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max___List},
-      {"_foreach_clamp_max.List_out", "specs/optim.yaml:131", Variant::Out,
+      {"_foreach_clamp_max.List_out", "specs/optim.yaml:133", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__List_out},
-      {"_foreach_clamp_max.Scalar", "specs/optim.yaml:137", Variant::Functional,
+      {"_foreach_clamp_max.Scalar", "specs/optim.yaml:139", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__Scalar},
-      {"_foreach_clamp_max_.Scalar", "specs/optim.yaml:137", Variant::Inplace,
+      {"_foreach_clamp_max_.Scalar", "specs/optim.yaml:139", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max___Scalar},
-      {"_foreach_clamp_max.Scalar_out", "specs/optim.yaml:137", Variant::Out,
+      {"_foreach_clamp_max.Scalar_out", "specs/optim.yaml:139", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__Scalar_out},
-      {"_foreach_clamp_max.ScalarList", "specs/optim.yaml:142", Variant::Functional,
+      {"_foreach_clamp_max.ScalarList", "specs/optim.yaml:144", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__ScalarList},
-      {"_foreach_clamp_max_.ScalarList", "specs/optim.yaml:142", Variant::Inplace,
+      {"_foreach_clamp_max_.ScalarList", "specs/optim.yaml:144", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max___ScalarList},
-      {"_foreach_clamp_max.ScalarList_out", "specs/optim.yaml:142", Variant::Out,
+      {"_foreach_clamp_max.ScalarList_out", "specs/optim.yaml:144", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__ScalarList_out},
-      {"_foreach_pow.List", "specs/optim.yaml:147", Variant::Functional,
+      {"_foreach_pow.List", "specs/optim.yaml:149", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__List},
-      {"_foreach_pow_.List", "specs/optim.yaml:147", Variant::Inplace,
+      {"_foreach_pow_.List", "specs/optim.yaml:149", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow___List},
-      {"_foreach_pow.List_out", "specs/optim.yaml:147", Variant::Out,
+      {"_foreach_pow.List_out", "specs/optim.yaml:149", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__List_out},
-      {"_foreach_pow.Scalar", "specs/optim.yaml:153", Variant::Functional,
+      {"_foreach_pow.Scalar", "specs/optim.yaml:155", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__Scalar},
-      {"_foreach_pow_.Scalar", "specs/optim.yaml:153", Variant::Inplace,
+      {"_foreach_pow_.Scalar", "specs/optim.yaml:155", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow___Scalar},
-      {"_foreach_pow.Scalar_out", "specs/optim.yaml:153", Variant::Out,
+      {"_foreach_pow.Scalar_out", "specs/optim.yaml:155", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__Scalar_out},
-      {"_foreach_pow.ScalarList", "specs/optim.yaml:158", Variant::Functional,
+      {"_foreach_pow.ScalarList", "specs/optim.yaml:160", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__ScalarList},
-      {"_foreach_pow_.ScalarList", "specs/optim.yaml:158", Variant::Inplace,
+      {"_foreach_pow_.ScalarList", "specs/optim.yaml:160", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow___ScalarList},
-      {"_foreach_pow.ScalarList_out", "specs/optim.yaml:158", Variant::Out,
+      {"_foreach_pow.ScalarList_out", "specs/optim.yaml:160", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__ScalarList_out},
-      {"_foreach_addcmul.Scalar", "specs/optim.yaml:166", Variant::Functional,
+      {"_foreach_addcmul.Scalar", "specs/optim.yaml:168", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__Scalar},
-      {"_foreach_addcmul_.Scalar", "specs/optim.yaml:166", Variant::Inplace,
+      {"_foreach_addcmul_.Scalar", "specs/optim.yaml:168", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul___Scalar},
-      {"_foreach_addcmul.Scalar_out", "specs/optim.yaml:166", Variant::Out,
+      {"_foreach_addcmul.Scalar_out", "specs/optim.yaml:168", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__Scalar_out},
-      {"_foreach_addcmul.ScalarList", "specs/optim.yaml:172", Variant::Functional,
+      {"_foreach_addcmul.ScalarList", "specs/optim.yaml:174", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__ScalarList},
-      {"_foreach_addcmul_.ScalarList", "specs/optim.yaml:172", Variant::Inplace,
+      {"_foreach_addcmul_.ScalarList", "specs/optim.yaml:174", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul___ScalarList},
-      {"_foreach_addcmul.ScalarList_out", "specs/optim.yaml:172", Variant::Out,
+      {"_foreach_addcmul.ScalarList_out", "specs/optim.yaml:174", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__ScalarList_out},
-      {"_foreach_addcdiv.Scalar", "specs/optim.yaml:177", Variant::Functional,
+      {"_foreach_addcdiv.Scalar", "specs/optim.yaml:179", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__Scalar},
-      {"_foreach_addcdiv_.Scalar", "specs/optim.yaml:177", Variant::Inplace,
+      {"_foreach_addcdiv_.Scalar", "specs/optim.yaml:179", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv___Scalar},
-      {"_foreach_addcdiv.Scalar_out", "specs/optim.yaml:177", Variant::Out,
+      {"_foreach_addcdiv.Scalar_out", "specs/optim.yaml:179", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__Scalar_out},
-      {"_foreach_addcdiv.ScalarList", "specs/optim.yaml:183", Variant::Functional,
+      {"_foreach_addcdiv.ScalarList", "specs/optim.yaml:185", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__ScalarList},
-      {"_foreach_addcdiv_.ScalarList", "specs/optim.yaml:183", Variant::Inplace,
+      {"_foreach_addcdiv_.ScalarList", "specs/optim.yaml:185", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv___ScalarList},
-      {"_foreach_addcdiv.ScalarList_out", "specs/optim.yaml:183", Variant::Out,
+      {"_foreach_addcdiv.ScalarList_out", "specs/optim.yaml:185", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__ScalarList_out},
-      {"_foreach_lerp.List", "specs/optim.yaml:188", Variant::Functional,
+      {"_foreach_lerp.List", "specs/optim.yaml:190", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__List},
-      {"_foreach_lerp_.List", "specs/optim.yaml:188", Variant::Inplace,
+      {"_foreach_lerp_.List", "specs/optim.yaml:190", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp___List},
-      {"_foreach_lerp.List_out", "specs/optim.yaml:188", Variant::Out,
+      {"_foreach_lerp.List_out", "specs/optim.yaml:190", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__List_out},
-      {"_foreach_lerp.Scalar", "specs/optim.yaml:194", Variant::Functional,
+      {"_foreach_lerp.Scalar", "specs/optim.yaml:196", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__Scalar},
-      {"_foreach_lerp_.Scalar", "specs/optim.yaml:194", Variant::Inplace,
+      {"_foreach_lerp_.Scalar", "specs/optim.yaml:196", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp___Scalar},
-      {"_foreach_lerp.Scalar_out", "specs/optim.yaml:194", Variant::Out,
+      {"_foreach_lerp.Scalar_out", "specs/optim.yaml:196", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__Scalar_out},
-      {"_foreach_lerp.ScalarList", "specs/optim.yaml:199", Variant::Functional,
+      {"_foreach_lerp.ScalarList", "specs/optim.yaml:201", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__ScalarList},
-      {"_foreach_lerp_.ScalarList", "specs/optim.yaml:199", Variant::Inplace,
+      {"_foreach_lerp_.ScalarList", "specs/optim.yaml:201", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp___ScalarList},
-      {"_foreach_lerp.ScalarList_out", "specs/optim.yaml:199", Variant::Out,
+      {"_foreach_lerp.ScalarList_out", "specs/optim.yaml:201", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__ScalarList_out},
-      {"_foreach_exp", "specs/optim.yaml:206", Variant::Functional,
+      {"_foreach_exp", "specs/optim.yaml:208", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_exp},
-      {"_foreach_exp_", "specs/optim.yaml:206", Variant::Inplace,
+      {"_foreach_exp_", "specs/optim.yaml:208", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_exp_},
-      {"_foreach_exp.out", "specs/optim.yaml:206", Variant::Out,
+      {"_foreach_exp.out", "specs/optim.yaml:208", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_exp__out},
-      {"_foreach_log", "specs/optim.yaml:213", Variant::Functional,
+      {"_foreach_log", "specs/optim.yaml:215", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log},
-      {"_foreach_log_", "specs/optim.yaml:213", Variant::Inplace,
+      {"_foreach_log_", "specs/optim.yaml:215", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log_},
-      {"_foreach_log.out", "specs/optim.yaml:213", Variant::Out,
+      {"_foreach_log.out", "specs/optim.yaml:215", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log__out},
-      {"_foreach_log2", "specs/optim.yaml:220", Variant::Functional,
+      {"_foreach_log2", "specs/optim.yaml:222", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log2},
-      {"_foreach_log2_", "specs/optim.yaml:220", Variant::Inplace,
+      {"_foreach_log2_", "specs/optim.yaml:222", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log2_},
-      {"_foreach_log2.out", "specs/optim.yaml:220", Variant::Out,
+      {"_foreach_log2.out", "specs/optim.yaml:222", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log2__out},
-      {"_foreach_log10", "specs/optim.yaml:227", Variant::Functional,
+      {"_foreach_log10", "specs/optim.yaml:229", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log10},
-      {"_foreach_log10_", "specs/optim.yaml:227", Variant::Inplace,
+      {"_foreach_log10_", "specs/optim.yaml:229", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log10_},
-      {"_foreach_log10.out", "specs/optim.yaml:227", Variant::Out,
+      {"_foreach_log10.out", "specs/optim.yaml:229", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log10__out},
-      {"_foreach_log1p", "specs/optim.yaml:234", Variant::Functional,
+      {"_foreach_log1p", "specs/optim.yaml:236", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log1p},
-      {"_foreach_log1p_", "specs/optim.yaml:234", Variant::Inplace,
+      {"_foreach_log1p_", "specs/optim.yaml:236", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log1p_},
-      {"_foreach_log1p.out", "specs/optim.yaml:234", Variant::Out,
+      {"_foreach_log1p.out", "specs/optim.yaml:236", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log1p__out},
-      {"_foreach_expm1", "specs/optim.yaml:241", Variant::Functional,
+      {"_foreach_expm1", "specs/optim.yaml:243", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_expm1},
-      {"_foreach_expm1_", "specs/optim.yaml:241", Variant::Inplace,
+      {"_foreach_expm1_", "specs/optim.yaml:243", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_expm1_},
-      {"_foreach_expm1.out", "specs/optim.yaml:241", Variant::Out,
+      {"_foreach_expm1.out", "specs/optim.yaml:243", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_expm1__out},
-      {"_foreach_sqrt", "specs/optim.yaml:248", Variant::Functional,
+      {"_foreach_sqrt", "specs/optim.yaml:250", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sqrt},
-      {"_foreach_sqrt_", "specs/optim.yaml:248", Variant::Inplace,
+      {"_foreach_sqrt_", "specs/optim.yaml:250", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sqrt_},
-      {"_foreach_sqrt.out", "specs/optim.yaml:248", Variant::Out,
+      {"_foreach_sqrt.out", "specs/optim.yaml:250", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sqrt__out},
-      {"_foreach_rsqrt", "specs/optim.yaml:255", Variant::Functional,
+      {"_foreach_rsqrt", "specs/optim.yaml:257", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_rsqrt},
-      {"_foreach_rsqrt_", "specs/optim.yaml:255", Variant::Inplace,
+      {"_foreach_rsqrt_", "specs/optim.yaml:257", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_rsqrt_},
-      {"_foreach_rsqrt.out", "specs/optim.yaml:255", Variant::Out,
+      {"_foreach_rsqrt.out", "specs/optim.yaml:257", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_rsqrt__out},
-      {"_foreach_sin", "specs/optim.yaml:262", Variant::Functional,
+      {"_foreach_sin", "specs/optim.yaml:264", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sin},
-      {"_foreach_sin_", "specs/optim.yaml:262", Variant::Inplace,
+      {"_foreach_sin_", "specs/optim.yaml:264", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sin_},
-      {"_foreach_sin.out", "specs/optim.yaml:262", Variant::Out,
+      {"_foreach_sin.out", "specs/optim.yaml:264", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sin__out},
-      {"_foreach_cos", "specs/optim.yaml:269", Variant::Functional,
+      {"_foreach_cos", "specs/optim.yaml:271", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cos},
-      {"_foreach_cos_", "specs/optim.yaml:269", Variant::Inplace,
+      {"_foreach_cos_", "specs/optim.yaml:271", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cos_},
-      {"_foreach_cos.out", "specs/optim.yaml:269", Variant::Out,
+      {"_foreach_cos.out", "specs/optim.yaml:271", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cos__out},
-      {"_foreach_tan", "specs/optim.yaml:276", Variant::Functional,
+      {"_foreach_tan", "specs/optim.yaml:278", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tan},
-      {"_foreach_tan_", "specs/optim.yaml:276", Variant::Inplace,
+      {"_foreach_tan_", "specs/optim.yaml:278", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tan_},
-      {"_foreach_tan.out", "specs/optim.yaml:276", Variant::Out,
+      {"_foreach_tan.out", "specs/optim.yaml:278", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tan__out},
-      {"_foreach_tanh", "specs/optim.yaml:283", Variant::Functional,
+      {"_foreach_tanh", "specs/optim.yaml:285", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tanh},
-      {"_foreach_tanh_", "specs/optim.yaml:283", Variant::Inplace,
+      {"_foreach_tanh_", "specs/optim.yaml:285", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tanh_},
-      {"_foreach_tanh.out", "specs/optim.yaml:283", Variant::Out,
+      {"_foreach_tanh.out", "specs/optim.yaml:285", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tanh__out},
-      {"_foreach_sinh", "specs/optim.yaml:290", Variant::Functional,
+      {"_foreach_sinh", "specs/optim.yaml:292", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sinh},
-      {"_foreach_sinh_", "specs/optim.yaml:290", Variant::Inplace,
+      {"_foreach_sinh_", "specs/optim.yaml:292", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sinh_},
-      {"_foreach_sinh.out", "specs/optim.yaml:290", Variant::Out,
+      {"_foreach_sinh.out", "specs/optim.yaml:292", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sinh__out},
-      {"_foreach_cosh", "specs/optim.yaml:297", Variant::Functional,
+      {"_foreach_cosh", "specs/optim.yaml:299", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cosh},
-      {"_foreach_cosh_", "specs/optim.yaml:297", Variant::Inplace,
+      {"_foreach_cosh_", "specs/optim.yaml:299", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cosh_},
-      {"_foreach_cosh.out", "specs/optim.yaml:297", Variant::Out,
+      {"_foreach_cosh.out", "specs/optim.yaml:299", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cosh__out},
-      {"_foreach_sigmoid", "specs/optim.yaml:304", Variant::Functional,
+      {"_foreach_sigmoid", "specs/optim.yaml:306", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sigmoid},
-      {"_foreach_sigmoid_", "specs/optim.yaml:304", Variant::Inplace,
+      {"_foreach_sigmoid_", "specs/optim.yaml:306", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sigmoid_},
-      {"_foreach_sigmoid.out", "specs/optim.yaml:304", Variant::Out,
+      {"_foreach_sigmoid.out", "specs/optim.yaml:306", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sigmoid__out},
-      {"_foreach_erf", "specs/optim.yaml:311", Variant::Functional,
+      {"_foreach_erf", "specs/optim.yaml:313", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_erf},
-      {"_foreach_erf_", "specs/optim.yaml:311", Variant::Inplace,
+      {"_foreach_erf_", "specs/optim.yaml:313", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_erf_},
-      {"_foreach_erf.out", "specs/optim.yaml:311", Variant::Out,
+      {"_foreach_erf.out", "specs/optim.yaml:313", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_erf__out},
-      {"_foreach_reciprocal", "specs/optim.yaml:318", Variant::Functional,
+      {"_foreach_reciprocal", "specs/optim.yaml:320", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_reciprocal},
-      {"_foreach_reciprocal_", "specs/optim.yaml:318", Variant::Inplace,
+      {"_foreach_reciprocal_", "specs/optim.yaml:320", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_reciprocal_},
-      {"_foreach_reciprocal.out", "specs/optim.yaml:318", Variant::Out,
+      {"_foreach_reciprocal.out", "specs/optim.yaml:320", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_reciprocal__out},
-      {"_foreach_neg", "specs/optim.yaml:325", Variant::Functional,
+      {"_foreach_neg", "specs/optim.yaml:327", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_neg},
-      {"_foreach_neg_", "specs/optim.yaml:325", Variant::Inplace,
+      {"_foreach_neg_", "specs/optim.yaml:327", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_neg_},
-      {"_foreach_neg.out", "specs/optim.yaml:325", Variant::Out,
+      {"_foreach_neg.out", "specs/optim.yaml:327", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_neg__out},
-      {"_foreach_abs", "specs/optim.yaml:331", Variant::Functional,
+      {"_foreach_abs", "specs/optim.yaml:333", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_abs},
-      {"_foreach_abs_", "specs/optim.yaml:331", Variant::Inplace,
+      {"_foreach_abs_", "specs/optim.yaml:333", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_abs_},
-      {"_foreach_abs.out", "specs/optim.yaml:331", Variant::Out,
+      {"_foreach_abs.out", "specs/optim.yaml:333", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_abs__out},
-      {"_foreach_sign", "specs/optim.yaml:337", Variant::Functional,
+      {"_foreach_sign", "specs/optim.yaml:339", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sign},
-      {"_foreach_sign_", "specs/optim.yaml:337", Variant::Inplace,
+      {"_foreach_sign_", "specs/optim.yaml:339", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sign_},
-      {"_foreach_sign.out", "specs/optim.yaml:337", Variant::Out,
+      {"_foreach_sign.out", "specs/optim.yaml:339", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sign__out},
-      {"_foreach_floor", "specs/optim.yaml:343", Variant::Functional,
+      {"_foreach_floor", "specs/optim.yaml:345", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_floor},
-      {"_foreach_floor_", "specs/optim.yaml:343", Variant::Inplace,
+      {"_foreach_floor_", "specs/optim.yaml:345", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_floor_},
-      {"_foreach_floor.out", "specs/optim.yaml:343", Variant::Out,
+      {"_foreach_floor.out", "specs/optim.yaml:345", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_floor__out},
-      {"_foreach_ceil", "specs/optim.yaml:349", Variant::Functional,
+      {"_foreach_ceil", "specs/optim.yaml:351", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_ceil},
-      {"_foreach_ceil_", "specs/optim.yaml:349", Variant::Inplace,
+      {"_foreach_ceil_", "specs/optim.yaml:351", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_ceil_},
-      {"_foreach_ceil.out", "specs/optim.yaml:349", Variant::Out,
+      {"_foreach_ceil.out", "specs/optim.yaml:351", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_ceil__out},
-      {"_foreach_round", "specs/optim.yaml:355", Variant::Functional,
+      {"_foreach_round", "specs/optim.yaml:357", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_round},
-      {"_foreach_round_", "specs/optim.yaml:355", Variant::Inplace,
+      {"_foreach_round_", "specs/optim.yaml:357", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_round_},
-      {"_foreach_round.out", "specs/optim.yaml:355", Variant::Out,
+      {"_foreach_round.out", "specs/optim.yaml:357", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_round__out},
-      {"_foreach_trunc", "specs/optim.yaml:361", Variant::Functional,
+      {"_foreach_trunc", "specs/optim.yaml:363", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_trunc},
-      {"_foreach_trunc_", "specs/optim.yaml:361", Variant::Inplace,
+      {"_foreach_trunc_", "specs/optim.yaml:363", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_trunc_},
-      {"_foreach_trunc.out", "specs/optim.yaml:361", Variant::Out,
+      {"_foreach_trunc.out", "specs/optim.yaml:363", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_trunc__out},
-      {"_foreach_frac", "specs/optim.yaml:367", Variant::Functional,
+      {"_foreach_frac", "specs/optim.yaml:369", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_frac},
-      {"_foreach_frac_", "specs/optim.yaml:367", Variant::Inplace,
+      {"_foreach_frac_", "specs/optim.yaml:369", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_frac_},
-      {"_foreach_frac.out", "specs/optim.yaml:367", Variant::Out,
+      {"_foreach_frac.out", "specs/optim.yaml:369", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_frac__out},
-      {"_foreach_zero", "specs/optim.yaml:373", Variant::Functional,
+      {"_foreach_zero", "specs/optim.yaml:375", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Output, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_zero},
-      {"_foreach_zero_", "specs/optim.yaml:373", Variant::Inplace,
+      {"_foreach_zero_", "specs/optim.yaml:375", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Output, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_zero_},
-      {"_foreach_zero.out", "specs/optim.yaml:373", Variant::Out,
+      {"_foreach_zero.out", "specs/optim.yaml:375", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Output, {1},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_zero__out},
-      {"_foreach_norm.Scalar", "specs/optim.yaml:380", Variant::Functional,
+      {"_foreach_norm.Scalar", "specs/optim.yaml:382", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_norm__Scalar},
-      {"_foreach_norm.Scalar_out", "specs/optim.yaml:380", Variant::Out,
+      {"_foreach_norm.Scalar_out", "specs/optim.yaml:382", Variant::Out,
        {ArgKind::TensorList, ArgKind::Attr, ArgKind::Attr, ArgKind::TensorList},
        {0, 1}, Compute::Output, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_norm__Scalar_out},
-      {"_foreach_max", "specs/optim.yaml:388", Variant::Functional,
+      {"_foreach_max", "specs/optim.yaml:390", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_max},
-      {"_foreach_max.out", "specs/optim.yaml:388", Variant::Out,
+      {"_foreach_max.out", "specs/optim.yaml:390", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_max__out},
-      {"_foreach_copy", "specs/optim.yaml:394", Variant::Functional,
+      {"_foreach_copy", "specs/optim.yaml:396", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_copy},
-      {"_foreach_copy_", "specs/optim.yaml:394", Variant::Inplace,
+      {"_foreach_copy_", "specs/optim.yaml:396", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Ignored},
        {}, Compute::Output, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_copy_},
-      {"_foreach_copy.out", "specs/optim.yaml:394", Variant::Out,
+      {"_foreach_copy.out", "specs/optim.yaml:396", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Ignored, ArgKind::TensorList},
        {}, Compute::Output, {3},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_copy__out},
-      {"_fused_adamw", "specs/optim.yaml:404", Variant::Functional,
+      {"_fused_adamw", "specs/optim.yaml:406", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {},
        {-1, -1, -1, -1, -1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adamw},
-      {"_fused_adamw_", "specs/optim.yaml:404", Variant::Inplace,
+      {"_fused_adamw_", "specs/optim.yaml:406", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {0, 1, 2, 3, 4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adamw_},
-      {"_fused_adamw.out", "specs/optim.yaml:404", Variant::Out,
+      {"_fused_adamw.out", "specs/optim.yaml:406", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {1, 2, 3, 4, 15},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adamw__out},
-      {"_fused_adam", "specs/optim.yaml:421", Variant::Functional,
+      {"_fused_adam", "specs/optim.yaml:423", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {},
        {-1, -1, -1, -1, -1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adam},
-      {"_fused_adam_", "specs/optim.yaml:421", Variant::Inplace,
+      {"_fused_adam_", "specs/optim.yaml:423", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {0, 1, 2, 3, 4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adam_},
-      {"_fused_adam.out", "specs/optim.yaml:421", Variant::Out,
+      {"_fused_adam.out", "specs/optim.yaml:423", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {1, 2, 3, 4, 15},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adam__out},
-      {"_fused_sgd", "specs/optim.yaml:438", Variant::Functional,
+      {"_fused_sgd", "specs/optim.yaml:440", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 10, 11}, Compute::Common, {},
        {-1, -1, -1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_sgd},
-      {"_fused_sgd_", "specs/optim.yaml:438", Variant::Inplace,
+      {"_fused_sgd_", "specs/optim.yaml:440", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 10, 11}, Compute::Common, {0, 1, 2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_sgd_},
-      {"_fused_sgd.out", "specs/optim.yaml:438", Variant::Out,
+      {"_fused_sgd.out", "specs/optim.yaml:440", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1, 2, 3, 4, 5, 6, 10, 11}, Compute::Common, {1, 2, 12},
        {}, true, false,

@@ -2069,7 +2069,7 @@ def test_native_batch_norm(dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int8", "int16", "int32", "int64", "bfloat16", "float32", "float64"])
 def test__foreach_add_List(dtype):
     # specs/optim.yaml:8
     check_opinfo(
@@ -2082,23 +2082,9 @@ def test__foreach_add_List(dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
-def test__foreach_add_List_other_dtypes(dtype):
-    # specs/optim.yaml:8: every other dtype it supports, over the first 3 samples
-    check_opinfo(
-        "_foreach_add",
-        dtype,
-        overloads=["_foreach_add.List", "_foreach_add_.List", "_foreach_add.List_out"],
-        variants=["Functional", "Inplace", "Out"],
-        atol=None,
-        rtol=None,
-        max_samples=3,
-    )
-
-
-@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64", "bfloat16", "float32", "float64"])
 def test__foreach_sub_List(dtype):
-    # specs/optim.yaml:25
+    # specs/optim.yaml:26
     check_opinfo(
         "_foreach_sub",
         dtype,
@@ -2106,26 +2092,12 @@ def test__foreach_sub_List(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
-    )
-
-
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
-def test__foreach_sub_List_other_dtypes(dtype):
-    # specs/optim.yaml:25: every other dtype it supports, over the first 3 samples
-    check_opinfo(
-        "_foreach_sub",
-        dtype,
-        overloads=["_foreach_sub.List", "_foreach_sub_.List", "_foreach_sub.List_out"],
-        variants=["Functional", "Inplace", "Out"],
-        atol=None,
-        rtol=None,
-        max_samples=3,
     )
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_mul_List(dtype):
-    # specs/optim.yaml:41
+    # specs/optim.yaml:43
     check_opinfo(
         "_foreach_mul",
         dtype,
@@ -2138,7 +2110,7 @@ def test__foreach_mul_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_mul_List_other_dtypes(dtype):
-    # specs/optim.yaml:41: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:43: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_mul",
         dtype,
@@ -2152,7 +2124,7 @@ def test__foreach_mul_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_div_List(dtype):
-    # specs/optim.yaml:58
+    # specs/optim.yaml:60
     check_opinfo(
         "_foreach_div",
         dtype,
@@ -2165,7 +2137,7 @@ def test__foreach_div_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_div_List_other_dtypes(dtype):
-    # specs/optim.yaml:58: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:60: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_div",
         dtype,
@@ -2179,7 +2151,7 @@ def test__foreach_div_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_maximum_List(dtype):
-    # specs/optim.yaml:83
+    # specs/optim.yaml:85
     check_opinfo(
         "_foreach_maximum",
         dtype,
@@ -2192,7 +2164,7 @@ def test__foreach_maximum_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_maximum_List_other_dtypes(dtype):
-    # specs/optim.yaml:83: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:85: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_maximum",
         dtype,
@@ -2206,7 +2178,7 @@ def test__foreach_maximum_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_minimum_List(dtype):
-    # specs/optim.yaml:99
+    # specs/optim.yaml:101
     check_opinfo(
         "_foreach_minimum",
         dtype,
@@ -2219,7 +2191,7 @@ def test__foreach_minimum_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_minimum_List_other_dtypes(dtype):
-    # specs/optim.yaml:99: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:101: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_minimum",
         dtype,
@@ -2233,7 +2205,7 @@ def test__foreach_minimum_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_clamp_min_List(dtype):
-    # specs/optim.yaml:115
+    # specs/optim.yaml:117
     check_opinfo(
         "_foreach_clamp_min",
         dtype,
@@ -2246,7 +2218,7 @@ def test__foreach_clamp_min_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_clamp_min_List_other_dtypes(dtype):
-    # specs/optim.yaml:115: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:117: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_clamp_min",
         dtype,
@@ -2260,7 +2232,7 @@ def test__foreach_clamp_min_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_clamp_max_List(dtype):
-    # specs/optim.yaml:131
+    # specs/optim.yaml:133
     check_opinfo(
         "_foreach_clamp_max",
         dtype,
@@ -2273,7 +2245,7 @@ def test__foreach_clamp_max_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_clamp_max_List_other_dtypes(dtype):
-    # specs/optim.yaml:131: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:133: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_clamp_max",
         dtype,
@@ -2287,7 +2259,7 @@ def test__foreach_clamp_max_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_pow_List(dtype):
-    # specs/optim.yaml:147
+    # specs/optim.yaml:149
     check_opinfo(
         "_foreach_pow",
         dtype,
@@ -2300,7 +2272,7 @@ def test__foreach_pow_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_pow_List_other_dtypes(dtype):
-    # specs/optim.yaml:147: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:149: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_pow",
         dtype,
@@ -2314,7 +2286,7 @@ def test__foreach_pow_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_addcmul_Scalar(dtype):
-    # specs/optim.yaml:166
+    # specs/optim.yaml:168
     check_opinfo(
         "_foreach_addcmul",
         dtype,
@@ -2327,7 +2299,7 @@ def test__foreach_addcmul_Scalar(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_addcmul_Scalar_other_dtypes(dtype):
-    # specs/optim.yaml:166: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:168: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_addcmul",
         dtype,
@@ -2341,7 +2313,7 @@ def test__foreach_addcmul_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_addcdiv_Scalar(dtype):
-    # specs/optim.yaml:177
+    # specs/optim.yaml:179
     check_opinfo(
         "_foreach_addcdiv",
         dtype,
@@ -2354,7 +2326,7 @@ def test__foreach_addcdiv_Scalar(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_addcdiv_Scalar_other_dtypes(dtype):
-    # specs/optim.yaml:177: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:179: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_addcdiv",
         dtype,
@@ -2368,7 +2340,7 @@ def test__foreach_addcdiv_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_lerp_List(dtype):
-    # specs/optim.yaml:188
+    # specs/optim.yaml:190
     check_opinfo(
         "_foreach_lerp",
         dtype,
@@ -2381,7 +2353,7 @@ def test__foreach_lerp_List(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_lerp_List_other_dtypes(dtype):
-    # specs/optim.yaml:188: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:190: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_lerp",
         dtype,
@@ -2395,7 +2367,7 @@ def test__foreach_lerp_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_exp(dtype):
-    # specs/optim.yaml:206
+    # specs/optim.yaml:208
     check_opinfo(
         "_foreach_exp",
         dtype,
@@ -2408,7 +2380,7 @@ def test__foreach_exp(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_exp_other_dtypes(dtype):
-    # specs/optim.yaml:206: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:208: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_exp",
         dtype,
@@ -2422,7 +2394,7 @@ def test__foreach_exp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log(dtype):
-    # specs/optim.yaml:213
+    # specs/optim.yaml:215
     check_opinfo(
         "_foreach_log",
         dtype,
@@ -2435,7 +2407,7 @@ def test__foreach_log(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log_other_dtypes(dtype):
-    # specs/optim.yaml:213: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:215: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log",
         dtype,
@@ -2449,7 +2421,7 @@ def test__foreach_log_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log2(dtype):
-    # specs/optim.yaml:220
+    # specs/optim.yaml:222
     check_opinfo(
         "_foreach_log2",
         dtype,
@@ -2462,7 +2434,7 @@ def test__foreach_log2(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log2_other_dtypes(dtype):
-    # specs/optim.yaml:220: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:222: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log2",
         dtype,
@@ -2476,7 +2448,7 @@ def test__foreach_log2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log10(dtype):
-    # specs/optim.yaml:227
+    # specs/optim.yaml:229
     check_opinfo(
         "_foreach_log10",
         dtype,
@@ -2489,7 +2461,7 @@ def test__foreach_log10(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log10_other_dtypes(dtype):
-    # specs/optim.yaml:227: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:229: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log10",
         dtype,
@@ -2503,7 +2475,7 @@ def test__foreach_log10_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log1p(dtype):
-    # specs/optim.yaml:234
+    # specs/optim.yaml:236
     check_opinfo(
         "_foreach_log1p",
         dtype,
@@ -2516,7 +2488,7 @@ def test__foreach_log1p(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log1p_other_dtypes(dtype):
-    # specs/optim.yaml:234: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:236: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log1p",
         dtype,
@@ -2530,7 +2502,7 @@ def test__foreach_log1p_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_expm1(dtype):
-    # specs/optim.yaml:241
+    # specs/optim.yaml:243
     check_opinfo(
         "_foreach_expm1",
         dtype,
@@ -2543,7 +2515,7 @@ def test__foreach_expm1(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_expm1_other_dtypes(dtype):
-    # specs/optim.yaml:241: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:243: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_expm1",
         dtype,
@@ -2557,7 +2529,7 @@ def test__foreach_expm1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sqrt(dtype):
-    # specs/optim.yaml:248
+    # specs/optim.yaml:250
     check_opinfo(
         "_foreach_sqrt",
         dtype,
@@ -2570,7 +2542,7 @@ def test__foreach_sqrt(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sqrt_other_dtypes(dtype):
-    # specs/optim.yaml:248: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:250: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sqrt",
         dtype,
@@ -2584,7 +2556,7 @@ def test__foreach_sqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_rsqrt(dtype):
-    # specs/optim.yaml:255
+    # specs/optim.yaml:257
     check_opinfo(
         "_foreach_rsqrt",
         dtype,
@@ -2597,7 +2569,7 @@ def test__foreach_rsqrt(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_rsqrt_other_dtypes(dtype):
-    # specs/optim.yaml:255: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:257: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_rsqrt",
         dtype,
@@ -2611,7 +2583,7 @@ def test__foreach_rsqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sin(dtype):
-    # specs/optim.yaml:262
+    # specs/optim.yaml:264
     check_opinfo(
         "_foreach_sin",
         dtype,
@@ -2624,7 +2596,7 @@ def test__foreach_sin(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sin_other_dtypes(dtype):
-    # specs/optim.yaml:262: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:264: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sin",
         dtype,
@@ -2638,7 +2610,7 @@ def test__foreach_sin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_cos(dtype):
-    # specs/optim.yaml:269
+    # specs/optim.yaml:271
     check_opinfo(
         "_foreach_cos",
         dtype,
@@ -2651,7 +2623,7 @@ def test__foreach_cos(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_cos_other_dtypes(dtype):
-    # specs/optim.yaml:269: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:271: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_cos",
         dtype,
@@ -2665,7 +2637,7 @@ def test__foreach_cos_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_tan(dtype):
-    # specs/optim.yaml:276
+    # specs/optim.yaml:278
     check_opinfo(
         "_foreach_tan",
         dtype,
@@ -2678,7 +2650,7 @@ def test__foreach_tan(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_tan_other_dtypes(dtype):
-    # specs/optim.yaml:276: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:278: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_tan",
         dtype,
@@ -2692,7 +2664,7 @@ def test__foreach_tan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_tanh(dtype):
-    # specs/optim.yaml:283
+    # specs/optim.yaml:285
     check_opinfo(
         "_foreach_tanh",
         dtype,
@@ -2705,7 +2677,7 @@ def test__foreach_tanh(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_tanh_other_dtypes(dtype):
-    # specs/optim.yaml:283: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:285: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_tanh",
         dtype,
@@ -2719,7 +2691,7 @@ def test__foreach_tanh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sinh(dtype):
-    # specs/optim.yaml:290
+    # specs/optim.yaml:292
     check_opinfo(
         "_foreach_sinh",
         dtype,
@@ -2732,7 +2704,7 @@ def test__foreach_sinh(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sinh_other_dtypes(dtype):
-    # specs/optim.yaml:290: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:292: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sinh",
         dtype,
@@ -2746,7 +2718,7 @@ def test__foreach_sinh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_cosh(dtype):
-    # specs/optim.yaml:297
+    # specs/optim.yaml:299
     check_opinfo(
         "_foreach_cosh",
         dtype,
@@ -2759,7 +2731,7 @@ def test__foreach_cosh(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_cosh_other_dtypes(dtype):
-    # specs/optim.yaml:297: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:299: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_cosh",
         dtype,
@@ -2773,7 +2745,7 @@ def test__foreach_cosh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sigmoid(dtype):
-    # specs/optim.yaml:304
+    # specs/optim.yaml:306
     check_opinfo(
         "_foreach_sigmoid",
         dtype,
@@ -2786,7 +2758,7 @@ def test__foreach_sigmoid(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sigmoid_other_dtypes(dtype):
-    # specs/optim.yaml:304: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:306: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sigmoid",
         dtype,
@@ -2800,7 +2772,7 @@ def test__foreach_sigmoid_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_erf(dtype):
-    # specs/optim.yaml:311
+    # specs/optim.yaml:313
     check_opinfo(
         "_foreach_erf",
         dtype,
@@ -2813,7 +2785,7 @@ def test__foreach_erf(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_erf_other_dtypes(dtype):
-    # specs/optim.yaml:311: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:313: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_erf",
         dtype,
@@ -2827,7 +2799,7 @@ def test__foreach_erf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_reciprocal(dtype):
-    # specs/optim.yaml:318
+    # specs/optim.yaml:320
     check_opinfo(
         "_foreach_reciprocal",
         dtype,
@@ -2840,7 +2812,7 @@ def test__foreach_reciprocal(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_reciprocal_other_dtypes(dtype):
-    # specs/optim.yaml:318: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:320: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_reciprocal",
         dtype,
@@ -2854,7 +2826,7 @@ def test__foreach_reciprocal_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_neg(dtype):
-    # specs/optim.yaml:325
+    # specs/optim.yaml:327
     check_opinfo(
         "_foreach_neg",
         dtype,
@@ -2867,7 +2839,7 @@ def test__foreach_neg(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_neg_other_dtypes(dtype):
-    # specs/optim.yaml:325: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:327: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_neg",
         dtype,
@@ -2881,7 +2853,7 @@ def test__foreach_neg_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_abs(dtype):
-    # specs/optim.yaml:331
+    # specs/optim.yaml:333
     check_opinfo(
         "_foreach_abs",
         dtype,
@@ -2894,7 +2866,7 @@ def test__foreach_abs(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_abs_other_dtypes(dtype):
-    # specs/optim.yaml:331: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:333: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_abs",
         dtype,
@@ -2908,7 +2880,7 @@ def test__foreach_abs_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_sign(dtype):
-    # specs/optim.yaml:337
+    # specs/optim.yaml:339
     check_opinfo(
         "_foreach_sign",
         dtype,
@@ -2921,7 +2893,7 @@ def test__foreach_sign(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_sign_other_dtypes(dtype):
-    # specs/optim.yaml:337: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:339: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sign",
         dtype,
@@ -2935,7 +2907,7 @@ def test__foreach_sign_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_floor(dtype):
-    # specs/optim.yaml:343
+    # specs/optim.yaml:345
     check_opinfo(
         "_foreach_floor",
         dtype,
@@ -2948,7 +2920,7 @@ def test__foreach_floor(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_floor_other_dtypes(dtype):
-    # specs/optim.yaml:343: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:345: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_floor",
         dtype,
@@ -2962,7 +2934,7 @@ def test__foreach_floor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_ceil(dtype):
-    # specs/optim.yaml:349
+    # specs/optim.yaml:351
     check_opinfo(
         "_foreach_ceil",
         dtype,
@@ -2975,7 +2947,7 @@ def test__foreach_ceil(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_ceil_other_dtypes(dtype):
-    # specs/optim.yaml:349: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:351: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_ceil",
         dtype,
@@ -2989,7 +2961,7 @@ def test__foreach_ceil_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_round(dtype):
-    # specs/optim.yaml:355
+    # specs/optim.yaml:357
     check_opinfo(
         "_foreach_round",
         dtype,
@@ -3002,7 +2974,7 @@ def test__foreach_round(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_round_other_dtypes(dtype):
-    # specs/optim.yaml:355: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:357: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_round",
         dtype,
@@ -3016,7 +2988,7 @@ def test__foreach_round_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_trunc(dtype):
-    # specs/optim.yaml:361
+    # specs/optim.yaml:363
     check_opinfo(
         "_foreach_trunc",
         dtype,
@@ -3029,7 +3001,7 @@ def test__foreach_trunc(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_trunc_other_dtypes(dtype):
-    # specs/optim.yaml:361: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:363: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_trunc",
         dtype,
@@ -3043,7 +3015,7 @@ def test__foreach_trunc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_frac(dtype):
-    # specs/optim.yaml:367
+    # specs/optim.yaml:369
     check_opinfo(
         "_foreach_frac",
         dtype,
@@ -3056,7 +3028,7 @@ def test__foreach_frac(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_frac_other_dtypes(dtype):
-    # specs/optim.yaml:367: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:369: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_frac",
         dtype,
@@ -3070,7 +3042,7 @@ def test__foreach_frac_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_zero(dtype):
-    # specs/optim.yaml:373
+    # specs/optim.yaml:375
     check_opinfo(
         "_foreach_zero",
         dtype,
@@ -3083,7 +3055,7 @@ def test__foreach_zero(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_zero_other_dtypes(dtype):
-    # specs/optim.yaml:373: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:375: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_zero",
         dtype,
@@ -3097,7 +3069,7 @@ def test__foreach_zero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_norm_Scalar(dtype):
-    # specs/optim.yaml:380
+    # specs/optim.yaml:382
     check_opinfo(
         "_foreach_norm",
         dtype,
@@ -3110,7 +3082,7 @@ def test__foreach_norm_Scalar(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_norm_Scalar_other_dtypes(dtype):
-    # specs/optim.yaml:380: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:382: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_norm",
         dtype,
@@ -3124,7 +3096,7 @@ def test__foreach_norm_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_max(dtype):
-    # specs/optim.yaml:388
+    # specs/optim.yaml:390
     check_opinfo(
         "_foreach_max",
         dtype,
@@ -3137,7 +3109,7 @@ def test__foreach_max(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_max_other_dtypes(dtype):
-    # specs/optim.yaml:388: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:390: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_max",
         dtype,
@@ -3151,7 +3123,7 @@ def test__foreach_max_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_copy(dtype):
-    # specs/optim.yaml:394
+    # specs/optim.yaml:396
     check_opinfo(
         "_foreach_copy",
         dtype,
@@ -3164,7 +3136,7 @@ def test__foreach_copy(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_copy_other_dtypes(dtype):
-    # specs/optim.yaml:394: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:396: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_copy",
         dtype,
