@@ -106,8 +106,7 @@ Executable::~Executable() {
 // ---------------------------------------------------------------------------------------------
 // Runtime
 
-void Runtime::check(PJRT_Error* error, const char* what) {
-  if (!error) return;
+std::string Runtime::take_error(PJRT_Error* error) {
   auto message = PJRT_ARGS(PJRT_Error_Message_Args);
   message.error = error;
   api_->PJRT_Error_Message(&message);
@@ -115,7 +114,12 @@ void Runtime::check(PJRT_Error* error, const char* what) {
   auto destroy = PJRT_ARGS(PJRT_Error_Destroy_Args);
   destroy.error = error;
   api_->PJRT_Error_Destroy(&destroy);
-  throw RuntimeError(std::string("torchtpu: PJRT error while ") + what + ": " + text);
+  return text;
+}
+
+void Runtime::check(PJRT_Error* error, const char* what) {
+  if (!error) return;
+  throw RuntimeError(std::string("torchtpu: PJRT error while ") + what + ": " + take_error(error));
 }
 
 void Runtime::await_event(PJRT_Event* event, const char* what) {
@@ -274,17 +278,20 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
   const std::string key_material = identity() + "\noptions=" + hex_digest(kCompileOptions) + "\n" + module_text;
   std::string blob;
   switch (cache_->load(key_material, &blob)) {
-    case CompileCache::LoadResult::Hit:
-      try {
-        auto exe = load_serialized(blob, output_types);
+    case CompileCache::LoadResult::Hit: {
+      std::string refusal;
+      if (auto exe = load_serialized(blob, output_types, &refusal)) {
         metrics_.disk_cache_hits++;
         return exe;
-      } catch (const RuntimeError&) {
-        // The plugin refused the blob: drop it and compile afresh.
-        std::remove(cache_->entry_path(key_material).c_str());
-        metrics_.disk_cache_rejected++;
       }
+      // The plugin refused the blob: drop it and compile afresh. (No C++ exception on this path:
+      // after a failed load the CPU plugin's JIT can leave the unwinder's frame tables unusable.)
+      std::fprintf(stderr, "torchtpu: the PJRT plugin refused a cached executable (%s); recompiling\n",
+                   refusal.c_str());
+      std::remove(cache_->entry_path(key_material).c_str());
+      metrics_.disk_cache_rejected++;
       break;
+    }
     case CompileCache::LoadResult::Rejected:
       metrics_.disk_cache_rejected++;
       break;
@@ -348,12 +355,16 @@ std::string Runtime::serialize(const Executable& exe) {
   return blob;
 }
 
-ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vector<TensorType>& output_types) {
+ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vector<TensorType>& output_types,
+                                       std::string* refusal) {
   auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
   args.client = client_;
   args.serialized_executable = blob.data();
   args.serialized_executable_size = blob.size();
-  check(api_->PJRT_Executable_DeserializeAndLoad(&args), "loading a cached executable");
+  if (PJRT_Error* error = api_->PJRT_Executable_DeserializeAndLoad(&args)) {
+    *refusal = take_error(error);
+    return nullptr;
+  }
   auto exe = std::make_shared<Executable>();
   exe->loaded = args.loaded_executable;
   exe->runtime = this;

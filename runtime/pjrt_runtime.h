@@ -127,6 +127,7 @@ class Runtime {
   // Internal plumbing shared with DeviceBuffer/Executable.
   const PJRT_Api* api() const { return api_; }
   void check(PJRT_Error* error, const char* what);
+  std::string take_error(PJRT_Error* error);  // its message; destroys it
   // Waits for and destroys `event` (may be null); throws its error.
   void await_event(PJRT_Event* event, const char* what);
   void note_buffer_freed(int64_t nbytes);
@@ -134,7 +135,9 @@ class Runtime {
  private:
   ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types);
   ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types);
-  ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types);
+  // Null (and why in `refusal`) where the plugin refuses the blob.
+  ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types,
+                                std::string* refusal);
   std::string serialize(const Executable& exe);
 
   std::string plugin_path_;
