@@ -159,6 +159,16 @@ def memory_stats(device=None) -> dict:
             "active.all.current": m["live_buffers"]}
 
 
+# Autocast: torch.autocast("tpu", dtype=...) asks the device module which dtypes it may cast to;
+# the per-op policy (CUDA's) is registered in C++ (runtime/torch_autocast.cc).
+def get_amp_supported_dtype() -> list:
+    return [torch.bfloat16, torch.float16, torch.float32]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
 def _is_in_bad_fork() -> bool:
     return False
 
