@@ -344,6 +344,17 @@ def _classify(arg, promote: set[str], compile_time: set[str], runtime: set[str])
     return Argument(arg.name, t, "Unsupported", "none")
 
 
+class _FoldNegativeNumbers(ast.NodeTransformer):
+    """-3 in a lowering is the literal -3 (Python parses it as negation of 3)."""
+
+    def visit_UnaryOp(self, node):
+        node = self.generic_visit(node)
+        if isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+                and isinstance(node.operand.value, (int, float)) and not isinstance(node.operand.value, bool):
+            return ast.copy_location(ast.Constant(-node.operand.value), node)
+        return node
+
+
 class _LoweringCompiler:
     """Turns a lowering expression into C++ over the builder, checking names and arity."""
 
@@ -364,7 +375,7 @@ class _LoweringCompiler:
     def compile(self, text: str) -> str:
         """An expression, or `name = expression` lines followed by the result expression."""
         try:
-            statements = ast.parse(text.strip(), mode="exec").body
+            statements = _FoldNegativeNumbers().visit(ast.parse(text.strip(), mode="exec")).body
         except SyntaxError as e:
             self.fail(f"lowering is not an expression: {e.msg} in {text!r}")
         if not statements or not isinstance(statements[-1], ast.Expr):

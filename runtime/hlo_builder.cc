@@ -2014,6 +2014,20 @@ Value Builder::multinomial(const Value& state, const Value& probs, int64_t num_s
   return probs.rank() == 1 ? reshape(indices, {num_samples}) : indices;
 }
 
+Value Builder::random_integers(const Value& state, const Value& like, int64_t low, int64_t high) {
+  if (high <= low) fail("random_: expects 'from' to be less than 'to'");
+  Value u = uniform01(state, like.dims(), ElementType::F64);
+  const double span = static_cast<double>(high - low);
+  // floor(low + u * span), kept below high where rounding reaches it.
+  Value drawn = convert(floor(mul(u, constant(span, ElementType::F64))), ElementType::S64);
+  drawn = minimum(drawn, constant_int(high - low - 1, ElementType::S64));
+  return convert(add(drawn, constant_int(low, ElementType::S64)), like.element());
+}
+
+Value Builder::random_permutation(const Value& state, int64_t n) {
+  return convert(sort_along(uniform01(state, {n}, ElementType::F64), 0, false, true), ElementType::S64);
+}
+
 // ---------------------------------------------------------------------------------------------
 // shape primitives (flip, roll, repeat, tril/triu, pads, sort/topk, creation)
 

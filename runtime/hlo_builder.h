@@ -298,6 +298,10 @@ class Builder {
   // num_samples category indices (int64) per row of probs [n] or [rows, n] (unnormalized weights),
   // by Gumbel-max: with replacement an independent argmax per sample, without the top num_samples keys.
   Value multinomial(const Value& state, const Value& probs, int64_t num_samples, bool replacement);
+  // Integers uniform in [low, high) in like's shape and element type (random_, randint).
+  Value random_integers(const Value& state, const Value& like, int64_t low, int64_t high);
+  // A random permutation of 0..n-1 (int64): the order that sorts n uniform keys (randperm).
+  Value random_permutation(const Value& state, int64_t n);
 
   // pooling / upsampling primitives (specs/pooling.yaml). The last `nd` dims are spatial (nd = the
   // length of output_size for adaptive pools and upsampling); list arguments of one element apply to

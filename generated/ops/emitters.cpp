@@ -793,6 +793,58 @@ std::vector<Value> emit_log_sigmoid_backward(Builder& b, const EmitArgs& a) { re
 // log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:136)
 std::vector<Value> emit_log_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
 
+// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:142)
+std::vector<Value> emit_smooth_l1_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
+// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:142)
+std::vector<Value> emit_smooth_l1_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
+
+// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:150)
+std::vector<Value> emit_smooth_l1_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
+// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:150)
+std::vector<Value> emit_smooth_l1_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
+
+// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:158)
+std::vector<Value> emit_huber_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
+// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:158)
+std::vector<Value> emit_huber_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
+
+// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:166)
+std::vector<Value> emit_huber_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
+// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:166)
+std::vector<Value> emit_huber_loss_backward__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
+
+// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:175)
+std::vector<Value> emit_binary_cross_entropy(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
+// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:175)
+std::vector<Value> emit_binary_cross_entropy__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
+
+// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:182)
+std::vector<Value> emit_binary_cross_entropy_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
+// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:182)
+std::vector<Value> emit_binary_cross_entropy_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
+
+// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:189)
+std::vector<Value> emit_hardswish(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
+// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:189)
+std::vector<Value> emit_hardswish_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
+// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:189)
+std::vector<Value> emit_hardswish__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
+
+// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:194)
+std::vector<Value> emit_hardswish_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
+// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:194)
+std::vector<Value> emit_hardswish_backward__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
+
+// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:198)
+std::vector<Value> emit_mish(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
+// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:198)
+std::vector<Value> emit_mish_(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
+// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:198)
+std::vector<Value> emit_mish__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
+
+// mish_backward = t = tanh(log1p(exp(self))) mul(grad_output, add(t, mul(mul(self, sigmoid(self)), sub(1, mul(t, t)))))   (specs/nn.yaml:204)
+std::vector<Value> emit_mish_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.tanh(b.log1p(b.exp(a.value(1)))); return {b.mul(a.value(0), b.add(l_t, b.mul(b.mul(a.value(1), b.sigmoid(a.value(1))), [&] { const Value anchor = b.mul(l_t, l_t); return b.sub(b.scalar_like(1.0, anchor), anchor); }())))}; }(); }
+
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
 std::vector<Value> emit_native_layer_norm(Builder& b, const EmitArgs& a) { return {b.layer_norm(a.value(0), a.ints(1), a.optional_value(2), a.optional_value(3), a.real(4)), b.layer_norm_mean(a.value(0), a.ints(1)), b.layer_norm_rstd(a.value(0), a.ints(1), a.real(4))}; }
 
@@ -1477,6 +1529,25 @@ std::vector<Value> emit_bernoulli__float_out(Builder& b, const EmitArgs& a) { re
 std::vector<Value> emit_multinomial(Builder& b, const EmitArgs& a) { return {b.multinomial(a.value(3), a.value(0), a.integer(1), a.boolean(2))}; }
 // multinomial.out = multinomial(generator, self, num_samples, replacement)  (specs/random.yaml:24)
 std::vector<Value> emit_multinomial__out(Builder& b, const EmitArgs& a) { return {b.multinomial(a.value(3), a.value(0), a.integer(1), a.boolean(2))}; }
+
+// random.from = random_integers(generator, self, from_, default(to, 9007199254740992))  (specs/random.yaml:31)
+std::vector<Value> emit_random__from(Builder& b, const EmitArgs& a) { return {b.random_integers(a.value(3), a.value(0), a.integer(1), (a.is_none(2) ? 9007199254740992 : a.integer(2)))}; }
+// random_.from = random_integers(generator, self, from_, default(to, 9007199254740992))  (specs/random.yaml:31)
+std::vector<Value> emit_random___from(Builder& b, const EmitArgs& a) { return {b.random_integers(a.value(3), a.value(0), a.integer(1), (a.is_none(2) ? 9007199254740992 : a.integer(2)))}; }
+// random.from_out = random_integers(generator, self, from_, default(to, 9007199254740992))  (specs/random.yaml:31)
+std::vector<Value> emit_random__from_out(Builder& b, const EmitArgs& a) { return {b.random_integers(a.value(3), a.value(0), a.integer(1), (a.is_none(2) ? 9007199254740992 : a.integer(2)))}; }
+
+// random.to = random_integers(generator, self, 0, to)  (specs/random.yaml:37)
+std::vector<Value> emit_random__to(Builder& b, const EmitArgs& a) { return {b.random_integers(a.value(2), a.value(0), 0, a.integer(1))}; }
+// random_.to = random_integers(generator, self, 0, to)  (specs/random.yaml:37)
+std::vector<Value> emit_random___to(Builder& b, const EmitArgs& a) { return {b.random_integers(a.value(2), a.value(0), 0, a.integer(1))}; }
+// random.to_out = random_integers(generator, self, 0, to)  (specs/random.yaml:37)
+std::vector<Value> emit_random__to_out(Builder& b, const EmitArgs& a) { return {b.random_integers(a.value(2), a.value(0), 0, a.integer(1))}; }
+
+// randperm.generator = random_permutation(generator, n)  (specs/random.yaml:44)
+std::vector<Value> emit_randperm__generator(Builder& b, const EmitArgs& a) { return {b.random_permutation(a.value(1), a.integer(0))}; }
+// randperm.generator_out = random_permutation(generator, n)  (specs/random.yaml:44)
+std::vector<Value> emit_randperm__generator_out(Builder& b, const EmitArgs& a) { return {b.random_permutation(a.value(1), a.integer(0))}; }
 
 // sum.dim_IntList = sum(self, dim, keepdim)  (specs/reduction.yaml:3)
 std::vector<Value> emit_sum__dim_IntList(Builder& b, const EmitArgs& a) { return {b.sum(a.value(0), a.ints(1), a.boolean(2))}; }
@@ -3644,6 +3715,111 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward__grad_input},
+      {"smooth_l1_loss", "specs/nn.yaml:142", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
+       {0, 1, 3}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss},
+      {"smooth_l1_loss.out", "specs/nn.yaml:142", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 3}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss__out},
+      {"smooth_l1_loss_backward", "specs/nn.yaml:150", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
+       {0, 1, 2, 4}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward},
+      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:150", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 4}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward__grad_input},
+      {"huber_loss", "specs/nn.yaml:158", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
+       {0, 1, 3}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss},
+      {"huber_loss.out", "specs/nn.yaml:158", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 3}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss__out},
+      {"huber_loss_backward", "specs/nn.yaml:166", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
+       {0, 1, 2, 4}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward},
+      {"huber_loss_backward.out", "specs/nn.yaml:166", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2, 4}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward__out},
+      {"binary_cross_entropy", "specs/nn.yaml:175", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy},
+      {"binary_cross_entropy.out", "specs/nn.yaml:175", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy__out},
+      {"binary_cross_entropy_backward", "specs/nn.yaml:182", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1, 2, 3}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward},
+      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:182", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2, 3}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward__grad_input},
+      {"hardswish", "specs/nn.yaml:189", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish},
+      {"hardswish_", "specs/nn.yaml:189", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_},
+      {"hardswish.out", "specs/nn.yaml:189", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish__out},
+      {"hardswish_backward", "specs/nn.yaml:194", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward},
+      {"hardswish_backward.out", "specs/nn.yaml:194", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward__out},
+      {"mish", "specs/nn.yaml:198", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mish},
+      {"mish_", "specs/nn.yaml:198", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mish_},
+      {"mish.out", "specs/nn.yaml:198", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mish__out},
+      {"mish_backward", "specs/nn.yaml:204", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_mish_backward},
       {"native_layer_norm", "specs/normalization.yaml:7", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2, 3}, Compute::Common, {},
@@ -5074,6 +5250,46 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {4},
        {4}, false, false,
        {"int64"}, &emit_multinomial__out},
+      {"random.from", "specs/random.yaml:31", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random__from},
+      {"random_.from", "specs/random.yaml:31", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {}, Compute::Output, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random___from},
+      {"random.from_out", "specs/random.yaml:31", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {}, Compute::Output, {4},
+       {4}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random__from_out},
+      {"random.to", "specs/random.yaml:37", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random__to},
+      {"random_.to", "specs/random.yaml:37", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator},
+       {}, Compute::Output, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random___to},
+      {"random.to_out", "specs/random.yaml:37", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {}, Compute::Output, {3},
+       {3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random__to_out},
+      {"randperm.generator", "specs/random.yaml:44", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Generator, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_randperm__generator},
+      {"randperm.generator_out", "specs/random.yaml:44", Variant::Out,
+       {ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_randperm__generator_out},
       {"sum.dim_IntList", "specs/reduction.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},

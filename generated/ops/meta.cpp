@@ -80,6 +80,7 @@
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/min_meta_dispatch.h>
 #include <ATen/ops/minimum_meta_dispatch.h>
+#include <ATen/ops/mish_meta_dispatch.h>
 #include <ATen/ops/mm_meta_dispatch.h>
 #include <ATen/ops/mse_loss_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
@@ -109,6 +110,7 @@
 #include <ATen/ops/silu_meta_dispatch.h>
 #include <ATen/ops/sin_meta_dispatch.h>
 #include <ATen/ops/sinh_meta_dispatch.h>
+#include <ATen/ops/smooth_l1_loss_meta_dispatch.h>
 #include <ATen/ops/softplus_backward_meta_dispatch.h>
 #include <ATen/ops/softplus_meta_dispatch.h>
 #include <ATen/ops/sort_meta_dispatch.h>
@@ -1355,6 +1357,39 @@ void meta_emit_mse_loss(torch::jit::Stack& s) {
 void meta_emit_mse_loss__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::mse_loss_outf(s[0].toTensor(), s[1].toTensor(), s[2].toInt(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_smooth_l1_loss(torch::jit::Stack& s) {
+  auto result = at::meta::smooth_l1_loss(s[0].toTensor(), s[1].toTensor(), s[2].toInt(), s[3].toDouble());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_smooth_l1_loss__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::smooth_l1_loss_outf(s[0].toTensor(), s[1].toTensor(), s[2].toInt(), s[3].toDouble(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_mish(torch::jit::Stack& s) {
+  auto result = at::meta::mish(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_mish_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::mish_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_mish__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::mish_outf(s[0].toTensor(), a1);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2850,6 +2885,27 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // log_sigmoid_forward
       nullptr,  // log_sigmoid_backward
       nullptr,  // log_sigmoid_backward.grad_input
+      &meta_emit_smooth_l1_loss,  // smooth_l1_loss
+      &meta_emit_smooth_l1_loss__out,  // smooth_l1_loss.out
+      nullptr,  // smooth_l1_loss_backward
+      nullptr,  // smooth_l1_loss_backward.grad_input
+      nullptr,  // huber_loss
+      nullptr,  // huber_loss.out
+      nullptr,  // huber_loss_backward
+      nullptr,  // huber_loss_backward.out
+      nullptr,  // binary_cross_entropy
+      nullptr,  // binary_cross_entropy.out
+      nullptr,  // binary_cross_entropy_backward
+      nullptr,  // binary_cross_entropy_backward.grad_input
+      nullptr,  // hardswish
+      nullptr,  // hardswish_
+      nullptr,  // hardswish.out
+      nullptr,  // hardswish_backward
+      nullptr,  // hardswish_backward.out
+      &meta_emit_mish,  // mish
+      &meta_emit_mish_,  // mish_
+      &meta_emit_mish__out,  // mish.out
+      nullptr,  // mish_backward
       nullptr,  // native_layer_norm
       nullptr,  // native_layer_norm_backward
       nullptr,  // native_group_norm
@@ -3136,6 +3192,14 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // bernoulli.float_out
       nullptr,  // multinomial
       nullptr,  // multinomial.out
+      nullptr,  // random.from
+      nullptr,  // random_.from
+      nullptr,  // random.from_out
+      nullptr,  // random.to
+      nullptr,  // random_.to
+      nullptr,  // random.to_out
+      nullptr,  // randperm.generator
+      nullptr,  // randperm.generator_out
       &meta_emit_sum__dim_IntList,  // sum.dim_IntList
       &meta_emit_sum__IntList_out,  // sum.IntList_out
       nullptr,  // sum

@@ -1999,6 +1999,141 @@ def test_log_sigmoid_forward_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_smooth_l1_loss(dtype):
+    # specs/nn.yaml:142
+    check_opinfo(
+        "nn.functional.smooth_l1_loss",
+        dtype,
+        overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_smooth_l1_loss_other_dtypes(dtype):
+    # specs/nn.yaml:142: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.smooth_l1_loss",
+        dtype,
+        overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_huber_loss(dtype):
+    # specs/nn.yaml:158
+    check_opinfo(
+        "nn.functional.huber_loss",
+        dtype,
+        overloads=["huber_loss", "huber_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_huber_loss_other_dtypes(dtype):
+    # specs/nn.yaml:158: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.huber_loss",
+        dtype,
+        overloads=["huber_loss", "huber_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_binary_cross_entropy(dtype):
+    # specs/nn.yaml:175
+    check_opinfo(
+        "nn.functional.binary_cross_entropy",
+        dtype,
+        overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_binary_cross_entropy_other_dtypes(dtype):
+    # specs/nn.yaml:175: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.binary_cross_entropy",
+        dtype,
+        overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hardswish(dtype):
+    # specs/nn.yaml:189
+    check_opinfo(
+        "nn.functional.hardswish",
+        dtype,
+        overloads=["hardswish", "hardswish_", "hardswish.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_hardswish_other_dtypes(dtype):
+    # specs/nn.yaml:189: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.hardswish",
+        dtype,
+        overloads=["hardswish", "hardswish_", "hardswish.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mish(dtype):
+    # specs/nn.yaml:198
+    check_opinfo(
+        "nn.functional.mish",
+        dtype,
+        overloads=["mish", "mish_", "mish.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_mish_other_dtypes(dtype):
+    # specs/nn.yaml:198: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.mish",
+        dtype,
+        overloads=["mish", "mish_", "mish.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_native_layer_norm(dtype):
     # specs/normalization.yaml:7
     check_opinfo(
