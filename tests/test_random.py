@@ -146,3 +146,19 @@ def test_multinomial_follows_the_weights(no_fallback):
     a = torch.multinomial(weights, 5, replacement=True).cpu()
     torch.manual_seed(3)
     assert torch.equal(torch.multinomial(weights, 5, replacement=True).cpu(), a)
+
+
+def test_randint_and_randperm(no_fallback):
+    torch.manual_seed(0)
+    draws = torch.randint(-3, 7, (5000,), device="tpu").cpu()
+    assert draws.dtype == torch.int64 and draws.min() == -3 and draws.max() == 6
+    counts = torch.bincount(draws + 3).float() / 5000
+    torch.testing.assert_close(counts, torch.full((10,), 0.1), atol=0.02, rtol=0)
+    floats = torch.randint(0, 4, (100,), device="tpu", dtype=torch.float32).cpu()
+    assert floats.dtype == torch.float32 and set(floats.tolist()) <= {0.0, 1.0, 2.0, 3.0}
+    perm = torch.randperm(50, device="tpu").cpu()
+    assert perm.dtype == torch.int64 and sorted(perm.tolist()) == list(range(50))
+    torch.manual_seed(1)
+    again = torch.randperm(50, device="tpu").cpu()
+    torch.manual_seed(1)
+    assert torch.equal(torch.randperm(50, device="tpu").cpu(), again)
