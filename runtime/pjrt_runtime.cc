@@ -97,6 +97,7 @@ int64_t DeviceBuffer::numel() const {
 
 Executable::~Executable() {
   if (loaded && runtime) {
+    runtime->metrics().live_executables--;
     auto args = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
     args.executable = loaded;
     runtime->check(runtime->api()->PJRT_LoadedExecutable_Destroy(&args), "destroying an executable");
@@ -300,7 +301,8 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
   }
   auto exe = compile_uncached(module_text, output_types);
   if (cache_->enabled()) {
-    if (cache_->store(key_material, serialize(*exe))) metrics_.disk_cache_writes++;
+    const std::string blob = serialize(*exe);
+    if (!blob.empty() && cache_->store(key_material, blob)) metrics_.disk_cache_writes++;
   }
   return exe;
 }
@@ -330,6 +332,7 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
   dump_module(module_text);
   auto exe = std::make_shared<Executable>();
   exe->loaded = args.executable;
+  metrics_.live_executables++;
   exe->runtime = this;
   exe->output_types = output_types;
   exe->num_outputs = output_types.size();
@@ -349,7 +352,11 @@ std::string Runtime::serialize(const Executable& exe) {
   auto destroy = PJRT_ARGS(PJRT_Executable_Destroy_Args);
   destroy.executable = get.executable;
   api_->PJRT_Executable_Destroy(&destroy);
-  check(error, "serializing an executable");
+  if (error) {  // not cached then; no exception (see load_serialized)
+    std::fprintf(stderr, "torchtpu: the PJRT plugin could not serialize an executable (%s); not cached on disk\n",
+                 take_error(error).c_str());
+    return std::string();
+  }
   std::string blob(args.serialized_bytes, args.serialized_bytes_size);
   if (args.serialized_executable_deleter) args.serialized_executable_deleter(args.serialized_executable);
   return blob;
@@ -367,6 +374,7 @@ ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vecto
   }
   auto exe = std::make_shared<Executable>();
   exe->loaded = args.loaded_executable;
+  metrics_.live_executables++;
   exe->runtime = this;
   exe->output_types = output_types;
   exe->num_outputs = output_types.size();

@@ -57,6 +57,11 @@ class DeviceBuffer {
 using BufferPtr = std::shared_ptr<DeviceBuffer>;
 
 // A loaded executable plus what we need to call it.
+// How many executables a process keeps loaded before its in-process caches are dropped: the CPU
+// plugin maps ~3 memory regions per executable and Linux allows ~65k mappings per process; past
+// that the plugin's JIT fails and then its unwinder state is corrupt (crashes on the next throw).
+constexpr int64_t kMaxLiveExecutables = 8192;
+
 struct Executable {
   PJRT_LoadedExecutable* loaded = nullptr;
   size_t num_outputs = 0;
@@ -69,6 +74,7 @@ using ExecutablePtr = std::shared_ptr<Executable>;
 // Counters for tools and tests (bench, metrics_report, leak tests).
 struct Metrics {
   std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> live_executables{0};
   std::atomic<int64_t> compiles{0};
   std::atomic<int64_t> compile_ns{0};
   std::atomic<int64_t> memory_cache_hits{0};
@@ -138,7 +144,7 @@ class Runtime {
   // Null (and why in `refusal`) where the plugin refuses the blob.
   ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types,
                                 std::string* refusal);
-  std::string serialize(const Executable& exe);
+  std::string serialize(const Executable& exe);  // empty where the plugin cannot
 
   std::string plugin_path_;
   void* library_ = nullptr;

@@ -316,16 +316,22 @@ class SpecKernel final : public c10::OperatorKernel {
     }
     if (device < 0) device = current_device();
 
-    Entry* entry = nullptr;
+    std::shared_ptr<Entry> entry;  // shared: another thread may clear the caches meanwhile
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = cache_.find(key.s);
-      if (it != cache_.end()) entry = it->second.get();
+      if (it != cache_.end()) entry = it->second;
     }
     if (!entry) {
-      auto built = build(op, args, device);
+      // Each executable holds a few memory mappings of JIT code; a process has ~65k. Past the
+      // budget, drop the in-process caches (the disk tier reloads what is used again).
+      if (runtime().metrics().live_executables.load() >= rt::kMaxLiveExecutables) {
+        clear_kernel_caches();
+        runtime().clear_in_process_cache();
+      }
+      std::shared_ptr<Entry> built = build(op, args, device);
       std::lock_guard<std::mutex> lock(mutex_);
-      entry = cache_.emplace(key.s, std::move(built)).first->second.get();
+      entry = cache_.emplace(key.s, std::move(built)).first->second;
     }
     if (!entry->resizes.empty()) {
       for (const OutResize& r : entry->resizes) {
@@ -735,7 +741,7 @@ class SpecKernel final : public c10::OperatorKernel {
   const MetaCallFn meta_;
   std::atomic<int64_t> calls_{0};
   std::mutex mutex_;
-  std::unordered_map<std::string, std::unique_ptr<Entry>> cache_;
+  std::unordered_map<std::string, std::shared_ptr<Entry>> cache_;
 };
 
 // --- modules built by the runtime itself (copies, reads, resizes) -----------------------------

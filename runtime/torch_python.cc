@@ -25,6 +25,7 @@ py::dict metrics() {
   auto& m = torchtpu::runtime().metrics();
   py::dict d;
   d["executions"] = m.executions.load();
+  d["live_executables"] = m.live_executables.load();
   d["compiles"] = m.compiles.load();
   d["compile_seconds"] = static_cast<double>(m.compile_ns.load()) / 1e9;
   d["memory_cache_hits"] = m.memory_cache_hits.load();

@@ -317,7 +317,7 @@ def test_metrics_report_text():
     assert set(m) >= {"executions", "compiles", "compile_seconds", "memory_cache_hits", "disk_cache_hits",
                       "disk_cache_writes", "disk_cache_rejected", "bytes_to_device", "bytes_to_host",
                       "live_buffers", "live_bytes", "peak_live_bytes", "kernel_cache_entries",
-                      "cpu_fallbacks", "ops"}
+                      "cpu_fallbacks", "ops", "live_executables"}
     assert isinstance(m["cpu_fallbacks"], dict)
     assert isinstance(torchtpu._C.cache_dir(), str)
 
@@ -339,3 +339,11 @@ def test_emitter_chain_composes_two_spec_emitters():
     after = metrics()
     assert after["executions"] - before["executions"] == 1
     assert_equal_cpu(y, torch.neg(torch.exp(x_cpu)))
+
+
+def test_clearing_in_process_caches_releases_executables():
+    (torch.arange(7, device="tpu") * 5).cpu()
+    assert metrics()["live_executables"] > 0
+    torchtpu._C.clear_in_process_caches()
+    assert metrics()["live_executables"] == 0
+    assert torch.equal((torch.arange(7, device="tpu") * 5).cpu(), torch.arange(7) * 5)  # reloaded
