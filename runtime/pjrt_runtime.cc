@@ -95,6 +95,17 @@ int64_t DeviceBuffer::numel() const {
   return n;
 }
 
+int64_t process_memory_mappings() {
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (!maps) return 0;
+  int64_t lines = 0;
+  char chunk[65536];
+  size_t n;
+  while ((n = std::fread(chunk, 1, sizeof chunk, maps)) > 0) lines += std::count(chunk, chunk + n, '\n');
+  std::fclose(maps);
+  return lines;
+}
+
 Executable::~Executable() {
   if (loaded && runtime) {
     runtime->metrics().live_executables--;

@@ -57,10 +57,13 @@ class DeviceBuffer {
 using BufferPtr = std::shared_ptr<DeviceBuffer>;
 
 // A loaded executable plus what we need to call it.
-// How many executables a process keeps loaded before its in-process caches are dropped: the CPU
-// plugin maps ~3 memory regions per executable and Linux allows ~65k mappings per process; past
-// that the plugin's JIT fails and then its unwinder state is corrupt (crashes on the next throw).
-constexpr int64_t kMaxLiveExecutables = 8192;
+// Loaded executables cost memory mappings (the CPU plugin maps 3-20 regions of JIT code each) and
+// Linux allows ~65k per process; past that the plugin's JIT fails and its unwinder state is corrupt
+// (the next C++ throw crashes). The spec kernel drops the in-process caches when a process holds
+// more than kMaxLiveExecutables executables or kMaxMemoryMappings mappings.
+constexpr int64_t kMaxLiveExecutables = 2048;
+constexpr int64_t kMaxMemoryMappings = 40000;
+int64_t process_memory_mappings();  // Linux: lines of /proc/self/maps; elsewhere 0
 
 struct Executable {
   PJRT_LoadedExecutable* loaded = nullptr;

@@ -323,9 +323,12 @@ class SpecKernel final : public c10::OperatorKernel {
       if (it != cache_.end()) entry = it->second;
     }
     if (!entry) {
-      // Each executable holds a few memory mappings of JIT code; a process has ~65k. Past the
-      // budget, drop the in-process caches (the disk tier reloads what is used again).
-      if (runtime().metrics().live_executables.load() >= rt::kMaxLiveExecutables) {
+      // Executables hold memory mappings of JIT code; a process has ~65k. Past the budget, drop
+      // the in-process caches (the disk tier reloads what is used again). The mappings are
+      // counted every 64th miss (reading /proc/self/maps costs about a millisecond).
+      static std::atomic<int64_t> misses{0};
+      if (runtime().metrics().live_executables.load() >= rt::kMaxLiveExecutables ||
+          (++misses % 64 == 0 && rt::process_memory_mappings() >= rt::kMaxMemoryMappings)) {
         clear_kernel_caches();
         runtime().clear_in_process_cache();
       }
