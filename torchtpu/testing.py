@@ -14,25 +14,40 @@ import torchtpu
 LOW_PRECISION_TOLERANCES = {torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5)}
 
 
-def to_device(value, device):
-    """`value` with every tensor inside (lists, tuples, dicts) moved to `device`."""
+def map_tensors(fn, value):
+    """`value` with `fn` applied to every tensor inside (lists, tuples, dicts)."""
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return fn(value)
     if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v, device) for v in value)
+        return type(value)(map_tensors(fn, v) for v in value)
     if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
+        return {k: map_tensors(fn, v) for k, v in value.items()}
     return value
+
+
+def _tensors(value) -> list:
+    """Every tensor inside `value`, in order."""
+    found = []
+    map_tensors(found.append, value)
+    return found
+
+
+def to_device(value, device):
+    """`value` with every tensor inside moved to `device`."""
+    return map_tensors(lambda t: t.to(device), value)
 
 
 def clone_tree(value):
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(clone_tree(v) for v in value)
-    if isinstance(value, dict):
-        return {k: clone_tree(v) for k, v in value.items()}
-    return value
+    return map_tensors(torch.Tensor.clone, value)
+
+
+def _leaf_to(value, device):
+    """`value` with every tensor a fresh leaf on `device` that requires grad where the original does."""
+    return map_tensors(lambda t: t.detach().to(device).requires_grad_(t.requires_grad), value)
+
+
+
+
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,14 +65,6 @@ def find_opinfo(name: str):
     raise LookupError(f"no OpInfo named {name!r} in op_db")
 
 
-def _has_tensor(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_has_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_tensor(v) for v in value.values())
-    return False
 
 
 def _fallbacks() -> dict:
@@ -87,25 +94,8 @@ def assert_same(actual, expected, atol=None, rtol=None, context=""):
         assert actual == expected, f"{context}: {actual!r} != {expected!r}"
 
 
-def _leaf_to(value, device):
-    """`value` with every tensor a fresh leaf on `device` that requires grad where the original does."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(device).requires_grad_(value.requires_grad)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_leaf_to(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: _leaf_to(v, device) for k, v in value.items()}
-    return value
 
 
-def _tensors(value) -> list:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 def _check_gradients(info, name, torch_dtype, atol, rtol, max_samples=None):
@@ -181,7 +171,7 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
             except Exception:
                 continue  # CPU itself rejects this sample
             tpu_input, tpu_args, tpu_kwargs = to_device((sample.input, sample.args, sample.kwargs), "tpu")
-            if "device" in tpu_kwargs or not _has_tensor((sample.input, sample.args, sample.kwargs)):
+            if "device" in tpu_kwargs or not _tensors((sample.input, sample.args, sample.kwargs)):
                 tpu_kwargs = {**tpu_kwargs, "device": "tpu"}  # creation ops (arange, eye, ...)
             if variant == "Out":
                 tpu_out = torch.empty_like(expected, device="tpu")
