@@ -24,7 +24,8 @@ def pjrt_include_dir() -> str:
     return path
 
 
-sources = sorted(glob.glob("runtime/*.cc")) + sorted(glob.glob("generated/ops/*.cpp"))
+# runtime/pjrt (torch-free PJRT client and cache), runtime/hlo (the builder), runtime/aten (torch glue).
+sources = sorted(f for part in ("pjrt", "hlo", "aten") for f in glob.glob(f"runtime/{part}/*.cc")) + sorted(glob.glob("generated/ops/*.cpp"))
 
 setup(
     ext_modules=[

@@ -52,10 +52,10 @@ KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "varia
 TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
-# "Primitives that spec lowerings name" section of runtime/hlo_builder.h. Each parameter's kind:
+# "Primitives that spec lowerings name" section of runtime/hlo/hlo_builder.h. Each parameter's kind:
 # value = a tensor/scalar Value, values = a list of Values, ints/int/bool/bools/float = compile-time attributes;
 # optional_value / optional_float take an optional schema argument (Tensor?, Scalar?, float?) that may be None.
-BUILDER_HEADER = os.path.join("runtime", "hlo_builder.h")
+BUILDER_HEADER = os.path.join("runtime", "hlo", "hlo_builder.h")
 _SECTION_START = "// --- Primitives that spec lowerings name"
 _PARAMETER_KINDS = {"const Value&": "value", "const std::vector<Value>&": "values",
                     "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float",
@@ -129,7 +129,7 @@ class Overload:
     variant: str  # Functional | Inplace | Out
     arguments: list[Argument]
     promoted: list[int]
-    written: list[int]  # arguments the op writes (see OpSpec::written in runtime/op_spec.h)
+    written: list[int]  # arguments the op writes (see OpSpec::written in runtime/aten/op_spec.h)
     returns: list[int]  # per return: the argument it aliases, or -1 for a fresh result
     foreach: bool
     implicit_generator: bool

@@ -160,7 +160,7 @@ def memory_stats(device=None) -> dict:
 
 
 # Autocast: torch.autocast("tpu", dtype=...) asks the device module which dtypes it may cast to;
-# the per-op policy (CUDA's) is registered in C++ (runtime/torch_autocast.cc).
+# the per-op policy (CUDA's) is registered in C++ (runtime/aten/torch_autocast.cc).
 def get_amp_supported_dtype() -> list:
     return [torch.bfloat16, torch.float16, torch.float32]
 

@@ -129,7 +129,7 @@
 #include <ATen/ops/xlogy_meta_dispatch.h>
 #include <ATen/ops/zero_meta_dispatch.h>
 
-#include "torch_meta_call.h"
+#include "aten/torch_meta_call.h"
 
 namespace torchtpu {
 namespace {

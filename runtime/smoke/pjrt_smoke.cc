@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "../hlo_builder.h"
-#include "../pjrt_runtime.h"
+#include "hlo/hlo_builder.h"
+#include "pjrt/pjrt_runtime.h"
 
 using namespace torchtpu::rt;
 

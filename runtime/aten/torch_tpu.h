@@ -7,8 +7,8 @@
 #include <functional>
 #include <string>
 
-#include "hlo_builder.h"
-#include "pjrt_runtime.h"
+#include "hlo/hlo_builder.h"
+#include "pjrt/pjrt_runtime.h"
 
 namespace torchtpu {
 

@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "element_type.h"
+#include "pjrt/element_type.h"
 
 struct PJRT_Api;
 struct PJRT_Client;

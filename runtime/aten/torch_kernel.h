@@ -3,8 +3,8 @@
 
 #include <torch/library.h>
 
-#include "torch_meta_call.h"
-#include "op_spec.h"
+#include "aten/torch_meta_call.h"
+#include "aten/op_spec.h"
 
 namespace torchtpu {
 

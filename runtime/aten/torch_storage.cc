@@ -13,7 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "torch_tpu.h"
+#include "aten/torch_tpu.h"
 
 namespace torchtpu {
 namespace {

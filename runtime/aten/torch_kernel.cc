@@ -1,6 +1,6 @@
 // The spec kernel (cache key -> executable + output metadata; on a miss: Meta pass, emission,
 // compile), host<->device copies, scalar reads, and the CPU fallback for ops without a spec.
-#include "torch_kernel.h"
+#include "aten/torch_kernel.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/CPUFallback.h>
@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "torch_tpu.h"
+#include "aten/torch_tpu.h"
 
 namespace torchtpu {
 namespace {

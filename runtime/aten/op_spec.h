@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "hlo_builder.h"
+#include "hlo/hlo_builder.h"
 
 namespace torchtpu {
 

@@ -1,4 +1,4 @@
-#include "pjrt_runtime.h"
+#include "pjrt/pjrt_runtime.h"
 
 #include <dlfcn.h>
 
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "compile_cache.h"
+#include "pjrt/compile_cache.h"
 #include "pjrt_c_api.h"
 
 namespace torchtpu::rt {

@@ -1,4 +1,4 @@
-#include "compile_cache.h"
+#include "pjrt/compile_cache.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "element_type.h"
+#include "pjrt/element_type.h"
 
 namespace torchtpu::rt {
 

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <random>
 
-#include "torch_tpu.h"
+#include "aten/torch_tpu.h"
 
 namespace torchtpu {
 namespace {

@@ -2,9 +2,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "compile_cache.h"
-#include "op_spec.h"
-#include "torch_tpu.h"
+#include "pjrt/compile_cache.h"
+#include "aten/op_spec.h"
+#include "aten/torch_tpu.h"
 
 namespace py = pybind11;
 using torchtpu::rt::Runtime;

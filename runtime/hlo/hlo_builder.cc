@@ -1,4 +1,4 @@
-#include "hlo_builder.h"
+#include "hlo/hlo_builder.h"
 
 #include <algorithm>
 #include <climits>
