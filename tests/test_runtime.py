@@ -322,25 +322,6 @@ def test_metrics_report_text():
     assert isinstance(torchtpu._C.cache_dir(), str)
 
 
-# ----------------------------------------------------------------------------------------------
-# (g) one module built from two spec emitters
-
-
-def test_emitter_chain_composes_two_spec_emitters():
-    assert hasattr(torch.ops.torchtpu, "emitter_chain"), (
-        "torch.ops.torchtpu.emitter_chain is not registered yet: it should build ONE module from the "
-        "spec emitters for exp and neg and run it with a single execution")
-    x_cpu = torch.linspace(-2, 2, 24).reshape(4, 6)
-    x = x_cpu.to("tpu")
-    torch.tpu.synchronize()
-    before = metrics()
-    y = torch.ops.torchtpu.emitter_chain(["exp", "neg"], x)
-    torch.tpu.synchronize()
-    after = metrics()
-    assert after["executions"] - before["executions"] == 1
-    assert_equal_cpu(y, torch.neg(torch.exp(x_cpu)))
-
-
 def test_clearing_in_process_caches_releases_executables():
     (torch.arange(7, device="tpu") * 5).cpu()
     assert metrics()["live_executables"] > 0

@@ -38,6 +38,7 @@ py::dict metrics() {
   d["live_bytes"] = m.live_bytes.load();
   d["peak_live_bytes"] = m.peak_live_bytes.load();
   d["kernel_cache_entries"] = torchtpu::kernel_cache_size();
+  d["compiled_graphs"] = torchtpu::compiled_graphs();
   py::dict fallbacks;
   for (const auto& [op, count] : torchtpu::fallback_counts()) fallbacks[py::str(op)] = count;
   d["cpu_fallbacks"] = fallbacks;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "aten/graph.h"
 #include "aten/torch_tpu.h"
 
 namespace torchtpu {
@@ -114,6 +115,9 @@ void grow_storage(const at::Tensor& self, size_t nbytes) {
   c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
   TpuStorage& storage = storage_of(self);
   if (nbytes <= storage.nbytes) return;
+  if (GraphCapture* capture = GraphCapture::active(); capture && capture->holds(storage)) {
+    capture->refuse("grows a storage the graph computes (resize_)");
+  }
   if (storage.buffer) {
     rt::BufferPtr old = storage.buffer;
     const rt::ElementType element = old->type();

@@ -1,0 +1,553 @@
+"""Graph mode against eager and against XLA itself: median milliseconds per step, side by side in one run,
+for the tiny Llama of examples/llama.py and the tiny ResNet of examples/resnet.py.
+
+Two phases per model:
+
+  train      forward + backward + optimizer step (the Llama: AdamW with gradient clipping at 1.0,
+             as examples/common.py trains it; the ResNet: SGD with momentum and weight decay)
+  inference  forward under torch.no_grad() (the model in eval mode)
+
+each run as
+
+  tpu eager     the model on device "tpu", op by op through the spec kernels
+  tpu compiled  torch.compile(model, backend="tpu"), and the optimizer update (clipping + step)
+                compiled with torch.compile(..., backend="tpu") too
+  cpu eager     the same model with PyTorch's own CPU kernels
+  jax.jit       (Llama only) the same Llama written below in plain jax.numpy, loaded with the torch
+                model's weights, its whole train step (value_and_grad + clipping + AdamW) in one jax.jit,
+                run on jax's CPU backend: XLA on the same CPU, the floor graph mode is measured against
+
+Every mode starts from the same weights (built on the CPU from --seed) and steps on one fixed batch
+that is already on its device, so host-to-device copies are not timed. A step's clock stops after
+torch.tpu.synchronize() (tpu) or jax.block_until_ready (jax). Before timing, the jax Llama's loss on
+the batch is checked against the torch CPU loss (to 1e-4 relative), before and after one train step.
+
+Compile time: for tpu modes the first call is timed on its own, with torchtpu.debug.metrics()
+(`compiles`, `compile_seconds`) read before and after it; for jax, `.lower(...).compile()` is timed.
+Kernels found in torchtpu's disk cache are loaded, not compiled (run with TORCHTPU_CACHE_DIR=0 to see
+cold compiles).
+
+Targets (tiny Llama, train step): tpu compiled <= 1.1x jax.jit, and >= 5x faster than tpu eager.
+The tpu compiled column is skipped, with a note, while no "tpu" backend is registered with Dynamo.
+
+Usage: python benchmarks/compile_step.py [--steps N] [--warmup N] [--model llama|resnet|all]
+                                         [--seed S] [--plot out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+# jax must pick its CPU backend: XLA on this CPU is the floor we compare against.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import common  # noqa: E402
+import llama  # noqa: E402
+import resnet  # noqa: E402
+
+MODES = ("tpu eager", "tpu compiled", "cpu eager", "jax.jit")
+LLAMA_LR, LLAMA_WEIGHT_DECAY, LLAMA_CLIP = 3e-3, 0.1, 1.0  # as common.train_causal_lm
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
+TARGET_VS_JAX, TARGET_VS_EAGER = 1.1, 5.0
+LOSS_RTOL = 1e-4
+
+
+@dataclass
+class Result:
+    """One mode of one phase: the step's median, and what its first call cost."""
+    ms: float | None = None  # median milliseconds per timed step
+    first_s: float | None = None  # wall time of the first call (tracing + compiling + running)
+    compiles: int | None = None  # executables compiled during the first call (jax: the one jit)
+    compile_s: float | None = None  # seconds spent compiling them
+    disk_hits: int = 0  # tpu kernels loaded from the disk cache instead of compiled
+    note: str = ""  # why there is no number
+
+
+# Timing.
+
+def measure(step: Callable[[], Any], sync: Callable[[Any], None], warmup: int, steps: int,
+            on_tpu: bool) -> Result:
+    """Times `step` alone once (the call that traces and compiles), then `warmup` untimed calls,
+    then `steps` calls, each stopped only after `sync(its output)` says the work is done."""
+    before = torchtpu.debug.metrics() if on_tpu else None
+    start = time.perf_counter()
+    sync(step())
+    result = Result(first_s=time.perf_counter() - start)
+    if on_tpu:
+        after = torchtpu.debug.metrics()
+        result.compiles = after["compiles"] - before["compiles"]
+        result.compile_s = after["compile_seconds"] - before["compile_seconds"]
+        result.disk_hits = after["disk_cache_hits"] - before["disk_cache_hits"]
+    for _ in range(warmup):
+        sync(step())
+    samples = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        sync(step())
+        samples.append((time.perf_counter() - start) * 1e3)
+    result.ms = statistics.median(samples)
+    return result
+
+
+def tpu_sync(_: Any) -> None:
+    torch.tpu.synchronize()
+
+
+def no_sync(_: Any) -> None:
+    """Torch's CPU kernels are done when they return."""
+
+
+# The torch steps, shared by both models.
+
+def torch_train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], device: str, compiled: bool,
+                     make_optimizer: Callable, loss_fn: Callable, clip: float | None) -> Callable[[], Any]:
+    """One training step as examples/common.fit takes it (forward, backward, clipping, optimizer step),
+    on `device`; with `compiled`, the model and the update are each compiled by the "tpu" backend."""
+    model = model.to(device).train()
+    batch = tuple(t.to(device) for t in batch)
+    optimizer = make_optimizer(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
+    forward = torch.compile(model, backend="tpu") if compiled else model
+
+    def update() -> None:
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        optimizer.step()
+
+    if compiled:
+        update = torch.compile(update, backend="tpu")
+
+    def step() -> torch.Tensor:
+        loss = loss_fn(forward, *batch)
+        loss.backward()
+        update()
+        optimizer.zero_grad(set_to_none=True)  # only drops references: nothing to compile
+        return loss
+
+    return step
+
+
+def torch_inference_step(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], device: str, compiled: bool,
+                         forward_fn: Callable) -> Callable[[], Any]:
+    model = model.to(device).eval()
+    batch = tuple(t.to(device) for t in batch)
+    forward = torch.compile(model, backend="tpu") if compiled else model
+
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            return forward_fn(forward, *batch)
+
+    return step
+
+
+# The Llama in plain jax.numpy, the same math as transformers' LlamaForCausalLM.
+
+class JaxLlama:
+    """LlamaForCausalLM's forward and loss for one HF config, as pure functions of a parameter dict
+    whose weights keep torch's layouts (a Linear's weight is (out, in), applied as x @ W.T)."""
+
+    def __init__(self, config):
+        rope = config.rope_parameters
+        if rope.get("rope_type", "default") != "default" or config.hidden_act != "silu":
+            raise ValueError("the jax Llama implements only default RoPE and SiLU")
+        if config.attention_bias or config.mlp_bias:
+            raise ValueError("the jax Llama has no biases")
+        self.layers = config.num_hidden_layers
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        self.theta = rope["rope_theta"]
+        self.tied = config.tie_word_embeddings
+        self.padding_idx = config.pad_token_id  # HF's nn.Embedding(..., padding_idx): that row gets no gradient
+
+    def params_from(self, model: torch.nn.Module) -> dict:
+        """The torch model's weights as jax arrays, every state_dict entry accounted for."""
+        import jax.numpy as jnp
+        state = {k: jnp.asarray(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+        take = state.pop
+        params = {
+            "embed": take("model.embed_tokens.weight"),
+            "layers": [{
+                name: take(f"model.layers.{i}.{key}.weight") for name, key in [
+                    ("input_norm", "input_layernorm"), ("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"),
+                    ("v", "self_attn.v_proj"), ("o", "self_attn.o_proj"), ("post_norm", "post_attention_layernorm"),
+                    ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj")]
+            } for i in range(self.layers)],
+            "norm": take("model.norm.weight"),
+        }
+        head = take("lm_head.weight", None)  # a tied head may or may not appear in the state_dict
+        if not self.tied:
+            params["lm_head"] = head
+        if state:
+            raise ValueError(f"weights the jax Llama does not use: {sorted(state)}")
+        return params
+
+    def rms_norm(self, x, weight):
+        import jax
+        import jax.numpy as jnp
+        return weight * (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps))
+
+    def rotary(self, length: int):
+        """cos and sin of each position's angles, (length, head_dim), halves repeated as in HF."""
+        import jax.numpy as jnp
+        inv_freq = 1.0 / (self.theta ** (jnp.arange(0, self.head_dim, 2, dtype=jnp.float32) / self.head_dim))
+        angles = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+        angles = jnp.concatenate([angles, angles], axis=-1)
+        return jnp.cos(angles), jnp.sin(angles)
+
+    @staticmethod
+    def rotate(x, cos, sin):
+        """RoPE on x of shape (batch, length, heads, head_dim): x*cos + rotate_half(x)*sin."""
+        import jax.numpy as jnp
+        half = x.shape[-1] // 2
+        rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+    def attention(self, layer, h, cos, sin):
+        import jax
+        import jax.numpy as jnp
+        batch, length, _ = h.shape
+        q = (h @ layer["q"].T).reshape(batch, length, self.heads, self.head_dim)
+        k = (h @ layer["k"].T).reshape(batch, length, self.kv_heads, self.head_dim)
+        v = (h @ layer["v"].T).reshape(batch, length, self.kv_heads, self.head_dim)
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        # Grouped-query attention: kv head j serves query heads j*group .. (j+1)*group-1 (HF's repeat_kv).
+        group = self.heads // self.kv_heads
+        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * self.head_dim ** -0.5
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, self.heads * self.head_dim)
+        return out @ layer["o"].T
+
+    @staticmethod
+    def mlp(layer, h):
+        import jax
+        return (jax.nn.silu(h @ layer["gate"].T) * (h @ layer["up"].T)) @ layer["down"].T
+
+    def embed(self, table, ids):
+        """The lookup, with no gradient flowing into the padding row (torch's padding_idx)."""
+        import jax
+        if self.padding_idx is not None:
+            table = table.at[self.padding_idx].set(jax.lax.stop_gradient(table[self.padding_idx]))
+        return table[ids]
+
+    def logits(self, params, ids):
+        x = self.embed(params["embed"], ids)
+        cos, sin = self.rotary(ids.shape[1])
+        for layer in params["layers"]:
+            x = x + self.attention(layer, self.rms_norm(x, layer["input_norm"]), cos, sin)
+            x = x + self.mlp(layer, self.rms_norm(x, layer["post_norm"]))
+        x = self.rms_norm(x, params["norm"])
+        return x @ (params["embed"] if self.tied else params["lm_head"]).T
+
+    def loss(self, params, ids):
+        """Mean next-token cross-entropy, labels = ids shifted by one (HF's ForCausalLMLoss)."""
+        import jax
+        import jax.numpy as jnp
+        log_probs = jax.nn.log_softmax(self.logits(params, ids)[:, :-1], axis=-1)
+        return -jnp.mean(jnp.take_along_axis(log_probs, ids[:, 1:, None], axis=-1))
+
+
+def adamw_init(params) -> dict:
+    import jax
+    import jax.numpy as jnp
+    zeros = lambda p: jnp.zeros_like(p)  # noqa: E731
+    return {"step": jnp.zeros((), jnp.float32), "m": jax.tree.map(zeros, params), "v": jax.tree.map(zeros, params)}
+
+
+def clip_by_global_norm(grads, max_norm: float):
+    """torch.nn.utils.clip_grad_norm_: scale every gradient by max_norm / (total 2-norm + 1e-6), at most 1."""
+    import jax
+    import jax.numpy as jnp
+    total = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree.leaves(grads)))
+    scale = jnp.minimum(max_norm / (total + 1e-6), 1.0)
+    return jax.tree.map(lambda g: g * scale, grads)
+
+
+def adamw_update(params, grads, state, lr: float, weight_decay: float):
+    """torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments), every parameter decayed."""
+    import jax
+    import jax.numpy as jnp
+    beta1, beta2 = ADAM_BETAS
+    step = state["step"] + 1
+    m = jax.tree.map(lambda m, g: beta1 * m + (1 - beta1) * g, state["m"], grads)
+    v = jax.tree.map(lambda v, g: beta2 * v + (1 - beta2) * g * g, state["v"], grads)
+    step_size = lr / (1 - beta1 ** step)
+    root_correction = jnp.sqrt(1 - beta2 ** step)
+
+    def apply(p, m, v):
+        return p * (1 - lr * weight_decay) - step_size * m / (jnp.sqrt(v) / root_correction + ADAM_EPS)
+
+    return jax.tree.map(apply, params, m, v), {"step": step, "m": m, "v": v}
+
+
+def jax_llama_steps(jl: JaxLlama, params, ids_np):
+    """The jitted train step (value_and_grad + clipping + AdamW, params and state donated so they update
+    in place as torch's do) and the jitted forward, each with the time `.lower(...).compile()` took."""
+    import jax
+    import jax.numpy as jnp
+
+    def train(params, state, ids):
+        loss, grads = jax.value_and_grad(jl.loss)(params, ids)
+        grads = clip_by_global_norm(grads, LLAMA_CLIP)
+        params, state = adamw_update(params, grads, state, LLAMA_LR, LLAMA_WEIGHT_DECAY)
+        return params, state, loss
+
+    ids = jnp.asarray(ids_np)
+    state = adamw_init(params)
+    start = time.perf_counter()
+    train_c = jax.jit(train, donate_argnums=(0, 1)).lower(params, state, ids).compile()
+    train_compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    logits_c = jax.jit(jl.logits).lower(params, ids).compile()
+    logits_compile_s = time.perf_counter() - start
+    return (train_c, state, train_compile_s), (logits_c, logits_compile_s)
+
+
+def check_jax_loss(seed: int, ids: torch.Tensor) -> bool:
+    """The jax Llama against torch on the CPU, same weights and batch: the loss before any step and
+    after one train step must agree to LOSS_RTOL relative. Prints both."""
+    import jax.numpy as jnp
+    model = llama.build(True, seed)
+    jl = JaxLlama(model.config)
+    params = jl.params_from(model)
+    ids_j = jnp.asarray(ids.numpy())
+    (train_c, state, _), _ = jax_llama_steps(jl, jl.params_from(model), ids.numpy())
+    loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
+    torch_step = torch_train_step(model, (ids,), "cpu", False, lambda p: torch.optim.AdamW(
+        p, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY), loss_fn, LLAMA_CLIP)
+
+    ok = True
+    for when in ("initial weights", "after 1 train step"):
+        with torch.no_grad():
+            torch_loss = loss_fn(model, ids).item()
+        jax_loss = float(jl.loss(params, ids_j))
+        rel = abs(jax_loss - torch_loss) / abs(torch_loss)
+        ok &= rel <= LOSS_RTOL
+        print(f"  loss check, {when:<19} torch cpu {torch_loss:.7f}  jax {jax_loss:.7f}  "
+              f"rel diff {rel:.1e} ({'ok' if rel <= LOSS_RTOL else f'> {LOSS_RTOL:g}'})")
+        torch_step()
+        params, state, _ = train_c(params, state, ids_j)
+    return ok
+
+
+# The models.
+
+def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, Result]]:
+    vocab, *_, batch, length = llama.SIZES[True]
+    (ids,) = next(common.token_batches(args.seed, batch, length, vocab))
+    make_opt = lambda p: torch.optim.AdamW(p, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY)  # noqa: E731
+    loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
+    logits_fn = lambda m, ids: m(input_ids=ids).logits  # noqa: E731
+    results = torch_results(args, compile_ok, tpu_ok, lambda: llama.build(True, args.seed), (ids,),
+                            make_opt, loss_fn, LLAMA_CLIP, logits_fn)
+
+    try:
+        import jax
+    except ImportError:
+        note = "jax not installed (pip install -e .[bench])"
+        for phase in results:
+            results[phase]["jax.jit"] = Result(note=note)
+        print(f"  jax.jit: skipped, {note}")
+        return results
+    print(f"  jax {jax.__version__} on {jax.devices()[0].platform}")
+    check_jax_loss(args.seed, ids)
+    model = llama.build(True, args.seed)
+    jl = JaxLlama(model.config)
+    (train_c, state, train_compile_s), (logits_c, logits_compile_s) = jax_llama_steps(
+        jl, jl.params_from(model), ids.numpy())
+    params, ids_j = jl.params_from(model), jax.numpy.asarray(ids.numpy())
+    jax_sync = jax.block_until_ready
+
+    def jax_train() -> Any:
+        nonlocal params, state
+        params, state, loss = train_c(params, state, ids_j)
+        return params, state, loss
+
+    for phase, step, compile_s in [("train", jax_train, train_compile_s),
+                                   ("inference", lambda: logits_c(params, ids_j), logits_compile_s)]:
+        r = measure(step, jax_sync, args.warmup, args.steps, on_tpu=False)
+        r.compiles, r.compile_s = 1, compile_s
+        results[phase]["jax.jit"] = r
+    return results
+
+
+def resnet_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, Result]]:
+    *_, size, batch = resnet.SIZES[True]
+    images, labels = next(resnet.image_batches(args.seed, batch, size))
+    make_opt = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=5e-4)  # noqa: E731
+    loss_fn = lambda m, x, y: F.cross_entropy(m(x), y)  # noqa: E731
+    forward_fn = lambda m, x, y: m(x)  # noqa: E731
+    results = torch_results(args, compile_ok, tpu_ok, lambda: resnet.build(True, args.seed), (images, labels),
+                            make_opt, loss_fn, None, forward_fn)
+    for phase in results:
+        results[phase]["jax.jit"] = Result(note="Llama only")
+    return results
+
+
+def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: tuple, make_opt: Callable,
+                  loss_fn: Callable, clip: float | None, forward_fn: Callable) -> dict[str, dict[str, Result]]:
+    """The three torch modes of both phases, each on a freshly built model so no mode sees another's
+    trained weights. A mode that fails is reported with its error rather than ending the run."""
+    modes = {"tpu eager": ("tpu", False), "tpu compiled": ("tpu", True), "cpu eager": ("cpu", False)}
+    results: dict[str, dict[str, Result]] = {"train": {}, "inference": {}}
+    for phase in results:
+        for mode, (device, compiled) in modes.items():
+            if device == "tpu" and not tpu_ok:
+                results[phase][mode] = Result(note="no tpu runtime")
+                continue
+            if compiled and not compile_ok:
+                results[phase][mode] = Result(note='no "tpu" Dynamo backend')
+                continue
+            if compiled:
+                torch._dynamo.reset()  # each compiled mode counts its own graphs
+            try:
+                if phase == "train":
+                    step = torch_train_step(build(), batch, device, compiled, make_opt, loss_fn, clip)
+                else:
+                    step = torch_inference_step(build(), batch, device, compiled, forward_fn)
+                results[phase][mode] = measure(step, tpu_sync if device == "tpu" else no_sync,
+                                               args.warmup, args.steps, on_tpu=device == "tpu")
+            except Exception as error:  # noqa: BLE001 - one failing mode should not hide the others
+                traceback.print_exc(limit=3)
+                results[phase][mode] = Result(note=f"failed: {type(error).__name__}")
+            print(f"  {phase:<9} {mode:<12} {fmt_ms(results[phase][mode])}", flush=True)
+    return results
+
+
+# Reporting.
+
+def fmt_ms(r: Result) -> str:
+    return f"{r.ms:.2f} ms" if r.ms is not None else r.note
+
+
+def ratio(a: Result, b: Result) -> float | None:
+    return a.ms / b.ms if a.ms is not None and b.ms is not None else None
+
+
+def print_table(model: str, results: dict[str, dict[str, Result]]) -> None:
+    header = (f"{'phase':<10}{'mode':<14}{'median ms':>11}{'first call s':>14}{'compiles':>10}"
+              f"{'compile s':>11}{'s/graph':>9}{'disk hits':>11}")
+    print(f"\n{model}: median of the timed steps; first call = tracing + compiling + one step")
+    print(header)
+    print("-" * len(header))
+    for phase, by_mode in results.items():
+        for mode in MODES:
+            r = by_mode.get(mode)
+            if r is None:
+                continue
+            if r.ms is None:
+                print(f"{phase:<10}{mode:<14}{'-':>11}  {r.note}")
+                continue
+            per_graph = r.compile_s / r.compiles if r.compiles else None
+            cells = [f"{r.first_s:.3f}" if mode != "jax.jit" else "-",
+                     "-" if r.compiles is None else str(r.compiles),
+                     "-" if r.compile_s is None else f"{r.compile_s:.3f}",
+                     "-" if per_graph is None else f"{per_graph:.3f}",
+                     str(r.disk_hits) if mode.startswith("tpu") else "-"]
+            print(f"{phase:<10}{mode:<14}{r.ms:>11.2f}{cells[0]:>14}{cells[1]:>10}{cells[2]:>11}{cells[3]:>9}"
+                  f"{cells[4]:>11}")
+    print("-" * len(header))
+    for phase, by_mode in results.items():
+        vs_jax = ratio(by_mode["tpu compiled"], by_mode["jax.jit"])
+        speedup = ratio(by_mode["tpu eager"], by_mode["tpu compiled"])
+        targets = model == "llama" and phase == "train"
+        line = [f"{phase:<10}"]
+        if by_mode["jax.jit"].ms is not None:
+            line.append(f"tpu compiled / jax.jit: {show(vs_jax)}"
+                        + (f" (target <= {TARGET_VS_JAX}x: {verdict(vs_jax, vs_jax is not None and vs_jax <= TARGET_VS_JAX)})"
+                           if targets else ""))
+        line.append(f"tpu eager / tpu compiled: {show(speedup)}"
+                    + (f" (target >= {TARGET_VS_EAGER:g}x: {verdict(speedup, speedup is not None and speedup >= TARGET_VS_EAGER)})"
+                       if targets else ""))
+        line.append(f"tpu eager / cpu eager: {show(ratio(by_mode['tpu eager'], by_mode['cpu eager']))}")
+        print("  ".join(line))
+
+
+def show(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def verdict(x: float | None, met: bool) -> str:
+    return "n/a" if x is None else ("met" if met else "NOT met")
+
+
+def plot(path: str, all_results: dict[str, dict[str, dict[str, Result]]]) -> None:
+    """Grouped bars of median ms per mode, one group per model and phase, on a log scale."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"--plot {path}: matplotlib is not installed, no plot written")
+        return
+    groups = [(m, p) for m, phases in all_results.items() for p in phases]
+    width = 0.8 / len(MODES)
+    fig, ax = plt.subplots(figsize=(2.2 * len(groups) + 2, 4))
+    for i, mode in enumerate(MODES):
+        xs, ys = [], []
+        for g, (m, p) in enumerate(groups):
+            r = all_results[m][p].get(mode)
+            if r is not None and r.ms is not None:
+                xs.append(g + (i - (len(MODES) - 1) / 2) * width)
+                ys.append(r.ms)
+        ax.bar(xs, ys, width, label=mode)
+    ax.set_xticks(range(len(groups)), [f"{m} {p}" for m, p in groups])
+    ax.set_yscale("log")
+    ax.set_ylabel("median ms per step")
+    ax.set_title("torchtpu: eager vs compiled vs CPU vs jax.jit")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot written to {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per mode (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first call (default 3)")
+    parser.add_argument("--model", choices=["llama", "resnet", "all"], default="all")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", metavar="OUT.png", help="also draw the medians as a bar chart")
+    args = parser.parse_args()
+
+    tpu_ok = torchtpu.is_available()
+    if not tpu_ok:
+        print(f"note: no tpu runtime ({torchtpu.init_error()}); the tpu columns are skipped")
+    compile_ok = tpu_ok and "tpu" in torch._dynamo.list_backends()
+    if tpu_ok and not compile_ok:
+        print('note: torch.compile backend "tpu" is not registered (graph mode not there yet); '
+              "the tpu compiled column is skipped")
+    platform = torchtpu._C.platform_name() if tpu_ok else "none"
+    print(f"compile_step: tiny models, {args.steps} timed steps after {args.warmup} warm-up, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} CPU threads), PJRT plugin {platform}")
+
+    runs = {"llama": llama_results, "resnet": resnet_results}
+    chosen = list(runs) if args.model == "all" else [args.model]
+    all_results = {}
+    for name in chosen:
+        print(f"\n{name}:")
+        all_results[name] = runs[name](args, compile_ok, tpu_ok)
+    for name in chosen:
+        print_table(name, all_results[name])
+    if args.plot:
+        plot(args.plot, all_results)
+
+
+if __name__ == "__main__":
+    main()

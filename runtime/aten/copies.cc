@@ -1,0 +1,195 @@
+// Modules the runtime builds itself (copies, view reads and writes, storage growth) and the
+// host <-> device copies and scalar reads PyTorch routes to the backend.
+#include <ATen/ops/empty.h>
+#include <c10/util/strides.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/graph.h"
+#include "aten/spec_call.h"
+
+namespace torchtpu {
+namespace {
+
+// A storage's contents as a parameter of a runtime module (none where it is lazy).
+std::optional<rt::Value> stored(rt::Builder& b, const rt::TensorType& type, bool lazy) {
+  if (lazy) return std::nullopt;
+  return b.parameter(type);
+}
+
+std::mutex g_modules_mutex;
+std::unordered_map<std::string, rt::ExecutablePtr> g_modules;
+
+std::mutex g_scalars_mutex;
+std::unordered_map<std::string, rt::BufferPtr> g_scalars;
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (dst.numel() == 0) return dst;
+  if (GraphCapture* capture = GraphCapture::active()) {
+    capture->copy(self, dst);
+    return dst;
+  }
+  if (is_tpu(self) && is_tpu(dst)) {
+    if (self.device() != dst.device()) {
+      dst.copy_(self.cpu());
+      return dst;
+    }
+    // On device: read the source view, convert, broadcast, write through the destination view.
+    bool src_lazy = false, dst_lazy = false;
+    const rt::TensorType src_type = storage_type(self, &src_lazy);
+    const rt::TensorType dst_type = storage_type(dst, &dst_lazy);
+    std::vector<rt::BufferPtr> inputs;
+    if (!src_lazy) inputs.push_back(storage_of(self).buffer);
+    if (!dst_lazy) inputs.push_back(storage_of(dst).buffer);
+    auto out = run_module(
+        "copy:" + geometry_key(self) + "->" + geometry_key(dst), inputs,
+        [&](rt::Builder& b) {
+          rt::Value src = read_tensor(b, stored(b, src_type, src_lazy), src_type, self);
+          return std::vector<rt::Value>{write_tensor(b, stored(b, dst_type, dst_lazy), dst_type, src, dst)};
+        },
+        dst.device().index());
+    storage_of(dst).buffer = out[0];
+    return dst;
+  }
+  if (is_tpu(dst)) {
+    const at::Tensor host = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    auto buffer = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()), dst.sizes().vec(),
+                                      dst.device().index());
+    write_into(dst, buffer);
+    return dst;
+  }
+  TORCH_CHECK(is_tpu(self), "torchtpu: _copy_from between ", self.device(), " and ", dst.device());
+  auto buffer = read_contiguous(self, element_type(self.scalar_type()));
+  at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
+  runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  dst.copy_(host);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  if (GraphCapture* capture = GraphCapture::active()) capture->refuse("reads a value on the host (.item())");
+  auto buffer = read_contiguous(self, element_type(self.scalar_type()));
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  return host.item();
+}
+
+}  // namespace
+
+std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<rt::BufferPtr>& inputs,
+                                      const std::function<std::vector<rt::Value>(rt::Builder&)>& build, int device) {
+  rt::ExecutablePtr exe;
+  {
+    std::lock_guard<std::mutex> lock(g_modules_mutex);
+    auto it = g_modules.find(key);
+    if (it != g_modules.end()) exe = it->second;
+  }
+  if (!exe) {
+    rt::Builder b;
+    auto results = build(b);
+    std::vector<rt::TensorType> types;
+    for (const auto& r : results) types.push_back(r.type);
+    exe = runtime().compile(b.finish(results), types);
+    std::lock_guard<std::mutex> lock(g_modules_mutex);
+    g_modules.emplace(key, exe);
+  }
+  std::vector<PJRT_Buffer*> raw;
+  for (const auto& in : inputs) raw.push_back(in->raw());
+  return runtime().execute(*exe, raw, device);
+}
+
+rt::BufferPtr scalar_buffer(const c10::Scalar& value, rt::ElementType element, int device) {
+  unsigned char bytes[8] = {0};
+  switch (element) {
+    case rt::ElementType::Pred: bytes[0] = value.toBool() ? 1 : 0; break;
+    case rt::ElementType::S8: { int8_t v = value.toChar(); std::memcpy(bytes, &v, 1); break; }
+    case rt::ElementType::S16: { int16_t v = value.toShort(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::S32: { int32_t v = value.toInt(); std::memcpy(bytes, &v, 4); break; }
+    case rt::ElementType::S64: { int64_t v = value.toLong(); std::memcpy(bytes, &v, 8); break; }
+    case rt::ElementType::U8: { uint8_t v = value.toByte(); std::memcpy(bytes, &v, 1); break; }
+    case rt::ElementType::U16: { uint16_t v = value.to<uint16_t>(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::U32: { uint32_t v = value.to<uint32_t>(); std::memcpy(bytes, &v, 4); break; }
+    case rt::ElementType::U64: { uint64_t v = value.to<uint64_t>(); std::memcpy(bytes, &v, 8); break; }
+    case rt::ElementType::F16: { c10::Half v = value.toHalf(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::BF16: { c10::BFloat16 v = value.toBFloat16(); std::memcpy(bytes, &v, 2); break; }
+    case rt::ElementType::F32: { float v = value.toFloat(); std::memcpy(bytes, &v, 4); break; }
+    case rt::ElementType::F64: { double v = value.toDouble(); std::memcpy(bytes, &v, 8); break; }
+  }
+  std::string key(reinterpret_cast<const char*>(bytes), 8);
+  key.push_back(static_cast<char>(element));
+  key.push_back(static_cast<char>(device));
+  {
+    std::lock_guard<std::mutex> lock(g_scalars_mutex);
+    auto it = g_scalars.find(key);
+    if (it != g_scalars.end()) return it->second;
+  }
+  auto buffer = runtime().to_device(bytes, element, {}, device);
+  std::lock_guard<std::mutex> lock(g_scalars_mutex);
+  if (g_scalars.size() > 1024) g_scalars.clear();  // bounded: values seen once (loss scales, lr) don't pile up
+  g_scalars.emplace(key, buffer);
+  return buffer;
+}
+
+void write_into(const at::Tensor& dst, const rt::BufferPtr& value_buffer) {
+  TpuStorage& storage = storage_of(dst);
+  const int64_t itemsize = static_cast<int64_t>(dst.dtype().itemsize());
+  if (dst.is_contiguous() && dst.storage_offset() == 0 &&
+      dst.numel() * itemsize == static_cast<int64_t>(storage.nbytes)) {
+    storage.buffer = value_buffer;  // the write covers the whole storage
+    return;
+  }
+  bool lazy = false;
+  const rt::TensorType st = storage_type(dst, &lazy);
+  std::vector<rt::BufferPtr> inputs{value_buffer};
+  if (!lazy) inputs.push_back(storage.buffer);
+  auto out = run_module(
+      "write:" + geometry_key(dst), inputs,
+      [&](rt::Builder& b) {
+        rt::Value v = b.parameter(rt::TensorType{value_buffer->type(), value_buffer->dims()});
+        return std::vector<rt::Value>{write_tensor(b, stored(b, st, lazy), st, v, dst)};
+      },
+      storage.device);
+  storage.buffer = out[0];
+}
+
+rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element) {
+  const TpuStorage& storage = storage_of(src);
+  if (storage.buffer && storage.buffer->type() == element && element == element_type(src.scalar_type()) &&
+      src.is_contiguous() && src.storage_offset() == 0 &&
+      storage.buffer->dims() == src.sizes().vec()) {
+    return storage.buffer;
+  }
+  bool lazy = false;
+  const rt::TensorType st = storage_type(src, &lazy);
+  std::vector<rt::BufferPtr> inputs;
+  if (!lazy) inputs.push_back(storage.buffer);
+  auto out = run_module(
+      "read:" + geometry_key(src) + rt::mlir_name(element), inputs,
+      [&](rt::Builder& b) {
+        return std::vector<rt::Value>{b.convert(read_tensor(b, stored(b, st, lazy), st, src), element)};
+      },
+      storage.device);
+  return out[0];
+}
+
+void clear_kernel_caches() {
+  clear_spec_kernel_caches();
+  std::lock_guard<std::mutex> lock(g_modules_mutex);
+  g_modules.clear();
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}
+
+}  // namespace torchtpu

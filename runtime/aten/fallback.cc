@@ -1,0 +1,52 @@
+// The CPU fallback for ops without a spec: warned once per op, counted, or an error under
+// TORCHTPU_FALLBACK=error. Inside a graph capture it refuses, so the graph splits around the op.
+#include <ATen/native/CPUFallback.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/graph.h"
+#include "aten/torch_tpu.h"
+
+namespace torchtpu {
+namespace {
+
+std::mutex g_fallback_mutex;
+std::unordered_map<std::string, int64_t> g_fallbacks;
+bool g_fallback_is_error = false;
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& name = op.schema().operator_name();
+  const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+  // A graph being captured splits here; the op then runs (or is refused) eagerly.
+  if (GraphCapture* capture = GraphCapture::active()) capture->refuse("has no spec (" + full + ")");
+  TORCH_CHECK_NOT_IMPLEMENTED(!g_fallback_is_error, "torchtpu: ", full,
+                              " has no spec, and TORCHTPU_FALLBACK=error forbids running it on the CPU. "
+                              "Add it to a file in specs/ and run `python -m codegen.gen`.");
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(g_fallback_mutex);
+    first = g_fallbacks[full]++ == 0;
+  }
+  if (first) {
+    TORCH_WARN("torchtpu: ", full, " has no spec yet, so it runs on the CPU (slow). Add an entry for it to a ",
+               "file in specs/ and run `python -m codegen.gen`.");
+  }
+  at::native::cpu_fallback(op, stack);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, int64_t>> fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  return {g_fallbacks.begin(), g_fallbacks.end()};
+}
+
+void set_fallback_is_error(bool error) { g_fallback_is_error = error; }
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,432 @@
+// Graph capture and compiled graphs (torch.compile, backend "tpu"). Python (torchtpu/_compile.py)
+// runs an AOTAutograd graph once on the real inputs with a capture active on its thread: each node
+// dispatches to the spec kernel as in eager mode, which plans and emits the call into the capture's
+// builder (spec_plan.cc, spec_emit.cc) instead of running it. Storages the graph computes hold
+// builder values, kept in the capture's map. The finished module is compiled through the same
+// two-tier cache, and later calls with inputs of the same layout run it as one executable.
+#include "aten/graph.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/strides.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/spec_call.h"
+
+namespace torchtpu {
+namespace {
+
+thread_local GraphCapture* g_active_capture = nullptr;
+
+// The marker Python looks for in an error to split the graph around the node being captured.
+constexpr const char* kRefusal = "torchtpu-graph-split: ";
+
+// Where a compiled graph's module parameters come from on each call.
+struct GraphParam {
+  enum Kind : uint8_t { Input, InputScalar, Constant, Random } kind;
+  int input = -1;              // Input, InputScalar: the graph input
+  rt::ElementType element{};   // InputScalar: the value's type in the module
+  rt::BufferPtr constant;      // Constant: a tpu tensor the graph reads that is not an input
+  uint64_t random_words = 0;   // Random: counter values one call consumes
+};
+
+// A graph output: a view of a module result's storage, of an input's storage, or an input itself.
+struct GraphOutput {
+  int result = -1;  // the module result holding its storage
+  int input = -1;   // an input whose storage it views (result < 0)
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  bool host = false;  // a host tensor among the inputs, returned as it is
+};
+
+struct CompiledGraph {
+  rt::ExecutablePtr exe;
+  std::vector<GraphParam> params;
+  std::vector<std::pair<int, int>> written_inputs;  // (input, module result): new contents of its storage
+  std::vector<GraphOutput> outputs;
+  int device = 0;
+};
+
+std::mutex g_graphs_mutex;
+std::unordered_map<std::string, std::shared_ptr<CompiledGraph>> g_graphs;  // (family, input layout) -> graph
+
+// The layout a compiled graph was captured for: each input's view and storage (a CPU 0-d tensor
+// by dtype), and which inputs share a storage.
+std::string input_key(int64_t family, const std::vector<at::Tensor>& inputs, int& device) {
+  KeyWriter k;
+  k.i(family);
+  std::unordered_map<const void*, int64_t> first_with_storage;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!is_tpu(t)) {
+      k.tag(t.defined() ? 'C' : 'N');
+      if (t.defined()) k.i(static_cast<int64_t>(t.scalar_type())), k.ints(t.sizes());
+      continue;
+    }
+    key_tensor(k, t, device);
+    const void* storage = &storage_of(t);
+    k.i(first_with_storage.emplace(storage, static_cast<int64_t>(i)).first->second);
+  }
+  if (device < 0) device = current_device();
+  return std::move(k.s);
+}
+
+at::Tensor tensor_on_storage(const c10::Storage& storage, at::ScalarType dtype, at::IntArrayRef sizes,
+                             at::IntArrayRef strides, int64_t offset) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                    c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+
+rt::Value constant_scalar(rt::Builder& b, const c10::Scalar& s, rt::ElementType element) {
+  if (rt::is_float(element)) return b.constant(s.toDouble(), element);
+  return b.constant_int(s.isBoolean() ? static_cast<int64_t>(s.toBool()) : s.toLong(), element);
+}
+
+class Capture final : public GraphCapture {
+ public:
+  Capture(int64_t family, std::string key, int device) : family_(family), key_(std::move(key)), device_(device) {}
+
+  // Registers the real inputs; returns tensors over the same storages (with their own version
+  // counters and no autograd history) for the graph to run on.
+  std::vector<at::Tensor> begin(const std::vector<at::Tensor>& inputs) {
+    std::vector<at::Tensor> aliases;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const at::Tensor& t = inputs[i];
+      if (!is_tpu(t)) {
+        aliases.push_back(t.defined() ? t.detach() : t);
+        input_of_.emplace(aliases.back().unsafeGetTensorImpl(), static_cast<int>(i));
+        continue;
+      }
+      at::Tensor alias = tensor_on_storage(t.storage(), t.scalar_type(), t.sizes(), t.strides(), t.storage_offset());
+      input_of_.emplace(alias.unsafeGetTensorImpl(), static_cast<int>(i));
+      const TpuStorage& s = storage_of(t);
+      if (s.buffer && !storages_.count(&s)) {
+        graph_.params.push_back(GraphParam{GraphParam::Input, static_cast<int>(i)});
+        storages_.emplace(&s, Slot{t.storage(), builder_.parameter(rt::TensorType{s.buffer->type(), s.buffer->dims()}),
+                                   static_cast<int>(i), false});
+      }
+      aliases.push_back(std::move(alias));
+    }
+    return aliases;
+  }
+
+  // Module results: the new contents of every written input storage, then every output storage.
+  std::shared_ptr<CompiledGraph> finish(const std::vector<at::Tensor>& outputs) {
+    std::vector<rt::Value> results;
+    std::vector<const Slot*> written;
+    for (const auto& entry : storages_) {
+      if (entry.second.input >= 0 && entry.second.written) written.push_back(&entry.second);
+    }
+    // In input order, so that the same graph always prints the same module text.
+    std::sort(written.begin(), written.end(), [](const Slot* a, const Slot* b) { return a->input < b->input; });
+    for (const Slot* slot : written) {
+      graph_.written_inputs.emplace_back(slot->input, static_cast<int>(results.size()));
+      results.push_back(slot->value);
+    }
+    std::unordered_map<const TpuStorage*, int> result_of;
+    for (const at::Tensor& t : outputs) {
+      GraphOutput out;
+      const auto input = input_of_.find(t.unsafeGetTensorImpl());
+      if (!is_tpu(t)) {
+        if (input == input_of_.end()) refuse("returns a tensor on the host");
+        out.input = input->second;
+        out.host = true;
+        graph_.outputs.push_back(out);
+        continue;
+      }
+      out.dtype = t.scalar_type();
+      out.sizes = t.sizes().vec();
+      out.strides = t.strides().vec();
+      out.offset = t.storage_offset();
+      const TpuStorage* storage = &storage_of(t);
+      const auto slot = storages_.find(storage);
+      if (slot != storages_.end() && slot->second.input >= 0) {
+        out.input = slot->second.input;  // a view of an input's storage (written back, if written)
+      } else {
+        auto [it, added] = result_of.emplace(storage, static_cast<int>(results.size()));
+        if (added) {
+          results.push_back(slot != storages_.end() ? slot->second.value
+                                                    : builder_.full(0, storage_type_of(t)));  // never written
+        }
+        out.result = it->second;
+      }
+      graph_.outputs.push_back(std::move(out));
+    }
+    std::vector<rt::TensorType> types;
+    for (const rt::Value& r : results) types.push_back(r.type);
+    graph_.exe = runtime().compile(builder_.finish(results), types);
+    graph_.device = device_;
+    return std::make_shared<CompiledGraph>(std::move(graph_));
+  }
+
+  const std::string& key() const { return key_; }
+
+  void call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
+            torch::jit::Stack* stack) override {
+    if (spec.data_dependent) refuse("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
+    const CallPlan plan = plan_call(spec, meta, op, args);
+    if (!plan.resizes.empty()) refuse("resizes an out= argument");
+    Inputs inputs(*this);
+    EmittedCall call = emit_call(spec, builder_, plan, args, inputs);
+
+    size_t next = 0;
+    std::vector<c10::IValue> fresh;
+    for (size_t j = 0; j < call.fresh.size(); ++j) {
+      std::vector<at::Tensor> tensors;
+      for (const OutputPlan& p : call.fresh[j]) {
+        if (!p.defined) {
+          tensors.emplace_back();
+          continue;
+        }
+        at::Tensor t = at::empty_strided(p.sizes, p.strides,
+                                         at::TensorOptions().dtype(p.dtype).device(c10::DeviceType::PrivateUse1, device_));
+        set_value(t, call.storages.at(next++));
+        tensors.push_back(std::move(t));
+      }
+      if (call.fresh_is_list[j]) {
+        fresh.emplace_back(c10::List<at::Tensor>(tensors));
+      } else {
+        fresh.emplace_back(std::move(tensors.at(0)));
+      }
+    }
+    for (int w : spec.written) {
+      for (const at::Tensor& t : written_tensors(args[w])) set_value(t, call.storages.at(next++));
+    }
+    std::vector<c10::IValue> returns;
+    size_t next_fresh = 0;
+    for (int r : spec.returns) returns.push_back(r >= 0 ? args[r] : std::move(fresh.at(next_fresh++)));
+    torch::jit::drop(*stack, spec.args.size());
+    for (auto& r : returns) stack->push_back(std::move(r));
+  }
+
+  void copy(const at::Tensor& src, const at::Tensor& dst) override {
+    if (!is_tpu(dst)) refuse("copies a value to the host");
+    TORCH_CHECK(!is_tpu(src) || src.device() == dst.device(), kRefusal, "copies between two tpu devices");
+    rt::Value value;
+    if (is_tpu(src)) {
+      value = read_tensor(builder_, contents(src), storage_type_of(src), src);
+    } else {  // a host tensor the graph uploads: a constant of this capture
+      const at::Tensor host = src.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+      graph_.params.push_back(GraphParam{GraphParam::Constant});
+      graph_.params.back().constant = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()),
+                                                          dst.sizes().vec(), device_);
+      value = builder_.parameter(rt::TensorType{element_type(dst.scalar_type()), dst.sizes().vec()});
+    }
+    set_value(dst, write_tensor(builder_, contents(dst), storage_type_of(dst), value, dst));
+  }
+
+  [[noreturn]] void refuse(const std::string& what) override {
+    TORCH_CHECK(false, kRefusal, what);
+  }
+
+  bool holds(const TpuStorage& storage) const override { return storages_.count(&storage) > 0; }
+
+ private:
+  struct Slot {
+    c10::Storage keep;  // keeps the storage (and so its address, the map's key) alive while capturing
+    rt::Value value;
+    int input = -1;     // the graph input whose storage this is, or -1
+    bool written = false;
+  };
+
+  // A graph's inputs: storages hold their values so far; a tpu tensor that is no input (a constant
+  // the graph reads) becomes a parameter fed its buffer; scalars are constants of the module,
+  // except a CPU 0-d tensor that is a graph input (fed its value on every call).
+  class Inputs final : public InputSource {
+   public:
+    explicit Inputs(Capture& capture) : c_(capture) {}
+    rt::TensorType storage_type(const at::Tensor& t) override { return c_.storage_type_of(t); }
+    std::optional<rt::Value> storage(rt::Builder&, const at::Tensor& t, int, int) override { return c_.contents(t); }
+    rt::Value cpu_scalar(rt::Builder& b, const at::Tensor& t, int, int, rt::ElementType element) override {
+      const auto input = c_.input_of_.find(t.unsafeGetTensorImpl());
+      if (input == c_.input_of_.end()) return constant_scalar(b, t.item(), element);
+      c_.graph_.params.push_back(GraphParam{GraphParam::InputScalar, input->second, element});
+      return b.parameter(rt::TensorType{element, {}});
+    }
+    rt::Value scalar(rt::Builder& b, const c10::IValue& v, int, int, rt::ElementType element) override {
+      return constant_scalar(b, v.toScalar(), element);
+    }
+    rt::Value random_state(rt::Builder& b, const c10::IValue* args, int arg) override {
+      if (arg >= 0 && args[arg].toOptional<at::Generator>().has_value()) {
+        c_.refuse("draws from an explicit torch.Generator");
+      }
+      random_param_ = c_.graph_.params.size();
+      c_.graph_.params.push_back(GraphParam{GraphParam::Random});
+      return b.parameter(rt::TensorType{rt::ElementType::U64, {2}});
+    }
+    void random_used(uint64_t words) override { c_.graph_.params.at(random_param_).random_words = words; }
+
+   private:
+    Capture& c_;
+    size_t random_param_ = 0;
+  };
+
+  rt::TensorType storage_type_of(const at::Tensor& t) {
+    const auto it = storages_.find(&storage_of(t));
+    if (it != storages_.end()) return it->second.value.type;
+    bool lazy = false;
+    return storage_type(t, &lazy);
+  }
+
+  std::optional<rt::Value> contents(const at::Tensor& t) {
+    const TpuStorage& s = storage_of(t);
+    const auto it = storages_.find(&s);
+    if (it != storages_.end()) return it->second.value;
+    if (!s.buffer) return std::nullopt;  // lazy: never written
+    TORCH_CHECK(s.device == device_, kRefusal, "reads a tensor on another tpu device");
+    graph_.params.push_back(GraphParam{GraphParam::Constant});
+    graph_.params.back().constant = s.buffer;
+    rt::Value v = builder_.parameter(rt::TensorType{s.buffer->type(), s.buffer->dims()});
+    storages_.emplace(&s, Slot{t.storage(), v});
+    return v;
+  }
+
+  void set_value(const at::Tensor& t, const rt::Value& v) {
+    const TpuStorage* s = &storage_of(t);
+    auto it = storages_.find(s);
+    if (it == storages_.end()) it = storages_.emplace(s, Slot{t.storage(), v}).first;
+    it->second.value = v;
+    it->second.written = true;
+  }
+
+  int64_t family_;
+  std::string key_;
+  int device_;
+  rt::Builder builder_;
+  CompiledGraph graph_;
+  std::unordered_map<const TpuStorage*, Slot> storages_;
+  std::unordered_map<const c10::TensorImpl*, int> input_of_;
+};
+
+std::unique_ptr<Capture> g_capture_owner;  // one capture at a time; Python holds the GIL while capturing
+
+// torchtpu::graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]
+std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
+  TORCH_CHECK(!g_active_capture, "torchtpu: a graph is already being captured on this thread");
+  std::vector<at::Tensor> inputs;
+  for (const auto& t : in) inputs.push_back(t.value_or(at::Tensor()));
+  int device = -1;
+  std::string key = input_key(family, inputs, device);
+  g_capture_owner = std::make_unique<Capture>(family, std::move(key), device);
+  std::vector<std::optional<at::Tensor>> aliases;
+  for (at::Tensor& t : g_capture_owner->begin(inputs)) {
+    aliases.push_back(t.defined() ? std::optional<at::Tensor>(std::move(t)) : std::nullopt);
+  }
+  g_active_capture = g_capture_owner.get();
+  return aliases;
+}
+
+// torchtpu::graph_capture_end(Tensor[] outputs) -> (): compiles the module and stores the graph.
+void capture_end(const std::vector<at::Tensor>& outputs) {
+  TORCH_CHECK(g_active_capture && g_capture_owner, "torchtpu: no graph is being captured");
+  g_active_capture = nullptr;  // compiling and storing run outside the capture
+  std::unique_ptr<Capture> capture = std::move(g_capture_owner);
+  std::shared_ptr<CompiledGraph> graph = capture->finish(outputs);
+  std::lock_guard<std::mutex> lock(g_graphs_mutex);
+  g_graphs[capture->key()] = std::move(graph);
+}
+
+void capture_abort() {
+  g_active_capture = nullptr;
+  g_capture_owner.reset();
+}
+
+// torchtpu::graph_run(int family, Tensor?[] inputs) -> (bool, Tensor[]): false where no graph was
+// captured for this layout of the inputs.
+std::tuple<bool, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(in.size());
+  for (const auto& t : in) inputs.push_back(t.value_or(at::Tensor()));
+  int device = -1;
+  const std::string key = input_key(family, inputs, device);
+  std::shared_ptr<CompiledGraph> graph;
+  {
+    std::lock_guard<std::mutex> lock(g_graphs_mutex);
+    const auto it = g_graphs.find(key);
+    if (it == g_graphs.end()) return {false, {}};
+    graph = it->second;
+  }
+  std::vector<rt::BufferPtr> keep;
+  std::vector<PJRT_Buffer*> raw;
+  keep.reserve(graph->params.size());
+  for (const GraphParam& p : graph->params) {
+    switch (p.kind) {
+      case GraphParam::Input:
+        keep.push_back(storage_of(inputs[p.input]).buffer);
+        break;
+      case GraphParam::InputScalar:
+        keep.push_back(scalar_buffer(inputs[p.input].item(), p.element, device));
+        break;
+      case GraphParam::Constant:
+        keep.push_back(p.constant);
+        break;
+      case GraphParam::Random: {
+        const auto [seed, offset] = reserve_random(std::nullopt, device, p.random_words);
+        const uint64_t state[2] = {seed, offset};
+        keep.push_back(runtime().to_device(state, rt::ElementType::U64, {2}, device));
+        break;
+      }
+    }
+    raw.push_back(keep.back()->raw());
+  }
+  std::vector<rt::BufferPtr> results = runtime().execute(*graph->exe, raw, device);
+  for (const auto& [input, result] : graph->written_inputs) storage_of(inputs[input]).buffer = results[result];
+
+  std::vector<at::Tensor> outputs;
+  std::unordered_map<int, c10::Storage> made;  // module result -> the storage its outputs share
+  for (const GraphOutput& o : graph->outputs) {
+    if (o.host) {
+      outputs.push_back(inputs[o.input]);
+      continue;
+    }
+    if (o.result < 0) {
+      outputs.push_back(tensor_on_storage(inputs[o.input].storage(), o.dtype, o.sizes, o.strides, o.offset));
+      continue;
+    }
+    const auto it = made.find(o.result);
+    if (it == made.end()) {
+      at::Tensor t = wrap_buffer(results[o.result], o.dtype, o.sizes, o.strides, o.offset, device);
+      made.emplace(o.result, t.storage());
+      outputs.push_back(std::move(t));
+    } else {
+      outputs.push_back(tensor_on_storage(it->second, o.dtype, o.sizes, o.strides, o.offset));
+    }
+  }
+  return {true, std::move(outputs)};
+}
+
+int64_t compiled_graph_count() {
+  std::lock_guard<std::mutex> lock(g_graphs_mutex);
+  return static_cast<int64_t>(g_graphs.size());
+}
+
+}  // namespace
+
+GraphCapture* GraphCapture::active() { return g_active_capture; }
+
+int64_t compiled_graphs() { return compiled_graph_count(); }
+
+TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
+  m.def("graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]");
+  m.def("graph_capture_end(Tensor[] outputs) -> ()");
+  m.def("graph_capture_abort() -> ()");
+  m.def("graph_run(int family, Tensor?[] inputs) -> (bool, Tensor[])");
+}
+
+// CompositeExplicitAutograd: one kernel whatever the inputs' devices (a graph may take host scalars).
+TORCH_LIBRARY_IMPL(torchtpu, CompositeExplicitAutograd, m) {
+  m.impl("graph_capture_begin", TORCH_FN(capture_begin));
+  m.impl("graph_capture_end", TORCH_FN(capture_end));
+  m.impl("graph_capture_abort", TORCH_FN(capture_abort));
+  m.impl("graph_run", TORCH_FN(graph_run));
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,115 @@
+// One call of a spec'd op, in three pieces the eager kernel and graph capture share:
+//   plan     the Meta pass (PyTorch's shapes, dtypes and errors) and the compute dtype;
+//   emission the op into a builder: inputs from an InputSource, promotion, the spec's lowering,
+//            conversion to each output's dtype, and the new contents of every storage it writes;
+//   (execution is the caller's: the eager kernel compiles and runs a one-op module, a graph
+//            capture keeps the values for the next node).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aten/op_spec.h"
+#include "aten/torch_meta_call.h"
+#include "aten/torch_tpu.h"
+
+namespace torchtpu {
+
+inline bool is_tpu(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+inline bool is_cpu_scalar(const at::Tensor& t) { return t.defined() && t.device().is_cpu() && t.dim() == 0; }
+
+// Cache keys: the bytes of everything a module depends on.
+struct KeyWriter {
+  std::string s;
+  void tag(char c) { s.push_back(c); }
+  void i(int64_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  void ints(c10::IntArrayRef v) {
+    i(static_cast<int64_t>(v.size()));
+    s.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(int64_t));
+  }
+  void str(const std::string& v) {
+    i(static_cast<int64_t>(v.size()));
+    s += v;
+  }
+};
+// A tensor argument's view and storage; checks that every tpu tensor is on `device` (-1: the first sets it).
+void key_tensor(KeyWriter& k, const at::Tensor& t, int& device);
+void key_attr(KeyWriter& k, const c10::IValue& v);
+std::string geometry_key(const at::Tensor& t);
+
+const char* dtype_name(at::ScalarType t);
+
+// A result tensor as the Meta pass gave it.
+struct OutputPlan {
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  bool defined = true;  // false: Meta returned an undefined tensor (an output an output_mask turns off)
+};
+
+// An out= tensor the Meta pass resized: resized for real before the call is keyed again.
+struct OutResize {
+  int arg;
+  std::vector<int64_t> sizes, strides;
+};
+
+struct CallPlan {
+  std::vector<std::vector<OutputPlan>> fresh;  // per fresh (non-aliasing) return: its tensor(s)
+  std::vector<bool> fresh_is_list;             // that return is a Tensor[]
+  std::vector<OutputPlan> written;             // the written tensors, flattened
+  std::vector<OutResize> resizes;              // non-empty: resize these outs, then key again
+  at::ScalarType compute = at::kFloat;         // the dtype the lowering computes in
+};
+
+// The Meta pass and the compute dtype (throws PyTorch's error for bad arguments, ours for an
+// unsupported dtype).
+CallPlan plan_call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, const c10::IValue* args);
+
+// Where an op's inputs come from while it is emitted: the eager kernel makes each storage a
+// parameter of a one-op module; a graph capture hands out what the graph computed for it so far.
+class InputSource {
+ public:
+  virtual ~InputSource() = default;
+  // The storage's type as a module value and its current contents (nullopt: lazy, no contents yet).
+  virtual rt::TensorType storage_type(const at::Tensor& t) = 0;
+  virtual std::optional<rt::Value> storage(rt::Builder& b, const at::Tensor& t, int arg, int index) = 0;
+  // A CPU 0-d tensor argument, as a 0-d value of `element`.
+  virtual rt::Value cpu_scalar(rt::Builder& b, const at::Tensor& t, int arg, int index, rt::ElementType element) = 0;
+  // A Scalar argument (element `index` of a Scalar[], or -1) as a 0-d value of `element`.
+  virtual rt::Value scalar(rt::Builder& b, const c10::IValue& v, int arg, int index, rt::ElementType element) = 0;
+  // The (seed, offset) state of generator argument `arg` (-1: the device's default generator), and
+  // afterwards the counter values the op's draws used.
+  virtual rt::Value random_state(rt::Builder& b, const c10::IValue* args, int arg) = 0;
+  virtual void random_used(uint64_t words) = 0;
+};
+
+// The elements `t` sees, in t's dtype, given its storage's contents (zeros where lazy).
+rt::Value read_tensor(rt::Builder& b, const std::optional<rt::Value>& storage, const rt::TensorType& storage_type,
+                      const at::Tensor& t);
+// The new contents of t's storage after writing `value` (converted to t's dtype, broadcast to t's
+// shape) through t. `old`: the storage's current contents, nullopt where lazy.
+rt::Value write_tensor(rt::Builder& b, const std::optional<rt::Value>& old, const rt::TensorType& storage_type,
+                       const rt::Value& value, const at::Tensor& t);
+
+struct EmittedCall {
+  // New storage contents: one per defined fresh result tensor (a storage laid out as its plan), then
+  // one per written tensor (`written_tensors` order), then for a data_dependent op its 0-d row count.
+  std::vector<rt::Value> storages;
+  std::vector<std::vector<OutputPlan>> fresh;  // the plan's, or for a data_dependent op the padded results
+  std::vector<bool> fresh_is_list;
+  bool has_count = false;
+};
+
+EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, const c10::IValue* args,
+                      InputSource& source);
+
+// The tensors a written argument holds: itself, the elements of a list, none for an absent Tensor?.
+std::vector<at::Tensor> written_tensors(const c10::IValue& v);
+
+// Tensor?[] indices as PyTorch's expandTensors: bool masks become nonzero() columns (synchronizes).
+c10::IValue expand_indices(const c10::IValue& v, const at::Tensor& self);
+
+}  // namespace torchtpu

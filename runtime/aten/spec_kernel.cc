@@ -1,0 +1,355 @@
+// The eager spec kernel: cache key -> (executable, output plans); on a miss the call is planned
+// and emitted as a one-op module (spec_plan.cc, spec_emit.cc) and compiled; then executed. While a
+// graph is captured, calls are emitted into the graph's module instead (graph.cc).
+#include "aten/torch_kernel.h"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/graph.h"
+#include "aten/spec_call.h"
+
+namespace torchtpu {
+namespace {
+
+// Where a one-op module's parameters come from when it runs.
+struct ParamSource {
+  enum Kind : uint8_t { Storage, Scalar, Random } kind;
+  int arg;    // Random: -1 for the default generator (an implicit-generator op)
+  int index;  // element of a tensor or scalar list, or -1
+  rt::ElementType element;
+  uint64_t random_words = 0;  // Random: counter values one call consumes
+};
+
+// Eager inputs: every storage, runtime scalar and generator state is a parameter of the module.
+class EagerInputs final : public InputSource {
+ public:
+  explicit EagerInputs(std::vector<ParamSource>& params) : params_(params) {}
+  rt::TensorType storage_type(const at::Tensor& t) override {
+    bool lazy = false;
+    return torchtpu::storage_type(t, &lazy);
+  }
+  std::optional<rt::Value> storage(rt::Builder& b, const at::Tensor& t, int arg, int index) override {
+    bool lazy = false;
+    const rt::TensorType st = torchtpu::storage_type(t, &lazy);
+    if (lazy) return std::nullopt;
+    params_.push_back(ParamSource{ParamSource::Storage, arg, index, st.element});
+    return b.parameter(st);
+  }
+  rt::Value cpu_scalar(rt::Builder& b, const at::Tensor&, int arg, int index, rt::ElementType element) override {
+    params_.push_back(ParamSource{ParamSource::Scalar, arg, index, element});
+    return b.parameter(rt::TensorType{element, {}});
+  }
+  rt::Value scalar(rt::Builder& b, const c10::IValue&, int arg, int index, rt::ElementType element) override {
+    params_.push_back(ParamSource{ParamSource::Scalar, arg, index, element});
+    return b.parameter(rt::TensorType{element, {}});
+  }
+  rt::Value random_state(rt::Builder& b, const c10::IValue*, int arg) override {
+    params_.push_back(ParamSource{ParamSource::Random, arg, -1, rt::ElementType::U64});
+    return b.parameter(rt::TensorType{rt::ElementType::U64, {2}});
+  }
+  void random_used(uint64_t words) override {
+    for (ParamSource& p : params_) {
+      if (p.kind == ParamSource::Random) p.random_words = words;
+    }
+  }
+
+ private:
+  std::vector<ParamSource>& params_;
+};
+
+// The benchmark's "bare PJRT" baseline: the executable and buffers of one real kernel call.
+struct CapturedExecution {
+  rt::ExecutablePtr exe;
+  std::vector<rt::BufferPtr> inputs;
+  int device = 0;
+};
+std::atomic<bool> g_capture_next_execution{false};
+CapturedExecution g_captured;
+
+struct Entry {
+  rt::ExecutablePtr exe;
+  std::vector<ParamSource> params;
+  CallPlan plan;  // plan.fresh: the emitted call's (a data_dependent op's padded results)
+};
+
+// Function-local statics: kernels are constructed by other translation units' static registrations.
+std::mutex& all_kernels_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<class SpecKernel*>& all_kernels() {
+  static std::vector<class SpecKernel*> kernels;
+  return kernels;
+}
+
+void key_scalar_kind(KeyWriter& key, const c10::IValue& v) {
+  key.tag(v.isNone() ? 'N' : v.toScalar().isFloatingPoint() ? 'f' : v.toScalar().isBoolean() ? 'b' : 'i');
+}
+
+class SpecKernel final : public c10::OperatorKernel {
+ public:
+  SpecKernel(const OpSpec& spec, MetaCallFn meta) : spec_(spec), meta_(meta) {
+    std::lock_guard<std::mutex> lock(all_kernels_mutex());
+    all_kernels().push_back(this);
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    calls_.fetch_add(1, std::memory_order_relaxed);
+    const size_t n = spec_.args.size();
+    TORCH_INTERNAL_ASSERT(stack->size() >= n);
+    c10::IValue* args = stack->data() + (stack->size() - n);
+
+    // A transfer between devices (x.to("cpu"), cpu_tensor.to("tpu")): the composite kernel
+    // allocates on the target and copies.
+    bool has_device_arg = false, crosses_devices = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (args[i].isDevice()) {
+        has_device_arg = true;
+        crosses_devices |= args[i].toDevice().type() != c10::DeviceType::PrivateUse1;
+      } else if (args[i].isTensor() && args[i].toTensor().defined()) {
+        crosses_devices |= !is_tpu(args[i].toTensor());
+      }
+    }
+    if (has_device_arg && crosses_devices) {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), stack);
+      return;
+    }
+
+    for (size_t i = 0; i < n; ++i) {
+      if (spec_.args[i] == ArgKind::OptionalTensorList) args[i] = expand_indices(args[i], args[0].toTensor());
+    }
+
+    if (GraphCapture* capture = GraphCapture::active()) {
+      capture->call(spec_, meta_, op, args, stack);
+      return;
+    }
+
+    int device = -1;
+    const std::string key = call_key(args, device);
+    std::shared_ptr<Entry> entry;  // shared: another thread may clear the caches meanwhile
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) entry = it->second;
+    }
+    if (!entry) {
+      // Executables hold memory mappings of JIT code; a process has ~65k. Past the budget, drop
+      // the in-process caches (the disk tier reloads what is used again). The mappings are
+      // counted every 64th miss (reading /proc/self/maps costs about a millisecond).
+      static std::atomic<int64_t> misses{0};
+      if (runtime().metrics().live_executables.load() >= rt::kMaxLiveExecutables ||
+          (++misses % 64 == 0 && rt::process_memory_mappings() >= rt::kMaxMemoryMappings)) {
+        clear_kernel_caches();
+        runtime().clear_in_process_cache();
+      }
+      std::shared_ptr<Entry> built = build(op, args);
+      std::lock_guard<std::mutex> lock(mutex_);
+      entry = cache_.emplace(key, std::move(built)).first->second;
+    }
+    if (!entry->plan.resizes.empty()) {
+      for (const OutResize& r : entry->plan.resizes) {
+        const at::Tensor& out = args[r.arg].toTensor();
+        out.resize_(r.sizes);
+        if (out.strides() != c10::IntArrayRef(r.strides)) {
+          out.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides);
+        }
+      }
+      return (*this)(op, c10::DispatchKeySet(), stack);
+    }
+    run(*entry, args, n, device, stack);
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cache_.clear();
+  }
+  int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  const char* overload() const { return spec_.overload; }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cache_.size();
+  }
+
+ private:
+  // The op, every argument's view and storage metadata and the compile-time attributes. Sets
+  // `device` from the tensors (the current device where there are none).
+  std::string call_key(const c10::IValue* args, int& device) const {
+    KeyWriter key;
+    key.s.reserve(160);
+    for (size_t i = 0; i < spec_.args.size(); ++i) {
+      switch (spec_.args[i]) {
+        case ArgKind::OptionalTensorList: {
+          const auto list = args[i].toListRef();
+          key.i(static_cast<int64_t>(list.size()));
+          for (const c10::IValue& e : list) key_tensor(key, e.isTensor() ? e.toTensor() : at::Tensor(), device);
+          break;
+        }
+        case ArgKind::Tensor:
+          key_tensor(key, args[i].isTensor() ? args[i].toTensor() : at::Tensor(), device);
+          break;
+        case ArgKind::TensorList: {
+          const auto list = args[i].toTensorList();
+          key.i(static_cast<int64_t>(list.size()));
+          for (const at::Tensor& t : list) key_tensor(key, t, device);
+          break;
+        }
+        case ArgKind::Scalar:
+          key_scalar_kind(key, args[i]);
+          break;
+        case ArgKind::ScalarList: {
+          const auto list = args[i].toListRef();
+          key.i(static_cast<int64_t>(list.size()));
+          for (const c10::IValue& v : list) key_scalar_kind(key, v);
+          break;
+        }
+        case ArgKind::Attr:
+          key_attr(key, args[i]);
+          break;
+        case ArgKind::Generator:
+        case ArgKind::Ignored:
+          break;
+      }
+    }
+    if (device < 0) device = current_device();
+    return std::move(key.s);
+  }
+
+  const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {
+    if (index < 0) {
+      holder = args[arg].toTensor();
+    } else if (spec_.args[arg] == ArgKind::OptionalTensorList) {
+      holder = args[arg].toListRef()[index].toTensor();
+    } else {
+      holder = args[arg].toTensorList().get(index);
+    }
+    return holder;
+  }
+
+  void run(const Entry& entry, c10::IValue* args, size_t n, int device, torch::jit::Stack* stack) {
+    std::vector<rt::BufferPtr> keep;
+    std::vector<PJRT_Buffer*> raw;
+    keep.reserve(entry.params.size());
+    raw.reserve(entry.params.size());
+    at::Tensor holder;
+    for (const ParamSource& p : entry.params) {
+      if (p.kind == ParamSource::Storage) {
+        keep.push_back(storage_of(tensor_at(args, p.arg, p.index, holder)).buffer);
+      } else if (p.kind == ParamSource::Random) {
+        const auto [seed, offset] = reserve_random(
+            p.arg < 0 ? std::nullopt : args[p.arg].toOptional<at::Generator>(), device, p.random_words);
+        const uint64_t state[2] = {seed, offset};
+        keep.push_back(runtime().to_device(state, rt::ElementType::U64, {2}, device));
+      } else {
+        const c10::IValue& a = args[p.arg];
+        const c10::Scalar value = a.isTensor()                 ? a.toTensor().item()
+                                  : a.isTensorList()           ? tensor_at(args, p.arg, p.index, holder).item()
+                                  : p.index >= 0 && a.isList() ? a.toListRef()[p.index].toScalar()
+                                                               : a.toScalar();
+        keep.push_back(scalar_buffer(value, p.element, device));
+      }
+      raw.push_back(keep.back()->raw());
+    }
+    auto outputs = runtime().execute(*entry.exe, raw, device);
+    int64_t rows = -1;  // data_dependent: the outputs' real row count, read from the module's last result
+    if (spec_.data_dependent) {
+      runtime().to_host(*outputs.back(), &rows, sizeof rows);  // synchronizes: the shape is the data's
+    }
+    if (g_capture_next_execution) {
+      g_captured = CapturedExecution{entry.exe, keep, device};
+      g_capture_next_execution = false;
+    }
+
+    // Module results: the fresh returns' tensors (undefined ones have none), then the written tensors.
+    size_t next = 0;
+    std::vector<c10::IValue> fresh;
+    for (size_t j = 0; j < entry.plan.fresh.size(); ++j) {
+      std::vector<at::Tensor> tensors;
+      for (const OutputPlan& plan : entry.plan.fresh[j]) {
+        std::vector<int64_t> sizes = plan.sizes;
+        if (rows >= 0) sizes.at(0) = rows;  // data_dependent: the real rows of the padded result
+        tensors.push_back(plan.defined ? wrap_buffer(outputs[next++], plan.dtype, sizes, plan.strides, 0, device)
+                                       : at::Tensor());
+      }
+      if (entry.plan.fresh_is_list[j]) {
+        fresh.emplace_back(c10::List<at::Tensor>(tensors));
+      } else {
+        fresh.emplace_back(std::move(tensors.at(0)));
+      }
+    }
+    for (int w : spec_.written) {
+      for (const at::Tensor& t : written_tensors(args[w])) storage_of(t).buffer = outputs.at(next++);
+    }
+    std::vector<c10::IValue> returns;
+    size_t next_fresh = 0;
+    for (int r : spec_.returns) returns.push_back(r >= 0 ? args[r] : std::move(fresh.at(next_fresh++)));
+    torch::jit::drop(*stack, n);
+    for (auto& r : returns) stack->push_back(std::move(r));
+  }
+
+  std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args) {
+    auto entry = std::make_unique<Entry>();
+    entry->plan = plan_call(spec_, meta_, op, args);
+    if (!entry->plan.resizes.empty()) return entry;
+    rt::Builder b;
+    EagerInputs inputs(entry->params);
+    EmittedCall call = emit_call(spec_, b, entry->plan, args, inputs);
+    std::vector<rt::TensorType> types;
+    for (const auto& r : call.storages) types.push_back(r.type);
+    entry->exe = runtime().compile(b.finish(call.storages), types);
+    entry->plan.fresh = std::move(call.fresh);
+    entry->plan.fresh_is_list = std::move(call.fresh_is_list);
+    return entry;
+  }
+
+  const OpSpec& spec_;
+  const MetaCallFn meta_;
+  std::atomic<int64_t> calls_{0};
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<Entry>> cache_;
+};
+
+}  // namespace
+
+void capture_next_execution() { g_capture_next_execution = true; }
+
+double repeat_captured_execution_ns(int iterations) {
+  TORCH_CHECK(g_captured.exe, "torchtpu: no execution was captured");
+  std::vector<PJRT_Buffer*> raw;
+  for (const auto& b : g_captured.inputs) raw.push_back(b->raw());
+  auto& rt = runtime();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) rt.execute(*g_captured.exe, raw, g_captured.device);
+  rt.synchronize();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+  return static_cast<double>(ns.count()) / iterations;
+}
+
+torch::CppFunction spec_kernel(const OpSpec& spec, MetaCallFn meta) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SpecKernel>(spec, meta));
+}
+
+void clear_spec_kernel_caches() {
+  std::lock_guard<std::mutex> lock(all_kernels_mutex());
+  for (auto* k : all_kernels()) k->clear();
+}
+
+std::vector<std::pair<std::string, int64_t>> spec_op_calls() {
+  std::vector<std::pair<std::string, int64_t>> calls;
+  std::lock_guard<std::mutex> lock(all_kernels_mutex());
+  for (auto* k : all_kernels()) {
+    if (k->calls() > 0) calls.emplace_back(std::string("aten::") + k->overload(), k->calls());
+  }
+  return calls;
+}
+
+int64_t kernel_cache_size() {
+  int64_t total = 0;
+  std::lock_guard<std::mutex> lock(all_kernels_mutex());
+  for (auto* k : all_kernels()) total += static_cast<int64_t>(k->size());
+  return total;
+}
+
+}  // namespace torchtpu
