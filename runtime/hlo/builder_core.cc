@@ -1,0 +1,303 @@
+// Builder core: emission, parameters, constants, structure (convert ... iota, cat), flat gather/scatter, views, finish.
+#include "hlo/hlo_builder.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "hlo/builder_internal.h"
+
+namespace torchtpu::rt {
+
+using namespace builder_internal;
+
+std::string Builder::name(const Value& v) const {
+  return "%v" + std::to_string(v.id) + (v.result >= 0 ? "#" + std::to_string(v.result) : "");
+}
+
+std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const std::vector<TensorType>& result_types) {
+  const int id = next_id_++;
+  body_ += "    %v" + std::to_string(id) + ":" + std::to_string(result_types.size()) + " = " + op_and_operands + "\n";
+  std::vector<Value> results;
+  for (size_t i = 0; i < result_types.size(); ++i) results.push_back(Value{id, result_types[i], static_cast<int>(i)});
+  return results;
+}
+
+Value Builder::emit(const std::string& op_and_operands, const TensorType& result_type) {
+  Value v{next_id_++, result_type};
+  body_ += "    " + name(v) + " = " + op_and_operands + "\n";
+  return v;
+}
+
+Value Builder::parameter(const TensorType& type) {
+  parameters_.push_back(Value{next_id_++, type});
+  return parameters_.back();
+}
+
+Value Builder::constant(double value, ElementType element) {
+  if (element == ElementType::F16 || element == ElementType::BF16) {
+    return convert(constant(value, ElementType::F32), element);
+  }
+  if (!is_float(element)) return constant_int(static_cast<int64_t>(value), element);
+  TensorType t{element, {}};
+  return emit("stablehlo.constant dense<" + float_literal(value, element) + "> : " + t.mlir(), t);
+}
+
+Value Builder::constant_int(int64_t value, ElementType element) {
+  if (is_float(element)) return constant(static_cast<double>(value), element);
+  TensorType t{element, {}};
+  std::string literal = element == ElementType::Pred ? (value ? "true" : "false") : std::to_string(value);
+  return emit("stablehlo.constant dense<" + literal + "> : " + t.mlir(), t);
+}
+
+Value Builder::full(double value, const TensorType& type) { return broadcast_to(constant(value, type.element), type.dims); }
+
+Value Builder::convert(const Value& v, ElementType element) {
+  if (v.element() == element) return v;
+  TensorType t{element, v.dims()};
+  return emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+}
+
+Value Builder::reinterpret(const Value& v, ElementType element) {
+  if (v.element() == element) return v;
+  // Booleans are one byte holding 0 or 1 in PyTorch: a numeric conversion keeps those bits.
+  if (v.element() == ElementType::Pred || element == ElementType::Pred) {
+    if (element_size(v.element()) != 1 || element_size(element) != 1) fail("reinterpret changes the element width");
+    return convert(v, element);
+  }
+  if (element_size(v.element()) != element_size(element)) fail("reinterpret changes the element width");
+  TensorType t{element, v.dims()};
+  return emit("stablehlo.bitcast_convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+}
+
+Value Builder::broadcast_in_dim(const Value& v, const std::vector<int64_t>& dims,
+                                const std::vector<int64_t>& mapping) {
+  TensorType t{v.element(), dims};
+  return emit("stablehlo.broadcast_in_dim " + name(v) + ", dims = [" + join(mapping) + "] : (" + v.type.mlir() +
+                  ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::broadcast_to(const Value& v, const std::vector<int64_t>& dims) {
+  if (v.dims() == dims) return v;
+  const int offset = static_cast<int>(dims.size()) - v.rank();
+  if (offset < 0) fail("cannot broadcast " + v.type.mlir() + " to rank " + std::to_string(dims.size()));
+  std::vector<int64_t> mapping(v.rank());
+  for (int i = 0; i < v.rank(); ++i) {
+    mapping[i] = i + offset;
+    if (v.dims()[i] != 1 && v.dims()[i] != dims[i + offset]) fail("cannot broadcast " + v.type.mlir() + " to [" + join(dims) + "]");
+  }
+  return broadcast_in_dim(v, dims, mapping);
+}
+
+Value Builder::reshape(const Value& v, const std::vector<int64_t>& dims) {
+  if (v.dims() == dims) return v;
+  TensorType t{v.element(), dims};
+  return emit("stablehlo.reshape " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+}
+
+Value Builder::transpose(const Value& v, const std::vector<int64_t>& permutation) {
+  std::vector<int64_t> identity(permutation.size());
+  std::iota(identity.begin(), identity.end(), 0);
+  if (permutation == identity) return v;
+  std::vector<int64_t> dims;
+  for (int64_t p : permutation) dims.push_back(v.dims().at(p));
+  TensorType t{v.element(), dims};
+  return emit("stablehlo.transpose " + name(v) + ", dims = [" + join(permutation) + "] : (" + v.type.mlir() +
+                  ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::slice(const Value& v, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+                     const std::vector<int64_t>& strides) {
+  std::vector<int64_t> dims;
+  for (size_t i = 0; i < start.size(); ++i) dims.push_back((limit[i] - start[i] + strides[i] - 1) / strides[i]);
+  TensorType t{v.element(), dims};
+  return emit("\"stablehlo.slice\"(" + name(v) + ") {start_indices = " + i64_array(start) + ", limit_indices = " +
+                  i64_array(limit) + ", strides = " + i64_array(strides) + "} : (" + v.type.mlir() + ") -> " +
+                  t.mlir(),
+              t);
+}
+
+Value Builder::concatenate(const std::vector<Value>& values, int64_t dim) {
+  if (values.empty()) fail("concatenate of nothing");
+  if (values.size() == 1) return values[0];
+  TensorType t = values[0].type;
+  t.dims[dim] = 0;
+  std::string operands, types;
+  for (size_t i = 0; i < values.size(); ++i) {
+    t.dims[dim] += values[i].dims()[dim];
+    operands += (i ? ", " : "") + name(values[i]);
+    types += (i ? ", " : "") + values[i].type.mlir();
+  }
+  return emit("\"stablehlo.concatenate\"(" + operands + ") {dimension = " + std::to_string(dim) + " : i64} : (" +
+                  types + ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::iota(const TensorType& type, int64_t dim) {
+  return emit("\"stablehlo.iota\"() {iota_dimension = " + std::to_string(dim) + " : i64} : () -> " + type.mlir(),
+              type);
+}
+
+Value Builder::gather_flat(const Value& flat_in, const Value& indices) {
+  TensorType t{flat_in.element(), indices.dims()};
+  return emit("\"stablehlo.gather\"(" + name(flat_in) + ", " + name(indices) +
+                  ") {dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], "
+                  "index_vector_dim = " +
+                  std::to_string(indices.rank()) + ">, slice_sizes = array<i64: 1>, indices_are_sorted = false} : (" +
+                  flat_in.type.mlir() + ", " + indices.type.mlir() + ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::scatter_flat(const Value& flat_in, const Value& indices, const Value& updates) {
+  TensorType s{flat_in.element(), {}};
+  const std::string lhs = "%r" + std::to_string(next_id_) + "a", rhs = "%r" + std::to_string(next_id_) + "b";
+  return emit("\"stablehlo.scatter\"(" + name(flat_in) + ", " + name(indices) + ", " + name(updates) +
+                  ") ({\n    ^bb0(" + lhs + ": " + s.mlir() + ", " + rhs + ": " + s.mlir() +
+                  "):\n      stablehlo.return " + rhs + " : " + s.mlir() +
+                  "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
+                  "scatter_dims_to_operand_dims = [0], index_vector_dim = " +
+                  std::to_string(indices.rank()) + ">, indices_are_sorted = false, unique_indices = false} : (" +
+                  flat_in.type.mlir() + ", " + indices.type.mlir() + ", " + updates.type.mlir() + ") -> " +
+                  flat_in.type.mlir(),
+              flat_in.type);
+}
+
+std::vector<int64_t> Builder::normalize_dims(const std::vector<int64_t>& dims, int rank) const {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    out.resize(rank);
+    std::iota(out.begin(), out.end(), 0);
+    return out;
+  }
+  for (int64_t d : dims) {
+    const int64_t wrapped = d < 0 ? d + std::max(rank, 1) : d;
+    if (rank == 0 && (wrapped == 0)) continue;  // reducing a 0-d tensor over dim 0/-1 is a no-op
+    if (wrapped < 0 || wrapped >= rank) fail("dimension out of range");
+    if (!std::count(out.begin(), out.end(), wrapped)) out.push_back(wrapped);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Value Builder::cat(const std::vector<Value>& values, int64_t dim) {
+  std::vector<Value> kept;
+  for (const Value& v : values) {
+    if (v.rank() == 1 && v.dims()[0] == 0) continue;  // legacy: a 1-D empty tensor is skipped
+    kept.push_back(v);
+  }
+  if (kept.empty()) return values.at(0);
+  const int rank = kept[0].rank();
+  return concatenate(kept, dim < 0 ? dim + rank : dim);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views
+
+Value Builder::flat(const Value& v) { return reshape(v, {v.type.numel()}); }
+
+Value Builder::view_indices(const ViewGeometry& view) {
+  TensorType index_type{ElementType::S64, view.sizes};
+  Value indices = full(static_cast<double>(view.offset), index_type);
+  for (size_t d = 0; d < view.sizes.size(); ++d) {
+    if (view.sizes[d] == 1 || view.strides[d] == 0) continue;
+    Value step = mul(iota(index_type, static_cast<int64_t>(d)), constant_int(view.strides[d], ElementType::S64));
+    indices = add(indices, step);
+  }
+  return indices;
+}
+
+namespace {
+
+int64_t numel_of(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+bool is_contiguous(const ViewGeometry& view) {
+  int64_t expected = 1;
+  for (int d = static_cast<int>(view.sizes.size()) - 1; d >= 0; --d) {
+    if (view.sizes[d] == 1) continue;
+    if (view.strides[d] != expected) return false;
+    expected *= view.sizes[d];
+  }
+  return true;
+}
+
+// If the view is a permutation of a dense row-major layout (transpose/permute of a contiguous
+// tensor), returns the order of dims from outermost to innermost in memory.
+bool dense_permutation(const ViewGeometry& view, std::vector<int64_t>* order) {
+  const int rank = static_cast<int>(view.sizes.size());
+  order->resize(rank);
+  std::iota(order->begin(), order->end(), 0);
+  std::stable_sort(order->begin(), order->end(), [&](int64_t a, int64_t b) {
+    return view.strides[a] > view.strides[b];
+  });
+  int64_t expected = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    const int64_t d = (*order)[i];
+    if (view.sizes[d] != 1 && view.strides[d] != expected) return false;
+    expected *= view.sizes[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+Value Builder::read_view(const Value& storage, const ViewGeometry& view) {
+  const int64_t n = numel_of(view.sizes);
+  const int64_t storage_numel = storage.type.numel();
+  if (n == 0) return full(0, TensorType{storage.element(), view.sizes});
+  if (is_contiguous(view)) {
+    if (view.offset == 0 && n == storage_numel) return reshape(storage, view.sizes);
+    Value f = flat(storage);
+    return reshape(slice(f, {view.offset}, {view.offset + n}, {1}), view.sizes);
+  }
+  std::vector<int64_t> order;
+  if (view.offset == 0 && n == storage_numel && dense_permutation(view, &order)) {
+    std::vector<int64_t> memory_dims;
+    for (int64_t d : order) memory_dims.push_back(view.sizes[d]);
+    Value in_memory_order = reshape(storage, memory_dims);
+    std::vector<int64_t> inverse(order.size());
+    for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
+    return transpose(in_memory_order, inverse);
+  }
+  return gather_flat(flat(storage), view_indices(view));
+}
+
+Value Builder::write_view(const Value* storage, const TensorType& storage_type, const Value& value,
+                          const ViewGeometry& view) {
+  const int64_t n = numel_of(view.sizes);
+  const int64_t storage_numel = storage_type.numel();
+  if (n == storage_numel && view.offset == 0) {
+    if (is_contiguous(view)) return reshape(value, storage_type.dims);
+    std::vector<int64_t> order;
+    if (dense_permutation(view, &order)) return reshape(transpose(value, order), storage_type.dims);
+  }
+  Value old = storage ? *storage : full(0, storage_type);
+  if (n == 0) return old;
+  Value updated = scatter_flat(flat(old), view_indices(view), value);
+  return reshape(updated, storage_type.dims);
+}
+
+std::string Builder::finish(const std::vector<Value>& results) const {
+  std::string text = "module @torchtpu {\n  func.func public @main(";
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    text += (i ? ", " : "") + name(parameters_[i]) + ": " + parameters_[i].type.mlir();
+  }
+  text += ") -> (";
+  std::string names, types;
+  for (size_t i = 0; i < results.size(); ++i) {
+    names += (i ? ", " : "") + name(results[i]);
+    types += (i ? ", " : "") + results[i].type.mlir();
+  }
+  text += types + ") {\n" + body_ + "    return " + names + " : " + types + "\n  }\n}\n";
+  return text;
+}
+
+Value Builder::dense_constant(const std::string& elements, const TensorType& type) {
+  return emit("stablehlo.constant dense<" + elements + "> : " + type.mlir(), type);
+}
+
+}  // namespace torchtpu::rt

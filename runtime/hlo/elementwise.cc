@@ -1,0 +1,301 @@
+// Builder elementwise family: binary/unary/compare/select and the unary and binary math primitives.
+#include "hlo/hlo_builder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "hlo/builder_internal.h"
+
+namespace torchtpu::rt {
+
+using namespace builder_internal;
+
+std::vector<int64_t> Builder::broadcast_shape(const std::vector<const Value*>& operands, const char* op) const {
+  int rank = 0;
+  for (const Value* v : operands) rank = std::max(rank, v->rank());
+  std::vector<int64_t> dims(rank, 1);
+  for (const Value* v : operands) {
+    for (int i = 0; i < v->rank(); ++i) {
+      const int64_t d = v->dims()[i];
+      int64_t& out = dims[i + rank - v->rank()];
+      if (d != 1 && out != 1 && d != out) fail(std::string(op) + ": shapes do not broadcast");
+      if (d != 1) out = d;
+    }
+  }
+  return dims;
+}
+
+Value Builder::binary(const char* op, const Value& a_in, const Value& b_in) {
+  if (a_in.element() != b_in.element()) {
+    fail(std::string(op) + " of " + a_in.type.mlir() + " and " + b_in.type.mlir() + ": element types differ");
+  }
+  const auto dims = broadcast_shape({&a_in, &b_in}, op);
+  Value a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
+  TensorType t{a.element(), dims};
+  return emit("stablehlo." + std::string(op) + " " + name(a) + ", " + name(b) + " : " + t.mlir(), t);
+}
+
+Value Builder::unary(const char* op, const Value& v) {
+  return emit("stablehlo." + std::string(op) + " " + name(v) + " : " + v.type.mlir(), v.type);
+}
+
+Value Builder::compare(const char* direction, const Value& a_in, const Value& b_in) {
+  if (a_in.element() != b_in.element()) fail("compare: element types differ");
+  const auto dims = broadcast_shape({&a_in, &b_in}, "compare");
+  Value a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
+  TensorType t{ElementType::Pred, dims};
+  return emit("stablehlo.compare " + std::string(direction) + ", " + name(a) + ", " + name(b) + ", " +
+                  compare_type(a.element()) + " : (" + a.type.mlir() + ", " + b.type.mlir() + ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::select(const Value& pred_in, const Value& a_in, const Value& b_in) {
+  if (a_in.element() != b_in.element()) fail("select: element types differ");
+  const auto dims = broadcast_shape({&pred_in, &a_in, &b_in}, "select");
+  Value p = broadcast_to(pred_in, dims), a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
+  TensorType t{a.element(), dims};
+  return emit("stablehlo.select " + name(p) + ", " + name(a) + ", " + name(b) + " : " + p.type.mlir() + ", " +
+                  t.mlir(),
+              t);
+}
+
+// unary elementwise primitives
+
+namespace {
+
+// The largest finite value of a float element type.
+double largest_finite(ElementType e) {
+  switch (e) {
+    case ElementType::F16: return 65504.0;
+    case ElementType::BF16: return 3.3895313892515355e38;
+    case ElementType::F32: return 3.4028234663852886e38;
+    default: return 1.7976931348623157e308;
+  }
+}
+
+}  // namespace
+
+Value Builder::abs(const Value& v) {
+  if (v.element() == ElementType::Pred || is_unsigned(v.element())) return v;
+  return unary("abs", v);
+}
+
+Value Builder::sign(const Value& v) {
+  if (v.element() == ElementType::Pred) return v;
+  const Value zero = scalar_like(0, v);
+  return sub(convert(gt(v, zero), v.element()), convert(lt(v, zero), v.element()));
+}
+
+// sinh(|x|): 0.5 * (u + u / (u + 1)) with u = expm1(|x|) below 1 (no cancellation near 0), else
+// (0.5 e) e - (0.5 / e) / e with e = exp(|x| / 2), which stays finite up to the largest sinh.
+Value Builder::sinh(const Value& v) {
+  const Value a = abs(v), half = scalar_like(0.5, v), one = scalar_like(1, v);
+  const Value u = expm1(a);
+  const Value small = mul(half, add(u, div(u, add(u, one))));
+  const Value e = exp(mul(half, a));
+  const Value large = sub(mul(mul(half, e), e), div(div(half, e), e));
+  const Value s = select(lt(a, one), small, large);
+  return select(lt(v, scalar_like(0, v)), neg(s), s);
+}
+
+Value Builder::cosh(const Value& v) {
+  const Value half = scalar_like(0.5, v);
+  const Value e = exp(mul(half, abs(v)));
+  return add(mul(mul(half, e), e), div(div(half, e), e));
+}
+
+Value Builder::erf(const Value& v) {
+  return emit("\"chlo.erf\"(" + name(v) + ") : (" + v.type.mlir() + ") -> " + v.type.mlir(), v.type);
+}
+
+Value Builder::floor(const Value& v) { return is_float(v.element()) ? unary("floor", v) : v; }
+Value Builder::ceil(const Value& v) { return is_float(v.element()) ? unary("ceil", v) : v; }
+Value Builder::round(const Value& v) { return is_float(v.element()) ? unary("round_nearest_even", v) : v; }
+Value Builder::round_decimals(const Value& v, int64_t decimals) {
+  const Value scale = scalar_like(std::pow(10.0, static_cast<double>(decimals < 0 ? -decimals : decimals)), v);
+  return decimals < 0 ? mul(round(div(v, scale)), scale) : div(round(mul(v, scale)), scale);
+}
+
+Value Builder::trunc(const Value& v) {
+  if (!is_float(v.element())) return v;
+  return select(lt(v, scalar_like(0, v)), ceil(v), floor(v));
+}
+
+Value Builder::isinf(const Value& v) {
+  if (!is_float(v.element())) return full(0, TensorType{ElementType::Pred, v.dims()});
+  return eq(abs(v), scalar_like(HUGE_VAL, v));
+}
+
+Value Builder::isposinf(const Value& v) {
+  if (!is_float(v.element())) return full(0, TensorType{ElementType::Pred, v.dims()});
+  return eq(v, scalar_like(HUGE_VAL, v));
+}
+
+Value Builder::isneginf(const Value& v) {
+  if (!is_float(v.element())) return full(0, TensorType{ElementType::Pred, v.dims()});
+  return eq(v, scalar_like(-HUGE_VAL, v));
+}
+
+Value Builder::signbit(const Value& v) {
+  const ElementType e = v.element();
+  if (e == ElementType::Pred || is_unsigned(e)) return full(0, TensorType{ElementType::Pred, v.dims()});
+  if (!is_float(e)) return lt(v, scalar_like(0, v));
+  const ElementType bits = element_size(e) == 8 ? ElementType::S64 : element_size(e) == 4 ? ElementType::S32 : ElementType::S16;
+  const Value i = reinterpret(v, bits);
+  return lt(i, scalar_like(0, i));
+}
+
+Value Builder::nan_to_num(const Value& v, std::optional<double> nan, std::optional<double> posinf,
+                          std::optional<double> neginf) {
+  if (!is_float(v.element())) return v;
+  const double big = largest_finite(v.element());
+  Value r = select(isnan(v), scalar_like(nan.value_or(0.0), v), v);
+  r = select(isposinf(v), scalar_like(posinf.value_or(big), v), r);
+  return select(isneginf(v), scalar_like(neginf.value_or(-big), v), r);
+}
+
+// A NaN in any operand gives NaN, as PyTorch's clamp does (XLA's CPU maximum(1, NaN) gives 1).
+Value Builder::clamp(const Value& v, const std::optional<Value>& min, const std::optional<Value>& max) {
+  Value r = v;
+  for (const auto& [bound, op] : {std::pair{&min, "maximum"}, std::pair{&max, "minimum"}}) {
+    if (!*bound) continue;
+    const Value next = binary(op, r, **bound);
+    r = is_float(v.element()) ? select(isnan(r), r, select(isnan(**bound), **bound, next)) : next;
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// binary primitives (specs/binary.yaml): PyTorch's CPU formulas, so results match bit for bit
+// where the CPU kernel is exact.
+
+namespace {
+
+bool is_signed_int(ElementType e) { return !is_float(e) && !is_unsigned(e) && e != ElementType::Pred; }
+
+ElementType same_width_int(ElementType e) {
+  switch (element_size(e)) {
+    case 2: return ElementType::S16;
+    case 4: return ElementType::S32;
+    default: return ElementType::S64;
+  }
+}
+
+}  // namespace
+
+Value Builder::nominal(const Value& v) {
+  if (!is_float(v.element()) || !is_float(nominal_element_) ||
+      element_size(nominal_element_) >= element_size(v.element())) {
+    return v;
+  }
+  return convert(convert(v, nominal_element_), v.element());
+}
+
+Value Builder::power(const Value& a, const Value& b) {
+  if (!is_signed_int(a.element())) return binary("power", a, b);
+  // CPU: x ** -n is 1 for x == 1, +-1 for x == -1 (by n's parity) and 0 otherwise.
+  const ElementType e = a.element();
+  Value zero = constant_int(0, e), one = constant_int(1, e), minus_one = constant_int(-1, e);
+  Value positive = binary("power", a, maximum(b, zero));
+  Value odd = ne(bitwise_and(b, one), zero);
+  Value negative = select(eq(a, one), one, select(eq(a, minus_one), select(odd, minus_one, one), zero));
+  return select(lt(b, zero), broadcast_like(negative, positive), positive);
+}
+
+Value Builder::remainder(const Value& a, const Value& b) {
+  Value zero = scalar_like(0, a);
+  Value mod = fmod(a, b);
+  Value adjust = bitwise_and(ne(mod, zero), ne(lt(b, zero), lt(mod, zero)));
+  return select(adjust, add(mod, b), mod);
+}
+
+Value Builder::div_rounded(const Value& a, const Value& b, const std::string& mode) {
+  if (mode.empty()) return div(a, b);
+  if (mode != "trunc" && mode != "floor") fail("div: unknown rounding_mode '" + mode + "'");
+  Value zero = scalar_like(0, a), one = scalar_like(1, a);
+  if (!is_float(a.element())) {
+    Value quotient = div(a, b);  // truncates
+    if (mode == "trunc" || is_unsigned(a.element())) return quotient;
+    Value adjust = bitwise_and(ne(fmod(a, b), zero), ne(lt(a, zero), lt(b, zero)));
+    return select(adjust, sub(quotient, one), quotient);
+  }
+  if (mode == "trunc") {
+    // CPU rounds a half-precision quotient before truncating, unless the divisor is one element.
+    Value q = b.type.numel() == 1 ? div(a, b) : nominal(div(a, b));
+    return select(lt(q, zero), unary("ceil", q), unary("floor", q));
+  }
+  // CPU's div_floor_floating: exact for every representable quotient.
+  Value mod = fmod(a, b);
+  Value d = div(sub(a, mod), b);
+  d = select(bitwise_and(ne(mod, zero), ne(lt(b, zero), lt(mod, zero))), sub(d, one), d);
+  Value floored = unary("floor", d);
+  floored = select(gt(sub(d, floored), scalar_like(0.5, a)), add(floored, one), floored);
+  Value signed_zero = copysign(zero, div(a, b));
+  Value result = select(ne(d, zero), floored, broadcast_like(signed_zero, floored));
+  return select(eq(b, zero), div(a, b), result);  // x / 0: IEEE
+}
+
+Value Builder::maximum(const Value& a, const Value& b) {
+  Value m = binary("maximum", a, b);
+  if (!is_float(a.element())) return m;
+  Value sum = add(a, b);  // NaN where either is
+  return select(ne(sum, sum), sum, m);
+}
+
+Value Builder::minimum(const Value& a, const Value& b) {
+  Value m = binary("minimum", a, b);
+  if (!is_float(a.element())) return m;
+  Value sum = add(a, b);
+  return select(ne(sum, sum), sum, m);
+}
+
+Value Builder::fmax(const Value& a, const Value& b) {
+  return select(ne(a, a), b, select(ne(b, b), a, binary("maximum", a, b)));
+}
+
+Value Builder::fmin(const Value& a, const Value& b) {
+  return select(ne(a, a), b, select(ne(b, b), a, binary("minimum", a, b)));
+}
+
+Value Builder::hypot(const Value& a, const Value& b) {
+  // sqrt(x^2 + y^2) on operands scaled by a power of two (exact), so the squares neither
+  // overflow nor underflow.
+  Value x = unary("abs", a), y = unary("abs", b);
+  Value big = maximum(x, y);
+  const bool wide = a.element() == ElementType::F64;
+  auto c = [&](double v) { return scalar_like(v, a); };
+  Value scale = select(gt(big, c(wide ? 0x1p500 : 0x1p60)), c(wide ? 0x1p-600 : 0x1p-70),
+                       select(lt(big, c(wide ? 0x1p-500 : 0x1p-60)), c(wide ? 0x1p600 : 0x1p90), c(1)));
+  Value xs = mul(x, scale), ys = mul(y, scale);
+  Value h = div(sqrt(add(mul(xs, xs), mul(ys, ys))), scale);
+  Value inf = c(INFINITY);
+  Value any_inf = bitwise_or(eq(x, inf), eq(y, inf));  // hypot(inf, NaN) is inf
+  return select(any_inf, broadcast_like(inf, h), h);
+}
+
+Value Builder::copysign(const Value& a, const Value& b) {
+  const auto dims = broadcast_shape({&a, &b}, "copysign");
+  Value magnitude = broadcast_to(unary("abs", a), dims);
+  Value bits = reinterpret(broadcast_to(b, dims), same_width_int(b.element()));
+  Value negative = lt(bits, constant_int(0, bits.element()));  // the sign bit, also of -0.0 and NaNs
+  return select(negative, neg(magnitude), magnitude);
+}
+
+Value Builder::xlogy(const Value& x, const Value& y) {
+  Value product = mul(x, nominal(log(y)));  // CPU rounds a half-precision log before the product
+  Value zero = scalar_like(0, x);
+  Value result = select(eq(x, zero), broadcast_like(zero, product), product);
+  return select(ne(y, y), broadcast_like(y, result), result);  // y NaN: NaN, even for x == 0
+}
+
+Value Builder::lerp(const Value& start, const Value& end, const Value& weight) {
+  // CPU: start + w * (end - start) for |w| < 0.5, else end - (end - start) * (1 - w).
+  Value diff = sub(end, start);
+  Value small = bitwise_and(lt(weight, scalar_like(0.5, weight)), gt(weight, scalar_like(-0.5, weight)));
+  Value low = add(start, mul(weight, diff));
+  Value high = sub(end, mul(diff, sub(scalar_like(1, weight), weight)));
+  return select(small, low, high);
+}
+
+}  // namespace torchtpu::rt
