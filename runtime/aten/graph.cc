@@ -48,6 +48,7 @@ struct CompiledGraph {
   rt::ExecutablePtr exe;
   std::vector<GraphParam> params;
   std::vector<std::pair<int, int>> written_inputs;  // (input, module result): new contents of its storage
+  std::vector<std::pair<int, int>> aliases;         // (parameter, module result) that may share a buffer
   std::vector<GraphOutput> outputs;
   int device = 0;
 };
@@ -160,9 +161,18 @@ class Capture final : public GraphCapture {
       }
       graph_.outputs.push_back(std::move(out));
     }
+    // A written input's new contents may take its buffer's place (donation).
+    for (const auto& [input, result] : graph_.written_inputs) {
+      for (size_t p = 0; p < graph_.params.size(); ++p) {
+        if (graph_.params[p].kind == GraphParam::Input && graph_.params[p].input == input &&
+            builder_.parameter_type(static_cast<int>(p)) == results[result].type) {
+          graph_.aliases.emplace_back(static_cast<int>(p), result);
+        }
+      }
+    }
     std::vector<rt::TensorType> types;
     for (const rt::Value& r : results) types.push_back(r.type);
-    graph_.exe = runtime().compile(builder_.finish(results), types);
+    graph_.exe = runtime().compile(builder_.finish(results, graph_.aliases), types);
     graph_.device = device_;
     return std::make_shared<CompiledGraph>(std::move(graph_));
   }
@@ -377,7 +387,7 @@ std::tuple<bool, std::vector<at::Tensor>> graph_run(int64_t family, const std::v
     }
     raw.push_back(keep.back()->raw());
   }
-  std::vector<rt::BufferPtr> results = runtime().execute(*graph->exe, raw, device);
+  std::vector<rt::BufferPtr> results = runtime().execute(*graph->exe, raw, device, donatable(graph->aliases, keep));
   for (const auto& [input, result] : graph->written_inputs) storage_of(inputs[input]).buffer = results[result];
 
   std::vector<at::Tensor> outputs;

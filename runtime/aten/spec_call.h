@@ -109,6 +109,10 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
 // The tensors a written argument holds: itself, the elements of a list, none for an absent Tensor?.
 std::vector<at::Tensor> written_tensors(const c10::IValue& v);
 
+// The aliased parameters (parameter, result) a module may consume: those whose buffer nothing but
+// its storage and this call's `inputs` holds, so no other tensor can still read it.
+std::vector<int64_t> donatable(const std::vector<std::pair<int, int>>& aliases, const std::vector<rt::BufferPtr>& inputs);
+
 // Tensor?[] indices as PyTorch's expandTensors: bool masks become nonzero() columns (synchronizes).
 c10::IValue expand_indices(const c10::IValue& v, const at::Tensor& self);
 

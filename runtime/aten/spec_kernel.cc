@@ -72,6 +72,8 @@ CapturedExecution g_captured;
 struct Entry {
   rt::ExecutablePtr exe;
   std::vector<ParamSource> params;
+  // (parameter, result): a written storage's new contents may reuse its buffer (donation).
+  std::vector<std::pair<int, int>> aliases;
   CallPlan plan;  // plan.fresh: the emitted call's (a data_dependent op's padded results)
 };
 
@@ -252,7 +254,7 @@ class SpecKernel final : public c10::OperatorKernel {
       }
       raw.push_back(keep.back()->raw());
     }
-    auto outputs = runtime().execute(*entry.exe, raw, device);
+    auto outputs = runtime().execute(*entry.exe, raw, device, donatable(entry.aliases, keep));
     int64_t rows = -1;  // data_dependent: the outputs' real row count, read from the module's last result
     if (spec_.data_dependent) {
       runtime().to_host(*outputs.back(), &rows, sizeof rows);  // synchronizes: the shape is the data's
@@ -296,9 +298,25 @@ class SpecKernel final : public c10::OperatorKernel {
     rt::Builder b;
     EagerInputs inputs(entry->params);
     EmittedCall call = emit_call(spec_, b, entry->plan, args, inputs);
+    // Each written storage's new contents may take the place of its parameter.
+    int result = static_cast<int>(call.storages.size()) - (call.has_count ? 1 : 0);
+    for (auto w = spec_.written.rbegin(); w != spec_.written.rend(); ++w) {
+      const auto tensors = written_tensors(args[*w]);
+      for (int e = static_cast<int>(tensors.size()) - 1; e >= 0; --e) {
+        --result;
+        const int index = args[*w].isTensorList() ? e : -1;
+        for (size_t p = 0; p < entry->params.size(); ++p) {
+          const ParamSource& source = entry->params[p];
+          if (source.kind == ParamSource::Storage && source.arg == *w && source.index == index &&
+              b.parameter_type(static_cast<int>(p)) == call.storages[result].type) {
+            entry->aliases.emplace_back(static_cast<int>(p), result);
+          }
+        }
+      }
+    }
     std::vector<rt::TensorType> types;
     for (const auto& r : call.storages) types.push_back(r.type);
-    entry->exe = runtime().compile(b.finish(call.storages), types);
+    entry->exe = runtime().compile(b.finish(call.storages, entry->aliases), types);
     entry->plan.fresh = std::move(call.fresh);
     entry->plan.fresh_is_list = std::move(call.fresh_is_list);
     return entry;
@@ -312,6 +330,14 @@ class SpecKernel final : public c10::OperatorKernel {
 };
 
 }  // namespace
+
+std::vector<int64_t> donatable(const std::vector<std::pair<int, int>>& aliases, const std::vector<rt::BufferPtr>& inputs) {
+  std::vector<int64_t> donated;
+  for (const auto& [parameter, result] : aliases) {
+    if (inputs[parameter].use_count() == 2) donated.push_back(parameter);
+  }
+  return donated;
+}
 
 void capture_next_execution() { g_capture_next_execution = true; }
 

@@ -281,10 +281,13 @@ Value Builder::write_view(const Value* storage, const TensorType& storage_type, 
   return reshape(updated, storage_type.dims);
 }
 
-std::string Builder::finish(const std::vector<Value>& results) const {
+std::string Builder::finish(const std::vector<Value>& results, const std::vector<std::pair<int, int>>& aliases) const {
   std::string text = "module @torchtpu {\n  func.func public @main(";
   for (size_t i = 0; i < parameters_.size(); ++i) {
     text += (i ? ", " : "") + name(parameters_[i]) + ": " + parameters_[i].type.mlir();
+    for (const auto& [parameter, result] : aliases) {
+      if (parameter == static_cast<int>(i)) text += " {tf.aliasing_output = " + std::to_string(result) + " : i32}";
+    }
   }
   text += ") -> (";
   std::string names, types;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pjrt/element_type.h"
@@ -32,6 +33,7 @@ class Builder {
  public:
   Value parameter(const TensorType& type);
   int num_parameters() const { return static_cast<int>(parameters_.size()); }
+  const TensorType& parameter_type(int i) const { return parameters_.at(i).type; }
 
   // Constants. A value is stored exactly for ints/bools; floats go through their bit pattern.
   Value constant(double value, ElementType element);
@@ -339,7 +341,9 @@ class Builder {
   int64_t random_counters() const { return random_counters_; }
 
   // Prints the module whose function returns `results`.
-  std::string finish(const std::vector<Value>& results) const;
+  // The module text. `aliases`: (parameter, result) pairs whose result may reuse the parameter's
+  // buffer (input/output aliasing: a donated input is updated in place).
+  std::string finish(const std::vector<Value>& results, const std::vector<std::pair<int, int>>& aliases = {}) const;
 
  private:
   Value emit(const std::string& op_and_operands, const TensorType& result_type);

@@ -393,11 +393,16 @@ ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vecto
 }
 
 std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args_in,
-                                        int device) {
+                                        int device, const std::vector<int64_t>& donated) {
   auto options = PJRT_ARGS(PJRT_ExecuteOptions);
-  // Inputs are storages other tensors still read: never let the plugin donate them.
-  std::vector<int64_t> keep(args_in.size());
-  for (size_t i = 0; i < keep.size(); ++i) keep[i] = static_cast<int64_t>(i);
+  // Inputs are storages other tensors may still read: only the ones the caller donates may go.
+  std::vector<int64_t> keep;
+  keep.reserve(args_in.size());
+  for (size_t i = 0; i < args_in.size(); ++i) {
+    if (std::find(donated.begin(), donated.end(), static_cast<int64_t>(i)) == donated.end()) {
+      keep.push_back(static_cast<int64_t>(i));
+    }
+  }
   options.non_donatable_input_indices = keep.data();
   options.num_non_donatable_input_indices = keep.size();
 

@@ -122,7 +122,10 @@ class Runtime {
   ExecutablePtr compile(const std::string& module_text, const std::vector<TensorType>& output_types);
 
   // Enqueues an execution; returns the output buffers at once (they become ready later).
-  std::vector<BufferPtr> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args, int device);
+  // `donated`: argument indices whose buffers the executable may consume (aliased to an output in
+  // the module; the caller holds the only reference). Every other argument stays intact.
+  std::vector<BufferPtr> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args, int device,
+                                 const std::vector<int64_t>& donated = {});
 
   // Waits for everything enqueued so far.
   void synchronize();
