@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import sys
 
 import torch
 
@@ -128,3 +129,10 @@ _start_runtime()
 from torchtpu import _meta  # noqa: E402,F401  (Meta kernels the spec kernels need)
 
 from torchtpu import debug, device  # noqa: E402
+
+# Graph mode registers with dynamo when dynamo is loaded; otherwise the torch_dynamo_backends entry
+# point imports it on torch.compile(backend="tpu") (importing dynamo here would slow `import torch`).
+if "torch._dynamo" in sys.modules:
+    from torchtpu import _compile  # noqa: E402
+
+    _compile.register_backend()

@@ -424,19 +424,13 @@ GraphCapture* GraphCapture::active() { return g_active_capture; }
 
 int64_t compiled_graphs() { return compiled_graph_count(); }
 
-TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
-  m.def("graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]");
-  m.def("graph_capture_end(Tensor[] outputs) -> ()");
-  m.def("graph_capture_abort() -> ()");
-  m.def("graph_run(int family, Tensor?[] inputs) -> (bool, Tensor[])");
-}
-
-// CompositeExplicitAutograd: one kernel whatever the inputs' devices (a graph may take host scalars).
-TORCH_LIBRARY_IMPL(torchtpu, CompositeExplicitAutograd, m) {
-  m.impl("graph_capture_begin", TORCH_FN(capture_begin));
-  m.impl("graph_capture_end", TORCH_FN(capture_end));
-  m.impl("graph_capture_abort", TORCH_FN(capture_abort));
-  m.impl("graph_run", TORCH_FN(graph_run));
+// Defined with their kernels (CompositeImplicitAutograd): they run as they are for every dispatch
+// key, autograd included, since the tensors they return share storages with their inputs by design.
+TORCH_LIBRARY(torchtpu, m) {
+  m.def("graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]", TORCH_FN(capture_begin));
+  m.def("graph_capture_end(Tensor[] outputs) -> ()", TORCH_FN(capture_end));
+  m.def("graph_capture_abort() -> ()", TORCH_FN(capture_abort));
+  m.def("graph_run(int family, Tensor?[] inputs) -> (bool, Tensor[])", TORCH_FN(graph_run));
 }
 
 }  // namespace torchtpu

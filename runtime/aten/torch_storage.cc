@@ -58,10 +58,16 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
     auto* rt = rt::Runtime::get_if_installed();
     return rt ? static_cast<c10::DeviceIndex>(rt->device_count()) : 0;
   }
-  // PJRT orders work itself; events are not needed for correctness.
+  // A device has one ordered PJRT queue: every stream is that queue, so events between streams
+  // need not wait for anything, and waiting for a stream or event waits for the device.
+  c10::Stream getNewStream(c10::Device d, int priority) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
   void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override { runtime().synchronize(); }
+  void synchronizeEvent(void*) const override { runtime().synchronize(); }
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
   void synchronizeDevice(const c10::DeviceIndex) const override { runtime().synchronize(); }
 };

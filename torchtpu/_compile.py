@@ -1,0 +1,265 @@
+"""Graph mode: `torch.compile(model, backend="tpu")`.
+
+Dynamo hands the backend an FX graph; AOTAutograd turns it into functional forward and backward
+graphs (decomposing only ops that have no spec). Each of those graphs is *captured* on its first
+call: it runs once on the real inputs with a capture active in the runtime, so every node goes
+through the spec kernel exactly as in eager mode, which emits it into one shared StableHLO module
+instead of running it (runtime/aten/graph.cc). Later calls with inputs of the same layout run that
+module as one executable; inputs the graph mutates get their storages' new contents (donated
+buffers). An op that cannot be captured (no spec, a data-dependent shape, a host read) splits the
+graph: the parts around it are captured, it runs eagerly (warned once, counted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import os
+import threading
+import warnings
+from collections import Counter
+
+import torch
+import torch.fx
+
+import torchtpu
+
+_REFUSAL = "torchtpu-graph-split: "
+
+_families = itertools.count(1)
+_lock = threading.Lock()
+# What graph mode did, for torchtpu.debug.metrics()["graph"].
+_stats = {"graphs": 0, "captures": 0, "recompiles": 0, "executions": 0}
+_recompile_reasons: list[str] = []
+_splits: Counter = Counter()
+_warned_splits: set = set()
+
+
+def stats() -> dict:
+    with _lock:
+        return {**_stats, "recompile_reasons": list(_recompile_reasons), "splits": dict(_splits)}
+
+
+def _count(key: str, n: int = 1) -> None:
+    with _lock:
+        _stats[key] += n
+
+
+def _fallback_is_error() -> bool:
+    return os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error"
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    return repr(value)
+
+
+class _CapturedGraph(torch.nn.Module):
+    """An FX graph run as one module per layout of its inputs.
+
+    Non-tensor inputs (SymInts dynamo passes for dynamic sizes, Python numbers) are specialised:
+    each distinct tuple of them is a family of its own, captured with those values. Tensor inputs
+    key the compiled module by their dtypes, shapes, strides and storages (in C++)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str):
+        super().__init__()
+        self.gm = gm
+        self.name = name
+        self._families: dict[tuple, tuple[int, list]] = {}  # non-tensor inputs -> (family, outputs layout)
+        self._layouts: dict[int, list[str]] = {}  # family -> the last captured inputs, for recompile reasons
+        self._split: torch.fx.GraphModule | None = None  # set once a node refused to be captured
+        _count("graphs")
+        host = _host_nodes(gm)
+        if host:
+            self._split = _split_around(gm, host, name)
+
+    def forward(self, *args):
+        if self._split is not None:
+            return self._split(*args)
+        statics = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+        tensors = [a if isinstance(a, torch.Tensor) else None for a in args]
+        family = self._families.get(statics)
+        if family is None:
+            family = self._families.setdefault(statics, (next(_families), []))
+        ran, outputs = torch.ops.torchtpu.graph_run(family[0], tensors)
+        if not ran:
+            if not self._capture(family, args, tensors):
+                return self._split(*args)
+            ran, outputs = torch.ops.torchtpu.graph_run(family[0], tensors)
+            assert ran, "torchtpu: a graph captured for these inputs did not run"
+        _count("executions")
+        return self._assemble(family[1], outputs)
+
+    @staticmethod
+    def _assemble(layout: list, tensors: list) -> list:
+        it = iter(tensors)
+        return [next(it) if kind == "tensor" else value for kind, value in layout]
+
+    def _capture(self, family: tuple[int, list], args: tuple, tensors: list) -> bool:
+        """Captures and compiles the graph for these inputs; False if a node refused (the graph
+        is split around it instead)."""
+        layout = [_describe(a) for a in args]
+        previous = self._layouts.get(family[0])
+        if previous is not None or len(self._families) > 1:
+            reason = self._recompile_reason(previous, layout)
+            with _lock:
+                _stats["recompiles"] += 1
+                _recompile_reasons.append(f"{self.name}: {reason}")
+        self._layouts[family[0]] = layout
+        aliases = torch.ops.torchtpu.graph_capture_begin(family[0], tensors)
+        inputs = [alias if isinstance(a, torch.Tensor) else a for a, alias in zip(args, aliases)]
+        runner = _NodeRunner(self.gm)
+        try:
+            with torch.no_grad():
+                outputs = runner.run(*inputs)
+            if not isinstance(outputs, (tuple, list)):
+                outputs = [outputs]
+            out_tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
+            torch.ops.torchtpu.graph_capture_end(out_tensors)
+        except Exception as e:
+            torch.ops.torchtpu.graph_capture_abort()
+            if _REFUSAL not in str(e) or runner.node is None:
+                raise
+            self._split_at(runner.node, str(e).split(_REFUSAL, 1)[1].splitlines()[0])
+            return False
+        family[1][:] = [("tensor", None) if isinstance(o, torch.Tensor) else ("value", o) for o in outputs]
+        _count("captures")
+        return True
+
+    @staticmethod
+    def _recompile_reason(previous: list[str] | None, layout: list[str]) -> str:
+        if previous is None:
+            return f"new non-tensor inputs ({', '.join(layout)})"
+        changes = [f"input {i}: {a} -> {b}" for i, (a, b) in enumerate(zip(previous, layout)) if a != b]
+        return "; ".join(changes) or "input strides or storages changed"
+
+    def _split_at(self, node: torch.fx.Node, why: str) -> None:
+        op = str(node.target)
+        with _lock:
+            _splits[op] += 1
+            first = op not in _warned_splits
+            _warned_splits.add(op)
+        if first:
+            warnings.warn(f"torchtpu: {op} {why}, so it cannot be part of a compiled graph: the graph is split "
+                          f"around it and it runs eagerly", stacklevel=2)
+        self._split = _split_around(self.gm, {node}, self.name)
+
+
+def _host_nodes(gm: torch.fx.GraphModule) -> set:
+    """Nodes that compute on the host (an optimizer's step counts, a bias correction, a CPU tensor
+    moved to tpu): a captured module would replay none of it, so they run eagerly on every call
+    and their results enter the captured parts as inputs."""
+    def on_host(value) -> bool:
+        if isinstance(value, (tuple, list)):
+            return any(on_host(v) for v in value)
+        return isinstance(value, torch.Tensor) and value.device.type == "cpu"
+
+    def reads_host_tensor(node: torch.fx.Node) -> bool:
+        return any(isinstance(a, torch.fx.Node) and on_host(a.meta.get("val")) and
+                   getattr(a.meta.get("val"), "dim", lambda: 0)() > 0 for a in node.all_input_nodes)
+
+    return {node for node in gm.graph.nodes
+            if node.op == "call_function" and (on_host(node.meta.get("val")) or reads_host_tensor(node))}
+
+
+class _NodeRunner(torch.fx.Interpreter):
+    """Runs a graph node by node, remembering the node being run (the one that refused)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm, garbage_collect_values=True)
+        self.node: torch.fx.Node | None = None
+
+    def run_node(self, n: torch.fx.Node):
+        self.node = n
+        return super().run_node(n)
+
+
+def _split_around(gm: torch.fx.GraphModule, eager: set, name: str) -> torch.fx.GraphModule:
+    """The graph as a sequence of parts: the `eager` nodes each alone (run as plain FX), the runs
+    of nodes between them captured graphs of their own."""
+    from torch.fx.passes.split_module import split_module
+
+    part = 0
+    parts: dict[torch.fx.Node, int] = {}
+    eager_parts: set[int] = set()
+    previous_eager = None
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        is_eager = node in eager
+        # getitem of an eager node's tuple result stays with it.
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in parts:
+            parts[node] = parts[node.args[0]]
+            continue
+        if is_eager or previous_eager is not False:
+            part += 1
+            if is_eager:
+                eager_parts.add(part)
+        parts[node] = part
+        previous_eager = is_eager
+    split = split_module(gm, None, lambda node: parts[node], keep_original_order=True)
+    for child_name, child in list(split.named_children()):
+        index = int(child_name.rsplit("_", 1)[1])
+        if index not in eager_parts:
+            setattr(split, child_name, _CapturedGraph(child, f"{name}.{child_name}"))
+    return split
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str):
+    graph = _CapturedGraph(gm, name)
+
+    def run(args: list):
+        return graph(*args)
+
+    run._boxed_call = True  # AOTAutograd passes the arguments as one list
+    return run
+
+
+def _decompositions() -> dict:
+    """PyTorch's core decompositions, for the ops that have no spec (a spec'd op stays whole)."""
+    from torch._decomp import core_aten_decompositions
+
+    table = {}
+    for op, fn in core_aten_decompositions().items():
+        if isinstance(op, torch._ops.OpOverload) and not torch._C._dispatch_has_kernel_for_dispatch_key(
+                op.name(), "PrivateUse1"):
+            table[op] = fn
+    return table
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """The "tpu" torch.compile backend."""
+    torchtpu._require_runtime()
+    from torch._dynamo.backends.common import aot_autograd
+
+    names = itertools.count()
+    compile_forward = lambda g, inputs: _compile_graph(g, inputs, f"forward{next(names)}")  # noqa: E731
+    compile_backward = lambda g, inputs: _compile_graph(g, inputs, f"backward{next(names)}")  # noqa: E731
+    aot = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward,
+                       inference_compiler=compile_forward, decompositions=_decompositions(),
+                       keep_inference_input_mutations=True)
+    return aot(gm, example_inputs, **kwargs)
+
+
+def register_device_interface() -> None:
+    """The tpu device interface dynamo asks for streams and events while tracing."""
+    from torch._dynamo.device_interface import register_interface_for_device
+
+    from torchtpu import _dynamo_device
+
+    register_interface_for_device("tpu", _dynamo_device.TpuInterface)
+
+
+def register_backend() -> None:
+    """torch._dynamo.register_backend("tpu"), for a process that imported dynamo before torchtpu;
+    otherwise dynamo finds the backend through the torch_dynamo_backends entry point (which
+    registers it itself). torch.compile is left as it is."""
+    from torch._dynamo.backends.registry import _COMPILER_FNS
+    from torch._dynamo.backends.registry import register_backend as register
+
+    if "tpu" not in _COMPILER_FNS:
+        register(compiler_fn=backend, name="tpu")
+
+
+register_device_interface()
