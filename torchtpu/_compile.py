@@ -69,6 +69,9 @@ class _CapturedGraph(torch.nn.Module):
         self._families: dict[tuple, tuple[int, list]] = {}  # non-tensor inputs -> (family, outputs layout)
         self._layouts: dict[int, list[str]] = {}  # family -> the last captured inputs, for recompile reasons
         self._split: torch.fx.GraphModule | None = None  # set once a node refused to be captured
+        # A graph returning one value (not a tuple) returns it bare, as split_module's parts do.
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        self._bare_output = not isinstance(output.args[0], (tuple, list))
         _count("graphs")
         host = _host_nodes(gm)
         if host:
@@ -89,7 +92,8 @@ class _CapturedGraph(torch.nn.Module):
             ran, outputs = torch.ops.torchtpu.graph_run(family[0], tensors)
             assert ran, "torchtpu: a graph captured for these inputs did not run"
         _count("executions")
-        return self._assemble(family[1], outputs)
+        results = self._assemble(family[1], outputs)
+        return results[0] if self._bare_output else results
 
     @staticmethod
     def _assemble(layout: list, tensors: list) -> list:
@@ -113,7 +117,7 @@ class _CapturedGraph(torch.nn.Module):
         try:
             with torch.no_grad():
                 outputs = runner.run(*inputs)
-            if not isinstance(outputs, (tuple, list)):
+            if self._bare_output:
                 outputs = [outputs]
             out_tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
             torch.ops.torchtpu.graph_capture_end(out_tensors)
@@ -217,13 +221,20 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str):
 
 
 def _decompositions() -> dict:
-    """PyTorch's core decompositions, for the ops that have no spec (a spec'd op stays whole)."""
-    from torch._decomp import core_aten_decompositions
+    """PyTorch's decompositions for the ops that have no spec (a spec'd op stays whole, so graph
+    mode emits the lowering eager mode runs): its core set, and from the rest those of ops that
+    would otherwise reach the CPU fallback (no composite kernel of their own either)."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    def has_kernel(op, key: str) -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
 
     table = {}
-    for op, fn in core_aten_decompositions().items():
-        if isinstance(op, torch._ops.OpOverload) and not torch._C._dispatch_has_kernel_for_dispatch_key(
-                op.name(), "PrivateUse1"):
+    core = core_aten_decompositions()
+    for op, fn in {**decomposition_table, **core}.items():
+        if not isinstance(op, torch._ops.OpOverload) or has_kernel(op, "PrivateUse1"):
+            continue
+        if op in core or not has_kernel(op, "CompositeExplicitAutograd"):
             table[op] = fn
     return table
 

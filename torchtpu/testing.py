@@ -195,3 +195,44 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
     after = _fallbacks()
     fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before.get("aten::" + op, 0)]
     assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"
+
+
+def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits=False):
+    """The first float32 OpInfo sample CPU accepts, forward, through torch.compile(backend="tpu")
+    on tpu vs eager on CPU: graph mode emits the same spec lowering inside one captured module.
+    None of `overloads` may fall back to the CPU, and unless `splits` (a data-dependent op, which
+    runs eagerly between captured parts) the graph must not split."""
+    import pytest
+
+    from torchtpu import _compile
+
+    info = find_opinfo(name)
+    if torch.float32 not in info.supported_dtypes("cpu"):
+        pytest.skip(f"OpInfo {name} does not support float32 on CPU")
+    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+        cpu_input, cpu_args, cpu_kwargs = clone_tree((sample.input, sample.args, sample.kwargs))
+        try:
+            expected = info.op(cpu_input, *cpu_args, **cpu_kwargs)
+        except Exception:
+            continue  # CPU itself rejects this sample
+        break
+    else:
+        pytest.skip(f"{name}: CPU rejects every float32 sample")
+    tpu_input, tpu_args, tpu_kwargs = to_device((sample.input, sample.args, sample.kwargs), "tpu")
+    if "device" in tpu_kwargs or not _tensors((sample.input, sample.args, sample.kwargs)):
+        tpu_kwargs = {**tpu_kwargs, "device": "tpu"}  # creation ops (arange, eye, ...)
+    torch._dynamo.reset()  # a fresh cache: every test compiles the same `run` code
+    before_fallbacks, before_splits = _fallbacks(), dict(_compile.stats()["splits"])
+
+    @torch.compile(backend="tpu")
+    def run(x, args, kwargs):
+        return info.op(x, *args, **kwargs)
+
+    actual = run(tpu_input, tpu_args, tpu_kwargs)
+    context = f"{name} float32 sample 0 compiled: {sample}"
+    assert_same(actual, expected, atol, rtol, context)
+    after = _fallbacks()
+    fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before_fallbacks.get("aten::" + op, 0)]
+    assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"
+    split = {op: n for op, n in _compile.stats()["splits"].items() if n > before_splits.get(op, 0)}
+    assert splits or not split, f"{name}: the compiled graph split around {split}"

@@ -2911,6 +2911,7 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // native_group_norm
       nullptr,  // native_group_norm_backward
       nullptr,  // native_batch_norm
+      nullptr,  // _native_batch_norm_legit_no_training
       nullptr,  // native_batch_norm_backward
       nullptr,  // _foreach_add.List
       nullptr,  // _foreach_add_.List

@@ -3,7 +3,7 @@
 
 import pytest
 
-from torchtpu.testing import check_opinfo
+from torchtpu.testing import check_compiled, check_opinfo
 
 
 
@@ -15,6 +15,16 @@ def test_ne_Tensor(dtype):
         dtype,
         overloads=["ne.Tensor", "ne_.Tensor", "ne.Tensor_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_ne_Tensor_compiled():
+    # specs/binary.yaml:6: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "ne",
+        overloads=["ne.Tensor", "ne_.Tensor", "ne.Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -47,6 +57,16 @@ def test_le_Tensor(dtype):
     )
 
 
+def test_le_Tensor_compiled():
+    # specs/binary.yaml:13: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "le",
+        overloads=["le.Tensor", "le_.Tensor", "le.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_le_Tensor_other_dtypes(dtype):
     # specs/binary.yaml:13: every other dtype it supports, over the first 3 samples
@@ -69,6 +89,16 @@ def test_gt_Tensor(dtype):
         dtype,
         overloads=["gt.Tensor", "gt_.Tensor", "gt.Tensor_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_gt_Tensor_compiled():
+    # specs/binary.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "gt",
+        overloads=["gt.Tensor", "gt_.Tensor", "gt.Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -101,6 +131,16 @@ def test_ge_Tensor(dtype):
     )
 
 
+def test_ge_Tensor_compiled():
+    # specs/binary.yaml:27: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "ge",
+        overloads=["ge.Tensor", "ge_.Tensor", "ge.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_ge_Tensor_other_dtypes(dtype):
     # specs/binary.yaml:27: every other dtype it supports, over the first 3 samples
@@ -123,6 +163,16 @@ def test_maximum(dtype):
         dtype,
         overloads=["maximum", "maximum.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_maximum_compiled():
+    # specs/binary.yaml:36: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "maximum",
+        overloads=["maximum", "maximum.out"],
         atol=None,
         rtol=None,
     )
@@ -155,6 +205,16 @@ def test_minimum(dtype):
     )
 
 
+def test_minimum_compiled():
+    # specs/binary.yaml:40: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "minimum",
+        overloads=["minimum", "minimum.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_minimum_other_dtypes(dtype):
     # specs/binary.yaml:40: every other dtype it supports, over the first 3 samples
@@ -177,6 +237,16 @@ def test_fmax(dtype):
         dtype,
         overloads=["fmax", "fmax.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_fmax_compiled():
+    # specs/binary.yaml:44: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fmax",
+        overloads=["fmax", "fmax.out"],
         atol=None,
         rtol=None,
     )
@@ -209,6 +279,16 @@ def test_fmin(dtype):
     )
 
 
+def test_fmin_compiled():
+    # specs/binary.yaml:48: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fmin",
+        overloads=["fmin", "fmin.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_fmin_other_dtypes(dtype):
     # specs/binary.yaml:48: every other dtype it supports, over the first 3 samples
@@ -236,6 +316,16 @@ def test_pow_Tensor_Tensor(dtype):
     )
 
 
+def test_pow_Tensor_Tensor_compiled():
+    # specs/binary.yaml:54: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "pow",
+        overloads=["pow.Tensor_Tensor", "pow_.Tensor", "pow.Tensor_Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_pow_Scalar(dtype):
     # specs/binary.yaml:63
@@ -244,6 +334,16 @@ def test_pow_Scalar(dtype):
         dtype,
         overloads=["pow.Scalar", "pow.Scalar_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_pow_Scalar_compiled():
+    # specs/binary.yaml:63: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "__rpow__",
+        overloads=["pow.Scalar", "pow.Scalar_out"],
         atol=None,
         rtol=None,
     )
@@ -276,6 +376,16 @@ def test_remainder_Tensor(dtype):
     )
 
 
+def test_remainder_Tensor_compiled():
+    # specs/binary.yaml:70: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "remainder",
+        overloads=["remainder.Tensor", "remainder_.Tensor", "remainder.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_remainder_Scalar_Tensor(dtype):
     # specs/binary.yaml:79
@@ -284,6 +394,16 @@ def test_remainder_Scalar_Tensor(dtype):
         dtype,
         overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_remainder_Scalar_Tensor_compiled():
+    # specs/binary.yaml:79: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "__rmod__",
+        overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -316,6 +436,16 @@ def test_fmod_Tensor(dtype):
     )
 
 
+def test_fmod_Tensor_compiled():
+    # specs/binary.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fmod",
+        overloads=["fmod.Tensor", "fmod_.Tensor", "fmod.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_floor_divide(dtype):
     # specs/binary.yaml:93
@@ -324,6 +454,16 @@ def test_floor_divide(dtype):
         dtype,
         overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_floor_divide_compiled():
+    # specs/binary.yaml:93: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "floor_divide",
+        overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
         atol=None,
         rtol=None,
     )
@@ -342,6 +482,16 @@ def test_div_Tensor_mode(dtype):
     )
 
 
+def test_div_Tensor_mode_compiled():
+    # specs/binary.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "div.floor_rounding",
+        overloads=["div.Tensor_mode", "div_.Tensor_mode", "div.out_mode"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Scalar_mode(dtype):
     # specs/binary.yaml:109
@@ -355,6 +505,16 @@ def test_div_Scalar_mode(dtype):
     )
 
 
+def test_div_Scalar_mode_compiled():
+    # specs/binary.yaml:109: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "div.trunc_rounding",
+        overloads=["div.Scalar_mode", "div_.Scalar_mode", "div.Scalar_mode_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_and(dtype):
     # specs/binary.yaml:117
@@ -363,6 +523,16 @@ def test_logical_and(dtype):
         dtype,
         overloads=["logical_and", "logical_and_", "logical_and.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_logical_and_compiled():
+    # specs/binary.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logical_and",
+        overloads=["logical_and", "logical_and_", "logical_and.out"],
         atol=None,
         rtol=None,
     )
@@ -395,6 +565,16 @@ def test_logical_or(dtype):
     )
 
 
+def test_logical_or_compiled():
+    # specs/binary.yaml:121: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logical_or",
+        overloads=["logical_or", "logical_or_", "logical_or.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_or_other_dtypes(dtype):
     # specs/binary.yaml:121: every other dtype it supports, over the first 3 samples
@@ -417,6 +597,16 @@ def test_logical_xor(dtype):
         dtype,
         overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_logical_xor_compiled():
+    # specs/binary.yaml:125: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logical_xor",
+        overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
         atol=None,
         rtol=None,
     )
@@ -449,6 +639,16 @@ def test_bitwise_and_Tensor(dtype):
     )
 
 
+def test_bitwise_and_Tensor_compiled():
+    # specs/binary.yaml:129: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bitwise_and",
+        overloads=["bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_or_Tensor(dtype):
     # specs/binary.yaml:142
@@ -457,6 +657,16 @@ def test_bitwise_or_Tensor(dtype):
         dtype,
         overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_bitwise_or_Tensor_compiled():
+    # specs/binary.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bitwise_or",
+        overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -475,6 +685,16 @@ def test_bitwise_xor_Tensor(dtype):
     )
 
 
+def test_bitwise_xor_Tensor_compiled():
+    # specs/binary.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bitwise_xor",
+        overloads=["bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_fill_Scalar(dtype):
     # specs/binary.yaml:170
@@ -483,6 +703,16 @@ def test_masked_fill_Scalar(dtype):
         dtype,
         overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_masked_fill_Scalar_compiled():
+    # specs/binary.yaml:170: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "masked_fill",
+        overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
         atol=None,
         rtol=None,
     )
@@ -515,6 +745,16 @@ def test_lerp_Scalar(dtype):
     )
 
 
+def test_lerp_Scalar_compiled():
+    # specs/binary.yaml:183: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "lerp",
+        overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_lerp_Scalar_other_dtypes(dtype):
     # specs/binary.yaml:183: every other dtype it supports, over the first 3 samples
@@ -537,6 +777,16 @@ def test_addcmul(dtype):
         dtype,
         overloads=["addcmul", "addcmul_", "addcmul.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_addcmul_compiled():
+    # specs/binary.yaml:192: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "addcmul",
+        overloads=["addcmul", "addcmul_", "addcmul.out"],
         atol=None,
         rtol=None,
     )
@@ -569,6 +819,16 @@ def test_addcdiv(dtype):
     )
 
 
+def test_addcdiv_compiled():
+    # specs/binary.yaml:197: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "addcdiv",
+        overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_addcdiv_other_dtypes(dtype):
     # specs/binary.yaml:197: every other dtype it supports, over the first 3 samples
@@ -591,6 +851,16 @@ def test_atan2(dtype):
         dtype,
         overloads=["atan2", "atan2_", "atan2.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_atan2_compiled():
+    # specs/binary.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "atan2",
+        overloads=["atan2", "atan2_", "atan2.out"],
         atol=None,
         rtol=None,
     )
@@ -623,6 +893,16 @@ def test_hypot(dtype):
     )
 
 
+def test_hypot_compiled():
+    # specs/binary.yaml:210: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "hypot",
+        overloads=["hypot", "hypot_", "hypot.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hypot_other_dtypes(dtype):
     # specs/binary.yaml:210: every other dtype it supports, over the first 3 samples
@@ -645,6 +925,16 @@ def test_copysign_Tensor(dtype):
         dtype,
         overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_copysign_Tensor_compiled():
+    # specs/binary.yaml:215: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "copysign",
+        overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
         atol=None,
         rtol=None,
     )
@@ -677,6 +967,16 @@ def test_xlogy_Tensor(dtype):
     )
 
 
+def test_xlogy_Tensor_compiled():
+    # specs/binary.yaml:226: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "xlogy",
+        overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_xlogy_Tensor_other_dtypes(dtype):
     # specs/binary.yaml:226: every other dtype it supports, over the first 3 samples
@@ -704,6 +1004,16 @@ def test_convolution_overrideable(dtype):
     )
 
 
+def test_convolution_overrideable_compiled():
+    # specs/conv.yaml:10: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.conv2d",
+        overloads=["convolution_overrideable"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32", "float64"])
 def test_arange_start_step(dtype):
     # specs/creation.yaml:8
@@ -712,6 +1022,16 @@ def test_arange_start_step(dtype):
         dtype,
         overloads=["arange.start_step", "arange.start_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_arange_start_step_compiled():
+    # specs/creation.yaml:8: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "arange",
+        overloads=["arange.start_step", "arange.start_out"],
         atol=None,
         rtol=None,
     )
@@ -730,6 +1050,16 @@ def test_linspace(dtype):
     )
 
 
+def test_linspace_compiled():
+    # specs/creation.yaml:19: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linspace",
+        overloads=["linspace", "linspace.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_eye(dtype):
     # specs/creation.yaml:26
@@ -738,6 +1068,16 @@ def test_eye(dtype):
         dtype,
         overloads=["eye", "eye.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_eye_compiled():
+    # specs/creation.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "eye",
+        overloads=["eye", "eye.out"],
         atol=None,
         rtol=None,
     )
@@ -770,6 +1110,16 @@ def test_add_Tensor(dtype):
     )
 
 
+def test_add_Tensor_compiled():
+    # specs/elementwise.yaml:4: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "add",
+        overloads=["add.Tensor", "add_.Tensor", "add.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_add_Tensor_other_dtypes(dtype):
     # specs/elementwise.yaml:4: every other dtype it supports, over the first 3 samples
@@ -792,6 +1142,16 @@ def test_sub_Tensor(dtype):
         dtype,
         overloads=["sub.Tensor", "sub_.Tensor", "sub.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_sub_Tensor_compiled():
+    # specs/elementwise.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sub",
+        overloads=["sub.Tensor", "sub_.Tensor", "sub.out"],
         atol=None,
         rtol=None,
     )
@@ -824,6 +1184,16 @@ def test_mul_Tensor(dtype):
     )
 
 
+def test_mul_Tensor_compiled():
+    # specs/elementwise.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "mul",
+        overloads=["mul.Tensor", "mul_.Tensor", "mul.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_mul_Tensor_other_dtypes(dtype):
     # specs/elementwise.yaml:20: every other dtype it supports, over the first 3 samples
@@ -846,6 +1216,16 @@ def test_div_Tensor(dtype):
         dtype,
         overloads=["div.Tensor", "div_.Tensor", "div.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_div_Tensor_compiled():
+    # specs/elementwise.yaml:27: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "div.no_rounding_mode",
+        overloads=["div.Tensor", "div_.Tensor", "div.out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -878,6 +1258,16 @@ def test_neg(dtype):
     )
 
 
+def test_neg_compiled():
+    # specs/elementwise.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "neg",
+        overloads=["neg", "neg_", "neg.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_neg_other_dtypes(dtype):
     # specs/elementwise.yaml:38: every other dtype it supports, over the first 3 samples
@@ -900,6 +1290,16 @@ def test_exp(dtype):
         dtype,
         overloads=["exp", "exp_", "exp.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_exp_compiled():
+    # specs/elementwise.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "exp",
+        overloads=["exp", "exp_", "exp.out"],
         atol=None,
         rtol=None,
     )
@@ -932,6 +1332,16 @@ def test_log(dtype):
     )
 
 
+def test_log_compiled():
+    # specs/elementwise.yaml:49: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "log",
+        overloads=["log", "log_", "log.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log_other_dtypes(dtype):
     # specs/elementwise.yaml:49: every other dtype it supports, over the first 3 samples
@@ -954,6 +1364,16 @@ def test_sqrt(dtype):
         dtype,
         overloads=["sqrt", "sqrt_", "sqrt.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_sqrt_compiled():
+    # specs/elementwise.yaml:55: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sqrt",
+        overloads=["sqrt", "sqrt_", "sqrt.out"],
         atol=None,
         rtol=None,
     )
@@ -986,6 +1406,16 @@ def test_relu(dtype):
     )
 
 
+def test_relu_compiled():
+    # specs/elementwise.yaml:61: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.relu",
+        overloads=["relu", "relu_", "relu.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_relu_other_dtypes(dtype):
     # specs/elementwise.yaml:61: every other dtype it supports, over the first 3 samples
@@ -1008,6 +1438,16 @@ def test_where_self(dtype):
         dtype,
         overloads=["where.self", "where.self_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_where_self_compiled():
+    # specs/elementwise.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "where",
+        overloads=["where.self", "where.self_out"],
         atol=None,
         rtol=None,
     )
@@ -1040,6 +1480,16 @@ def test_eq_Tensor(dtype):
     )
 
 
+def test_eq_Tensor_compiled():
+    # specs/elementwise.yaml:71: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "eq",
+        overloads=["eq.Tensor", "eq_.Tensor", "eq.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_eq_Tensor_other_dtypes(dtype):
     # specs/elementwise.yaml:71: every other dtype it supports, over the first 3 samples
@@ -1062,6 +1512,16 @@ def test_lt_Tensor(dtype):
         dtype,
         overloads=["lt.Tensor", "lt_.Tensor", "lt.Tensor_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_lt_Tensor_compiled():
+    # specs/elementwise.yaml:78: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "lt",
+        overloads=["lt.Tensor", "lt_.Tensor", "lt.Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -1094,6 +1554,16 @@ def test_index_select(dtype):
     )
 
 
+def test_index_select_compiled():
+    # specs/indexing.yaml:4: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "index_select",
+        overloads=["index_select", "index_select.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_select_other_dtypes(dtype):
     # specs/indexing.yaml:4: every other dtype it supports, over the first 3 samples
@@ -1116,6 +1586,16 @@ def test_gather(dtype):
         dtype,
         overloads=["gather", "gather.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_gather_compiled():
+    # specs/indexing.yaml:10: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "gather",
+        overloads=["gather", "gather.out"],
         atol=None,
         rtol=None,
     )
@@ -1148,6 +1628,16 @@ def test_scatter_src(dtype):
     )
 
 
+def test_scatter_src_compiled():
+    # specs/indexing.yaml:15: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "scatter",
+        overloads=["scatter.src", "scatter_.src", "scatter.src_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_src_other_dtypes(dtype):
     # specs/indexing.yaml:15: every other dtype it supports, over the first 3 samples
@@ -1170,6 +1660,16 @@ def test_scatter_add(dtype):
         dtype,
         overloads=["scatter_add", "scatter_add_", "scatter_add.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_scatter_add_compiled():
+    # specs/indexing.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "scatter_add",
+        overloads=["scatter_add", "scatter_add_", "scatter_add.out"],
         atol=None,
         rtol=None,
     )
@@ -1202,6 +1702,16 @@ def test_scatter_reduce(dtype):
     )
 
 
+def test_scatter_reduce_compiled():
+    # specs/indexing.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "scatter",
+        overloads=["scatter.reduce", "scatter_.reduce", "scatter.reduce_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_reduce_other_dtypes(dtype):
     # specs/indexing.yaml:32: every other dtype it supports, over the first 3 samples
@@ -1224,6 +1734,16 @@ def test_scatter_reduce_two(dtype):
         dtype,
         overloads=["scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_scatter_reduce_two_compiled():
+    # specs/indexing.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "scatter_reduce.sum",
+        overloads=["scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"],
         atol=None,
         rtol=None,
     )
@@ -1256,6 +1776,16 @@ def test_nll_loss_forward(dtype):
     )
 
 
+def test_nll_loss_forward_compiled():
+    # specs/indexing.yaml:57: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.nll_loss",
+        overloads=["nll_loss_forward"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_Tensor(dtype):
     # specs/indexing.yaml:87
@@ -1264,6 +1794,16 @@ def test_index_Tensor(dtype):
         dtype,
         overloads=["index.Tensor", "index.Tensor_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_index_Tensor_compiled():
+    # specs/indexing.yaml:87: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "__getitem__",
+        overloads=["index.Tensor", "index.Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -1296,6 +1836,16 @@ def test_index_put(dtype):
     )
 
 
+def test_index_put_compiled():
+    # specs/indexing.yaml:94: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "index_put",
+        overloads=["index_put", "index_put_", "index_put.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_put_other_dtypes(dtype):
     # specs/indexing.yaml:94: every other dtype it supports, over the first 3 samples
@@ -1320,6 +1870,17 @@ def test_nonzero(dtype):
         variants=["Functional"],
         atol=None,
         rtol=None,
+    )
+
+
+def test_nonzero_compiled():
+    # specs/indexing.yaml:106: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nonzero",
+        overloads=["nonzero"],
+        atol=None,
+        rtol=None,
+        splits=True,
     )
 
 
@@ -1350,6 +1911,17 @@ def test_masked_select(dtype):
     )
 
 
+def test_masked_select_compiled():
+    # specs/indexing.yaml:112: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "masked_select",
+        overloads=["masked_select"],
+        atol=None,
+        rtol=None,
+        splits=True,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_select_other_dtypes(dtype):
     # specs/indexing.yaml:112: every other dtype it supports, over the first 3 samples
@@ -1372,6 +1944,16 @@ def test_masked_scatter(dtype):
         dtype,
         overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_masked_scatter_compiled():
+    # specs/indexing.yaml:120: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "masked_scatter",
+        overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
         atol=None,
         rtol=None,
     )
@@ -1404,6 +1986,16 @@ def test_isin_Tensor_Tensor(dtype):
     )
 
 
+def test_isin_Tensor_Tensor_compiled():
+    # specs/indexing.yaml:126: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "isin",
+        overloads=["isin.Tensor_Tensor", "isin.Tensor_Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isin_Tensor_Tensor_other_dtypes(dtype):
     # specs/indexing.yaml:126: every other dtype it supports, over the first 3 samples
@@ -1426,6 +2018,16 @@ def test__embedding_bag(dtype):
         dtype,
         overloads=["_embedding_bag"],
         variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__embedding_bag_compiled():
+    # specs/indexing.yaml:138: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.embedding_bag",
+        overloads=["_embedding_bag"],
         atol=None,
         rtol=None,
     )
@@ -1458,6 +2060,16 @@ def test_mm(dtype):
     )
 
 
+def test_mm_compiled():
+    # specs/linalg.yaml:10: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "mm",
+        overloads=["mm", "mm.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_mm_other_dtypes(dtype):
     # specs/linalg.yaml:10: every other dtype it supports, over the first 3 samples
@@ -1480,6 +2092,16 @@ def test_addmm(dtype):
         dtype,
         overloads=["addmm", "addmm_", "addmm.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_addmm_compiled():
+    # specs/linalg.yaml:16: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "addmm",
+        overloads=["addmm", "addmm_", "addmm.out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -1512,6 +2134,16 @@ def test_bmm(dtype):
     )
 
 
+def test_bmm_compiled():
+    # specs/linalg.yaml:28: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bmm",
+        overloads=["bmm", "bmm.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_bmm_other_dtypes(dtype):
     # specs/linalg.yaml:28: every other dtype it supports, over the first 3 samples
@@ -1534,6 +2166,16 @@ def test_baddbmm(dtype):
         dtype,
         overloads=["baddbmm", "baddbmm_", "baddbmm.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_baddbmm_compiled():
+    # specs/linalg.yaml:34: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "baddbmm",
+        overloads=["baddbmm", "baddbmm_", "baddbmm.out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -1566,6 +2208,16 @@ def test_addbmm(dtype):
     )
 
 
+def test_addbmm_compiled():
+    # specs/linalg.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "addbmm",
+        overloads=["addbmm", "addbmm.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addbmm_other_dtypes(dtype):
     # specs/linalg.yaml:42: every other dtype it supports, over the first 3 samples
@@ -1588,6 +2240,16 @@ def test_mv(dtype):
         dtype,
         overloads=["mv", "mv.out"],
         variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_mv_compiled():
+    # specs/linalg.yaml:49: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "mv",
+        overloads=["mv", "mv.out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -1620,6 +2282,16 @@ def test_addmv(dtype):
     )
 
 
+def test_addmv_compiled():
+    # specs/linalg.yaml:54: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "addmv",
+        overloads=["addmv", "addmv_", "addmv.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addmv_other_dtypes(dtype):
     # specs/linalg.yaml:54: every other dtype it supports, over the first 3 samples
@@ -1642,6 +2314,16 @@ def test_dot(dtype):
         dtype,
         overloads=["dot", "dot.out"],
         variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_dot_compiled():
+    # specs/linalg.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "dot",
+        overloads=["dot", "dot.out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -1674,6 +2356,16 @@ def test_vdot(dtype):
     )
 
 
+def test_vdot_compiled():
+    # specs/linalg.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "vdot",
+        overloads=["vdot", "vdot.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_vdot_other_dtypes(dtype):
     # specs/linalg.yaml:66: every other dtype it supports, over the first 3 samples
@@ -1696,6 +2388,16 @@ def test__softmax(dtype):
         dtype,
         overloads=["_softmax", "_softmax.out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test__softmax_compiled():
+    # specs/nn.yaml:5: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "softmax",
+        overloads=["_softmax", "_softmax.out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -1728,6 +2430,16 @@ def test__log_softmax(dtype):
     )
 
 
+def test__log_softmax_compiled():
+    # specs/nn.yaml:13: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "log_softmax",
+        overloads=["_log_softmax", "_log_softmax.out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__softmax_backward_data(dtype):
     # specs/nn.yaml:18
@@ -1736,6 +2448,16 @@ def test__softmax_backward_data(dtype):
         dtype,
         overloads=["_softmax_backward_data", "_softmax_backward_data.out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test__softmax_backward_data_compiled():
+    # specs/nn.yaml:18: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_softmax_backward_data",
+        overloads=["_softmax_backward_data", "_softmax_backward_data.out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -1768,6 +2490,16 @@ def test_gelu(dtype):
     )
 
 
+def test_gelu_compiled():
+    # specs/nn.yaml:27: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.gelu",
+        overloads=["gelu", "gelu_", "gelu.out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_gelu_other_dtypes(dtype):
     # specs/nn.yaml:27: every other dtype it supports, over the first 3 samples
@@ -1790,6 +2522,16 @@ def test_silu(dtype):
         dtype,
         overloads=["silu", "silu_", "silu.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_silu_compiled():
+    # specs/nn.yaml:36: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.silu",
+        overloads=["silu", "silu_", "silu.out"],
         atol=None,
         rtol=None,
     )
@@ -1822,6 +2564,16 @@ def test_leaky_relu(dtype):
     )
 
 
+def test_leaky_relu_compiled():
+    # specs/nn.yaml:46: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.leaky_relu",
+        overloads=["leaky_relu", "leaky_relu_", "leaky_relu.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_leaky_relu_other_dtypes(dtype):
     # specs/nn.yaml:46: every other dtype it supports, over the first 3 samples
@@ -1844,6 +2596,16 @@ def test_elu(dtype):
         dtype,
         overloads=["elu", "elu_", "elu.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_elu_compiled():
+    # specs/nn.yaml:57: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.elu",
+        overloads=["elu", "elu_", "elu.out"],
         atol=None,
         rtol=None,
     )
@@ -1876,6 +2638,16 @@ def test_softplus(dtype):
     )
 
 
+def test_softplus_compiled():
+    # specs/nn.yaml:69: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.softplus",
+        overloads=["softplus", "softplus.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_softplus_other_dtypes(dtype):
     # specs/nn.yaml:69: every other dtype it supports, over the first 3 samples
@@ -1898,6 +2670,16 @@ def test_hardtanh(dtype):
         dtype,
         overloads=["hardtanh", "hardtanh_", "hardtanh.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_hardtanh_compiled():
+    # specs/nn.yaml:80: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.hardtanh",
+        overloads=["hardtanh", "hardtanh_", "hardtanh.out"],
         atol=None,
         rtol=None,
     )
@@ -1930,6 +2712,16 @@ def test_threshold(dtype):
     )
 
 
+def test_threshold_compiled():
+    # specs/nn.yaml:91: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.threshold",
+        overloads=["threshold", "threshold_", "threshold.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_threshold_other_dtypes(dtype):
     # specs/nn.yaml:91: every other dtype it supports, over the first 3 samples
@@ -1952,6 +2744,16 @@ def test_mse_loss(dtype):
         dtype,
         overloads=["mse_loss", "mse_loss.out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_mse_loss_compiled():
+    # specs/nn.yaml:102: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.mse_loss",
+        overloads=["mse_loss", "mse_loss.out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -1984,6 +2786,16 @@ def test_log_sigmoid_forward(dtype):
     )
 
 
+def test_log_sigmoid_forward_compiled():
+    # specs/nn.yaml:129: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.logsigmoid",
+        overloads=["log_sigmoid_forward"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log_sigmoid_forward_other_dtypes(dtype):
     # specs/nn.yaml:129: every other dtype it supports, over the first 3 samples
@@ -2006,6 +2818,16 @@ def test_smooth_l1_loss(dtype):
         dtype,
         overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_smooth_l1_loss_compiled():
+    # specs/nn.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.smooth_l1_loss",
+        overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -2038,6 +2860,16 @@ def test_huber_loss(dtype):
     )
 
 
+def test_huber_loss_compiled():
+    # specs/nn.yaml:158: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.huber_loss",
+        overloads=["huber_loss", "huber_loss.out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_huber_loss_other_dtypes(dtype):
     # specs/nn.yaml:158: every other dtype it supports, over the first 3 samples
@@ -2060,6 +2892,16 @@ def test_binary_cross_entropy(dtype):
         dtype,
         overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_binary_cross_entropy_compiled():
+    # specs/nn.yaml:175: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.binary_cross_entropy",
+        overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -2092,6 +2934,16 @@ def test_hardswish(dtype):
     )
 
 
+def test_hardswish_compiled():
+    # specs/nn.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.hardswish",
+        overloads=["hardswish", "hardswish_", "hardswish.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hardswish_other_dtypes(dtype):
     # specs/nn.yaml:189: every other dtype it supports, over the first 3 samples
@@ -2114,6 +2966,16 @@ def test_mish(dtype):
         dtype,
         overloads=["mish", "mish_", "mish.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_mish_compiled():
+    # specs/nn.yaml:198: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.mish",
+        overloads=["mish", "mish_", "mish.out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -2148,6 +3010,16 @@ def test_native_layer_norm(dtype):
     )
 
 
+def test_native_layer_norm_compiled():
+    # specs/normalization.yaml:7: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.layer_norm",
+        overloads=["native_layer_norm"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_native_layer_norm_other_dtypes(dtype):
     # specs/normalization.yaml:7: every other dtype it supports, over the first 3 samples
@@ -2172,6 +3044,16 @@ def test_native_group_norm(dtype):
         dtype,
         overloads=["native_group_norm"],
         variants=["Functional"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_native_group_norm_compiled():
+    # specs/normalization.yaml:18: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.group_norm",
+        overloads=["native_group_norm"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -2204,6 +3086,16 @@ def test_native_batch_norm(dtype):
     )
 
 
+def test_native_batch_norm_compiled():
+    # specs/normalization.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.batch_norm",
+        overloads=["native_batch_norm"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int8", "int16", "int32", "int64", "float32", "float64"])
 def test__foreach_add_List(dtype):
     # specs/optim.yaml:8
@@ -2212,6 +3104,16 @@ def test__foreach_add_List(dtype):
         dtype,
         overloads=["_foreach_add.List", "_foreach_add_.List", "_foreach_add.List_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_add_List_compiled():
+    # specs/optim.yaml:8: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_add",
+        overloads=["_foreach_add.List", "_foreach_add_.List", "_foreach_add.List_out"],
         atol=None,
         rtol=None,
     )
@@ -2230,6 +3132,16 @@ def test__foreach_sub_List(dtype):
     )
 
 
+def test__foreach_sub_List_compiled():
+    # specs/optim.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_sub",
+        overloads=["_foreach_sub.List", "_foreach_sub_.List", "_foreach_sub.List_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_mul_List(dtype):
     # specs/optim.yaml:43
@@ -2238,6 +3150,16 @@ def test__foreach_mul_List(dtype):
         dtype,
         overloads=["_foreach_mul.List", "_foreach_mul_.List", "_foreach_mul.List_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_mul_List_compiled():
+    # specs/optim.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_mul",
+        overloads=["_foreach_mul.List", "_foreach_mul_.List", "_foreach_mul.List_out"],
         atol=None,
         rtol=None,
     )
@@ -2270,6 +3192,16 @@ def test__foreach_div_List(dtype):
     )
 
 
+def test__foreach_div_List_compiled():
+    # specs/optim.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_div",
+        overloads=["_foreach_div.List", "_foreach_div_.List", "_foreach_div.List_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_div_List_other_dtypes(dtype):
     # specs/optim.yaml:60: every other dtype it supports, over the first 3 samples
@@ -2292,6 +3224,16 @@ def test__foreach_maximum_List(dtype):
         dtype,
         overloads=["_foreach_maximum.List", "_foreach_maximum_.List", "_foreach_maximum.List_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_maximum_List_compiled():
+    # specs/optim.yaml:85: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_maximum",
+        overloads=["_foreach_maximum.List", "_foreach_maximum_.List", "_foreach_maximum.List_out"],
         atol=None,
         rtol=None,
     )
@@ -2324,6 +3266,16 @@ def test__foreach_minimum_List(dtype):
     )
 
 
+def test__foreach_minimum_List_compiled():
+    # specs/optim.yaml:101: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_minimum",
+        overloads=["_foreach_minimum.List", "_foreach_minimum_.List", "_foreach_minimum.List_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_minimum_List_other_dtypes(dtype):
     # specs/optim.yaml:101: every other dtype it supports, over the first 3 samples
@@ -2346,6 +3298,16 @@ def test__foreach_clamp_min_List(dtype):
         dtype,
         overloads=["_foreach_clamp_min.List", "_foreach_clamp_min_.List", "_foreach_clamp_min.List_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_clamp_min_List_compiled():
+    # specs/optim.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_clamp_min",
+        overloads=["_foreach_clamp_min.List", "_foreach_clamp_min_.List", "_foreach_clamp_min.List_out"],
         atol=None,
         rtol=None,
     )
@@ -2378,6 +3340,16 @@ def test__foreach_clamp_max_List(dtype):
     )
 
 
+def test__foreach_clamp_max_List_compiled():
+    # specs/optim.yaml:133: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_clamp_max",
+        overloads=["_foreach_clamp_max.List", "_foreach_clamp_max_.List", "_foreach_clamp_max.List_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_clamp_max_List_other_dtypes(dtype):
     # specs/optim.yaml:133: every other dtype it supports, over the first 3 samples
@@ -2400,6 +3372,16 @@ def test__foreach_pow_List(dtype):
         dtype,
         overloads=["_foreach_pow.List", "_foreach_pow_.List", "_foreach_pow.List_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_pow_List_compiled():
+    # specs/optim.yaml:149: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_pow",
+        overloads=["_foreach_pow.List", "_foreach_pow_.List", "_foreach_pow.List_out"],
         atol=None,
         rtol=None,
     )
@@ -2432,6 +3414,16 @@ def test__foreach_addcmul_Scalar(dtype):
     )
 
 
+def test__foreach_addcmul_Scalar_compiled():
+    # specs/optim.yaml:168: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_addcmul",
+        overloads=["_foreach_addcmul.Scalar", "_foreach_addcmul_.Scalar", "_foreach_addcmul.Scalar_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_addcmul_Scalar_other_dtypes(dtype):
     # specs/optim.yaml:168: every other dtype it supports, over the first 3 samples
@@ -2454,6 +3446,16 @@ def test__foreach_addcdiv_Scalar(dtype):
         dtype,
         overloads=["_foreach_addcdiv.Scalar", "_foreach_addcdiv_.Scalar", "_foreach_addcdiv.Scalar_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_addcdiv_Scalar_compiled():
+    # specs/optim.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_addcdiv",
+        overloads=["_foreach_addcdiv.Scalar", "_foreach_addcdiv_.Scalar", "_foreach_addcdiv.Scalar_out"],
         atol=None,
         rtol=None,
     )
@@ -2486,6 +3488,16 @@ def test__foreach_lerp_List(dtype):
     )
 
 
+def test__foreach_lerp_List_compiled():
+    # specs/optim.yaml:190: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_lerp",
+        overloads=["_foreach_lerp.List", "_foreach_lerp_.List", "_foreach_lerp.List_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_lerp_List_other_dtypes(dtype):
     # specs/optim.yaml:190: every other dtype it supports, over the first 3 samples
@@ -2508,6 +3520,16 @@ def test__foreach_exp(dtype):
         dtype,
         overloads=["_foreach_exp", "_foreach_exp_", "_foreach_exp.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_exp_compiled():
+    # specs/optim.yaml:208: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_exp",
+        overloads=["_foreach_exp", "_foreach_exp_", "_foreach_exp.out"],
         atol=None,
         rtol=None,
     )
@@ -2540,6 +3562,16 @@ def test__foreach_log(dtype):
     )
 
 
+def test__foreach_log_compiled():
+    # specs/optim.yaml:215: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_log",
+        overloads=["_foreach_log", "_foreach_log_", "_foreach_log.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log_other_dtypes(dtype):
     # specs/optim.yaml:215: every other dtype it supports, over the first 3 samples
@@ -2562,6 +3594,16 @@ def test__foreach_log2(dtype):
         dtype,
         overloads=["_foreach_log2", "_foreach_log2_", "_foreach_log2.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_log2_compiled():
+    # specs/optim.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_log2",
+        overloads=["_foreach_log2", "_foreach_log2_", "_foreach_log2.out"],
         atol=None,
         rtol=None,
     )
@@ -2594,6 +3636,16 @@ def test__foreach_log10(dtype):
     )
 
 
+def test__foreach_log10_compiled():
+    # specs/optim.yaml:229: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_log10",
+        overloads=["_foreach_log10", "_foreach_log10_", "_foreach_log10.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log10_other_dtypes(dtype):
     # specs/optim.yaml:229: every other dtype it supports, over the first 3 samples
@@ -2616,6 +3668,16 @@ def test__foreach_log1p(dtype):
         dtype,
         overloads=["_foreach_log1p", "_foreach_log1p_", "_foreach_log1p.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_log1p_compiled():
+    # specs/optim.yaml:236: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_log1p",
+        overloads=["_foreach_log1p", "_foreach_log1p_", "_foreach_log1p.out"],
         atol=None,
         rtol=None,
     )
@@ -2648,6 +3710,16 @@ def test__foreach_expm1(dtype):
     )
 
 
+def test__foreach_expm1_compiled():
+    # specs/optim.yaml:243: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_expm1",
+        overloads=["_foreach_expm1", "_foreach_expm1_", "_foreach_expm1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_expm1_other_dtypes(dtype):
     # specs/optim.yaml:243: every other dtype it supports, over the first 3 samples
@@ -2670,6 +3742,16 @@ def test__foreach_sqrt(dtype):
         dtype,
         overloads=["_foreach_sqrt", "_foreach_sqrt_", "_foreach_sqrt.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_sqrt_compiled():
+    # specs/optim.yaml:250: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_sqrt",
+        overloads=["_foreach_sqrt", "_foreach_sqrt_", "_foreach_sqrt.out"],
         atol=None,
         rtol=None,
     )
@@ -2702,6 +3784,16 @@ def test__foreach_rsqrt(dtype):
     )
 
 
+def test__foreach_rsqrt_compiled():
+    # specs/optim.yaml:257: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_rsqrt",
+        overloads=["_foreach_rsqrt", "_foreach_rsqrt_", "_foreach_rsqrt.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_rsqrt_other_dtypes(dtype):
     # specs/optim.yaml:257: every other dtype it supports, over the first 3 samples
@@ -2724,6 +3816,16 @@ def test__foreach_sin(dtype):
         dtype,
         overloads=["_foreach_sin", "_foreach_sin_", "_foreach_sin.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_sin_compiled():
+    # specs/optim.yaml:264: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_sin",
+        overloads=["_foreach_sin", "_foreach_sin_", "_foreach_sin.out"],
         atol=None,
         rtol=None,
     )
@@ -2756,6 +3858,16 @@ def test__foreach_cos(dtype):
     )
 
 
+def test__foreach_cos_compiled():
+    # specs/optim.yaml:271: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_cos",
+        overloads=["_foreach_cos", "_foreach_cos_", "_foreach_cos.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_cos_other_dtypes(dtype):
     # specs/optim.yaml:271: every other dtype it supports, over the first 3 samples
@@ -2778,6 +3890,16 @@ def test__foreach_tan(dtype):
         dtype,
         overloads=["_foreach_tan", "_foreach_tan_", "_foreach_tan.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_tan_compiled():
+    # specs/optim.yaml:278: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_tan",
+        overloads=["_foreach_tan", "_foreach_tan_", "_foreach_tan.out"],
         atol=None,
         rtol=None,
     )
@@ -2810,6 +3932,16 @@ def test__foreach_tanh(dtype):
     )
 
 
+def test__foreach_tanh_compiled():
+    # specs/optim.yaml:285: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_tanh",
+        overloads=["_foreach_tanh", "_foreach_tanh_", "_foreach_tanh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_tanh_other_dtypes(dtype):
     # specs/optim.yaml:285: every other dtype it supports, over the first 3 samples
@@ -2832,6 +3964,16 @@ def test__foreach_sinh(dtype):
         dtype,
         overloads=["_foreach_sinh", "_foreach_sinh_", "_foreach_sinh.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_sinh_compiled():
+    # specs/optim.yaml:292: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_sinh",
+        overloads=["_foreach_sinh", "_foreach_sinh_", "_foreach_sinh.out"],
         atol=None,
         rtol=None,
     )
@@ -2864,6 +4006,16 @@ def test__foreach_cosh(dtype):
     )
 
 
+def test__foreach_cosh_compiled():
+    # specs/optim.yaml:299: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_cosh",
+        overloads=["_foreach_cosh", "_foreach_cosh_", "_foreach_cosh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_cosh_other_dtypes(dtype):
     # specs/optim.yaml:299: every other dtype it supports, over the first 3 samples
@@ -2886,6 +4038,16 @@ def test__foreach_sigmoid(dtype):
         dtype,
         overloads=["_foreach_sigmoid", "_foreach_sigmoid_", "_foreach_sigmoid.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_sigmoid_compiled():
+    # specs/optim.yaml:306: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_sigmoid",
+        overloads=["_foreach_sigmoid", "_foreach_sigmoid_", "_foreach_sigmoid.out"],
         atol=None,
         rtol=None,
     )
@@ -2918,6 +4080,16 @@ def test__foreach_erf(dtype):
     )
 
 
+def test__foreach_erf_compiled():
+    # specs/optim.yaml:313: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_erf",
+        overloads=["_foreach_erf", "_foreach_erf_", "_foreach_erf.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_erf_other_dtypes(dtype):
     # specs/optim.yaml:313: every other dtype it supports, over the first 3 samples
@@ -2940,6 +4112,16 @@ def test__foreach_reciprocal(dtype):
         dtype,
         overloads=["_foreach_reciprocal", "_foreach_reciprocal_", "_foreach_reciprocal.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_reciprocal_compiled():
+    # specs/optim.yaml:320: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_reciprocal",
+        overloads=["_foreach_reciprocal", "_foreach_reciprocal_", "_foreach_reciprocal.out"],
         atol=None,
         rtol=None,
     )
@@ -2972,6 +4154,16 @@ def test__foreach_neg(dtype):
     )
 
 
+def test__foreach_neg_compiled():
+    # specs/optim.yaml:327: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_neg",
+        overloads=["_foreach_neg", "_foreach_neg_", "_foreach_neg.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_neg_other_dtypes(dtype):
     # specs/optim.yaml:327: every other dtype it supports, over the first 3 samples
@@ -2994,6 +4186,16 @@ def test__foreach_abs(dtype):
         dtype,
         overloads=["_foreach_abs", "_foreach_abs_", "_foreach_abs.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_abs_compiled():
+    # specs/optim.yaml:333: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_abs",
+        overloads=["_foreach_abs", "_foreach_abs_", "_foreach_abs.out"],
         atol=None,
         rtol=None,
     )
@@ -3026,6 +4228,16 @@ def test__foreach_sign(dtype):
     )
 
 
+def test__foreach_sign_compiled():
+    # specs/optim.yaml:339: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_sign",
+        overloads=["_foreach_sign", "_foreach_sign_", "_foreach_sign.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_sign_other_dtypes(dtype):
     # specs/optim.yaml:339: every other dtype it supports, over the first 3 samples
@@ -3048,6 +4260,16 @@ def test__foreach_floor(dtype):
         dtype,
         overloads=["_foreach_floor", "_foreach_floor_", "_foreach_floor.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_floor_compiled():
+    # specs/optim.yaml:345: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_floor",
+        overloads=["_foreach_floor", "_foreach_floor_", "_foreach_floor.out"],
         atol=None,
         rtol=None,
     )
@@ -3080,6 +4302,16 @@ def test__foreach_ceil(dtype):
     )
 
 
+def test__foreach_ceil_compiled():
+    # specs/optim.yaml:351: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_ceil",
+        overloads=["_foreach_ceil", "_foreach_ceil_", "_foreach_ceil.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_ceil_other_dtypes(dtype):
     # specs/optim.yaml:351: every other dtype it supports, over the first 3 samples
@@ -3102,6 +4334,16 @@ def test__foreach_round(dtype):
         dtype,
         overloads=["_foreach_round", "_foreach_round_", "_foreach_round.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_round_compiled():
+    # specs/optim.yaml:357: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_round",
+        overloads=["_foreach_round", "_foreach_round_", "_foreach_round.out"],
         atol=None,
         rtol=None,
     )
@@ -3134,6 +4376,16 @@ def test__foreach_trunc(dtype):
     )
 
 
+def test__foreach_trunc_compiled():
+    # specs/optim.yaml:363: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_trunc",
+        overloads=["_foreach_trunc", "_foreach_trunc_", "_foreach_trunc.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_trunc_other_dtypes(dtype):
     # specs/optim.yaml:363: every other dtype it supports, over the first 3 samples
@@ -3156,6 +4408,16 @@ def test__foreach_frac(dtype):
         dtype,
         overloads=["_foreach_frac", "_foreach_frac_", "_foreach_frac.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_frac_compiled():
+    # specs/optim.yaml:369: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_frac",
+        overloads=["_foreach_frac", "_foreach_frac_", "_foreach_frac.out"],
         atol=None,
         rtol=None,
     )
@@ -3188,6 +4450,16 @@ def test__foreach_zero(dtype):
     )
 
 
+def test__foreach_zero_compiled():
+    # specs/optim.yaml:375: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_zero",
+        overloads=["_foreach_zero", "_foreach_zero_", "_foreach_zero.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_zero_other_dtypes(dtype):
     # specs/optim.yaml:375: every other dtype it supports, over the first 3 samples
@@ -3210,6 +4482,16 @@ def test__foreach_norm_Scalar(dtype):
         dtype,
         overloads=["_foreach_norm.Scalar", "_foreach_norm.Scalar_out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test__foreach_norm_Scalar_compiled():
+    # specs/optim.yaml:382: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_norm",
+        overloads=["_foreach_norm.Scalar", "_foreach_norm.Scalar_out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -3242,6 +4524,16 @@ def test__foreach_max(dtype):
     )
 
 
+def test__foreach_max_compiled():
+    # specs/optim.yaml:390: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_max",
+        overloads=["_foreach_max", "_foreach_max.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_max_other_dtypes(dtype):
     # specs/optim.yaml:390: every other dtype it supports, over the first 3 samples
@@ -3264,6 +4556,16 @@ def test__foreach_copy(dtype):
         dtype,
         overloads=["_foreach_copy", "_foreach_copy_", "_foreach_copy.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__foreach_copy_compiled():
+    # specs/optim.yaml:396: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_foreach_copy",
+        overloads=["_foreach_copy", "_foreach_copy_", "_foreach_copy.out"],
         atol=None,
         rtol=None,
     )
@@ -3296,6 +4598,16 @@ def test_max_pool2d_with_indices(dtype):
     )
 
 
+def test_max_pool2d_with_indices_compiled():
+    # specs/pooling.yaml:9: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.max_pool2d",
+        overloads=["max_pool2d_with_indices"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_pool2d_with_indices_other_dtypes(dtype):
     # specs/pooling.yaml:9: every other dtype it supports, over the first 3 samples
@@ -3318,6 +4630,16 @@ def test_max_pool2d_with_indices_backward(dtype):
         dtype,
         overloads=["max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward.grad_input"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_max_pool2d_with_indices_backward_compiled():
+    # specs/pooling.yaml:15: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.max_pool1d",
+        overloads=["max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward.grad_input"],
         atol=None,
         rtol=None,
     )
@@ -3350,6 +4672,16 @@ def test_max_pool3d_with_indices(dtype):
     )
 
 
+def test_max_pool3d_with_indices_compiled():
+    # specs/pooling.yaml:21: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.max_pool3d",
+        overloads=["max_pool3d_with_indices"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_pool3d_with_indices_other_dtypes(dtype):
     # specs/pooling.yaml:21: every other dtype it supports, over the first 3 samples
@@ -3372,6 +4704,16 @@ def test_avg_pool2d(dtype):
         dtype,
         overloads=["avg_pool2d", "avg_pool2d.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_avg_pool2d_compiled():
+    # specs/pooling.yaml:33: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.avg_pool2d",
+        overloads=["avg_pool2d", "avg_pool2d.out"],
         atol=None,
         rtol=None,
     )
@@ -3404,6 +4746,16 @@ def test_avg_pool2d_backward(dtype):
     )
 
 
+def test_avg_pool2d_backward_compiled():
+    # specs/pooling.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.avg_pool1d",
+        overloads=["avg_pool2d_backward", "avg_pool2d_backward.grad_input"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool2d_backward_other_dtypes(dtype):
     # specs/pooling.yaml:38: every other dtype it supports, over the first 3 samples
@@ -3426,6 +4778,16 @@ def test_avg_pool3d(dtype):
         dtype,
         overloads=["avg_pool3d", "avg_pool3d.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_avg_pool3d_compiled():
+    # specs/pooling.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.avg_pool3d",
+        overloads=["avg_pool3d", "avg_pool3d.out"],
         atol=None,
         rtol=None,
     )
@@ -3458,6 +4820,16 @@ def test__adaptive_avg_pool2d(dtype):
     )
 
 
+def test__adaptive_avg_pool2d_compiled():
+    # specs/pooling.yaml:52: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.adaptive_avg_pool2d",
+        overloads=["_adaptive_avg_pool2d", "_adaptive_avg_pool2d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__adaptive_avg_pool2d_other_dtypes(dtype):
     # specs/pooling.yaml:52: every other dtype it supports, over the first 3 samples
@@ -3480,6 +4852,16 @@ def test__adaptive_avg_pool2d_backward(dtype):
         dtype,
         overloads=["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__adaptive_avg_pool2d_backward_compiled():
+    # specs/pooling.yaml:57: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.adaptive_avg_pool1d",
+        overloads=["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward.out"],
         atol=None,
         rtol=None,
     )
@@ -3512,6 +4894,16 @@ def test__adaptive_avg_pool3d(dtype):
     )
 
 
+def test__adaptive_avg_pool3d_compiled():
+    # specs/pooling.yaml:64: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.adaptive_avg_pool3d",
+        overloads=["_adaptive_avg_pool3d", "_adaptive_avg_pool3d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d(dtype):
     # specs/pooling.yaml:73
@@ -3520,6 +4912,16 @@ def test_adaptive_max_pool2d(dtype):
         dtype,
         overloads=["adaptive_max_pool2d"],
         variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_adaptive_max_pool2d_compiled():
+    # specs/pooling.yaml:73: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.adaptive_max_pool2d",
+        overloads=["adaptive_max_pool2d"],
         atol=None,
         rtol=None,
     )
@@ -3552,6 +4954,16 @@ def test_adaptive_max_pool2d_backward(dtype):
     )
 
 
+def test_adaptive_max_pool2d_backward_compiled():
+    # specs/pooling.yaml:79: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.adaptive_max_pool1d",
+        overloads=["adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward.grad_input"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
     # specs/pooling.yaml:79: every other dtype it supports, over the first 3 samples
@@ -3574,6 +4986,16 @@ def test_adaptive_max_pool3d(dtype):
         dtype,
         overloads=["adaptive_max_pool3d"],
         variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_adaptive_max_pool3d_compiled():
+    # specs/pooling.yaml:85: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.adaptive_max_pool3d",
+        overloads=["adaptive_max_pool3d"],
         atol=None,
         rtol=None,
     )
@@ -3606,6 +5028,16 @@ def test_upsample_nearest1d(dtype):
     )
 
 
+def test_upsample_nearest1d_compiled():
+    # specs/pooling.yaml:98: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.interpolate.nearest",
+        overloads=["upsample_nearest1d", "upsample_nearest1d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test_upsample_nearest1d_other_dtypes(dtype):
     # specs/pooling.yaml:98: every other dtype it supports, over the first 3 samples
@@ -3628,6 +5060,16 @@ def test_upsample_nearest2d(dtype):
         dtype,
         overloads=["upsample_nearest2d", "upsample_nearest2d.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_upsample_nearest2d_compiled():
+    # specs/pooling.yaml:107: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.upsample_nearest",
+        overloads=["upsample_nearest2d", "upsample_nearest2d.out"],
         atol=None,
         rtol=None,
     )
@@ -3660,6 +5102,16 @@ def test__upsample_nearest_exact1d(dtype):
     )
 
 
+def test__upsample_nearest_exact1d_compiled():
+    # specs/pooling.yaml:124: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.interpolate.nearest-exact",
+        overloads=["_upsample_nearest_exact1d", "_upsample_nearest_exact1d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test__upsample_nearest_exact1d_other_dtypes(dtype):
     # specs/pooling.yaml:124: every other dtype it supports, over the first 3 samples
@@ -3687,6 +5139,16 @@ def test_upsample_linear1d(dtype):
     )
 
 
+def test_upsample_linear1d_compiled():
+    # specs/pooling.yaml:153: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.interpolate.linear",
+        overloads=["upsample_linear1d", "upsample_linear1d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d(dtype):
     # specs/pooling.yaml:162
@@ -3695,6 +5157,16 @@ def test_upsample_bilinear2d(dtype):
         dtype,
         overloads=["upsample_bilinear2d", "upsample_bilinear2d.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_upsample_bilinear2d_compiled():
+    # specs/pooling.yaml:162: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.interpolate.bilinear",
+        overloads=["upsample_bilinear2d", "upsample_bilinear2d.out"],
         atol=None,
         rtol=None,
     )
@@ -3727,6 +5199,16 @@ def test_upsample_bilinear2d_backward(dtype):
     )
 
 
+def test_upsample_bilinear2d_backward_compiled():
+    # specs/pooling.yaml:167: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.upsample_bilinear",
+        overloads=["upsample_bilinear2d_backward", "upsample_bilinear2d_backward.grad_input"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_upsample_bilinear2d_backward_other_dtypes(dtype):
     # specs/pooling.yaml:167: every other dtype it supports, over the first 3 samples
@@ -3754,6 +5236,16 @@ def test_upsample_trilinear3d(dtype):
     )
 
 
+def test_upsample_trilinear3d_compiled():
+    # specs/pooling.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.interpolate.trilinear",
+        overloads=["upsample_trilinear3d", "upsample_trilinear3d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_sum_dim_IntList(dtype):
     # specs/reduction.yaml:3
@@ -3762,6 +5254,16 @@ def test_sum_dim_IntList(dtype):
         dtype,
         overloads=["sum.dim_IntList", "sum.IntList_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_sum_dim_IntList_compiled():
+    # specs/reduction.yaml:3: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sum",
+        overloads=["sum.dim_IntList", "sum.IntList_out"],
         atol=None,
         rtol=None,
     )
@@ -3794,6 +5296,16 @@ def test_mean_dim(dtype):
     )
 
 
+def test_mean_dim_compiled():
+    # specs/reduction.yaml:15: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "mean",
+        overloads=["mean.dim", "mean.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mean_dim_other_dtypes(dtype):
     # specs/reduction.yaml:15: every other dtype it supports, over the first 3 samples
@@ -3816,6 +5328,16 @@ def test_prod_dim_int(dtype):
         dtype,
         overloads=["prod.dim_int", "prod.int_out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_prod_dim_int_compiled():
+    # specs/reduction.yaml:29: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "prod",
+        overloads=["prod.dim_int", "prod.int_out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -3848,6 +5370,16 @@ def test_amax(dtype):
     )
 
 
+def test_amax_compiled():
+    # specs/reduction.yaml:41: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "amax",
+        overloads=["amax", "amax.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_amax_other_dtypes(dtype):
     # specs/reduction.yaml:41: every other dtype it supports, over the first 3 samples
@@ -3870,6 +5402,16 @@ def test_amin(dtype):
         dtype,
         overloads=["amin", "amin.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_amin_compiled():
+    # specs/reduction.yaml:48: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "amin",
+        overloads=["amin", "amin.out"],
         atol=None,
         rtol=None,
     )
@@ -3902,6 +5444,16 @@ def test_max(dtype):
     )
 
 
+def test_max_compiled():
+    # specs/reduction.yaml:56: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "max.reduction_no_dim",
+        overloads=["max", "max.unary_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_other_dtypes(dtype):
     # specs/reduction.yaml:56: every other dtype it supports, over the first 3 samples
@@ -3924,6 +5476,16 @@ def test_min(dtype):
         dtype,
         overloads=["min", "min.unary_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_min_compiled():
+    # specs/reduction.yaml:62: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "min.reduction_no_dim",
+        overloads=["min", "min.unary_out"],
         atol=None,
         rtol=None,
     )
@@ -3956,6 +5518,16 @@ def test_max_dim(dtype):
     )
 
 
+def test_max_dim_compiled():
+    # specs/reduction.yaml:69: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "max.reduction_with_dim",
+        overloads=["max.dim"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_dim_other_dtypes(dtype):
     # specs/reduction.yaml:69: every other dtype it supports, over the first 3 samples
@@ -3978,6 +5550,16 @@ def test_min_dim(dtype):
         dtype,
         overloads=["min.dim"],
         variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_min_dim_compiled():
+    # specs/reduction.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "min.reduction_with_dim",
+        overloads=["min.dim"],
         atol=None,
         rtol=None,
     )
@@ -4010,6 +5592,16 @@ def test_argmax(dtype):
     )
 
 
+def test_argmax_compiled():
+    # specs/reduction.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "argmax",
+        overloads=["argmax", "argmax.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_argmax_other_dtypes(dtype):
     # specs/reduction.yaml:84: every other dtype it supports, over the first 3 samples
@@ -4032,6 +5624,16 @@ def test_argmin(dtype):
         dtype,
         overloads=["argmin", "argmin.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_argmin_compiled():
+    # specs/reduction.yaml:92: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "argmin",
+        overloads=["argmin", "argmin.out"],
         atol=None,
         rtol=None,
     )
@@ -4064,6 +5666,16 @@ def test_any_dims(dtype):
     )
 
 
+def test_any_dims_compiled():
+    # specs/reduction.yaml:116: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "any",
+        overloads=["any.dims", "any.dims_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_any_dims_other_dtypes(dtype):
     # specs/reduction.yaml:116: every other dtype it supports, over the first 3 samples
@@ -4086,6 +5698,16 @@ def test_all_dims(dtype):
         dtype,
         overloads=["all.dims", "all.dims_out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_all_dims_compiled():
+    # specs/reduction.yaml:138: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "all",
+        overloads=["all.dims", "all.dims_out"],
         atol=None,
         rtol=None,
     )
@@ -4118,6 +5740,16 @@ def test_var_correction(dtype):
     )
 
 
+def test_var_correction_compiled():
+    # specs/reduction.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "var",
+        overloads=["var.correction", "var.correction_out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_correction_other_dtypes(dtype):
     # specs/reduction.yaml:147: every other dtype it supports, over the first 3 samples
@@ -4140,6 +5772,16 @@ def test_std_correction(dtype):
         dtype,
         overloads=["std.correction", "std.correction_out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_std_correction_compiled():
+    # specs/reduction.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "std",
+        overloads=["std.correction", "std.correction_out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -4172,6 +5814,16 @@ def test_var_mean_correction(dtype):
     )
 
 
+def test_var_mean_correction_compiled():
+    # specs/reduction.yaml:163: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "var_mean",
+        overloads=["var_mean.correction"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_mean_correction_other_dtypes(dtype):
     # specs/reduction.yaml:163: every other dtype it supports, over the first 3 samples
@@ -4194,6 +5846,16 @@ def test_std_mean_correction(dtype):
         dtype,
         overloads=["std_mean.correction"],
         variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_std_mean_correction_compiled():
+    # specs/reduction.yaml:171: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "std_mean",
+        overloads=["std_mean.correction"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -4226,6 +5888,16 @@ def test_logsumexp(dtype):
     )
 
 
+def test_logsumexp_compiled():
+    # specs/reduction.yaml:180: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logsumexp",
+        overloads=["logsumexp", "logsumexp.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_linalg_vector_norm(dtype):
     # specs/reduction.yaml:188
@@ -4234,6 +5906,16 @@ def test_linalg_vector_norm(dtype):
         dtype,
         overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
         variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_linalg_vector_norm_compiled():
+    # specs/reduction.yaml:188: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.vector_norm",
+        overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -4266,6 +5948,16 @@ def test_cumsum(dtype):
     )
 
 
+def test_cumsum_compiled():
+    # specs/reduction.yaml:197: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cumsum",
+        overloads=["cumsum", "cumsum_", "cumsum.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumsum_other_dtypes(dtype):
     # specs/reduction.yaml:197: every other dtype it supports, over the first 3 samples
@@ -4288,6 +5980,16 @@ def test_cumprod(dtype):
         dtype,
         overloads=["cumprod", "cumprod_", "cumprod.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_cumprod_compiled():
+    # specs/reduction.yaml:203: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cumprod",
+        overloads=["cumprod", "cumprod_", "cumprod.out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -4320,6 +6022,16 @@ def test_sort_stable(dtype):
     )
 
 
+def test_sort_stable_compiled():
+    # specs/reduction.yaml:215: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sort",
+        overloads=["sort.stable"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_topk(dtype):
     # specs/reduction.yaml:222
@@ -4333,6 +6045,16 @@ def test_topk(dtype):
     )
 
 
+def test_topk_compiled():
+    # specs/reduction.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "topk",
+        overloads=["topk"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_flip(dtype):
     # specs/shape.yaml:4
@@ -4341,6 +6063,16 @@ def test_flip(dtype):
         dtype,
         overloads=["flip", "flip.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_flip_compiled():
+    # specs/shape.yaml:4: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "flip",
+        overloads=["flip", "flip.out"],
         atol=None,
         rtol=None,
     )
@@ -4373,6 +6105,16 @@ def test_roll(dtype):
     )
 
 
+def test_roll_compiled():
+    # specs/shape.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "roll",
+        overloads=["roll", "roll.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_roll_other_dtypes(dtype):
     # specs/shape.yaml:11: every other dtype it supports, over the first 3 samples
@@ -4395,6 +6137,16 @@ def test_repeat(dtype):
         dtype,
         overloads=["repeat", "repeat.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_repeat_compiled():
+    # specs/shape.yaml:17: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "repeat",
+        overloads=["repeat", "repeat.out"],
         atol=None,
         rtol=None,
     )
@@ -4427,6 +6179,16 @@ def test_tril(dtype):
     )
 
 
+def test_tril_compiled():
+    # specs/shape.yaml:23: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "tril",
+        overloads=["tril", "tril_", "tril.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_tril_other_dtypes(dtype):
     # specs/shape.yaml:23: every other dtype it supports, over the first 3 samples
@@ -4449,6 +6211,16 @@ def test_triu(dtype):
         dtype,
         overloads=["triu", "triu_", "triu.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_triu_compiled():
+    # specs/shape.yaml:29: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "triu",
+        overloads=["triu", "triu_", "triu.out"],
         atol=None,
         rtol=None,
     )
@@ -4481,6 +6253,16 @@ def test_constant_pad_nd(dtype):
     )
 
 
+def test_constant_pad_nd_compiled():
+    # specs/shape.yaml:36: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.pad.constant",
+        overloads=["constant_pad_nd", "constant_pad_nd.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_constant_pad_nd_other_dtypes(dtype):
     # specs/shape.yaml:36: every other dtype it supports, over the first 3 samples
@@ -4503,6 +6285,16 @@ def test_reflection_pad1d(dtype):
         dtype,
         overloads=["reflection_pad1d", "reflection_pad1d.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_reflection_pad1d_compiled():
+    # specs/shape.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.pad.reflect",
+        overloads=["reflection_pad1d", "reflection_pad1d.out"],
         atol=None,
         rtol=None,
     )
@@ -4535,6 +6327,16 @@ def test_replication_pad1d(dtype):
     )
 
 
+def test_replication_pad1d_compiled():
+    # specs/shape.yaml:56: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.pad.replicate",
+        overloads=["replication_pad1d", "replication_pad1d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_replication_pad1d_other_dtypes(dtype):
     # specs/shape.yaml:56: every other dtype it supports, over the first 3 samples
@@ -4557,6 +6359,16 @@ def test_fill_Scalar(dtype):
         dtype,
         overloads=["fill.Scalar", "fill_.Scalar", "fill.Scalar_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_fill_Scalar_compiled():
+    # specs/tensor.yaml:3: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fill",
+        overloads=["fill.Scalar", "fill_.Scalar", "fill.Scalar_out"],
         atol=None,
         rtol=None,
     )
@@ -4589,6 +6401,16 @@ def test_zero(dtype):
     )
 
 
+def test_zero_compiled():
+    # specs/tensor.yaml:14: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "zero_",
+        overloads=["zero", "zero_", "zero.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_zero_other_dtypes(dtype):
     # specs/tensor.yaml:14: every other dtype it supports, over the first 3 samples
@@ -4611,6 +6433,16 @@ def test_cat(dtype):
         dtype,
         overloads=["cat", "cat.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_cat_compiled():
+    # specs/tensor.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cat",
+        overloads=["cat", "cat.out"],
         atol=None,
         rtol=None,
     )
@@ -4643,6 +6475,16 @@ def test_clone(dtype):
     )
 
 
+def test_clone_compiled():
+    # specs/tensor.yaml:25: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "clone",
+        overloads=["clone", "clone.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clone_other_dtypes(dtype):
     # specs/tensor.yaml:25: every other dtype it supports, over the first 3 samples
@@ -4665,6 +6507,16 @@ def test_abs(dtype):
         dtype,
         overloads=["abs", "abs_", "abs.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_abs_compiled():
+    # specs/unary.yaml:5: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "abs",
+        overloads=["abs", "abs_", "abs.out"],
         atol=None,
         rtol=None,
     )
@@ -4697,6 +6549,16 @@ def test_sign(dtype):
     )
 
 
+def test_sign_compiled():
+    # specs/unary.yaml:10: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sign",
+        overloads=["sign", "sign_", "sign.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_sign_other_dtypes(dtype):
     # specs/unary.yaml:10: every other dtype it supports, over the first 3 samples
@@ -4719,6 +6581,16 @@ def test_sgn(dtype):
         dtype,
         overloads=["sgn", "sgn_", "sgn.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_sgn_compiled():
+    # specs/unary.yaml:14: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sgn",
+        overloads=["sgn", "sgn_", "sgn.out"],
         atol=None,
         rtol=None,
     )
@@ -4751,6 +6623,16 @@ def test_expm1(dtype):
     )
 
 
+def test_expm1_compiled():
+    # specs/unary.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "expm1",
+        overloads=["expm1", "expm1_", "expm1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_expm1_other_dtypes(dtype):
     # specs/unary.yaml:20: every other dtype it supports, over the first 3 samples
@@ -4773,6 +6655,16 @@ def test_log1p(dtype):
         dtype,
         overloads=["log1p", "log1p_", "log1p.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_log1p_compiled():
+    # specs/unary.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "log1p",
+        overloads=["log1p", "log1p_", "log1p.out"],
         atol=None,
         rtol=None,
     )
@@ -4805,6 +6697,16 @@ def test_log2(dtype):
     )
 
 
+def test_log2_compiled():
+    # specs/unary.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "log2",
+        overloads=["log2", "log2_", "log2.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log2_other_dtypes(dtype):
     # specs/unary.yaml:32: every other dtype it supports, over the first 3 samples
@@ -4827,6 +6729,16 @@ def test_log10(dtype):
         dtype,
         overloads=["log10", "log10_", "log10.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_log10_compiled():
+    # specs/unary.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "log10",
+        overloads=["log10", "log10_", "log10.out"],
         atol=None,
         rtol=None,
     )
@@ -4859,6 +6771,16 @@ def test_rsqrt(dtype):
     )
 
 
+def test_rsqrt_compiled():
+    # specs/unary.yaml:44: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "rsqrt",
+        overloads=["rsqrt", "rsqrt_", "rsqrt.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_rsqrt_other_dtypes(dtype):
     # specs/unary.yaml:44: every other dtype it supports, over the first 3 samples
@@ -4881,6 +6803,16 @@ def test_reciprocal(dtype):
         dtype,
         overloads=["reciprocal", "reciprocal_", "reciprocal.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_reciprocal_compiled():
+    # specs/unary.yaml:50: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "reciprocal",
+        overloads=["reciprocal", "reciprocal_", "reciprocal.out"],
         atol=None,
         rtol=None,
     )
@@ -4913,6 +6845,16 @@ def test_sin(dtype):
     )
 
 
+def test_sin_compiled():
+    # specs/unary.yaml:58: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sin",
+        overloads=["sin", "sin_", "sin.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sin_other_dtypes(dtype):
     # specs/unary.yaml:58: every other dtype it supports, over the first 3 samples
@@ -4935,6 +6877,16 @@ def test_cos(dtype):
         dtype,
         overloads=["cos", "cos_", "cos.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_cos_compiled():
+    # specs/unary.yaml:64: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cos",
+        overloads=["cos", "cos_", "cos.out"],
         atol=None,
         rtol=None,
     )
@@ -4967,6 +6919,16 @@ def test_tan(dtype):
     )
 
 
+def test_tan_compiled():
+    # specs/unary.yaml:70: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "tan",
+        overloads=["tan", "tan_", "tan.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_tan_other_dtypes(dtype):
     # specs/unary.yaml:70: every other dtype it supports, over the first 3 samples
@@ -4989,6 +6951,16 @@ def test_tanh(dtype):
         dtype,
         overloads=["tanh", "tanh_", "tanh.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_tanh_compiled():
+    # specs/unary.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "tanh",
+        overloads=["tanh", "tanh_", "tanh.out"],
         atol=None,
         rtol=None,
     )
@@ -5021,6 +6993,16 @@ def test_asin(dtype):
     )
 
 
+def test_asin_compiled():
+    # specs/unary.yaml:83: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "asin",
+        overloads=["asin", "asin_", "asin.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_asin_other_dtypes(dtype):
     # specs/unary.yaml:83: every other dtype it supports, over the first 3 samples
@@ -5043,6 +7025,16 @@ def test_acos(dtype):
         dtype,
         overloads=["acos", "acos_", "acos.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_acos_compiled():
+    # specs/unary.yaml:89: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "acos",
+        overloads=["acos", "acos_", "acos.out"],
         atol=None,
         rtol=None,
     )
@@ -5075,6 +7067,16 @@ def test_atan(dtype):
     )
 
 
+def test_atan_compiled():
+    # specs/unary.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "atan",
+        overloads=["atan", "atan_", "atan.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan_other_dtypes(dtype):
     # specs/unary.yaml:95: every other dtype it supports, over the first 3 samples
@@ -5097,6 +7099,16 @@ def test_sinh(dtype):
         dtype,
         overloads=["sinh", "sinh_", "sinh.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_sinh_compiled():
+    # specs/unary.yaml:101: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sinh",
+        overloads=["sinh", "sinh_", "sinh.out"],
         atol=None,
         rtol=None,
     )
@@ -5129,6 +7141,16 @@ def test_cosh(dtype):
     )
 
 
+def test_cosh_compiled():
+    # specs/unary.yaml:107: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cosh",
+        overloads=["cosh", "cosh_", "cosh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_cosh_other_dtypes(dtype):
     # specs/unary.yaml:107: every other dtype it supports, over the first 3 samples
@@ -5151,6 +7173,16 @@ def test_sigmoid(dtype):
         dtype,
         overloads=["sigmoid", "sigmoid_", "sigmoid.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_sigmoid_compiled():
+    # specs/unary.yaml:113: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sigmoid",
+        overloads=["sigmoid", "sigmoid_", "sigmoid.out"],
         atol=None,
         rtol=None,
     )
@@ -5183,6 +7215,16 @@ def test_erf(dtype):
     )
 
 
+def test_erf_compiled():
+    # specs/unary.yaml:119: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "erf",
+        overloads=["erf", "erf_", "erf.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_erf_other_dtypes(dtype):
     # specs/unary.yaml:119: every other dtype it supports, over the first 3 samples
@@ -5205,6 +7247,16 @@ def test_floor(dtype):
         dtype,
         overloads=["floor", "floor_", "floor.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_floor_compiled():
+    # specs/unary.yaml:127: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "floor",
+        overloads=["floor", "floor_", "floor.out"],
         atol=None,
         rtol=None,
     )
@@ -5237,6 +7289,16 @@ def test_ceil(dtype):
     )
 
 
+def test_ceil_compiled():
+    # specs/unary.yaml:132: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "ceil",
+        overloads=["ceil", "ceil_", "ceil.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_ceil_other_dtypes(dtype):
     # specs/unary.yaml:132: every other dtype it supports, over the first 3 samples
@@ -5259,6 +7321,16 @@ def test_round(dtype):
         dtype,
         overloads=["round", "round_", "round.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_round_compiled():
+    # specs/unary.yaml:137: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "round",
+        overloads=["round", "round_", "round.out"],
         atol=None,
         rtol=None,
     )
@@ -5291,6 +7363,16 @@ def test_round_decimals(dtype):
     )
 
 
+def test_round_decimals_compiled():
+    # specs/unary.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "round.decimals_3",
+        overloads=["round.decimals", "round_.decimals", "round.decimals_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_round_decimals_other_dtypes(dtype):
     # specs/unary.yaml:142: every other dtype it supports, over the first 3 samples
@@ -5313,6 +7395,16 @@ def test_trunc(dtype):
         dtype,
         overloads=["trunc", "trunc_", "trunc.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_trunc_compiled():
+    # specs/unary.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "trunc",
+        overloads=["trunc", "trunc_", "trunc.out"],
         atol=None,
         rtol=None,
     )
@@ -5345,6 +7437,16 @@ def test_frac(dtype):
     )
 
 
+def test_frac_compiled():
+    # specs/unary.yaml:152: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "frac",
+        overloads=["frac", "frac_", "frac.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_frac_other_dtypes(dtype):
     # specs/unary.yaml:152: every other dtype it supports, over the first 3 samples
@@ -5367,6 +7469,16 @@ def test_isnan(dtype):
         dtype,
         overloads=["isnan", "isnan.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_isnan_compiled():
+    # specs/unary.yaml:159: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "isnan",
+        overloads=["isnan", "isnan.out"],
         atol=None,
         rtol=None,
     )
@@ -5399,6 +7511,16 @@ def test_isinf(dtype):
     )
 
 
+def test_isinf_compiled():
+    # specs/unary.yaml:163: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "isinf",
+        overloads=["isinf", "isinf.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isinf_other_dtypes(dtype):
     # specs/unary.yaml:163: every other dtype it supports, over the first 3 samples
@@ -5421,6 +7543,16 @@ def test_isposinf(dtype):
         dtype,
         overloads=["isposinf", "isposinf.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_isposinf_compiled():
+    # specs/unary.yaml:167: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "isposinf",
+        overloads=["isposinf", "isposinf.out"],
         atol=None,
         rtol=None,
     )
@@ -5453,6 +7585,16 @@ def test_isneginf(dtype):
     )
 
 
+def test_isneginf_compiled():
+    # specs/unary.yaml:171: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "isneginf",
+        overloads=["isneginf", "isneginf.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isneginf_other_dtypes(dtype):
     # specs/unary.yaml:171: every other dtype it supports, over the first 3 samples
@@ -5475,6 +7617,16 @@ def test_signbit(dtype):
         dtype,
         overloads=["signbit", "signbit.out"],
         variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_signbit_compiled():
+    # specs/unary.yaml:175: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "signbit",
+        overloads=["signbit", "signbit.out"],
         atol=None,
         rtol=None,
     )
@@ -5507,6 +7659,16 @@ def test_logical_not(dtype):
     )
 
 
+def test_logical_not_compiled():
+    # specs/unary.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logical_not",
+        overloads=["logical_not", "logical_not_", "logical_not.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_not_other_dtypes(dtype):
     # specs/unary.yaml:179: every other dtype it supports, over the first 3 samples
@@ -5529,6 +7691,16 @@ def test_bitwise_not(dtype):
         dtype,
         overloads=["bitwise_not", "bitwise_not_", "bitwise_not.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_bitwise_not_compiled():
+    # specs/unary.yaml:183: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bitwise_not",
+        overloads=["bitwise_not", "bitwise_not_", "bitwise_not.out"],
         atol=None,
         rtol=None,
     )
@@ -5561,6 +7733,16 @@ def test_nan_to_num(dtype):
     )
 
 
+def test_nan_to_num_compiled():
+    # specs/unary.yaml:190: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nan_to_num",
+        overloads=["nan_to_num", "nan_to_num_", "nan_to_num.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nan_to_num_other_dtypes(dtype):
     # specs/unary.yaml:190: every other dtype it supports, over the first 3 samples
@@ -5583,6 +7765,16 @@ def test_clamp(dtype):
         dtype,
         overloads=["clamp", "clamp_", "clamp.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_clamp_compiled():
+    # specs/unary.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "clamp",
+        overloads=["clamp", "clamp_", "clamp.out"],
         atol=None,
         rtol=None,
     )
@@ -5615,6 +7807,16 @@ def test_clamp_Tensor(dtype):
     )
 
 
+def test_clamp_Tensor_compiled():
+    # specs/unary.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "clamp",
+        overloads=["clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_Tensor_other_dtypes(dtype):
     # specs/unary.yaml:204: every other dtype it supports, over the first 3 samples
@@ -5637,6 +7839,16 @@ def test_clamp_min(dtype):
         dtype,
         overloads=["clamp_min", "clamp_min_", "clamp_min.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_clamp_min_compiled():
+    # specs/unary.yaml:209: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "clamp_min",
+        overloads=["clamp_min", "clamp_min_", "clamp_min.out"],
         atol=None,
         rtol=None,
     )
@@ -5669,6 +7881,16 @@ def test_clamp_max(dtype):
     )
 
 
+def test_clamp_max_compiled():
+    # specs/unary.yaml:214: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "clamp_max",
+        overloads=["clamp_max", "clamp_max_", "clamp_max.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_max_other_dtypes(dtype):
     # specs/unary.yaml:214: every other dtype it supports, over the first 3 samples
@@ -5696,6 +7918,16 @@ def test_clamp_min_Tensor(dtype):
     )
 
 
+def test_clamp_min_Tensor_compiled():
+    # specs/unary.yaml:219: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "clamp_min",
+        overloads=["clamp_min.Tensor", "clamp_min_.Tensor", "clamp_min.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_min_Tensor_other_dtypes(dtype):
     # specs/unary.yaml:219: every other dtype it supports, over the first 3 samples
@@ -5718,6 +7950,16 @@ def test_clamp_max_Tensor(dtype):
         dtype,
         overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_clamp_max_Tensor_compiled():
+    # specs/unary.yaml:223: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "clamp_max",
+        overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
         atol=None,
         rtol=None,
     )
