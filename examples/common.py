@@ -4,13 +4,14 @@ training loop with its progress bar (loss and throughput), and the report at the
 An example module defines
 
     build(tiny, seed) -> nn.Module              the model, initialised on the CPU from `seed`
-    train(device, steps, tiny=True, seed=0, model=None, progress=False) -> list[float]
+    train(device, steps, tiny=True, seed=0, model=None, progress=False, compile=False) -> list[float]
     infer(model, device, tiny, seed) -> None     prints generations or predictions
 
 and ends with `common.main(__doc__, build, train, infer)`. `train` calls `fit` below, so every
 example trains the same way: the model is built on the CPU and then moved, and every batch is
 drawn on the CPU from a generator seeded by `seed`, so a tpu run and a CPU run with one seed see
-the same weights and the same data.
+the same weights and the same data. With `compile`, `fit` runs each training step as compiled
+XLA graphs (`torch.compile(backend="tpu")`) instead of op by op.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def parse_args(doc: str, steps: int) -> argparse.Namespace:
     parser.add_argument("--device", choices=["tpu", "cpu"], default="tpu")
     parser.add_argument("--tiny", action="store_true", help="the small configuration the tests run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true",
+                        help="run forward/backward and the optimizer step as compiled XLA graphs: "
+                             "torch.compile(backend='tpu')")
     return parser.parse_args()
 
 
@@ -77,16 +81,34 @@ class Progress:
 
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[tuple],
         loss_fn: Callable[..., torch.Tensor], steps: int, device: str, unit: str,
-        per_batch: Callable[[tuple], int], clip: float | None = None, progress: bool = False) -> list[float]:
+        per_batch: Callable[[tuple], int], clip: float | None = None, progress: bool = False,
+        compile: bool = False) -> list[float]:
     """Trains `model` (already on `device`) for `steps` steps and returns the losses.
 
     `batches` yields tuples of CPU tensors; each is moved to `device` and given to
     `loss_fn(model, *batch)`. `per_batch(batch)` counts the batch's `unit`s (tokens, images, ...)
     for the throughput; `clip` is the max gradient norm, if any. `.item()` on each step's loss
     waits for the step, so the bar's rate is the real one.
+
+    With `compile`, `loss_fn` runs compiled with `torch.compile(backend="tpu")`: the model's
+    forward and the loss are one graph, their backward another. The gradient clipping and the
+    optimizer step are one more compiled function. The first step captures and compiles the graphs.
     """
     model.train()
-    bar = Progress(steps, f"{type(model).__name__} on {device}", unit, enabled=progress)
+
+    def update() -> None:
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+
+    if compile:
+        # The loss rather than just the model: a loss computed outside the model (cross-entropy
+        # of its logits) would otherwise run op by op, and a model's own loss method (minGPT's
+        # `model.loss`) would call the uncompiled forward.
+        loss_fn = torch.compile(loss_fn, backend="tpu")
+        update = torch.compile(update, backend="tpu")
+    bar = Progress(steps, f"{type(model).__name__} on {device}" + (", compiled" if compile else ""), unit,
+                   enabled=progress)
     losses = []
     try:
         for _, batch in zip(range(steps), batches):
@@ -94,9 +116,7 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Itera
             loss = loss_fn(model, *batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            optimizer.step()
+            update()
             losses.append(loss.item())
             bar.update(losses[-1], per_batch(batch))
     finally:
@@ -110,12 +130,16 @@ def main(doc: str, build: Callable, train: Callable, infer: Callable, steps: int
     if args.device == "tpu" and not torchtpu.is_available():
         raise SystemExit(f"torchtpu could not start: {torchtpu.init_error()}")
     model = build(args.tiny, args.seed)
-    losses = train(args.device, args.steps, tiny=args.tiny, seed=args.seed, model=model, progress=True)
+    losses = train(args.device, args.steps, tiny=args.tiny, seed=args.seed, model=model, progress=True,
+                   compile=args.compile)
     if losses:
         print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}")
     with torch.no_grad():
         model.eval()
-        infer(model, args.device, args.tiny, args.seed)
+        # A compiled model's own methods stay uncompiled: the examples that generate (model.generate)
+        # run eagerly, since every generated token is a sequence one longer, which a compiled
+        # forward would capture and compile anew, token by token.
+        infer(torch.compile(model, backend="tpu") if args.compile else model, args.device, args.tiny, args.seed)
     if args.device == "tpu":
         fallbacks = torchtpu.debug.metrics()["cpu_fallbacks"]
         print(f"ops that ran on the CPU: {len(fallbacks)}"
@@ -152,14 +176,14 @@ def show_generations(generate: Callable[[torch.Tensor, int], torch.Tensor], devi
 
 
 def train_causal_lm(model: torch.nn.Module, device: str, steps: int, seed: int, batch: int, length: int,
-                    vocab: int, progress: bool) -> list[float]:
+                    vocab: int, progress: bool, compile: bool = False) -> list[float]:
     """Trains a transformers causal LM (`model(input_ids=, labels=).loss`) on token progressions
     with AdamW and gradient clipping; returns the losses."""
     model = model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     return fit(model, optimizer, token_batches(seed, batch, length, vocab),
                lambda m, ids: m(input_ids=ids, labels=ids).loss, steps, device, "tokens",
-               lambda b: b[0].numel(), clip=1.0, progress=progress)
+               lambda b: b[0].numel(), clip=1.0, progress=progress, compile=compile)
 
 
 def generate_greedily(model: torch.nn.Module, device: str, vocab: int, seed: int) -> float:

@@ -1,7 +1,7 @@
 """Trains a small randomly initialised Llama (transformers' LlamaForCausalLM, nothing downloaded)
 on synthetic token sequences with AdamW and gradient clipping, then generates greedily.
 
-    python examples/llama.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S]
+    python examples/llama.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ def build(tiny: bool, seed: int) -> LlamaForCausalLM:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: LlamaForCausalLM | None = None,
-          progress: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False) -> list[float]:
     vocab, *_, batch, length = SIZES[tiny]
     return common.train_causal_lm(build(tiny, seed) if model is None else model, device, steps, seed, batch, length,
-                                  vocab, progress)
+                                  vocab, progress, compile)
 
 
 def infer(model: LlamaForCausalLM, device: str, tiny: bool, seed: int) -> None:

@@ -2,7 +2,7 @@
 self-attention through F.scaled_dot_product_attention, GELU MLP, LayerNorm, dropout) on synthetic
 token sequences with AdamW, then generates greedily and by sampling.
 
-    python examples/mingpt.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S]
+    python examples/mingpt.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def build(tiny: bool, seed: int) -> GPT:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: GPT | None = None,
-          progress: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False) -> list[float]:
     cfg = SIZES[tiny]
     model = (build(tiny, seed) if model is None else model).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -118,7 +118,7 @@ def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: GPT 
     # block + 1 tokens: the model reads the first `block` and predicts the last `block`
     return common.fit(model, optimizer, common.token_batches(seed, BATCH[tiny], cfg.block + 1, cfg.vocab),
                       lambda m, ids: m.loss(ids), steps, device, "tokens",
-                      lambda b: b[0][:, 1:].numel(), clip=1.0, progress=progress)
+                      lambda b: b[0][:, 1:].numel(), clip=1.0, progress=progress, compile=compile)
 
 
 def infer(model: GPT, device: str, tiny: bool, seed: int) -> None:

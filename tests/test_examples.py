@@ -1,39 +1,113 @@
 """Each example in examples/ trains its tiny configuration on tpu exactly as on the CPU (same seed,
 same initial weights, same batches) with TORCHTPU_FALLBACK=error, so nothing runs on the CPU
-behind the tpu run's back; then runs its inference on tpu, also without fallback.
+behind the tpu run's back; then runs its inference on tpu, also without fallback. The same again
+compiled (`train(..., compile=True)`, what `--compile` runs), which must also run each training
+step as a few graphs instead of op by op.
+
+One interpreter per example runs everything (imports and CPU losses are shared): eager tpu, CPU,
+then compiled tpu, each printing its results as a JSON line as soon as it has them, so an eager
+test still reports if the compiled run fails or crashes.
 """
 
+import functools
+import json
 import os
 
 import pytest
 
-from conftest import last_json, run_python
+from conftest import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = ["llama", "qwen", "mingpt", "resnet", "dlrm", "unet"]
-STEPS = 3
+STEPS = 3  # the last step is steady state: no capture, optimizer state already created
+# Compiled, a training step must run fewer than this fraction of the executions eager mode runs.
+COMPILED_EXECUTIONS_FRACTION = 1 / 3
 
-
-TRAIN = r"""
-import json, sys
+RUN = r"""
+import json, sys, traceback
 sys.path.insert(0, {examples!r})
 import torch, torchtpu
+import common
 import {name} as example
-model = example.build(True, 0)
-tpu = example.train("tpu", {steps}, tiny=True, seed=0, model=model)
-with torch.no_grad():
-    example.infer(model.eval(), "tpu", True, 0)  # inference on tpu, with fallback still forbidden
-cpu = example.train("cpu", {steps}, tiny=True, seed=0)
-print(json.dumps({{"tpu": tpu, "cpu": cpu, "fallbacks": torchtpu.debug.metrics()["cpu_fallbacks"]}}))
+
+def executions():
+    return torchtpu.debug.metrics()["executions"]
+
+# The executions of each step, counted where fit() advances its progress bar (once a step,
+# after the step's loss.item() waited for it).
+step_ends = []
+advance = common.Progress.update
+def counting_update(bar, loss, count):
+    step_ends.append(executions())
+    advance(bar, loss, count)
+common.Progress.update = counting_update
+
+def train_on_tpu(compile):
+    model = example.build(True, 0)
+    fallbacks = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
+    step_ends[:] = [executions()]
+    losses = example.train("tpu", {steps}, tiny=True, seed=0, model=model, compile=compile)
+    per_step = [b - a for a, b in zip(step_ends, step_ends[1:])]
+    with torch.no_grad():  # inference on tpu, with fallback still forbidden; compiled as main() does
+        example.infer((torch.compile(model, backend="tpu") if compile else model).eval(), "tpu", True, 0)
+    after = torchtpu.debug.metrics()["cpu_fallbacks"]
+    fell_back = {{op: n - fallbacks.get(op, 0) for op, n in after.items() if n != fallbacks.get(op, 0)}}
+    return {{"losses": losses, "executions": per_step, "fallbacks": fell_back}}
+
+print(json.dumps({{"tpu": train_on_tpu(compile=False)}}), flush=True)
+print(json.dumps({{"cpu": example.train("cpu", {steps}, tiny=True, seed=0)}}), flush=True)
+try:
+    compiled = train_on_tpu(compile=True)
+    from torchtpu import _compile
+    compiled["graph"] = _compile.stats()
+    print(json.dumps({{"compiled": compiled}}), flush=True)
+except Exception:
+    print(json.dumps({{"compiled_error": traceback.format_exc()[-4000:]}}), flush=True)
 """
+
+
+@functools.cache
+def run_example(name: str) -> dict:
+    """What RUN printed for example `name`, merged, plus the interpreter's stderr."""
+    code = RUN.format(examples=os.path.join(ROOT, "examples"), name=name, steps=STEPS)
+    proc = run_python(code, {"TORCHTPU_FALLBACK": "error"}, timeout=600)
+    results = {"stderr": proc.stderr[-4000:], "returncode": proc.returncode}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            results.update(json.loads(line))
+    return results
+
+
+def assert_losses_match(tpu: list, cpu: list) -> None:
+    assert len(tpu) == STEPS
+    for a, b in zip(tpu, cpu):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (tpu, cpu)
+
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_trains_like_cpu_with_fallback_forbidden(name):
-    code = TRAIN.format(examples=os.path.join(ROOT, "examples"), name=name, steps=STEPS)
-    proc = run_python(code, {"TORCHTPU_FALLBACK": "error"}, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = last_json(proc.stdout)
-    assert out["fallbacks"] == {}
-    assert len(out["tpu"]) == STEPS
-    for a, b in zip(out["tpu"], out["cpu"]):
-        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (out["tpu"], out["cpu"])
+    out = run_example(name)
+    assert "tpu" in out and "cpu" in out, out["stderr"]
+    assert out["tpu"]["fallbacks"] == {}
+    assert_losses_match(out["tpu"]["losses"], out["cpu"])
+
+
+BATCH_NORM_UNCAPTURED = (
+    "torchtpu: graph mode functionalizes batch norm into aten._native_batch_norm_legit_functional "
+    "(training) and _native_batch_norm_legit_no_training (eval); both run aten::_native_batch_norm_legit, "
+    "which has no spec, so the graph splits there and the op falls back to the CPU")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(reason=BATCH_NORM_UNCAPTURED))
+                                  if name == "resnet" else name for name in EXAMPLES])
+def test_example_compiled_trains_like_cpu_in_few_executions(name):
+    out = run_example(name)
+    assert "compiled_error" not in out, out["compiled_error"]
+    assert "compiled" in out and "cpu" in out and out["returncode"] == 0, out["stderr"]
+    compiled = out["compiled"]
+    assert compiled["fallbacks"] == {}
+    assert_losses_match(compiled["losses"], out["cpu"])
+    eager_step, compiled_step = out["tpu"]["executions"][-1], compiled["executions"][-1]
+    assert compiled_step < eager_step * COMPILED_EXECUTIONS_FRACTION, (
+        f"a steady-state training step ran {compiled_step} executions compiled, {eager_step} eager",
+        compiled["graph"])

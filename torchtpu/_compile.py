@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import os
 import threading
 import warnings
 from collections import Counter
@@ -43,10 +42,6 @@ def stats() -> dict:
 def _count(key: str, n: int = 1) -> None:
     with _lock:
         _stats[key] += n
-
-
-def _fallback_is_error() -> bool:
-    return os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error"
 
 
 def _describe(value) -> str:
@@ -179,11 +174,37 @@ class _NodeRunner(torch.fx.Interpreter):
         return super().run_node(n)
 
 
+def _hoist(gm: torch.fx.GraphModule, eager: set) -> None:
+    """Moves the eager nodes that need nothing the captured nodes compute (an optimizer's step
+    counts and bias corrections) to the front, so that the captured nodes form as few runs as the
+    data allows."""
+    def is_getitem_of(node, nodes) -> bool:
+        return node.op == "call_function" and node.target is operator.getitem and node.args[0] in nodes
+
+    hoisted: list = []
+    needs_captured: set = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if (node in eager or is_getitem_of(node, hoisted)) and not any(a in needs_captured for a in node.all_input_nodes):
+            hoisted.append(node)
+        else:
+            needs_captured.add(node)
+    anchor = next((n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr") and n not in hoisted), None)
+    if anchor is None:
+        return
+    for node in hoisted:
+        anchor.prepend(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
 def _split_around(gm: torch.fx.GraphModule, eager: set, name: str) -> torch.fx.GraphModule:
     """The graph as a sequence of parts: the `eager` nodes each alone (run as plain FX), the runs
     of nodes between them captured graphs of their own."""
     from torch.fx.passes.split_module import split_module
 
+    _hoist(gm, eager)
     part = 0
     parts: dict[torch.fx.Node, int] = {}
     eager_parts: set[int] = set()
@@ -239,9 +260,28 @@ def _decompositions() -> dict:
     return table
 
 
+_guard_failures_seen = 0
+
+
+def _note_dynamo_recompile() -> None:
+    """Dynamo compiles a frame again when a guard of its earlier graph failed (a new shape, dtype
+    or Python value): counted as a recompile, with dynamo's reason."""
+    global _guard_failures_seen
+    from torch._dynamo.utils import guard_failures
+
+    reasons = [str(r) for failures in guard_failures.values() for r in failures]
+    new = reasons[_guard_failures_seen:]
+    _guard_failures_seen = len(reasons)
+    if new:
+        with _lock:
+            _stats["recompiles"] += 1
+            _recompile_reasons.append("dynamo: " + new[-1].strip().splitlines()[0])
+
+
 def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The "tpu" torch.compile backend."""
     torchtpu._require_runtime()
+    _note_dynamo_recompile()
     from torch._dynamo.backends.common import aot_autograd
 
     names = itertools.count()
@@ -254,12 +294,17 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
 
 def register_device_interface() -> None:
-    """The tpu device interface dynamo asks for streams and events while tracing."""
-    from torch._dynamo.device_interface import register_interface_for_device
+    """The tpu device interface dynamo asks for streams and events while tracing. Dynamo registers
+    a placeholder of its own for "tpu" the first time it looks one up: that happens first, so ours
+    replaces it."""
+    from torch._dynamo.device_interface import get_interface_for_device, register_interface_for_device
 
     from torchtpu import _dynamo_device
 
+    get_interface_for_device("cpu")
     register_interface_for_device("tpu", _dynamo_device.TpuInterface)
+    for index in range(torch.tpu.device_count()):
+        register_interface_for_device(f"tpu:{index}", _dynamo_device.TpuInterface)
 
 
 def register_backend() -> None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 import torchtpu
 
 
 def metrics() -> dict:
-    return torchtpu._require_runtime().metrics()
+    m = torchtpu._require_runtime().metrics()
+    # Graph mode's counters (torch.compile); loading it here would import dynamo, so only if used.
+    compile_module = sys.modules.get("torchtpu._compile")
+    m["graph"] = compile_module.stats() if compile_module else {
+        "graphs": 0, "captures": 0, "recompiles": 0, "executions": 0, "recompile_reasons": [], "splits": {}}
+    return m
 
 
 def metrics_report() -> str:
@@ -24,6 +31,11 @@ def metrics_report() -> str:
         f"bytes device->host:  {m['bytes_to_host']}",
         f"live buffers:        {m['live_buffers']} ({m['live_bytes']} bytes, peak {m['peak_live_bytes']})",
     ]
+    graph = m["graph"]
+    lines.append(f"compiled graphs:     {graph['graphs']} ({graph['captures']} captures, {graph['executions']} runs, "
+                 f"{graph['recompiles']} recompiles)")
+    lines += [f"  recompiled: {reason}" for reason in graph["recompile_reasons"][-5:]]
+    lines += [f"  split around {op}: {n}" for op, n in sorted(graph["splits"].items(), key=lambda kv: -kv[1])]
     fallbacks = m["cpu_fallbacks"]
     lines.append(f"CPU fallbacks:       {sum(fallbacks.values())}")
     for op, count in sorted(fallbacks.items(), key=lambda kv: -kv[1]):

@@ -2911,6 +2911,9 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // native_group_norm
       nullptr,  // native_group_norm_backward
       nullptr,  // native_batch_norm
+      nullptr,  // _native_batch_norm_legit_functional
+      nullptr,  // _native_batch_norm_legit.out
+      nullptr,  // _native_batch_norm_legit
       nullptr,  // _native_batch_norm_legit_no_training
       nullptr,  // native_batch_norm_backward
       nullptr,  // _foreach_add.List

@@ -12,10 +12,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
 #include "aten/spec_call.h"
+#include "pjrt_c_api.h"
 
 namespace torchtpu {
 namespace {
@@ -418,6 +420,21 @@ int64_t compiled_graph_count() {
   return static_cast<int64_t>(g_graphs.size());
 }
 
+// torchtpu::device_address(Tensor t) -> int: where the tensor's storage lies in device memory
+// (tests: a donated storage is updated where it lies). Waits for the buffer.
+int64_t device_address(const at::Tensor& t) {
+  const rt::BufferPtr& buffer = storage_of(t).buffer;
+  TORCH_CHECK(buffer, "torchtpu: the tensor's storage has not been written yet");
+  rt::Runtime& rt = runtime();
+  rt.synchronize();
+  PJRT_Buffer_UnsafePointer_Args args;
+  std::memset(&args, 0, sizeof args);
+  args.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
+  args.buffer = buffer->raw();
+  rt.check(rt.api()->PJRT_Buffer_UnsafePointer(&args), "reading a buffer's device address");
+  return static_cast<int64_t>(args.buffer_pointer);
+}
+
 }  // namespace
 
 GraphCapture* GraphCapture::active() { return g_active_capture; }
@@ -431,6 +448,7 @@ TORCH_LIBRARY(torchtpu, m) {
   m.def("graph_capture_end(Tensor[] outputs) -> ()", TORCH_FN(capture_end));
   m.def("graph_capture_abort() -> ()", TORCH_FN(capture_abort));
   m.def("graph_run(int family, Tensor?[] inputs) -> (bool, Tensor[])", TORCH_FN(graph_run));
+  m.def("device_address(Tensor t) -> int", TORCH_FN(device_address));
 }
 
 }  // namespace torchtpu
