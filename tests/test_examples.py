@@ -92,14 +92,7 @@ def test_example_trains_like_cpu_with_fallback_forbidden(name):
     assert_losses_match(out["tpu"]["losses"], out["cpu"])
 
 
-BATCH_NORM_UNCAPTURED = (
-    "torchtpu: graph mode functionalizes batch norm into aten._native_batch_norm_legit_functional "
-    "(training) and _native_batch_norm_legit_no_training (eval); both run aten::_native_batch_norm_legit, "
-    "which has no spec, so the graph splits there and the op falls back to the CPU")
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(reason=BATCH_NORM_UNCAPTURED))
-                                  if name == "resnet" else name for name in EXAMPLES])
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_example_compiled_trains_like_cpu_in_few_executions(name):
     out = run_example(name)
     assert "compiled_error" not in out, out["compiled_error"]

@@ -245,6 +245,64 @@ bool dense_permutation(const ViewGeometry& view, std::vector<int64_t>* order) {
 
 }  // namespace
 
+// A strided view whose dims nest (sorted by stride, each stride a multiple of the next and at least
+// the next's extent; stride-0 dims broadcast) reads as slices: the storage from the view's offset,
+// reshaped so that each stride is a dim, then each dim cut to the view's size. XLA turns that into
+// copies, where the general path's gather computes every index.
+namespace {
+
+std::optional<Value> read_strided(Builder& b, const Value& storage, const ViewGeometry& view) {
+  const int rank = static_cast<int>(view.sizes.size());
+  std::vector<int64_t> dims;  // the view's dims that step through memory, outermost first
+  for (int d = 0; d < rank; ++d) {
+    if (view.sizes[d] > 1 && view.strides[d] > 0) dims.push_back(d);
+    if (view.sizes[d] > 1 && view.strides[d] < 0) return std::nullopt;
+  }
+  std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return view.strides[a] > view.strides[b]; });
+  for (size_t i = 0; i + 1 < dims.size(); ++i) {
+    const int64_t outer = view.strides[dims[i]], inner = view.strides[dims[i + 1]];
+    if (outer % inner != 0 || outer < inner * view.sizes[dims[i + 1]]) return std::nullopt;
+  }
+  // base[0] counts the outermost dim's steps; base[i] = stride[i-1] / stride[i]; the last is the
+  // innermost stride (elements skipped between two read ones).
+  std::vector<int64_t> base, limit;
+  if (dims.empty()) {
+    base = {1};
+    limit = {1};
+  } else {
+    base.push_back(view.sizes[dims[0]]);
+    limit.push_back(view.sizes[dims[0]]);
+    for (size_t i = 1; i < dims.size(); ++i) {
+      base.push_back(view.strides[dims[i - 1]] / view.strides[dims[i]]);
+      limit.push_back(view.sizes[dims[i]]);
+    }
+    base.push_back(view.strides[dims.back()]);
+    limit.push_back(1);
+  }
+  int64_t extent = 1;
+  for (int64_t step : base) extent *= step;
+  const int64_t storage_numel = storage.type.numel();
+  Value f = b.reshape(storage, {storage.type.numel()});
+  if (view.offset + extent > storage_numel) {  // the last row's unread tail lies past the storage
+    f = b.concatenate({f, b.full(0, TensorType{storage.element(), {view.offset + extent - storage_numel}})}, 0);
+  }
+  Value region = b.reshape(b.slice(f, {view.offset}, {view.offset + extent}, {1}), base);
+  std::vector<int64_t> start(base.size(), 0), steps(base.size(), 1);
+  Value cut = b.slice(region, start, limit, steps);
+  std::vector<int64_t> sorted_sizes;
+  for (int64_t d : dims) sorted_sizes.push_back(view.sizes[d]);
+  Value v = b.reshape(cut, sorted_sizes);
+  // Back to the view's dim order (its stepping dims), then its size-1 and broadcast dims.
+  std::vector<int64_t> by_dim(dims.begin(), dims.end());
+  std::sort(by_dim.begin(), by_dim.end());
+  std::vector<int64_t> permutation;
+  for (int64_t d : by_dim) permutation.push_back(std::find(dims.begin(), dims.end(), d) - dims.begin());
+  if (!std::is_sorted(permutation.begin(), permutation.end())) v = b.transpose(v, permutation);
+  return b.broadcast_in_dim(v, view.sizes, by_dim);
+}
+
+}  // namespace
+
 Value Builder::read_view(const Value& storage, const ViewGeometry& view) {
   const int64_t n = numel_of(view.sizes);
   const int64_t storage_numel = storage.type.numel();
@@ -263,6 +321,7 @@ Value Builder::read_view(const Value& storage, const ViewGeometry& view) {
     for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
     return transpose(in_memory_order, inverse);
   }
+  if (std::optional<Value> sliced = read_strided(*this, storage, view)) return *sliced;
   return gather_flat(flat(storage), view_indices(view));
 }
 
