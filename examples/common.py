@@ -129,6 +129,8 @@ def main(doc: str, build: Callable, train: Callable, infer: Callable, steps: int
     args = parse_args(doc, steps)
     if args.device == "tpu" and not torchtpu.is_available():
         raise SystemExit(f"torchtpu could not start: {torchtpu.init_error()}")
+    if args.compile and args.device != "tpu":
+        raise SystemExit("--compile compiles for tpu (torch.compile(backend='tpu')); drop it with --device cpu")
     model = build(args.tiny, args.seed)
     losses = train(args.device, args.steps, tiny=args.tiny, seed=args.seed, model=model, progress=True,
                    compile=args.compile)
