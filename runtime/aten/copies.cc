@@ -182,6 +182,7 @@ rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element) {
 
 void clear_kernel_caches() {
   clear_spec_kernel_caches();
+  clear_compiled_graphs();
   std::lock_guard<std::mutex> lock(g_modules_mutex);
   g_modules.clear();
 }

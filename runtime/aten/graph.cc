@@ -441,6 +441,11 @@ GraphCapture* GraphCapture::active() { return g_active_capture; }
 
 int64_t compiled_graphs() { return compiled_graph_count(); }
 
+void clear_compiled_graphs() {
+  std::lock_guard<std::mutex> lock(g_graphs_mutex);
+  g_graphs.clear();  // a graph called again is captured anew
+}
+
 // Defined with their kernels (CompositeImplicitAutograd): they run as they are for every dispatch
 // key, autograd included, since the tensors they return share storages with their inputs by design.
 TORCH_LIBRARY(torchtpu, m) {

@@ -58,9 +58,10 @@ void set_init_error(const std::string& message);
 // CPU fallbacks by op (metrics) and whether they are allowed.
 std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void set_fallback_is_error(bool error);
-void clear_kernel_caches();       // the spec kernels' and the runtime modules' executables
+void clear_kernel_caches();       // the executables of spec kernels, runtime modules and graphs
 void clear_spec_kernel_caches();  // the spec kernels' alone
 int64_t compiled_graphs();        // graphs captured and compiled so far (layouts of their inputs)
+void clear_compiled_graphs();
 int64_t kernel_cache_size();
 // Calls of each spec'd overload so far (those called at least once).
 std::vector<std::pair<std::string, int64_t>> spec_op_calls();
