@@ -91,244 +91,244 @@ std::vector<Value> emit_pow___Tensor(Builder& b, const EmitArgs& a) { return {b.
 // pow.Tensor_Tensor_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
 std::vector<Value> emit_pow__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// pow.Tensor_Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+// pow.Tensor_Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:61)
 std::vector<Value> emit_pow__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+// pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:61)
 std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// pow.Tensor_Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:59)
+// pow.Tensor_Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:61)
 std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// pow.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:63)
+// pow.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:65)
 std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:63)
+// pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:65)
 std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:72)
 std::vector<Value> emit_remainder__Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:72)
 std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:70)
+// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:72)
 std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:77)
 std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:77)
 std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:77)
 std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:79)
+// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
 std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:79)
+// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
 std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:84)
+// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:91)
 std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:91)
 std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:91)
 std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:93)
+// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:95)
 std::vector<Value> emit_floor_divide(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:93)
+// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:95)
 std::vector<Value> emit_floor_divide___Tensor(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:93)
+// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:95)
 std::vector<Value> emit_floor_divide__out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:98)
+// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
 std::vector<Value> emit_floor_divide__Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:98)
+// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
 std::vector<Value> emit_floor_divide___Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:98)
+// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
 std::vector<Value> emit_floor_divide__Scalar_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:103)
+// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:105)
 std::vector<Value> emit_div__Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:103)
+// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:105)
 std::vector<Value> emit_div___Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:103)
+// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:105)
 std::vector<Value> emit_div__out_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:109)
+// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:111)
 std::vector<Value> emit_div__Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:109)
+// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:111)
 std::vector<Value> emit_div___Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:109)
+// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:111)
 std::vector<Value> emit_div__Scalar_mode_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:117)
+// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:119)
 std::vector<Value> emit_logical_and(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:117)
+// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:119)
 std::vector<Value> emit_logical_and_(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:117)
+// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:119)
 std::vector<Value> emit_logical_and__out(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:121)
+// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:123)
 std::vector<Value> emit_logical_or(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:121)
+// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:123)
 std::vector<Value> emit_logical_or_(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:121)
+// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:123)
 std::vector<Value> emit_logical_or__out(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:125)
+// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:127)
 std::vector<Value> emit_logical_xor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:125)
+// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:127)
 std::vector<Value> emit_logical_xor_(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:125)
+// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:127)
 std::vector<Value> emit_logical_xor__out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:129)
+// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:131)
 std::vector<Value> emit_bitwise_and__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:129)
+// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:131)
 std::vector<Value> emit_bitwise_and___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:129)
+// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:131)
 std::vector<Value> emit_bitwise_and__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:134)
+// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:136)
 std::vector<Value> emit_bitwise_and__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:134)
+// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:136)
 std::vector<Value> emit_bitwise_and___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:134)
+// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:136)
 std::vector<Value> emit_bitwise_and__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:138)
+// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:140)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:138)
+// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:140)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:142)
+// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:144)
 std::vector<Value> emit_bitwise_or__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:142)
+// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:144)
 std::vector<Value> emit_bitwise_or___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:142)
+// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:144)
 std::vector<Value> emit_bitwise_or__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:147)
+// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:149)
 std::vector<Value> emit_bitwise_or__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:147)
+// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:149)
 std::vector<Value> emit_bitwise_or___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:147)
+// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:149)
 std::vector<Value> emit_bitwise_or__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:151)
+// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:151)
+// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:155)
+// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:157)
 std::vector<Value> emit_bitwise_xor__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:155)
+// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:157)
 std::vector<Value> emit_bitwise_xor___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:155)
+// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:157)
 std::vector<Value> emit_bitwise_xor__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:160)
+// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:162)
 std::vector<Value> emit_bitwise_xor__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:160)
+// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:162)
 std::vector<Value> emit_bitwise_xor___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:160)
+// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:162)
 std::vector<Value> emit_bitwise_xor__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:164)
+// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:164)
+// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:170)
+// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:172)
 std::vector<Value> emit_masked_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:170)
+// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:172)
 std::vector<Value> emit_masked_fill___Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:170)
+// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:172)
 std::vector<Value> emit_masked_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:176)
+// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:178)
 std::vector<Value> emit_masked_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:176)
+// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:178)
 std::vector<Value> emit_masked_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:176)
+// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:178)
 std::vector<Value> emit_masked_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:183)
+// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:185)
 std::vector<Value> emit_lerp__Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:183)
+// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:185)
 std::vector<Value> emit_lerp___Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:183)
+// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:185)
 std::vector<Value> emit_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:188)
+// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:190)
 std::vector<Value> emit_lerp__Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:188)
+// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:190)
 std::vector<Value> emit_lerp___Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:188)
+// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:190)
 std::vector<Value> emit_lerp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:192)
+// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:194)
 std::vector<Value> emit_addcmul(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:192)
+// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:194)
 std::vector<Value> emit_addcmul_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:192)
+// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:194)
 std::vector<Value> emit_addcmul__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:197)
+// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:199)
 std::vector<Value> emit_addcdiv(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:197)
+// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:199)
 std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:197)
+// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:199)
 std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:206)
 std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:206)
 std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:204)
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:206)
 std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:212)
 std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:212)
 std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:210)
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:212)
 std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:217)
 std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:217)
 std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:215)
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:217)
 std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:223)
 std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:223)
 std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:221)
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:223)
 std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:228)
 std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:228)
 std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:226)
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:228)
 std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:232)
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:234)
 std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:232)
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:234)
 std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:239)
 std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:239)
 std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:237)
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:239)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
 // convolution_overrideable = conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)  (specs/conv.yaml:10)
@@ -2270,512 +2270,512 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Tensor_out},
-      {"pow.Tensor_Scalar", "specs/binary.yaml:59", Variant::Functional,
+      {"pow.Tensor_Scalar", "specs/binary.yaml:61", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar},
-      {"pow_.Scalar", "specs/binary.yaml:59", Variant::Inplace,
+      {"pow_.Scalar", "specs/binary.yaml:61", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow___Scalar},
-      {"pow.Tensor_Scalar_out", "specs/binary.yaml:59", Variant::Out,
+      {"pow.Tensor_Scalar_out", "specs/binary.yaml:61", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar_out},
-      {"pow.Scalar", "specs/binary.yaml:63", Variant::Functional,
+      {"pow.Scalar", "specs/binary.yaml:65", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar},
-      {"pow.Scalar_out", "specs/binary.yaml:63", Variant::Out,
+      {"pow.Scalar_out", "specs/binary.yaml:65", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar_out},
-      {"remainder.Tensor", "specs/binary.yaml:70", Variant::Functional,
+      {"remainder.Tensor", "specs/binary.yaml:72", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor},
-      {"remainder_.Tensor", "specs/binary.yaml:70", Variant::Inplace,
+      {"remainder_.Tensor", "specs/binary.yaml:72", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Tensor},
-      {"remainder.Tensor_out", "specs/binary.yaml:70", Variant::Out,
+      {"remainder.Tensor_out", "specs/binary.yaml:72", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor_out},
-      {"remainder.Scalar", "specs/binary.yaml:75", Variant::Functional,
+      {"remainder.Scalar", "specs/binary.yaml:77", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar},
-      {"remainder_.Scalar", "specs/binary.yaml:75", Variant::Inplace,
+      {"remainder_.Scalar", "specs/binary.yaml:77", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Scalar},
-      {"remainder.Scalar_out", "specs/binary.yaml:75", Variant::Out,
+      {"remainder.Scalar_out", "specs/binary.yaml:77", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_out},
-      {"remainder.Scalar_Tensor", "specs/binary.yaml:79", Variant::Functional,
+      {"remainder.Scalar_Tensor", "specs/binary.yaml:81", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor},
-      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:79", Variant::Out,
+      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:81", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor_out},
-      {"fmod.Tensor", "specs/binary.yaml:84", Variant::Functional,
+      {"fmod.Tensor", "specs/binary.yaml:86", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor},
-      {"fmod_.Tensor", "specs/binary.yaml:84", Variant::Inplace,
+      {"fmod_.Tensor", "specs/binary.yaml:86", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Tensor},
-      {"fmod.Tensor_out", "specs/binary.yaml:84", Variant::Out,
+      {"fmod.Tensor_out", "specs/binary.yaml:86", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor_out},
-      {"fmod.Scalar", "specs/binary.yaml:89", Variant::Functional,
+      {"fmod.Scalar", "specs/binary.yaml:91", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar},
-      {"fmod_.Scalar", "specs/binary.yaml:89", Variant::Inplace,
+      {"fmod_.Scalar", "specs/binary.yaml:91", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Scalar},
-      {"fmod.Scalar_out", "specs/binary.yaml:89", Variant::Out,
+      {"fmod.Scalar_out", "specs/binary.yaml:91", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar_out},
-      {"floor_divide", "specs/binary.yaml:93", Variant::Functional,
+      {"floor_divide", "specs/binary.yaml:95", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide},
-      {"floor_divide_.Tensor", "specs/binary.yaml:93", Variant::Inplace,
+      {"floor_divide_.Tensor", "specs/binary.yaml:95", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Tensor},
-      {"floor_divide.out", "specs/binary.yaml:93", Variant::Out,
+      {"floor_divide.out", "specs/binary.yaml:95", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__out},
-      {"floor_divide.Scalar", "specs/binary.yaml:98", Variant::Functional,
+      {"floor_divide.Scalar", "specs/binary.yaml:100", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar},
-      {"floor_divide_.Scalar", "specs/binary.yaml:98", Variant::Inplace,
+      {"floor_divide_.Scalar", "specs/binary.yaml:100", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Scalar},
-      {"floor_divide.Scalar_out", "specs/binary.yaml:98", Variant::Out,
+      {"floor_divide.Scalar_out", "specs/binary.yaml:100", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar_out},
-      {"div.Tensor_mode", "specs/binary.yaml:103", Variant::Functional,
+      {"div.Tensor_mode", "specs/binary.yaml:105", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor_mode},
-      {"div_.Tensor_mode", "specs/binary.yaml:103", Variant::Inplace,
+      {"div_.Tensor_mode", "specs/binary.yaml:105", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor_mode},
-      {"div.out_mode", "specs/binary.yaml:103", Variant::Out,
+      {"div.out_mode", "specs/binary.yaml:105", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__out_mode},
-      {"div.Scalar_mode", "specs/binary.yaml:109", Variant::Functional,
+      {"div.Scalar_mode", "specs/binary.yaml:111", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode},
-      {"div_.Scalar_mode", "specs/binary.yaml:109", Variant::Inplace,
+      {"div_.Scalar_mode", "specs/binary.yaml:111", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar_mode},
-      {"div.Scalar_mode_out", "specs/binary.yaml:109", Variant::Out,
+      {"div.Scalar_mode_out", "specs/binary.yaml:111", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode_out},
-      {"logical_and", "specs/binary.yaml:117", Variant::Functional,
+      {"logical_and", "specs/binary.yaml:119", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and},
-      {"logical_and_", "specs/binary.yaml:117", Variant::Inplace,
+      {"logical_and_", "specs/binary.yaml:119", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and_},
-      {"logical_and.out", "specs/binary.yaml:117", Variant::Out,
+      {"logical_and.out", "specs/binary.yaml:119", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and__out},
-      {"logical_or", "specs/binary.yaml:121", Variant::Functional,
+      {"logical_or", "specs/binary.yaml:123", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or},
-      {"logical_or_", "specs/binary.yaml:121", Variant::Inplace,
+      {"logical_or_", "specs/binary.yaml:123", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or_},
-      {"logical_or.out", "specs/binary.yaml:121", Variant::Out,
+      {"logical_or.out", "specs/binary.yaml:123", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or__out},
-      {"logical_xor", "specs/binary.yaml:125", Variant::Functional,
+      {"logical_xor", "specs/binary.yaml:127", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor},
-      {"logical_xor_", "specs/binary.yaml:125", Variant::Inplace,
+      {"logical_xor_", "specs/binary.yaml:127", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor_},
-      {"logical_xor.out", "specs/binary.yaml:125", Variant::Out,
+      {"logical_xor.out", "specs/binary.yaml:127", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor__out},
-      {"bitwise_and.Tensor", "specs/binary.yaml:129", Variant::Functional,
+      {"bitwise_and.Tensor", "specs/binary.yaml:131", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor},
-      {"bitwise_and_.Tensor", "specs/binary.yaml:129", Variant::Inplace,
+      {"bitwise_and_.Tensor", "specs/binary.yaml:131", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Tensor},
-      {"bitwise_and.Tensor_out", "specs/binary.yaml:129", Variant::Out,
+      {"bitwise_and.Tensor_out", "specs/binary.yaml:131", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor_out},
-      {"bitwise_and.Scalar", "specs/binary.yaml:134", Variant::Functional,
+      {"bitwise_and.Scalar", "specs/binary.yaml:136", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar},
-      {"bitwise_and_.Scalar", "specs/binary.yaml:134", Variant::Inplace,
+      {"bitwise_and_.Scalar", "specs/binary.yaml:136", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Scalar},
-      {"bitwise_and.Scalar_out", "specs/binary.yaml:134", Variant::Out,
+      {"bitwise_and.Scalar_out", "specs/binary.yaml:136", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_out},
-      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:138", Variant::Functional,
+      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:140", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor},
-      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:138", Variant::Out,
+      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:140", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor_out},
-      {"bitwise_or.Tensor", "specs/binary.yaml:142", Variant::Functional,
+      {"bitwise_or.Tensor", "specs/binary.yaml:144", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor},
-      {"bitwise_or_.Tensor", "specs/binary.yaml:142", Variant::Inplace,
+      {"bitwise_or_.Tensor", "specs/binary.yaml:144", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Tensor},
-      {"bitwise_or.Tensor_out", "specs/binary.yaml:142", Variant::Out,
+      {"bitwise_or.Tensor_out", "specs/binary.yaml:144", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor_out},
-      {"bitwise_or.Scalar", "specs/binary.yaml:147", Variant::Functional,
+      {"bitwise_or.Scalar", "specs/binary.yaml:149", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar},
-      {"bitwise_or_.Scalar", "specs/binary.yaml:147", Variant::Inplace,
+      {"bitwise_or_.Scalar", "specs/binary.yaml:149", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Scalar},
-      {"bitwise_or.Scalar_out", "specs/binary.yaml:147", Variant::Out,
+      {"bitwise_or.Scalar_out", "specs/binary.yaml:149", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_out},
-      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:151", Variant::Functional,
+      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:153", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor},
-      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:151", Variant::Out,
+      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:153", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor_out},
-      {"bitwise_xor.Tensor", "specs/binary.yaml:155", Variant::Functional,
+      {"bitwise_xor.Tensor", "specs/binary.yaml:157", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor},
-      {"bitwise_xor_.Tensor", "specs/binary.yaml:155", Variant::Inplace,
+      {"bitwise_xor_.Tensor", "specs/binary.yaml:157", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Tensor},
-      {"bitwise_xor.Tensor_out", "specs/binary.yaml:155", Variant::Out,
+      {"bitwise_xor.Tensor_out", "specs/binary.yaml:157", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor_out},
-      {"bitwise_xor.Scalar", "specs/binary.yaml:160", Variant::Functional,
+      {"bitwise_xor.Scalar", "specs/binary.yaml:162", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar},
-      {"bitwise_xor_.Scalar", "specs/binary.yaml:160", Variant::Inplace,
+      {"bitwise_xor_.Scalar", "specs/binary.yaml:162", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Scalar},
-      {"bitwise_xor.Scalar_out", "specs/binary.yaml:160", Variant::Out,
+      {"bitwise_xor.Scalar_out", "specs/binary.yaml:162", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_out},
-      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:164", Variant::Functional,
+      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:166", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor},
-      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:164", Variant::Out,
+      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:166", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor_out},
-      {"masked_fill.Scalar", "specs/binary.yaml:170", Variant::Functional,
+      {"masked_fill.Scalar", "specs/binary.yaml:172", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar},
-      {"masked_fill_.Scalar", "specs/binary.yaml:170", Variant::Inplace,
+      {"masked_fill_.Scalar", "specs/binary.yaml:172", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Scalar},
-      {"masked_fill.Scalar_out", "specs/binary.yaml:170", Variant::Out,
+      {"masked_fill.Scalar_out", "specs/binary.yaml:172", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar_out},
-      {"masked_fill.Tensor", "specs/binary.yaml:176", Variant::Functional,
+      {"masked_fill.Tensor", "specs/binary.yaml:178", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor},
-      {"masked_fill_.Tensor", "specs/binary.yaml:176", Variant::Inplace,
+      {"masked_fill_.Tensor", "specs/binary.yaml:178", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Tensor},
-      {"masked_fill.Tensor_out", "specs/binary.yaml:176", Variant::Out,
+      {"masked_fill.Tensor_out", "specs/binary.yaml:178", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor_out},
-      {"lerp.Scalar", "specs/binary.yaml:183", Variant::Functional,
+      {"lerp.Scalar", "specs/binary.yaml:185", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar},
-      {"lerp_.Scalar", "specs/binary.yaml:183", Variant::Inplace,
+      {"lerp_.Scalar", "specs/binary.yaml:185", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Scalar},
-      {"lerp.Scalar_out", "specs/binary.yaml:183", Variant::Out,
+      {"lerp.Scalar_out", "specs/binary.yaml:185", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar_out},
-      {"lerp.Tensor", "specs/binary.yaml:188", Variant::Functional,
+      {"lerp.Tensor", "specs/binary.yaml:190", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor},
-      {"lerp_.Tensor", "specs/binary.yaml:188", Variant::Inplace,
+      {"lerp_.Tensor", "specs/binary.yaml:190", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Tensor},
-      {"lerp.Tensor_out", "specs/binary.yaml:188", Variant::Out,
+      {"lerp.Tensor_out", "specs/binary.yaml:190", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor_out},
-      {"addcmul", "specs/binary.yaml:192", Variant::Functional,
+      {"addcmul", "specs/binary.yaml:194", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul},
-      {"addcmul_", "specs/binary.yaml:192", Variant::Inplace,
+      {"addcmul_", "specs/binary.yaml:194", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul_},
-      {"addcmul.out", "specs/binary.yaml:192", Variant::Out,
+      {"addcmul.out", "specs/binary.yaml:194", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul__out},
-      {"addcdiv", "specs/binary.yaml:197", Variant::Functional,
+      {"addcdiv", "specs/binary.yaml:199", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv},
-      {"addcdiv_", "specs/binary.yaml:197", Variant::Inplace,
+      {"addcdiv_", "specs/binary.yaml:199", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv_},
-      {"addcdiv.out", "specs/binary.yaml:197", Variant::Out,
+      {"addcdiv.out", "specs/binary.yaml:199", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv__out},
-      {"atan2", "specs/binary.yaml:204", Variant::Functional,
+      {"atan2", "specs/binary.yaml:206", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2},
-      {"atan2_", "specs/binary.yaml:204", Variant::Inplace,
+      {"atan2_", "specs/binary.yaml:206", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2_},
-      {"atan2.out", "specs/binary.yaml:204", Variant::Out,
+      {"atan2.out", "specs/binary.yaml:206", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2__out},
-      {"hypot", "specs/binary.yaml:210", Variant::Functional,
+      {"hypot", "specs/binary.yaml:212", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot},
-      {"hypot_", "specs/binary.yaml:210", Variant::Inplace,
+      {"hypot_", "specs/binary.yaml:212", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot_},
-      {"hypot.out", "specs/binary.yaml:210", Variant::Out,
+      {"hypot.out", "specs/binary.yaml:212", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot__out},
-      {"copysign.Tensor", "specs/binary.yaml:215", Variant::Functional,
+      {"copysign.Tensor", "specs/binary.yaml:217", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Tensor},
-      {"copysign_.Tensor", "specs/binary.yaml:215", Variant::Inplace,
+      {"copysign_.Tensor", "specs/binary.yaml:217", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Tensor},
-      {"copysign.out", "specs/binary.yaml:215", Variant::Out,
+      {"copysign.out", "specs/binary.yaml:217", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__out},
-      {"copysign.Scalar", "specs/binary.yaml:221", Variant::Functional,
+      {"copysign.Scalar", "specs/binary.yaml:223", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar},
-      {"copysign_.Scalar", "specs/binary.yaml:221", Variant::Inplace,
+      {"copysign_.Scalar", "specs/binary.yaml:223", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Scalar},
-      {"copysign.Scalar_out", "specs/binary.yaml:221", Variant::Out,
+      {"copysign.Scalar_out", "specs/binary.yaml:223", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar_out},
-      {"xlogy.Tensor", "specs/binary.yaml:226", Variant::Functional,
+      {"xlogy.Tensor", "specs/binary.yaml:228", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Tensor},
-      {"xlogy_.Tensor", "specs/binary.yaml:226", Variant::Inplace,
+      {"xlogy_.Tensor", "specs/binary.yaml:228", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Tensor},
-      {"xlogy.OutTensor", "specs/binary.yaml:226", Variant::Out,
+      {"xlogy.OutTensor", "specs/binary.yaml:228", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutTensor},
-      {"xlogy.Scalar_Self", "specs/binary.yaml:232", Variant::Functional,
+      {"xlogy.Scalar_Self", "specs/binary.yaml:234", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Self},
-      {"xlogy.OutScalar_Self", "specs/binary.yaml:232", Variant::Out,
+      {"xlogy.OutScalar_Self", "specs/binary.yaml:234", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Self},
-      {"xlogy.Scalar_Other", "specs/binary.yaml:237", Variant::Functional,
+      {"xlogy.Scalar_Other", "specs/binary.yaml:239", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Other},
-      {"xlogy_.Scalar_Other", "specs/binary.yaml:237", Variant::Inplace,
+      {"xlogy_.Scalar_Other", "specs/binary.yaml:239", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Scalar_Other},
-      {"xlogy.OutScalar_Other", "specs/binary.yaml:237", Variant::Out,
+      {"xlogy.OutScalar_Other", "specs/binary.yaml:239", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,

@@ -313,6 +313,8 @@ def test_pow_Tensor_Tensor(dtype):
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
+        grad_atol=1e-5,
+        grad_rtol=1e-5,
     )
 
 
@@ -328,7 +330,7 @@ def test_pow_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_pow_Scalar(dtype):
-    # specs/binary.yaml:63
+    # specs/binary.yaml:65
     check_opinfo(
         "__rpow__",
         dtype,
@@ -340,7 +342,7 @@ def test_pow_Scalar(dtype):
 
 
 def test_pow_Scalar_compiled():
-    # specs/binary.yaml:63: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rpow__",
         overloads=["pow.Scalar", "pow.Scalar_out"],
@@ -351,7 +353,7 @@ def test_pow_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_pow_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:63: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rpow__",
         dtype,
@@ -365,7 +367,7 @@ def test_pow_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_remainder_Tensor(dtype):
-    # specs/binary.yaml:70
+    # specs/binary.yaml:72
     check_opinfo(
         "remainder",
         dtype,
@@ -377,7 +379,7 @@ def test_remainder_Tensor(dtype):
 
 
 def test_remainder_Tensor_compiled():
-    # specs/binary.yaml:70: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:72: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "remainder",
         overloads=["remainder.Tensor", "remainder_.Tensor", "remainder.Tensor_out"],
@@ -388,7 +390,7 @@ def test_remainder_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_remainder_Scalar_Tensor(dtype):
-    # specs/binary.yaml:79
+    # specs/binary.yaml:81
     check_opinfo(
         "__rmod__",
         dtype,
@@ -400,7 +402,7 @@ def test_remainder_Scalar_Tensor(dtype):
 
 
 def test_remainder_Scalar_Tensor_compiled():
-    # specs/binary.yaml:79: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:81: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rmod__",
         overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
@@ -411,7 +413,7 @@ def test_remainder_Scalar_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_remainder_Scalar_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:79: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:81: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rmod__",
         dtype,
@@ -425,7 +427,7 @@ def test_remainder_Scalar_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_fmod_Tensor(dtype):
-    # specs/binary.yaml:84
+    # specs/binary.yaml:86
     check_opinfo(
         "fmod",
         dtype,
@@ -437,7 +439,7 @@ def test_fmod_Tensor(dtype):
 
 
 def test_fmod_Tensor_compiled():
-    # specs/binary.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:86: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fmod",
         overloads=["fmod.Tensor", "fmod_.Tensor", "fmod.Tensor_out"],
@@ -448,7 +450,7 @@ def test_fmod_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_floor_divide(dtype):
-    # specs/binary.yaml:93
+    # specs/binary.yaml:95
     check_opinfo(
         "floor_divide",
         dtype,
@@ -460,7 +462,7 @@ def test_floor_divide(dtype):
 
 
 def test_floor_divide_compiled():
-    # specs/binary.yaml:93: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:95: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "floor_divide",
         overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
@@ -471,7 +473,7 @@ def test_floor_divide_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Tensor_mode(dtype):
-    # specs/binary.yaml:103
+    # specs/binary.yaml:105
     check_opinfo(
         "div.floor_rounding",
         dtype,
@@ -483,7 +485,7 @@ def test_div_Tensor_mode(dtype):
 
 
 def test_div_Tensor_mode_compiled():
-    # specs/binary.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:105: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.floor_rounding",
         overloads=["div.Tensor_mode", "div_.Tensor_mode", "div.out_mode"],
@@ -494,7 +496,7 @@ def test_div_Tensor_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Scalar_mode(dtype):
-    # specs/binary.yaml:109
+    # specs/binary.yaml:111
     check_opinfo(
         "div.trunc_rounding",
         dtype,
@@ -506,7 +508,7 @@ def test_div_Scalar_mode(dtype):
 
 
 def test_div_Scalar_mode_compiled():
-    # specs/binary.yaml:109: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:111: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.trunc_rounding",
         overloads=["div.Scalar_mode", "div_.Scalar_mode", "div.Scalar_mode_out"],
@@ -517,7 +519,7 @@ def test_div_Scalar_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_and(dtype):
-    # specs/binary.yaml:117
+    # specs/binary.yaml:119
     check_opinfo(
         "logical_and",
         dtype,
@@ -529,7 +531,7 @@ def test_logical_and(dtype):
 
 
 def test_logical_and_compiled():
-    # specs/binary.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:119: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_and",
         overloads=["logical_and", "logical_and_", "logical_and.out"],
@@ -540,7 +542,7 @@ def test_logical_and_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_and_other_dtypes(dtype):
-    # specs/binary.yaml:117: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:119: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_and",
         dtype,
@@ -554,7 +556,7 @@ def test_logical_and_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_or(dtype):
-    # specs/binary.yaml:121
+    # specs/binary.yaml:123
     check_opinfo(
         "logical_or",
         dtype,
@@ -566,7 +568,7 @@ def test_logical_or(dtype):
 
 
 def test_logical_or_compiled():
-    # specs/binary.yaml:121: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:123: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_or",
         overloads=["logical_or", "logical_or_", "logical_or.out"],
@@ -577,7 +579,7 @@ def test_logical_or_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_or_other_dtypes(dtype):
-    # specs/binary.yaml:121: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:123: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_or",
         dtype,
@@ -591,7 +593,7 @@ def test_logical_or_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_xor(dtype):
-    # specs/binary.yaml:125
+    # specs/binary.yaml:127
     check_opinfo(
         "logical_xor",
         dtype,
@@ -603,7 +605,7 @@ def test_logical_xor(dtype):
 
 
 def test_logical_xor_compiled():
-    # specs/binary.yaml:125: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:127: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_xor",
         overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
@@ -614,7 +616,7 @@ def test_logical_xor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_xor_other_dtypes(dtype):
-    # specs/binary.yaml:125: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:127: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_xor",
         dtype,
@@ -628,7 +630,7 @@ def test_logical_xor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_and_Tensor(dtype):
-    # specs/binary.yaml:129
+    # specs/binary.yaml:131
     check_opinfo(
         "bitwise_and",
         dtype,
@@ -640,7 +642,7 @@ def test_bitwise_and_Tensor(dtype):
 
 
 def test_bitwise_and_Tensor_compiled():
-    # specs/binary.yaml:129: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:131: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_and",
         overloads=["bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"],
@@ -651,7 +653,7 @@ def test_bitwise_and_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_or_Tensor(dtype):
-    # specs/binary.yaml:142
+    # specs/binary.yaml:144
     check_opinfo(
         "bitwise_or",
         dtype,
@@ -663,7 +665,7 @@ def test_bitwise_or_Tensor(dtype):
 
 
 def test_bitwise_or_Tensor_compiled():
-    # specs/binary.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:144: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_or",
         overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
@@ -674,7 +676,7 @@ def test_bitwise_or_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_xor_Tensor(dtype):
-    # specs/binary.yaml:155
+    # specs/binary.yaml:157
     check_opinfo(
         "bitwise_xor",
         dtype,
@@ -686,7 +688,7 @@ def test_bitwise_xor_Tensor(dtype):
 
 
 def test_bitwise_xor_Tensor_compiled():
-    # specs/binary.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:157: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_xor",
         overloads=["bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"],
@@ -697,7 +699,7 @@ def test_bitwise_xor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_fill_Scalar(dtype):
-    # specs/binary.yaml:170
+    # specs/binary.yaml:172
     check_opinfo(
         "masked_fill",
         dtype,
@@ -709,7 +711,7 @@ def test_masked_fill_Scalar(dtype):
 
 
 def test_masked_fill_Scalar_compiled():
-    # specs/binary.yaml:170: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_fill",
         overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
@@ -720,7 +722,7 @@ def test_masked_fill_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_fill_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:170: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:172: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_fill",
         dtype,
@@ -734,7 +736,7 @@ def test_masked_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lerp_Scalar(dtype):
-    # specs/binary.yaml:183
+    # specs/binary.yaml:185
     check_opinfo(
         "lerp",
         dtype,
@@ -746,7 +748,7 @@ def test_lerp_Scalar(dtype):
 
 
 def test_lerp_Scalar_compiled():
-    # specs/binary.yaml:183: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:185: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lerp",
         overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
@@ -757,7 +759,7 @@ def test_lerp_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_lerp_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:183: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:185: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lerp",
         dtype,
@@ -771,7 +773,7 @@ def test_lerp_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addcmul(dtype):
-    # specs/binary.yaml:192
+    # specs/binary.yaml:194
     check_opinfo(
         "addcmul",
         dtype,
@@ -783,7 +785,7 @@ def test_addcmul(dtype):
 
 
 def test_addcmul_compiled():
-    # specs/binary.yaml:192: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:194: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcmul",
         overloads=["addcmul", "addcmul_", "addcmul.out"],
@@ -794,7 +796,7 @@ def test_addcmul_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addcmul_other_dtypes(dtype):
-    # specs/binary.yaml:192: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:194: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcmul",
         dtype,
@@ -808,7 +810,7 @@ def test_addcmul_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_addcdiv(dtype):
-    # specs/binary.yaml:197
+    # specs/binary.yaml:199
     check_opinfo(
         "addcdiv",
         dtype,
@@ -820,7 +822,7 @@ def test_addcdiv(dtype):
 
 
 def test_addcdiv_compiled():
-    # specs/binary.yaml:197: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:199: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcdiv",
         overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
@@ -831,7 +833,7 @@ def test_addcdiv_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_addcdiv_other_dtypes(dtype):
-    # specs/binary.yaml:197: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:199: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcdiv",
         dtype,
@@ -845,7 +847,7 @@ def test_addcdiv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan2(dtype):
-    # specs/binary.yaml:204
+    # specs/binary.yaml:206
     check_opinfo(
         "atan2",
         dtype,
@@ -857,7 +859,7 @@ def test_atan2(dtype):
 
 
 def test_atan2_compiled():
-    # specs/binary.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:206: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan2",
         overloads=["atan2", "atan2_", "atan2.out"],
@@ -868,7 +870,7 @@ def test_atan2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan2_other_dtypes(dtype):
-    # specs/binary.yaml:204: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:206: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan2",
         dtype,
@@ -882,7 +884,7 @@ def test_atan2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hypot(dtype):
-    # specs/binary.yaml:210
+    # specs/binary.yaml:212
     check_opinfo(
         "hypot",
         dtype,
@@ -894,7 +896,7 @@ def test_hypot(dtype):
 
 
 def test_hypot_compiled():
-    # specs/binary.yaml:210: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:212: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "hypot",
         overloads=["hypot", "hypot_", "hypot.out"],
@@ -905,7 +907,7 @@ def test_hypot_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hypot_other_dtypes(dtype):
-    # specs/binary.yaml:210: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:212: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "hypot",
         dtype,
@@ -919,7 +921,7 @@ def test_hypot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_copysign_Tensor(dtype):
-    # specs/binary.yaml:215
+    # specs/binary.yaml:217
     check_opinfo(
         "copysign",
         dtype,
@@ -931,7 +933,7 @@ def test_copysign_Tensor(dtype):
 
 
 def test_copysign_Tensor_compiled():
-    # specs/binary.yaml:215: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:217: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "copysign",
         overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
@@ -942,7 +944,7 @@ def test_copysign_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_copysign_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:215: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:217: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "copysign",
         dtype,
@@ -956,7 +958,7 @@ def test_copysign_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_xlogy_Tensor(dtype):
-    # specs/binary.yaml:226
+    # specs/binary.yaml:228
     check_opinfo(
         "xlogy",
         dtype,
@@ -968,7 +970,7 @@ def test_xlogy_Tensor(dtype):
 
 
 def test_xlogy_Tensor_compiled():
-    # specs/binary.yaml:226: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:228: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "xlogy",
         overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
@@ -979,7 +981,7 @@ def test_xlogy_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_xlogy_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:226: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:228: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "xlogy",
         dtype,

@@ -189,34 +189,18 @@ class Capture final : public GraphCapture {
     Inputs inputs(*this);
     EmittedCall call = emit_call(spec, builder_, plan, args, inputs);
 
-    size_t next = 0;
-    std::vector<c10::IValue> fresh;
-    for (size_t j = 0; j < call.fresh.size(); ++j) {
-      std::vector<at::Tensor> tensors;
-      for (const OutputPlan& p : call.fresh[j]) {
-        if (!p.defined) {
-          tensors.emplace_back();
-          continue;
-        }
-        at::Tensor t = at::empty_strided(p.sizes, p.strides,
-                                         at::TensorOptions().dtype(p.dtype).device(c10::DeviceType::PrivateUse1, device_));
-        set_value(t, call.storages.at(next++));
-        tensors.push_back(std::move(t));
-      }
-      if (call.fresh_is_list[j]) {
-        fresh.emplace_back(c10::List<at::Tensor>(tensors));
-      } else {
-        fresh.emplace_back(std::move(tensors.at(0)));
-      }
-    }
+    // Written storages get their new values; fresh results are new tensors whose storages hold theirs.
+    size_t next_written = defined_count(call.fresh);
     for (int w : spec.written) {
-      for (const at::Tensor& t : written_tensors(args[w])) set_value(t, call.storages.at(next++));
+      for (const at::Tensor& t : written_tensors(args[w])) set_value(t, call.storages.at(next_written++));
     }
-    std::vector<c10::IValue> returns;
-    size_t next_fresh = 0;
-    for (int r : spec.returns) returns.push_back(r >= 0 ? args[r] : std::move(fresh.at(next_fresh++)));
-    torch::jit::drop(*stack, spec.args.size());
-    for (auto& r : returns) stack->push_back(std::move(r));
+    size_t next = 0;
+    push_returns(spec, call.fresh, call.fresh_is_list, args, stack, [&](const OutputPlan& p) {
+      at::Tensor t = at::empty_strided(p.sizes, p.strides,
+                                       at::TensorOptions().dtype(p.dtype).device(c10::DeviceType::PrivateUse1, device_));
+      set_value(t, call.storages.at(next++));
+      return t;
+    });
   }
 
   void copy(const at::Tensor& src, const at::Tensor& dst) override {
@@ -318,7 +302,7 @@ class Capture final : public GraphCapture {
   std::unordered_map<const c10::TensorImpl*, int> input_of_;
 };
 
-std::unique_ptr<Capture> g_capture_owner;  // one capture at a time; Python holds the GIL while capturing
+thread_local std::unique_ptr<Capture> g_capture_owner;  // the active capture of this thread
 
 // torchtpu::graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]
 std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {

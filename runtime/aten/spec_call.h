@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,6 +109,15 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
 
 // The tensors a written argument holds: itself, the elements of a list, none for an absent Tensor?.
 std::vector<at::Tensor> written_tensors(const c10::IValue& v);
+
+// How many of the fresh results are defined tensors (the module has a result for each).
+size_t defined_count(const std::vector<std::vector<OutputPlan>>& fresh);
+
+// Replaces a call's arguments on the stack by its returns: each fresh result as `make` builds it
+// from its plan (in order; undefined where the plan is), each aliasing return as its argument.
+void push_returns(const OpSpec& spec, const std::vector<std::vector<OutputPlan>>& fresh,
+                  const std::vector<bool>& fresh_is_list, const c10::IValue* args, torch::jit::Stack* stack,
+                  const std::function<at::Tensor(const OutputPlan&)>& make);
 
 // The aliased parameters (parameter, result) a module may consume: those whose buffer nothing but
 // its storage and this call's `inputs` holds, so no other tensor can still read it.

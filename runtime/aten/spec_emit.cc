@@ -219,4 +219,32 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
   return call;
 }
 
+size_t defined_count(const std::vector<std::vector<OutputPlan>>& fresh) {
+  size_t n = 0;
+  for (const auto& plans : fresh) {
+    for (const OutputPlan& plan : plans) n += plan.defined ? 1 : 0;
+  }
+  return n;
+}
+
+void push_returns(const OpSpec& spec, const std::vector<std::vector<OutputPlan>>& fresh,
+                  const std::vector<bool>& fresh_is_list, const c10::IValue* args, torch::jit::Stack* stack,
+                  const std::function<at::Tensor(const OutputPlan&)>& make) {
+  std::vector<c10::IValue> fresh_values;
+  for (size_t j = 0; j < fresh.size(); ++j) {
+    std::vector<at::Tensor> tensors;
+    for (const OutputPlan& plan : fresh[j]) tensors.push_back(plan.defined ? make(plan) : at::Tensor());
+    if (fresh_is_list[j]) {
+      fresh_values.emplace_back(c10::List<at::Tensor>(tensors));
+    } else {
+      fresh_values.emplace_back(std::move(tensors.at(0)));
+    }
+  }
+  std::vector<c10::IValue> returns;
+  size_t next_fresh = 0;
+  for (int r : spec.returns) returns.push_back(r >= 0 ? args[r] : std::move(fresh_values.at(next_fresh++)));
+  torch::jit::drop(*stack, spec.args.size());
+  for (auto& r : returns) stack->push_back(std::move(r));
+}
+
 }  // namespace torchtpu

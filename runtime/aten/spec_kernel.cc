@@ -264,31 +264,18 @@ class SpecKernel final : public c10::OperatorKernel {
       g_capture_next_execution = false;
     }
 
-    // Module results: the fresh returns' tensors (undefined ones have none), then the written tensors.
-    size_t next = 0;
-    std::vector<c10::IValue> fresh;
-    for (size_t j = 0; j < entry.plan.fresh.size(); ++j) {
-      std::vector<at::Tensor> tensors;
-      for (const OutputPlan& plan : entry.plan.fresh[j]) {
-        std::vector<int64_t> sizes = plan.sizes;
-        if (rows >= 0) sizes.at(0) = rows;  // data_dependent: the real rows of the padded result
-        tensors.push_back(plan.defined ? wrap_buffer(outputs[next++], plan.dtype, sizes, plan.strides, 0, device)
-                                       : at::Tensor());
-      }
-      if (entry.plan.fresh_is_list[j]) {
-        fresh.emplace_back(c10::List<at::Tensor>(tensors));
-      } else {
-        fresh.emplace_back(std::move(tensors.at(0)));
-      }
-    }
+    // Module results: the fresh returns' tensors (undefined ones have none), then the written
+    // storages' new contents (stored before the arguments leave the stack).
+    size_t next_written = defined_count(entry.plan.fresh);
     for (int w : spec_.written) {
-      for (const at::Tensor& t : written_tensors(args[w])) storage_of(t).buffer = outputs.at(next++);
+      for (const at::Tensor& t : written_tensors(args[w])) storage_of(t).buffer = outputs.at(next_written++);
     }
-    std::vector<c10::IValue> returns;
-    size_t next_fresh = 0;
-    for (int r : spec_.returns) returns.push_back(r >= 0 ? args[r] : std::move(fresh.at(next_fresh++)));
-    torch::jit::drop(*stack, n);
-    for (auto& r : returns) stack->push_back(std::move(r));
+    size_t next = 0;
+    push_returns(spec_, entry.plan.fresh, entry.plan.fresh_is_list, args, stack, [&](const OutputPlan& plan) {
+      std::vector<int64_t> sizes = plan.sizes;
+      if (rows >= 0) sizes.at(0) = rows;  // data_dependent: the real rows of the padded result
+      return wrap_buffer(outputs[next++], plan.dtype, sizes, plan.strides, 0, device);
+    });
   }
 
   std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args) {
