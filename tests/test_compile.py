@@ -121,6 +121,14 @@ def test_in_place_updates_of_inputs_and_views_are_written_back():
     torch.testing.assert_close(out.cpu(), x_cpu * 2)
     torch.testing.assert_close(view.cpu(), x_cpu[1])  # a view taken before sees the write
 
+    @torch.compile(backend="tpu")
+    def fill(out, v):
+        out.copy_(v * 2)
+
+    out = torch.empty(3, device="tpu")  # never written: no buffer yet
+    fill(out, torch.arange(3.0, device="tpu"))
+    torch.testing.assert_close(out.cpu(), torch.arange(3.0) * 2)
+
 
 @pytest.mark.parametrize("make", [
     lambda ps: torch.optim.AdamW(ps, lr=1e-2),

@@ -111,10 +111,16 @@ class Capture final : public GraphCapture {
       at::Tensor alias = tensor_on_storage(t.storage(), t.scalar_type(), t.sizes(), t.strides(), t.storage_offset());
       input_of_.emplace(alias.unsafeGetTensorImpl(), static_cast<int>(i));
       const TpuStorage& s = storage_of(t);
-      if (s.buffer && !storages_.count(&s)) {
-        graph_.params.push_back(GraphParam{GraphParam::Input, static_cast<int>(i)});
-        storages_.emplace(&s, Slot{t.storage(), builder_.parameter(rt::TensorType{s.buffer->type(), s.buffer->dims()}),
-                                   static_cast<int>(i), false});
+      if (!storages_.count(&s)) {
+        rt::Value contents;
+        if (s.buffer) {
+          graph_.params.push_back(GraphParam{GraphParam::Input, static_cast<int>(i)});
+          contents = builder_.parameter(rt::TensorType{s.buffer->type(), s.buffer->dims()});
+        } else {  // lazy (never written): zeros, and the graph's writes still go back to the input
+          bool lazy = true;
+          contents = builder_.full(0, storage_type(t, &lazy));
+        }
+        storages_.emplace(&s, Slot{t.storage(), contents, static_cast<int>(i), false});
       }
       aliases.push_back(std::move(alias));
     }
