@@ -201,6 +201,21 @@ def test_a_new_input_shape_recompiles_once_with_its_reason():
     assert _compile.stats()["recompiles"] >= new_shape["recompiles"] + 1
 
 
+def test_alternating_batch_sizes_train_like_cpu_under_dynamic_shapes():
+    # The backward graph receives the forward's sizes as values: each captured shape keeps its own.
+    cpu = mlp(3)
+    model = copy.deepcopy(cpu).to("tpu")
+    compiled = torch.compile(model, backend="tpu", dynamic=True)
+    for rows in (4, 6, 4, 6):
+        x = torch.randn(rows, 8)
+        out, expected = compiled(x.to("tpu")), cpu(x)
+        torch.testing.assert_close(out.detach().cpu(), expected.detach(), rtol=1e-5, atol=1e-6)
+        (out * out).sum().backward()
+        (expected * expected).sum().backward()
+    for p_tpu, p_cpu in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p_tpu.grad.cpu(), p_cpu.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_an_op_without_spec_splits_the_graph_and_error_mode_raises():
     def fn(x):
         y = x.exp() + 1

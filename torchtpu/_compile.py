@@ -61,7 +61,8 @@ class _CapturedGraph(torch.nn.Module):
         super().__init__()
         self.gm = gm
         self.name = name
-        self._families: dict[tuple, tuple[int, list]] = {}  # non-tensor inputs -> (family, outputs layout)
+        self._families: dict[tuple, int] = {}  # non-tensor inputs -> family
+        self._outputs: dict[int, list] = {}  # captured graph id -> its outputs: tensor slots and values
         self._layouts: dict[int, list[str]] = {}  # family -> the last captured inputs, for recompile reasons
         self._split: torch.fx.GraphModule | None = None  # set once a node refused to be captured
         # A graph returning one value (not a tuple) returns it bare, as split_module's parts do.
@@ -79,15 +80,15 @@ class _CapturedGraph(torch.nn.Module):
         tensors = [a if isinstance(a, torch.Tensor) else None for a in args]
         family = self._families.get(statics)
         if family is None:
-            family = self._families.setdefault(statics, (next(_families), []))
-        ran, outputs = torch.ops.torchtpu.graph_run(family[0], tensors)
-        if not ran:
+            family = self._families.setdefault(statics, next(_families))
+        graph, outputs = torch.ops.torchtpu.graph_run(family, tensors)
+        if not graph:
             if not self._capture(family, args, tensors):
                 return self._split(*args)
-            ran, outputs = torch.ops.torchtpu.graph_run(family[0], tensors)
-            assert ran, "torchtpu: a graph captured for these inputs did not run"
+            graph, outputs = torch.ops.torchtpu.graph_run(family, tensors)
+            assert graph, "torchtpu: a graph captured for these inputs did not run"
         _count("executions")
-        results = self._assemble(family[1], outputs)
+        results = self._assemble(self._outputs[graph], outputs)
         return results[0] if self._bare_output else results
 
     @staticmethod
@@ -95,18 +96,18 @@ class _CapturedGraph(torch.nn.Module):
         it = iter(tensors)
         return [next(it) if kind == "tensor" else value for kind, value in layout]
 
-    def _capture(self, family: tuple[int, list], args: tuple, tensors: list) -> bool:
+    def _capture(self, family: int, args: tuple, tensors: list) -> bool:
         """Captures and compiles the graph for these inputs; False if a node refused (the graph
         is split around it instead)."""
         layout = [_describe(a) for a in args]
-        previous = self._layouts.get(family[0])
+        previous = self._layouts.get(family)
         if previous is not None or len(self._families) > 1:
             reason = self._recompile_reason(previous, layout)
             with _lock:
                 _stats["recompiles"] += 1
                 _recompile_reasons.append(f"{self.name}: {reason}")
-        self._layouts[family[0]] = layout
-        aliases = torch.ops.torchtpu.graph_capture_begin(family[0], tensors)
+        self._layouts[family] = layout
+        aliases = torch.ops.torchtpu.graph_capture_begin(family, tensors)
         inputs = [alias if isinstance(a, torch.Tensor) else a for a, alias in zip(args, aliases)]
         runner = _NodeRunner(self.gm)
         try:
@@ -115,14 +116,15 @@ class _CapturedGraph(torch.nn.Module):
             if self._bare_output:
                 outputs = [outputs]
             out_tensors = [o for o in outputs if isinstance(o, torch.Tensor)]
-            torch.ops.torchtpu.graph_capture_end(out_tensors)
+            graph = torch.ops.torchtpu.graph_capture_end(out_tensors)
         except Exception as e:
             torch.ops.torchtpu.graph_capture_abort()
             if _REFUSAL not in str(e) or runner.node is None:
                 raise
             self._split_at(runner.node, str(e).split(_REFUSAL, 1)[1].splitlines()[0])
             return False
-        family[1][:] = [("tensor", None) if isinstance(o, torch.Tensor) else ("value", o) for o in outputs]
+        # Non-tensor outputs (sizes for the backward graph) belong to this capture's input shapes.
+        self._outputs[graph] = [("tensor", None) if isinstance(o, torch.Tensor) else ("value", o) for o in outputs]
         _count("captures")
         return True
 

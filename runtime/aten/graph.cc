@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -47,6 +48,7 @@ struct GraphOutput {
 };
 
 struct CompiledGraph {
+  int64_t id = 0;  // names the graph to Python (which keeps its non-tensor outputs)
   rt::ExecutablePtr exe;
   std::vector<GraphParam> params;
   std::vector<std::pair<int, int>> written_inputs;  // (input, module result): new contents of its storage
@@ -326,14 +328,19 @@ std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::
   return aliases;
 }
 
-// torchtpu::graph_capture_end(Tensor[] outputs) -> (): compiles the module and stores the graph.
-void capture_end(const std::vector<at::Tensor>& outputs) {
+// torchtpu::graph_capture_end(Tensor[] outputs) -> int: compiles the module and stores the graph;
+// returns its id.
+int64_t capture_end(const std::vector<at::Tensor>& outputs) {
   TORCH_CHECK(g_active_capture && g_capture_owner, "torchtpu: no graph is being captured");
   g_active_capture = nullptr;  // compiling and storing run outside the capture
   std::unique_ptr<Capture> capture = std::move(g_capture_owner);
   std::shared_ptr<CompiledGraph> graph = capture->finish(outputs);
+  static std::atomic<int64_t> next_id{1};
+  graph->id = next_id++;
+  const int64_t id = graph->id;
   std::lock_guard<std::mutex> lock(g_graphs_mutex);
   g_graphs[capture->key()] = std::move(graph);
+  return id;
 }
 
 void capture_abort() {
@@ -341,9 +348,9 @@ void capture_abort() {
   g_capture_owner.reset();
 }
 
-// torchtpu::graph_run(int family, Tensor?[] inputs) -> (bool, Tensor[]): false where no graph was
-// captured for this layout of the inputs.
-std::tuple<bool, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
+// torchtpu::graph_run(int family, Tensor?[] inputs) -> (int, Tensor[]): the id of the graph captured
+// for this layout of the inputs and its tensor outputs, or 0 where none was.
+std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
   std::vector<at::Tensor> inputs;
   inputs.reserve(in.size());
   for (const auto& t : in) inputs.push_back(t.value_or(at::Tensor()));
@@ -353,7 +360,7 @@ std::tuple<bool, std::vector<at::Tensor>> graph_run(int64_t family, const std::v
   {
     std::lock_guard<std::mutex> lock(g_graphs_mutex);
     const auto it = g_graphs.find(key);
-    if (it == g_graphs.end()) return {false, {}};
+    if (it == g_graphs.end()) return {0, {}};
     graph = it->second;
   }
   std::vector<rt::BufferPtr> keep;
@@ -402,7 +409,7 @@ std::tuple<bool, std::vector<at::Tensor>> graph_run(int64_t family, const std::v
       outputs.push_back(tensor_on_storage(it->second, o.dtype, o.sizes, o.strides, o.offset));
     }
   }
-  return {true, std::move(outputs)};
+  return {graph->id, std::move(outputs)};
 }
 
 int64_t compiled_graph_count() {
@@ -440,9 +447,9 @@ void clear_compiled_graphs() {
 // key, autograd included, since the tensors they return share storages with their inputs by design.
 TORCH_LIBRARY(torchtpu, m) {
   m.def("graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]", TORCH_FN(capture_begin));
-  m.def("graph_capture_end(Tensor[] outputs) -> ()", TORCH_FN(capture_end));
+  m.def("graph_capture_end(Tensor[] outputs) -> int", TORCH_FN(capture_end));
   m.def("graph_capture_abort() -> ()", TORCH_FN(capture_abort));
-  m.def("graph_run(int family, Tensor?[] inputs) -> (bool, Tensor[])", TORCH_FN(graph_run));
+  m.def("graph_run(int family, Tensor?[] inputs) -> (int, Tensor[])", TORCH_FN(graph_run));
   m.def("device_address(Tensor t) -> int", TORCH_FN(device_address));
 }
 
