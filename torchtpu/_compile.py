@@ -183,13 +183,13 @@ def _hoist(gm: torch.fx.GraphModule, eager: set) -> None:
     def is_getitem_of(node, nodes) -> bool:
         return node.op == "call_function" and node.target is operator.getitem and node.args[0] in nodes
 
-    hoisted: list = []
+    hoisted: dict = {}  # an ordered set
     needs_captured: set = set()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         if (node in eager or is_getitem_of(node, hoisted)) and not any(a in needs_captured for a in node.all_input_nodes):
-            hoisted.append(node)
+            hoisted[node] = None
         else:
             needs_captured.add(node)
     anchor = next((n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr") and n not in hoisted), None)

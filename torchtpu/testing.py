@@ -71,6 +71,20 @@ def _fallbacks() -> dict:
     return dict(torchtpu.debug.metrics()["cpu_fallbacks"])
 
 
+def _assert_no_fallback(name: str, overloads: list[str], before: dict) -> None:
+    after = _fallbacks()
+    fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before.get("aten::" + op, 0)]
+    assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"
+
+
+def _on_tpu(sample) -> tuple:
+    """An OpInfo sample's input, args and kwargs on tpu; creation ops (arange, eye, ...) get device="tpu"."""
+    tpu_input, tpu_args, tpu_kwargs = to_device((sample.input, sample.args, sample.kwargs), "tpu")
+    if "device" in tpu_kwargs or not _tensors((sample.input, sample.args, sample.kwargs)):
+        tpu_kwargs = {**tpu_kwargs, "device": "tpu"}
+    return tpu_input, tpu_args, tpu_kwargs
+
+
 def assert_same(actual, expected, atol=None, rtol=None, context=""):
     """tpu results equal CPU results: values, dtype, shape (and strides of fresh outputs)."""
     if isinstance(expected, torch.Tensor):
@@ -170,9 +184,7 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
                     expected = fn(cpu_input, *cpu_args, **cpu_kwargs, out=out)
             except Exception:
                 continue  # CPU itself rejects this sample
-            tpu_input, tpu_args, tpu_kwargs = to_device((sample.input, sample.args, sample.kwargs), "tpu")
-            if "device" in tpu_kwargs or not _tensors((sample.input, sample.args, sample.kwargs)):
-                tpu_kwargs = {**tpu_kwargs, "device": "tpu"}  # creation ops (arange, eye, ...)
+            tpu_input, tpu_args, tpu_kwargs = _on_tpu(sample)
             if variant == "Out":
                 tpu_out = torch.empty_like(expected, device="tpu")
                 actual = fn(tpu_input, *tpu_args, **tpu_kwargs, out=tpu_out)
@@ -192,9 +204,7 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
     if torch_dtype in (torch.float32, torch.float64) and info.supports_autograd:
         _check_gradients(info, name, torch_dtype, atol if grad_atol is None else grad_atol,
                          rtol if grad_rtol is None else grad_rtol, max_samples)
-    after = _fallbacks()
-    fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before.get("aten::" + op, 0)]
-    assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"
+    _assert_no_fallback(name, overloads, before)
 
 
 def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits=False):
@@ -218,9 +228,7 @@ def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits
         break
     else:
         pytest.skip(f"{name}: CPU rejects every float32 sample")
-    tpu_input, tpu_args, tpu_kwargs = to_device((sample.input, sample.args, sample.kwargs), "tpu")
-    if "device" in tpu_kwargs or not _tensors((sample.input, sample.args, sample.kwargs)):
-        tpu_kwargs = {**tpu_kwargs, "device": "tpu"}  # creation ops (arange, eye, ...)
+    tpu_input, tpu_args, tpu_kwargs = _on_tpu(sample)
     torch._dynamo.reset()  # a fresh cache: every test compiles the same `run` code
     before_fallbacks, before_splits = _fallbacks(), dict(_compile.stats()["splits"])
 
@@ -231,8 +239,6 @@ def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits
     actual = run(tpu_input, tpu_args, tpu_kwargs)
     context = f"{name} float32 sample 0 compiled: {sample}"
     assert_same(actual, expected, atol, rtol, context)
-    after = _fallbacks()
-    fell_back = [op for op in overloads if after.get("aten::" + op, 0) > before_fallbacks.get("aten::" + op, 0)]
-    assert not fell_back, f"{name}: {fell_back} ran on the CPU instead of their specs"
+    _assert_no_fallback(name, overloads, before_fallbacks)
     split = {op: n for op, n in _compile.stats()["splits"].items() if n > before_splits.get(op, 0)}
     assert splits or not split, f"{name}: the compiled graph split around {split}"

@@ -23,8 +23,6 @@
 namespace torchtpu {
 namespace {
 
-thread_local GraphCapture* g_active_capture = nullptr;
-
 // The marker Python looks for in an error to split the graph around the node being captured.
 constexpr const char* kRefusal = "torchtpu-graph-split: ";
 
@@ -81,13 +79,12 @@ std::string input_key(int64_t family, const std::vector<at::Tensor>& inputs, int
   return std::move(k.s);
 }
 
-at::Tensor tensor_on_storage(const c10::Storage& storage, at::ScalarType dtype, at::IntArrayRef sizes,
-                             at::IntArrayRef strides, int64_t offset) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
-                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                    c10::scalarTypeToTypeMeta(dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
-  return t;
+// Tensor?[] arguments as tensors (None: undefined).
+std::vector<at::Tensor> tensors_of(const std::vector<std::optional<at::Tensor>>& list) {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(list.size());
+  for (const auto& t : list) tensors.push_back(t.value_or(at::Tensor()));
+  return tensors;
 }
 
 rt::Value constant_scalar(rt::Builder& b, const c10::Scalar& s, rt::ElementType element) {
@@ -97,7 +94,7 @@ rt::Value constant_scalar(rt::Builder& b, const c10::Scalar& s, rt::ElementType 
 
 class Capture final : public GraphCapture {
  public:
-  Capture(int64_t family, std::string key, int device) : family_(family), key_(std::move(key)), device_(device) {}
+  Capture(std::string key, int device) : key_(std::move(key)), device_(device) {}
 
   // Registers the real inputs; returns tensors over the same storages (with their own version
   // counters and no autograd history) for the graph to run on.
@@ -114,15 +111,12 @@ class Capture final : public GraphCapture {
       input_of_.emplace(alias.unsafeGetTensorImpl(), static_cast<int>(i));
       const TpuStorage& s = storage_of(t);
       if (!storages_.count(&s)) {
-        rt::Value contents;
-        if (s.buffer) {
-          graph_.params.push_back(GraphParam{GraphParam::Input, static_cast<int>(i)});
-          contents = builder_.parameter(rt::TensorType{s.buffer->type(), s.buffer->dims()});
-        } else {  // lazy (never written): zeros, and the graph's writes still go back to the input
-          bool lazy = true;
-          contents = builder_.full(0, storage_type(t, &lazy));
-        }
-        storages_.emplace(&s, Slot{t.storage(), contents, static_cast<int>(i), false});
+        // A lazy (never written) storage reads as zeros; the graph's writes still go back to it.
+        bool lazy = false;
+        const rt::TensorType type = storage_type(t, &lazy);
+        if (!lazy) graph_.params.push_back(GraphParam{GraphParam::Input, static_cast<int>(i)});
+        storages_.emplace(&s, Slot{t.storage(), lazy ? builder_.full(0, type) : builder_.parameter(type),
+                                   static_cast<int>(i), false});
       }
       aliases.push_back(std::move(alias));
     }
@@ -288,7 +282,8 @@ class Capture final : public GraphCapture {
     TORCH_CHECK(s.device == device_, kRefusal, "reads a tensor on another tpu device");
     graph_.params.push_back(GraphParam{GraphParam::Constant});
     graph_.params.back().constant = s.buffer;
-    rt::Value v = builder_.parameter(rt::TensorType{s.buffer->type(), s.buffer->dims()});
+    bool lazy = false;
+    rt::Value v = builder_.parameter(storage_type(t, &lazy));
     storages_.emplace(&s, Slot{t.storage(), v});
     return v;
   }
@@ -301,7 +296,6 @@ class Capture final : public GraphCapture {
     it->second.written = true;
   }
 
-  int64_t family_;
   std::string key_;
   int device_;
   rt::Builder builder_;
@@ -310,30 +304,29 @@ class Capture final : public GraphCapture {
   std::unordered_map<const c10::TensorImpl*, int> input_of_;
 };
 
-thread_local std::unique_ptr<Capture> g_capture_owner;  // the active capture of this thread
+// This thread's capture while one is active (outside begin(), which must not be captured).
+thread_local std::unique_ptr<Capture> g_capture;
 
 // torchtpu::graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]
 std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
-  TORCH_CHECK(!g_active_capture, "torchtpu: a graph is already being captured on this thread");
-  std::vector<at::Tensor> inputs;
-  for (const auto& t : in) inputs.push_back(t.value_or(at::Tensor()));
+  TORCH_CHECK(!g_capture, "torchtpu: a graph is already being captured on this thread");
+  const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
   std::string key = input_key(family, inputs, device);
-  g_capture_owner = std::make_unique<Capture>(family, std::move(key), device);
+  auto capture = std::make_unique<Capture>(std::move(key), device);
   std::vector<std::optional<at::Tensor>> aliases;
-  for (at::Tensor& t : g_capture_owner->begin(inputs)) {
+  for (at::Tensor& t : capture->begin(inputs)) {
     aliases.push_back(t.defined() ? std::optional<at::Tensor>(std::move(t)) : std::nullopt);
   }
-  g_active_capture = g_capture_owner.get();
+  g_capture = std::move(capture);
   return aliases;
 }
 
 // torchtpu::graph_capture_end(Tensor[] outputs) -> int: compiles the module and stores the graph;
 // returns its id.
 int64_t capture_end(const std::vector<at::Tensor>& outputs) {
-  TORCH_CHECK(g_active_capture && g_capture_owner, "torchtpu: no graph is being captured");
-  g_active_capture = nullptr;  // compiling and storing run outside the capture
-  std::unique_ptr<Capture> capture = std::move(g_capture_owner);
+  TORCH_CHECK(g_capture, "torchtpu: no graph is being captured");
+  std::unique_ptr<Capture> capture = std::move(g_capture);  // compiling and storing run outside the capture
   std::shared_ptr<CompiledGraph> graph = capture->finish(outputs);
   static std::atomic<int64_t> next_id{1};
   graph->id = next_id++;
@@ -343,17 +336,12 @@ int64_t capture_end(const std::vector<at::Tensor>& outputs) {
   return id;
 }
 
-void capture_abort() {
-  g_active_capture = nullptr;
-  g_capture_owner.reset();
-}
+void capture_abort() { g_capture.reset(); }
 
 // torchtpu::graph_run(int family, Tensor?[] inputs) -> (int, Tensor[]): the id of the graph captured
 // for this layout of the inputs and its tensor outputs, or 0 where none was.
 std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
-  std::vector<at::Tensor> inputs;
-  inputs.reserve(in.size());
-  for (const auto& t : in) inputs.push_back(t.value_or(at::Tensor()));
+  const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
   const std::string key = input_key(family, inputs, device);
   std::shared_ptr<CompiledGraph> graph;
@@ -434,7 +422,7 @@ int64_t device_address(const at::Tensor& t) {
 
 }  // namespace
 
-GraphCapture* GraphCapture::active() { return g_active_capture; }
+GraphCapture* GraphCapture::active() { return g_capture.get(); }
 
 int64_t compiled_graphs() { return compiled_graph_count(); }
 

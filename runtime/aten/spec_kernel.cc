@@ -285,16 +285,15 @@ class SpecKernel final : public c10::OperatorKernel {
     rt::Builder b;
     EagerInputs inputs(entry->params);
     EmittedCall call = emit_call(spec_, b, entry->plan, args, inputs);
-    // Each written storage's new contents may take the place of its parameter.
-    int result = static_cast<int>(call.storages.size()) - (call.has_count ? 1 : 0);
-    for (auto w = spec_.written.rbegin(); w != spec_.written.rend(); ++w) {
-      const auto tensors = written_tensors(args[*w]);
-      for (int e = static_cast<int>(tensors.size()) - 1; e >= 0; --e) {
-        --result;
-        const int index = args[*w].isTensorList() ? e : -1;
+    // Each written storage's new contents (after the fresh results) may take its parameter's place.
+    int result = static_cast<int>(defined_count(call.fresh));
+    for (int w : spec_.written) {
+      const size_t count = written_tensors(args[w]).size();
+      for (size_t e = 0; e < count; ++e, ++result) {
+        const int index = args[w].isTensorList() ? static_cast<int>(e) : -1;
         for (size_t p = 0; p < entry->params.size(); ++p) {
           const ParamSource& source = entry->params[p];
-          if (source.kind == ParamSource::Storage && source.arg == *w && source.index == index &&
+          if (source.kind == ParamSource::Storage && source.arg == w && source.index == index &&
               b.parameter_type(static_cast<int>(p)) == call.storages[result].type) {
             entry->aliases.emplace_back(static_cast<int>(p), result);
           }

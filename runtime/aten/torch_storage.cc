@@ -197,7 +197,13 @@ at::Tensor wrap_buffer(rt::BufferPtr buffer, at::ScalarType dtype, at::IntArrayR
   auto* storage = new TpuStorage{nbytes, device, std::move(buffer)};
   c10::DataPtr data(storage, storage, &delete_storage, c10::Device(c10::DeviceType::PrivateUse1, device));
   c10::Storage s(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &g_allocator, /*resizable=*/true);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(s), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  return tensor_on_storage(s, dtype, sizes, strides, offset);
+}
+
+at::Tensor tensor_on_storage(const c10::Storage& storage, at::ScalarType dtype, at::IntArrayRef sizes,
+                             at::IntArrayRef strides, int64_t offset) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                     c10::scalarTypeToTypeMeta(dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
   return t;

@@ -25,6 +25,10 @@ TpuStorage& storage_of(const at::Tensor& t);
 rt::ElementType element_type(at::ScalarType dtype);
 at::ScalarType scalar_type(rt::ElementType element);
 
+// A tensor viewing `storage` (another view of it: both see every write).
+at::Tensor tensor_on_storage(const c10::Storage& storage, at::ScalarType dtype, at::IntArrayRef sizes,
+                             at::IntArrayRef strides, int64_t offset);
+
 // A new tpu tensor whose storage holds `buffer`.
 at::Tensor wrap_buffer(rt::BufferPtr buffer, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,
                        int64_t offset, int device);
