@@ -162,6 +162,15 @@ def test_compiled_optimizer_step_matches_cpu_in_one_module_and_updates_in_place(
         torch.testing.assert_close(p_tpu.detach().cpu(), p_cpu.detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_host_scalar_input_is_read_on_every_call():
+    # A CPU 0-d input moved to the device inside the graph (a step count, a loss scale) is an input
+    # of the module, not a constant of the first call.
+    scaled = torch.compile(lambda x, s: x * s.to("tpu") + (s * 2).to("tpu"), backend="tpu")
+    x = torch.ones(3, device="tpu")
+    for value in (2.0, 3.0, -1.5):
+        torch.testing.assert_close(scaled(x, torch.tensor(value)).cpu(), torch.full((3,), value * 3))
+
+
 def test_dropout_draws_from_the_tpu_generator_without_recompiling():
     model = torch.compile(torch.nn.Dropout(0.5).to("tpu"), backend="tpu")
     x = torch.ones(64, 64, device="tpu")

@@ -69,7 +69,7 @@ class _CapturedGraph(torch.nn.Module):
         output = next(n for n in gm.graph.nodes if n.op == "output")
         self._bare_output = not isinstance(output.args[0], (tuple, list))
         _count("graphs")
-        host = _host_nodes(gm)
+        host = _scalar_math_on_device(gm, _host_nodes(gm))
         if host:
             self._split = _split_around(gm, host, name)
 
@@ -162,6 +162,61 @@ def _host_nodes(gm: torch.fx.GraphModule) -> set:
 
     return {node for node in gm.graph.nodes
             if node.op == "call_function" and (on_host(node.meta.get("val")) or reads_host_tensor(node))}
+
+
+def _tensor_values(node: torch.fx.Node) -> list:
+    value = node.meta.get("val")
+    values = value if isinstance(value, (tuple, list)) else [value]
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def _scalar_math_on_device(gm: torch.fx.GraphModule, host: set) -> set:
+    """Moves the host nodes that compute only 0-d values nothing on the host needs (an optimizer's
+    bias corrections from its step counts) onto the device: the captured module computes them from
+    the host scalars it takes as inputs, instead of every call running a chain of tiny CPU ops.
+    What stays on the host: writes into host inputs (the step increment), host outputs, tensors
+    that are not 0-d, and whatever those read. Returns the host nodes that stay."""
+    device = next((v.device for n in gm.graph.nodes for v in _tensor_values(n) if v.device.type == "tpu"), None)
+    if device is None:
+        return host
+
+    def must_stay(node: torch.fx.Node) -> bool:
+        values = _tensor_values(node)
+        mutates = isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
+        return mutates or not values or any(v.dim() != 0 for v in values) or any(u.op == "output" for u in node.users)
+
+    stay = {n for n in host if must_stay(n)}
+    pending = list(stay)
+    while pending:  # what a staying node reads stays too
+        for source in pending.pop().all_input_nodes:
+            if source in host and source not in stay:
+                stay.add(source)
+                pending.append(source)
+    moved = [n for n in gm.graph.nodes if n in host and n not in stay]
+    if not moved:
+        return host
+    uploads: dict[torch.fx.Node, torch.fx.Node] = {}  # a host value -> its copy on the device
+
+    def on_device(arg, user: torch.fx.Node):
+        if isinstance(arg, (tuple, list)):
+            return type(arg)(on_device(a, user) for a in arg)
+        if not isinstance(arg, torch.fx.Node) or arg in moved_set:
+            return arg
+        if not any(v.device.type == "cpu" for v in _tensor_values(arg)):
+            return arg
+        if arg not in uploads:
+            with gm.graph.inserting_before(user):
+                uploads[arg] = gm.graph.call_function(torch.ops.aten._to_copy.default, (arg,), {"device": device})
+        return uploads[arg]
+
+    moved_set = set(moved)
+    for node in moved:
+        node.args = on_device(node.args, node)
+        node.kwargs = {k: device if k == "device" else on_device(v, node) for k, v in node.kwargs.items()}
+        node.meta.pop("val", None)  # no longer a host value (split parts look again)
+    gm.graph.lint()
+    gm.recompile()
+    return stay
 
 
 class _NodeRunner(torch.fx.Interpreter):

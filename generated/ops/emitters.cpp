@@ -1730,49 +1730,69 @@ std::vector<Value> emit_triu_(Builder& b, const EmitArgs& a) { return {b.triu(a.
 // triu.out = triu(self, diagonal)  (specs/shape.yaml:29)
 std::vector<Value> emit_triu__out(Builder& b, const EmitArgs& a) { return {b.triu(a.value(0), a.integer(1))}; }
 
-// constant_pad_nd = constant_pad(self, pad, value)  (specs/shape.yaml:36)
+// slice_scatter = slice_scatter(self, src, dim, default(start, 0), default(end, 9223372036854775807), step)  (specs/shape.yaml:37)
+std::vector<Value> emit_slice_scatter(Builder& b, const EmitArgs& a) { return {b.slice_scatter(a.value(0), a.value(1), a.integer(2), (a.is_none(3) ? 0 : a.integer(3)), (a.is_none(4) ? 9223372036854775807 : a.integer(4)), a.integer(5))}; }
+// slice_scatter.out = slice_scatter(self, src, dim, default(start, 0), default(end, 9223372036854775807), step)  (specs/shape.yaml:37)
+std::vector<Value> emit_slice_scatter__out(Builder& b, const EmitArgs& a) { return {b.slice_scatter(a.value(0), a.value(1), a.integer(2), (a.is_none(3) ? 0 : a.integer(3)), (a.is_none(4) ? 9223372036854775807 : a.integer(4)), a.integer(5))}; }
+
+// select_scatter = select_scatter(self, src, dim, index)  (specs/shape.yaml:43)
+std::vector<Value> emit_select_scatter(Builder& b, const EmitArgs& a) { return {b.select_scatter(a.value(0), a.value(1), a.integer(2), a.integer(3))}; }
+// select_scatter.out = select_scatter(self, src, dim, index)  (specs/shape.yaml:43)
+std::vector<Value> emit_select_scatter__out(Builder& b, const EmitArgs& a) { return {b.select_scatter(a.value(0), a.value(1), a.integer(2), a.integer(3))}; }
+
+// slice_backward = slice_backward(grad_output, input_sizes, dim, start, end, step)  (specs/shape.yaml:49)
+std::vector<Value> emit_slice_backward(Builder& b, const EmitArgs& a) { return {b.slice_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3), a.integer(4), a.integer(5))}; }
+// slice_backward.out = slice_backward(grad_output, input_sizes, dim, start, end, step)  (specs/shape.yaml:49)
+std::vector<Value> emit_slice_backward__out(Builder& b, const EmitArgs& a) { return {b.slice_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3), a.integer(4), a.integer(5))}; }
+
+// select_backward = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:54)
+std::vector<Value> emit_select_backward(Builder& b, const EmitArgs& a) { return {b.select_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
+// select_backward.out = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:54)
+std::vector<Value> emit_select_backward__out(Builder& b, const EmitArgs& a) { return {b.select_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
+
+// constant_pad_nd = constant_pad(self, pad, value)  (specs/shape.yaml:60)
 std::vector<Value> emit_constant_pad_nd(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
-// constant_pad_nd.out = constant_pad(self, pad, value)  (specs/shape.yaml:36)
+// constant_pad_nd.out = constant_pad(self, pad, value)  (specs/shape.yaml:60)
 std::vector<Value> emit_constant_pad_nd__out(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
 
-// reflection_pad1d = reflection_pad(self, padding)  (specs/shape.yaml:43)
+// reflection_pad1d = reflection_pad(self, padding)  (specs/shape.yaml:67)
 std::vector<Value> emit_reflection_pad1d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
-// reflection_pad1d.out = reflection_pad(self, padding)  (specs/shape.yaml:43)
+// reflection_pad1d.out = reflection_pad(self, padding)  (specs/shape.yaml:67)
 std::vector<Value> emit_reflection_pad1d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
 
-// reflection_pad2d = reflection_pad(self, padding)  (specs/shape.yaml:50)
+// reflection_pad2d = reflection_pad(self, padding)  (specs/shape.yaml:74)
 std::vector<Value> emit_reflection_pad2d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
-// reflection_pad2d.out = reflection_pad(self, padding)  (specs/shape.yaml:50)
+// reflection_pad2d.out = reflection_pad(self, padding)  (specs/shape.yaml:74)
 std::vector<Value> emit_reflection_pad2d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
 
-// replication_pad1d = replication_pad(self, padding)  (specs/shape.yaml:56)
+// replication_pad1d = replication_pad(self, padding)  (specs/shape.yaml:80)
 std::vector<Value> emit_replication_pad1d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
-// replication_pad1d.out = replication_pad(self, padding)  (specs/shape.yaml:56)
+// replication_pad1d.out = replication_pad(self, padding)  (specs/shape.yaml:80)
 std::vector<Value> emit_replication_pad1d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
 
-// replication_pad2d = replication_pad(self, padding)  (specs/shape.yaml:63)
+// replication_pad2d = replication_pad(self, padding)  (specs/shape.yaml:87)
 std::vector<Value> emit_replication_pad2d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
-// replication_pad2d.out = replication_pad(self, padding)  (specs/shape.yaml:63)
+// replication_pad2d.out = replication_pad(self, padding)  (specs/shape.yaml:87)
 std::vector<Value> emit_replication_pad2d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
 
-// reflection_pad1d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:69)
+// reflection_pad1d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:93)
 std::vector<Value> emit_reflection_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// reflection_pad1d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:69)
+// reflection_pad1d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:93)
 std::vector<Value> emit_reflection_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// reflection_pad2d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:73)
+// reflection_pad2d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
 std::vector<Value> emit_reflection_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// reflection_pad2d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:73)
+// reflection_pad2d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
 std::vector<Value> emit_reflection_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// replication_pad1d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:77)
+// replication_pad1d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
 std::vector<Value> emit_replication_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// replication_pad1d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:77)
+// replication_pad1d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
 std::vector<Value> emit_replication_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// replication_pad2d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:81)
+// replication_pad2d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
 std::vector<Value> emit_replication_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:81)
+// replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
 std::vector<Value> emit_replication_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
 // fill.Scalar = fill(value, self)  (specs/tensor.yaml:3)
@@ -5660,92 +5680,132 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu__out},
-      {"constant_pad_nd", "specs/shape.yaml:36", Variant::Functional,
+      {"slice_scatter", "specs/shape.yaml:37", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_scatter},
+      {"slice_scatter.out", "specs/shape.yaml:37", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {6},
+       {6}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_scatter__out},
+      {"select_scatter", "specs/shape.yaml:43", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_scatter},
+      {"select_scatter.out", "specs/shape.yaml:43", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_scatter__out},
+      {"slice_backward", "specs/shape.yaml:49", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_backward},
+      {"slice_backward.out", "specs/shape.yaml:49", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {6},
+       {6}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_backward__out},
+      {"select_backward", "specs/shape.yaml:54", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_backward},
+      {"select_backward.out", "specs/shape.yaml:54", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_backward__out},
+      {"constant_pad_nd", "specs/shape.yaml:60", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_constant_pad_nd},
-      {"constant_pad_nd.out", "specs/shape.yaml:36", Variant::Out,
+      {"constant_pad_nd.out", "specs/shape.yaml:60", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_constant_pad_nd__out},
-      {"reflection_pad1d", "specs/shape.yaml:43", Variant::Functional,
+      {"reflection_pad1d", "specs/shape.yaml:67", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d},
-      {"reflection_pad1d.out", "specs/shape.yaml:43", Variant::Out,
+      {"reflection_pad1d.out", "specs/shape.yaml:67", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d__out},
-      {"reflection_pad2d", "specs/shape.yaml:50", Variant::Functional,
+      {"reflection_pad2d", "specs/shape.yaml:74", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d},
-      {"reflection_pad2d.out", "specs/shape.yaml:50", Variant::Out,
+      {"reflection_pad2d.out", "specs/shape.yaml:74", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d__out},
-      {"replication_pad1d", "specs/shape.yaml:56", Variant::Functional,
+      {"replication_pad1d", "specs/shape.yaml:80", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d},
-      {"replication_pad1d.out", "specs/shape.yaml:56", Variant::Out,
+      {"replication_pad1d.out", "specs/shape.yaml:80", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d__out},
-      {"replication_pad2d", "specs/shape.yaml:63", Variant::Functional,
+      {"replication_pad2d", "specs/shape.yaml:87", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d},
-      {"replication_pad2d.out", "specs/shape.yaml:63", Variant::Out,
+      {"replication_pad2d.out", "specs/shape.yaml:87", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d__out},
-      {"reflection_pad1d_backward", "specs/shape.yaml:69", Variant::Functional,
+      {"reflection_pad1d_backward", "specs/shape.yaml:93", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward},
-      {"reflection_pad1d_backward.grad_input", "specs/shape.yaml:69", Variant::Out,
+      {"reflection_pad1d_backward.grad_input", "specs/shape.yaml:93", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward__grad_input},
-      {"reflection_pad2d_backward", "specs/shape.yaml:73", Variant::Functional,
+      {"reflection_pad2d_backward", "specs/shape.yaml:97", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward},
-      {"reflection_pad2d_backward.grad_input", "specs/shape.yaml:73", Variant::Out,
+      {"reflection_pad2d_backward.grad_input", "specs/shape.yaml:97", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward__grad_input},
-      {"replication_pad1d_backward", "specs/shape.yaml:77", Variant::Functional,
+      {"replication_pad1d_backward", "specs/shape.yaml:101", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward},
-      {"replication_pad1d_backward.grad_input", "specs/shape.yaml:77", Variant::Out,
+      {"replication_pad1d_backward.grad_input", "specs/shape.yaml:101", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward__grad_input},
-      {"replication_pad2d_backward", "specs/shape.yaml:81", Variant::Functional,
+      {"replication_pad2d_backward", "specs/shape.yaml:105", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d_backward},
-      {"replication_pad2d_backward.grad_input", "specs/shape.yaml:81", Variant::Out,
+      {"replication_pad2d_backward.grad_input", "specs/shape.yaml:105", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,

@@ -3272,6 +3272,14 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_triu,  // triu
       &meta_emit_triu_,  // triu_
       &meta_emit_triu__out,  // triu.out
+      nullptr,  // slice_scatter
+      nullptr,  // slice_scatter.out
+      nullptr,  // select_scatter
+      nullptr,  // select_scatter.out
+      nullptr,  // slice_backward
+      nullptr,  // slice_backward.out
+      nullptr,  // select_backward
+      nullptr,  // select_backward.out
       nullptr,  // constant_pad_nd
       nullptr,  // constant_pad_nd.out
       &meta_emit_reflection_pad1d,  // reflection_pad1d

@@ -6243,8 +6243,82 @@ def test_triu_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_slice_scatter(dtype):
+    # specs/shape.yaml:37
+    check_opinfo(
+        "slice_scatter",
+        dtype,
+        overloads=["slice_scatter", "slice_scatter.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_slice_scatter_compiled():
+    # specs/shape.yaml:37: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "slice_scatter",
+        overloads=["slice_scatter", "slice_scatter.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_slice_scatter_other_dtypes(dtype):
+    # specs/shape.yaml:37: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "slice_scatter",
+        dtype,
+        overloads=["slice_scatter", "slice_scatter.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_select_scatter(dtype):
+    # specs/shape.yaml:43
+    check_opinfo(
+        "select_scatter",
+        dtype,
+        overloads=["select_scatter", "select_scatter.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_select_scatter_compiled():
+    # specs/shape.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "select_scatter",
+        overloads=["select_scatter", "select_scatter.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_select_scatter_other_dtypes(dtype):
+    # specs/shape.yaml:43: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "select_scatter",
+        dtype,
+        overloads=["select_scatter", "select_scatter.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_constant_pad_nd(dtype):
-    # specs/shape.yaml:36
+    # specs/shape.yaml:60
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -6256,7 +6330,7 @@ def test_constant_pad_nd(dtype):
 
 
 def test_constant_pad_nd_compiled():
-    # specs/shape.yaml:36: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:60: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.constant",
         overloads=["constant_pad_nd", "constant_pad_nd.out"],
@@ -6267,7 +6341,7 @@ def test_constant_pad_nd_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_constant_pad_nd_other_dtypes(dtype):
-    # specs/shape.yaml:36: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:60: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -6281,7 +6355,7 @@ def test_constant_pad_nd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_reflection_pad1d(dtype):
-    # specs/shape.yaml:43
+    # specs/shape.yaml:67
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -6293,7 +6367,7 @@ def test_reflection_pad1d(dtype):
 
 
 def test_reflection_pad1d_compiled():
-    # specs/shape.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:67: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.reflect",
         overloads=["reflection_pad1d", "reflection_pad1d.out"],
@@ -6304,7 +6378,7 @@ def test_reflection_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_reflection_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:43: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:67: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -6318,7 +6392,7 @@ def test_reflection_pad1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_replication_pad1d(dtype):
-    # specs/shape.yaml:56
+    # specs/shape.yaml:80
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -6330,7 +6404,7 @@ def test_replication_pad1d(dtype):
 
 
 def test_replication_pad1d_compiled():
-    # specs/shape.yaml:56: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:80: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.replicate",
         overloads=["replication_pad1d", "replication_pad1d.out"],
@@ -6341,7 +6415,7 @@ def test_replication_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_replication_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:56: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:80: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,

@@ -211,6 +211,12 @@ class Capture final : public GraphCapture {
     rt::Value value;
     if (is_tpu(src)) {
       value = read_tensor(builder_, contents(src), storage_type_of(src), src);
+    } else if (const auto input = input_of_.find(src.unsafeGetTensorImpl());
+               input != input_of_.end() && src.dim() == 0) {
+      // A host scalar the graph takes as an input (an optimizer's step count): fed on every call.
+      const rt::ElementType element = element_type(dst.scalar_type());
+      graph_.params.push_back(GraphParam{GraphParam::InputScalar, input->second, element});
+      value = builder_.broadcast_to(builder_.parameter(rt::TensorType{element, {}}), dst.sizes().vec());
     } else {  // a host tensor the graph uploads: a constant of this capture
       const at::Tensor host = src.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
       graph_.params.push_back(GraphParam{GraphParam::Constant});

@@ -233,6 +233,14 @@ class Builder {
   Value tril(const Value& v, int64_t diagonal);  // over the last two dims
   Value triu(const Value& v, int64_t diagonal);
   Value constant_pad(const Value& v, const std::vector<int64_t>& pad, const Value& value);  // negative pads crop
+  // self with src written over self[start:end:step] along dim (start/end as in Python slicing:
+  // negative counts from the end, clamped to the dim): torch.slice_scatter, slice_backward.
+  Value slice_scatter(const Value& self, const Value& src, int64_t dim, int64_t start, int64_t end, int64_t step);
+  // self with src written over self.select(dim, index): torch.select_scatter, select_backward.
+  Value select_scatter(const Value& self, const Value& src, int64_t dim, int64_t index);
+  // The gradients of slicing and select: grad placed in zeros of the input's sizes.
+  Value slice_backward(const Value& grad, const std::vector<int64_t>& input_sizes, int64_t dim, int64_t start, int64_t end, int64_t step);
+  Value select_backward(const Value& grad, const std::vector<int64_t>& input_sizes, int64_t dim, int64_t index);
   Value reflection_pad(const Value& v, const std::vector<int64_t>& padding);
   Value replication_pad(const Value& v, const std::vector<int64_t>& padding);
   // The gradient of a reflection/replication pad of `self` (its shape): grad's elements summed back.

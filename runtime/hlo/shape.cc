@@ -149,6 +149,61 @@ Value Builder::constant_pad(const Value& v, const std::vector<int64_t>& pad, con
               t);
 }
 
+Value Builder::slice_scatter(const Value& self, const Value& src, int64_t dim, int64_t start, int64_t end,
+                             int64_t step) {
+  dim = normalize_dims({dim}, self.rank()).at(0);
+  if (step <= 0) fail("slice_scatter: step must be positive");
+  const int64_t size = self.dims()[dim];
+  if (start < 0) start += size;
+  if (end < 0) end += size;
+  start = std::clamp<int64_t>(start, 0, size);
+  end = std::clamp<int64_t>(end, start, size);
+  const int64_t count = (end - start + step - 1) / step;
+  std::vector<int64_t> expected = self.dims();
+  expected[dim] = count;
+  if (src.dims() != expected) fail("slice_scatter: src has the wrong shape for the slice");
+  if (count == 0) return self;
+  // src placed on the slice's positions by padding (interior padding spaces it by step); a mask
+  // padded the same way picks it over self.
+  std::vector<int64_t> low(self.rank(), 0), high(self.rank(), 0), interior(self.rank(), 0);
+  low[dim] = start;
+  interior[dim] = step - 1;
+  high[dim] = size - (start + (count - 1) * step + 1);
+  auto pad = [&](const Value& v, const Value& fill, const std::vector<int64_t>& dims) {
+    std::vector<int64_t> out = dims;
+    out[dims.size() == 1 ? 0 : dim] = size;
+    const std::vector<int64_t> lo = dims.size() == 1 ? std::vector<int64_t>{low[dim]} : low;
+    const std::vector<int64_t> hi = dims.size() == 1 ? std::vector<int64_t>{high[dim]} : high;
+    const std::vector<int64_t> in = dims.size() == 1 ? std::vector<int64_t>{interior[dim]} : interior;
+    TensorType t{v.element(), out};
+    return emit("stablehlo.pad " + name(v) + ", " + name(fill) + ", low = " + list(lo) + ", high = " + list(hi) +
+                    ", interior = " + list(in) + " : (" + v.type.mlir() + ", " + fill.type.mlir() + ") -> " + t.mlir(),
+                t);
+  };
+  const Value placed = pad(convert(src, self.element()), constant(0, self.element()), expected);
+  const Value where = pad(full(1, TensorType{ElementType::Pred, {count}}), constant_int(0, ElementType::Pred), {count});
+  return select(broadcast_in_dim(where, self.dims(), {dim}), placed, self);
+}
+
+Value Builder::select_scatter(const Value& self, const Value& src, int64_t dim, int64_t index) {
+  dim = normalize_dims({dim}, self.rank()).at(0);
+  const int64_t size = self.dims()[dim];
+  if (index < -size || index >= size) fail("select_scatter: index out of range");
+  if (index < 0) index += size;
+  std::vector<int64_t> dims = src.dims();
+  dims.insert(dims.begin() + dim, 1);
+  return slice_scatter(self, reshape(src, dims), dim, index, index + 1, 1);
+}
+
+Value Builder::slice_backward(const Value& grad, const std::vector<int64_t>& input_sizes, int64_t dim, int64_t start,
+                              int64_t end, int64_t step) {
+  return slice_scatter(full(0, TensorType{grad.element(), input_sizes}), grad, dim, start, end, step);
+}
+
+Value Builder::select_backward(const Value& grad, const std::vector<int64_t>& input_sizes, int64_t dim, int64_t index) {
+  return select_scatter(full(0, TensorType{grad.element(), input_sizes}), grad, dim, index);
+}
+
 Value Builder::reflection_pad(const Value& v, const std::vector<int64_t>& padding) {
   return pad_gather(*this, v, padding, true);
 }
