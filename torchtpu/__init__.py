@@ -129,6 +129,9 @@ _start_runtime()
 from torchtpu import _meta  # noqa: E402,F401  (Meta kernels the spec kernels need)
 
 from torchtpu import debug, device  # noqa: E402
+from torchtpu import distributed as _distributed  # noqa: E402
+
+_distributed.register_backend()
 
 # Graph mode registers with dynamo when dynamo is loaded; otherwise the torch_dynamo_backends entry
 # point imports it on torch.compile(backend="tpu") (importing dynamo here would slow `import torch`).
