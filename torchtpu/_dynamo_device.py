@@ -18,14 +18,8 @@ def _device(index=None) -> torch.device:
 class TpuInterface(DeviceInterface):
     device = torch.tpu.device
 
-    class Stream(torch.Stream):
-        def __new__(cls, device=None, priority: int = 0, **kwargs):
-            return super().__new__(cls, device=device if device is not None else _device(), priority=priority,
-                                   **kwargs)
-
-    class Event(torch.Event):
-        def __new__(cls, device=None, **kwargs):
-            return super().__new__(cls, device=device if device is not None else _device(), **kwargs)
+    Stream = torch.tpu.Stream
+    Event = torch.tpu.Event
 
     class Worker:
         @staticmethod
@@ -57,17 +51,9 @@ class TpuInterface(DeviceInterface):
         torch.tpu.set_device(device)
         return previous
 
-    @staticmethod
-    def current_stream() -> torch.Stream:
-        return torch.Stream(device=_device())
-
-    @staticmethod
-    def stream(stream: torch.Stream):
-        return torch.tpu.stream(stream)
-
-    @staticmethod
-    def set_stream(stream: torch.Stream) -> None:
-        pass  # one queue per device: nothing to switch
+    current_stream = staticmethod(torch.tpu.current_stream)
+    stream = staticmethod(torch.tpu.stream)
+    set_stream = staticmethod(torch.tpu.set_stream)
 
     @staticmethod
     def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:

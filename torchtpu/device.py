@@ -173,6 +173,30 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
+# A tpu device runs its work in one ordered PJRT queue, so every stream is that queue: work on any
+# stream is ordered after everything enqueued before it, and waiting on a stream or event waits
+# for the device (runtime/aten/torch_storage.cc's guard).
+class Stream(torch.Stream):
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority, **kwargs)
+
+
+class Event(torch.Event):
+    def __new__(cls, device=None, **kwargs):
+        return super().__new__(cls, device=torch.device("tpu", _index(device)), **kwargs)
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.Stream(device=torch.device("tpu", _index(device)))
+
+
+default_stream = current_stream
+
+
+def set_stream(stream) -> None:
+    pass  # one queue per device: nothing to switch
+
+
 @contextlib.contextmanager
 def stream(stream=None):
     yield

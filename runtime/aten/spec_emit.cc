@@ -193,10 +193,19 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
       call.storages.push_back(b.write_view(nullptr, st, v, rt::ViewGeometry{out.sizes, out.strides, 0}));
     }
   }
+  // Writes into one storage through several arguments (_foreach_copy_ into views of one buffer)
+  // build on each other: each starts from the contents the previous one left.
+  std::map<const TpuStorage*, rt::Value> written_so_far;
   auto write_back = [&](int arg, int index, const rt::Value& value, const at::Tensor& target) {
-    const auto it = written_storages.find({arg, index});
-    const std::optional<rt::Value> old = it == written_storages.end() ? std::nullopt : it->second;
+    const TpuStorage* storage = &storage_of(target);
+    std::optional<rt::Value> old;
+    if (const auto earlier = written_so_far.find(storage); earlier != written_so_far.end()) {
+      old = earlier->second;
+    } else if (const auto it = written_storages.find({arg, index}); it != written_storages.end()) {
+      old = it->second;
+    }
     call.storages.push_back(write_tensor(b, old, source.storage_type(target), value, target));
+    written_so_far[storage] = call.storages.back();
   };
   for (size_t w = 0; w < spec.written.size(); ++w) {
     const int arg = spec.written[w];

@@ -215,6 +215,16 @@ class SpecKernel final : public c10::OperatorKernel {
           break;
       }
     }
+    // Written tensors sharing a storage make a module whose writes build on each other.
+    std::unordered_map<const TpuStorage*, int64_t> first_written;
+    int64_t position = 0;
+    for (int w : spec_.written) {
+      for (const at::Tensor& t : written_tensors(args[w])) {
+        const auto [it, first] = first_written.emplace(&storage_of(t), position);
+        if (!first) key.tag('W'), key.i(position), key.i(it->second);
+        ++position;
+      }
+    }
     if (device < 0) device = current_device();
     return std::move(key.s);
   }

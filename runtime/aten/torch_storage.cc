@@ -74,6 +74,8 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
 
+void resize_storage(const c10::Storage& handle, size_t nbytes);
+
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return rt::Runtime::get_if_installed() != nullptr; }
@@ -86,7 +88,7 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
-    TORCH_CHECK(false, "torchtpu: resize storages through Tensor.resize_");
+    resize_storage(storage, newsize);
   }
 };
 
@@ -116,37 +118,41 @@ at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride, std::opti
                                            c10::dtype_or_default(dtype));
 }
 
-// Grows the storage to `nbytes`, keeping its contents (PyTorch's resize_ semantics).
-void grow_storage(const at::Tensor& self, size_t nbytes) {
-  c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
-  TpuStorage& storage = storage_of(self);
-  if (nbytes <= storage.nbytes) return;
+// Sets the storage's size to `nbytes`, keeping the contents that fit (PyTorch's resize_
+// semantics; new bytes read as zeros). Size 0 frees the buffer: FSDP2 frees unsharded parameters
+// by resizing their storages to 0 and regrows them before all-gathering into them.
+void resize_storage(const c10::Storage& handle, size_t nbytes) {
+  c10::StorageImpl* impl = handle.unsafeGetStorageImpl();
+  auto& storage = *static_cast<TpuStorage*>(handle.data_ptr().get_context());
+  if (nbytes == storage.nbytes) return;
   if (GraphCapture* capture = GraphCapture::active(); capture && capture->holds(storage)) {
-    capture->refuse("grows a storage the graph computes (resize_)");
+    capture->refuse("resizes a storage the graph computes");
   }
-  if (storage.buffer) {
+  if (nbytes == 0) {
+    storage.buffer.reset();
+  } else if (storage.buffer) {
     rt::BufferPtr old = storage.buffer;
     const rt::ElementType element = old->type();
-    const int64_t new_numel = static_cast<int64_t>(nbytes) / rt::element_size(element) + 1;
-    const int64_t extra = new_numel - old->numel();
-    auto grown = run_module(
-        std::string("grow:") + rt::mlir_name(element) + ":" + std::to_string(old->numel()) + ":" +
-            std::to_string(extra) + ":" + [&] {
-              std::string s;
-              for (int64_t d : old->dims()) s += std::to_string(d) + ",";
-              return s;
-            }(),
-        {old},
+    const int64_t new_numel = (static_cast<int64_t>(nbytes) + rt::element_size(element) - 1) / rt::element_size(element);
+    std::string dims;
+    for (int64_t d : old->dims()) dims += std::to_string(d) + ",";
+    auto resized = run_module(
+        std::string("resize:") + rt::mlir_name(element) + ":" + dims + ":" + std::to_string(new_numel), {old},
         [&](rt::Builder& b) {
-          rt::Value v = b.parameter(rt::TensorType{element, old->dims()});
-          rt::Value flat = b.reshape(v, {old->numel()});
-          return std::vector<rt::Value>{b.concatenate({flat, b.full(0, rt::TensorType{element, {extra}})}, 0)};
+          rt::Value flat = b.reshape(b.parameter(rt::TensorType{element, old->dims()}), {old->numel()});
+          if (new_numel <= old->numel()) return std::vector<rt::Value>{b.slice(flat, {0}, {new_numel}, {1})};
+          rt::Value zeros = b.full(0, rt::TensorType{element, {new_numel - old->numel()}});
+          return std::vector<rt::Value>{b.concatenate({flat, zeros}, 0)};
         },
         storage.device);
-    storage.buffer = grown[0];
+    storage.buffer = resized[0];
   }
   storage.nbytes = nbytes;
   impl->set_nbytes(nbytes);
+}
+
+void grow_storage(const at::Tensor& self, size_t nbytes) {
+  if (nbytes > storage_of(self).nbytes) resize_storage(self.storage(), nbytes);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
