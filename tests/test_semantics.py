@@ -546,3 +546,29 @@ def test_nan_propagates_like_cpu():
                torch.nn.functional.hardtanh, lambda v: v.amax(), lambda v: v.max(), lambda v: v.argmax(),
                lambda v: torch.softmax(v, 0)):
         torch.testing.assert_close(fn(t).cpu(), fn(x), equal_nan=True)
+
+
+def test_foreach_writes_into_views_of_one_storage_build_on_each_other():
+    # FSDP2 copies every shard into views of one all-gather buffer with one _foreach_copy_.
+    results = []
+    for device in ("cpu", "tpu"):
+        buffer = torch.zeros(12, device=device)
+        first, second = torch.split(buffer.narrow(0, 6, 6), [4, 2])
+        torch._foreach_copy_([first, second], [torch.arange(4.0, device=device), torch.arange(2.0, device=device) + 10])
+        results.append(buffer.cpu())
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_storage_resize_frees_and_regrows_like_cpu():
+    # FSDP2 frees unsharded parameters by resizing their storages to 0 and regrows them in place.
+    results = []
+    for device in ("cpu", "tpu"):
+        p = torch.arange(12.0).view(3, 4).to(device)
+        flat = p.view(12)
+        p.untyped_storage().resize_(0)
+        assert p.untyped_storage().nbytes() == 0
+        p.untyped_storage().resize_(12 * 4)
+        p.copy_(torch.arange(12.0).view(3, 4).to(device) * 2)
+        p.untyped_storage().resize_(8 * 4)  # shrinking keeps what fits
+        results.append(flat[:8].cpu())
+    torch.testing.assert_close(results[1], results[0])

@@ -51,6 +51,7 @@ class HostTransport:
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         self.rank, self.size = rank, size
         self.gloo = ProcessGroupGloo(dist.PrefixStore("torchtpu-host/", store), rank, size, timeout)
+        self._sends: list = []  # sends still in flight
 
     # The gloo side: one call, waited for (a timeout or a dead peer raises here).
     def _reduce_all(self, host: torch.Tensor, op: int) -> None:
@@ -149,7 +150,10 @@ class HostTransport:
             _write_back(o, h.view(o.shape))
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> None:
-        self.gloo.send([_on_host(t) for t in tensors], dst, tag).wait()
+        # The values are on the host already, so the tpu tensors are free to change: the send may
+        # finish later (two ranks sending to each other must not wait for each other's recv).
+        self._sends = [w for w in self._sends if not w.is_completed()]
+        self._sends.append(self.gloo.send([_on_host(t) for t in tensors], dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> None:
         hosts = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
@@ -159,6 +163,9 @@ class HostTransport:
             _write_back(t, h)
 
     def barrier(self) -> None:
+        for work in self._sends:  # a send that failed raises here
+            work.wait()
+        self._sends = []
         self.gloo.barrier(BarrierOptions()).wait()
 
 
