@@ -11,8 +11,8 @@ Work it gives back is complete and its future holds the written tensors.
 
 Why host memory: running collectives inside executables (StableHLO all_reduce & co. across
 processes) needs a PJRT plugin that joins processes through a distributed key-value store. The XLA
-CPU plugin takes no such store (its client options are cpu_device_count, asynchronous, process_id,
-max_inflight_computations), so on it every cross-process collective must leave the device; see
+CPU plugin installed here (xla-cpu-pjrt 0.0.1) takes no such store (the one client option it reads
+is cpu_device_count), so on it every cross-process collective must leave the device; see
 the README's "Distributed training" section. CPU tensors on a "tpu" group go straight to gloo.
 """
 
