@@ -7,7 +7,9 @@ An example module defines
     train(device, steps, tiny=True, seed=0, model=None, progress=False, compile=False) -> list[float]
     infer(model, device, tiny, seed) -> None     prints generations or predictions
 
-and ends with `common.main(__doc__, build, train, infer)`. `train` calls `fit` below, so every
+and ends with `common.main(__doc__, build, train, infer)`. An example whose `train` also takes
+`parallel=None` (a `Parallel`, handed on to `fit`) trains across the processes torchrun starts with
+`--ddp`, `--fsdp` or `--tp`; see `Parallel`. `train` calls `fit` below, so every
 example trains the same way: the model is built on the CPU and then moved, and every batch is
 drawn on the CPU from a generator seeded by `seed`, so a tpu run and a CPU run with one seed see
 the same weights and the same data. With `compile`, `fit` runs each training step as compiled
@@ -17,7 +19,10 @@ XLA graphs (`torch.compile(backend="tpu")`) instead of op by op.
 from __future__ import annotations
 
 import argparse
+import inspect
+import os
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -35,6 +40,10 @@ def parse_args(doc: str, steps: int) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true",
                         help="run forward/backward and the optimizer step as compiled XLA graphs: "
                              "torch.compile(backend='tpu')")
+    parallel = parser.add_mutually_exclusive_group()
+    for mode, what in PARALLEL_MODES.items():
+        parallel.add_argument(f"--{mode}", dest="parallel", action="store_const", const=mode,
+                              help=f"{what}; launch with torchrun, one process per device")
     return parser.parse_args()
 
 
@@ -49,6 +58,139 @@ def data_generator(seed: int, held_out: bool = False) -> torch.Generator:
     """The CPU generator synthetic data is drawn from: the training stream, or with `held_out` a
     second stream for inference on samples the model has not seen."""
     return torch.Generator().manual_seed(2 * seed + 1 + int(held_out))
+
+
+# Distributed training: one process per device, started by torchrun.
+
+PARALLEL_MODES = {
+    "ddp": "data parallel: DistributedDataParallel, each rank trains on its slice of the batch",
+    "fsdp": "fully sharded data parallel (FSDP2 fully_shard per block, then the root): "
+            "each rank holds a shard of the weights and trains on its slice of the batch",
+    "tp": "tensor parallel (DTensor parallelize_module): the blocks' linear layers split across "
+          "the ranks, every rank trains on the whole batch",
+}
+
+
+@dataclass
+class Parallel:
+    """A training run spread over the processes torchrun started (`Parallel.start`).
+
+    `mode` is "ddp", "fsdp" or "tp". For ddp and fsdp the batch every rank draws (the same one: the
+    data stream is seeded alike everywhere) is the global batch and each rank trains on its slice
+    of it (`shard`); gradients are averaged over the ranks, so a step is the step one process
+    would take on the whole batch. For tp every rank takes the whole batch. The reported loss is
+    the mean over the ranks (`mean`), and throughput counts the global batch's units."""
+
+    mode: str
+    rank: int
+    local_rank: int
+    world: int
+    device: str  # this process's device: "tpu:<local rank>", or "cpu"
+
+    @property
+    def main(self) -> bool:
+        """Whether this is rank 0, the process that prints."""
+        return self.rank == 0
+
+    @classmethod
+    def start(cls, mode: str, device: str) -> "Parallel":
+        """Joins the process group torchrun set up (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT):
+        on tpu each process drives device `tpu:<local rank>` over the "tpu" c10d backend; on the
+        CPU the processes use gloo."""
+        import torch.distributed as dist
+
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise SystemExit(f"--{mode} runs one process per device: launch it with torchrun, e.g. "
+                             f"torchrun --standalone --nproc-per-node 2 examples/<name>.py --{mode}")
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        if device == "tpu":
+            if local_rank >= torch.tpu.device_count():
+                raise SystemExit(f"local rank {local_rank}, but this host has {torch.tpu.device_count()} tpu devices")
+            torch.tpu.set_device(local_rank)
+            dist.init_process_group(device_id=torch.device("tpu", local_rank))  # the "tpu" backend
+            device = f"tpu:{local_rank}"
+        else:
+            dist.init_process_group("gloo")
+        return cls(mode, rank, local_rank, world, device)
+
+    def stop(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+    def wrap(self, model: torch.nn.Module, blocks: list[torch.nn.Module],
+             tp_plan: dict[str, object] | None = None) -> torch.nn.Module:
+        """`model` (on this rank's device) made to train in `mode`: wrapped in DDP, sharded with
+        FSDP2 (each of `blocks`, its transformer blocks, then the root: the rest), or with each
+        block split by `tp_plan` ({submodule name within a block: ParallelStyle}). Build the
+        optimizer on the returned model's parameters (DTensors for fsdp and tp)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if self.mode == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model)
+        mesh = init_device_mesh(torch.device(self.device).type, (self.world,))
+        if self.mode == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for block in blocks:
+                fully_shard(block, mesh=mesh)
+            return fully_shard(model, mesh=mesh)
+        if self.mode == "tp":
+            from torch.distributed.tensor.parallel import parallelize_module
+
+            if not tp_plan:
+                raise SystemExit("this example has no tensor-parallel plan")
+            for block in blocks:
+                parallelize_module(block, mesh, tp_plan)
+            return model
+        raise ValueError(f"unknown parallel mode {self.mode!r}")
+
+    @property
+    def foreach(self) -> bool | None:
+        """The optimizer's `foreach`: tensor parallel leaves the layers outside its plan (embeddings,
+        norms, the head) plain tensors beside its DTensors, and one foreach kernel cannot take
+        both, so with tp the optimizer updates parameter by parameter (None: its default)."""
+        return False if self.mode == "tp" else None
+
+    def shard(self, batch: tuple) -> tuple:
+        """This rank's part of the global `batch`: its slice along dim 0 (ddp, fsdp), or all of it (tp)."""
+        if self.mode == "tp":
+            return batch
+        rows = batch[0].shape[0]
+        if rows % self.world:
+            raise SystemExit(f"--{self.mode}: the batch of {rows} does not split evenly over {self.world} ranks")
+        size = rows // self.world
+        return tuple(t[self.rank * size:(self.rank + 1) * size] for t in batch)
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of `value` over the ranks (a new tensor; gloo has no AVG, so a sum, divided)."""
+        import torch.distributed as dist
+
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        return value / self.world
+
+
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> None:
+    """torch.nn.utils.clip_grad_norm_, also for a mix of DTensor and plain gradients (tensor
+    parallel leaves the layers outside its plan unsplit), which clip_grad_norm_ cannot stack:
+    each gradient's norm is taken whole (a DTensor's over all ranks, `full_tensor`), and each
+    rank scales its local part of the gradients."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    kinds = {isinstance(g, DTensor) for g in grads}
+    if len(kinds) < 2:
+        torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return
+    norms = [torch.linalg.vector_norm(g) for g in grads]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], coef)
 
 
 class Progress:
@@ -82,7 +224,7 @@ class Progress:
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[tuple],
         loss_fn: Callable[..., torch.Tensor], steps: int, device: str, unit: str,
         per_batch: Callable[[tuple], int], clip: float | None = None, progress: bool = False,
-        compile: bool = False) -> list[float]:
+        compile: bool = False, parallel: Parallel | None = None) -> list[float]:
     """Trains `model` (already on `device`) for `steps` steps and returns the losses.
 
     `batches` yields tuples of CPU tensors; each is moved to `device` and given to
@@ -93,12 +235,19 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Itera
     With `compile`, `loss_fn` runs compiled with `torch.compile(backend="tpu")`: the model's
     forward and the loss are one graph, their backward another. The gradient clipping and the
     optimizer step are one more compiled function. The first step captures and compiles the graphs.
+
+    With `parallel`, `model` is already wrapped (`Parallel.wrap`) and this process is one rank:
+    it trains on its part of each batch (`Parallel.shard`), the losses are the mean over the
+    ranks, and only rank 0 shows the bar, counting the units of the whole (global) batch.
     """
     model.train()
 
     def update() -> None:
         if clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if parallel is None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            else:
+                clip_grad_norm(list(model.parameters()), clip)
         optimizer.step()
 
     if compile:
@@ -107,45 +256,76 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Itera
         # `model.loss`) would call the uncompiled forward.
         loss_fn = torch.compile(loss_fn, backend="tpu")
         update = torch.compile(update, backend="tpu")
-    bar = Progress(steps, f"{type(model).__name__} on {device}" + (", compiled" if compile else ""), unit,
-                   enabled=progress)
+    desc = f"{type(model).__name__} on {device}" + (", compiled" if compile else "")
+    if parallel is not None:
+        desc += f", {parallel.mode} over {parallel.world} ranks"
+    bar = Progress(steps, desc, unit, enabled=progress and (parallel is None or parallel.main))
     losses = []
     try:
         for _, batch in zip(range(steps), batches):
+            count = per_batch(batch)  # the global batch's units, when there are ranks
+            if parallel is not None:
+                batch = parallel.shard(batch)
             batch = tuple(t.to(device) for t in batch)
             loss = loss_fn(model, *batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             update()
-            losses.append(loss.item())
-            bar.update(losses[-1], per_batch(batch))
+            losses.append((loss if parallel is None else parallel.mean(loss)).item())
+            bar.update(losses[-1], count)
     finally:
         bar.close()
     return losses
 
 
 def main(doc: str, build: Callable, train: Callable, infer: Callable, steps: int = 100) -> None:
-    """The command line of every example: train, infer, then say what ran on the CPU."""
+    """The command line of every example: train, infer, then say what ran on the CPU. With
+    --ddp/--fsdp/--tp (under torchrun) every rank trains and rank 0 prints."""
     args = parse_args(doc, steps)
     if args.device == "tpu" and not torchtpu.is_available():
         raise SystemExit(f"torchtpu could not start: {torchtpu.init_error()}")
     if args.compile and args.device != "tpu":
         raise SystemExit("--compile compiles for tpu (torch.compile(backend='tpu')); drop it with --device cpu")
-    model = build(args.tiny, args.seed)
-    losses = train(args.device, args.steps, tiny=args.tiny, seed=args.seed, model=model, progress=True,
-                   compile=args.compile)
-    if losses:
-        print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}")
-    with torch.no_grad():
-        model.eval()
-        # A compiled model's own methods stay uncompiled: the examples that generate (model.generate)
-        # run eagerly, since every generated token is a sequence one longer, which a compiled
-        # forward would capture and compile anew, token by token.
-        infer(torch.compile(model, backend="tpu") if args.compile else model, args.device, args.tiny, args.seed)
-    if args.device == "tpu":
-        fallbacks = torchtpu.debug.metrics()["cpu_fallbacks"]
-        print(f"ops that ran on the CPU: {len(fallbacks)}"
-              + "".join(f"\n  {op}: {n} calls" for op, n in sorted(fallbacks.items(), key=lambda kv: -kv[1])))
+    if args.parallel is None:
+        parallel, device, extra = None, args.device, {}
+    else:
+        if "parallel" not in inspect.signature(train).parameters:
+            raise SystemExit(f"this example does not train distributed (--{args.parallel})")
+        if args.compile:
+            raise SystemExit(f"--compile with --{args.parallel} is not supported by the examples")
+        parallel = Parallel.start(args.parallel, args.device)
+        device, extra = parallel.device, {"parallel": parallel}
+    try:
+        model = build(args.tiny, args.seed)
+        losses = train(device, args.steps, tiny=args.tiny, seed=args.seed, model=model, progress=True,
+                       compile=args.compile, **extra)
+        if parallel is None or parallel.main:
+            if losses:
+                print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}"
+                      + (" (mean over the ranks)" if parallel is not None else ""))
+            if parallel is not None and parallel.mode != "ddp":
+                # FSDP's weights are sharded over the ranks and TP's layers split: a forward takes
+                # collectives of every rank, which generation (rank 0 alone, token by token) has not.
+                print(f"inference skipped with --{parallel.mode}: the model's weights are spread over the ranks")
+            else:
+                with torch.no_grad():
+                    # With DDP `model` is the trained module itself (DDP wraps it, sharing its weights).
+                    model.eval()
+                    # A compiled model's own methods stay uncompiled: the examples that generate
+                    # (model.generate) run eagerly, since every generated token is a sequence one
+                    # longer, which a compiled forward would capture and compile anew, token by token.
+                    infer(torch.compile(model, backend="tpu") if args.compile else model, device, args.tiny, args.seed)
+            if args.device == "tpu":
+                fallbacks = torchtpu.debug.metrics()["cpu_fallbacks"]
+                print(f"ops that ran on the CPU{' (rank 0)' if parallel is not None else ''}: {len(fallbacks)}"
+                      + "".join(f"\n  {op}: {n} calls" for op, n in sorted(fallbacks.items(), key=lambda kv: -kv[1])))
+        if parallel is not None:
+            import torch.distributed as dist
+
+            dist.barrier()  # the other ranks wait for rank 0's inference
+    finally:
+        if parallel is not None:
+            parallel.stop()
 
 
 # Language models: sequences a model can learn, and a check of what it generates.
@@ -177,15 +357,41 @@ def show_generations(generate: Callable[[torch.Tensor, int], torch.Tensor], devi
     return right
 
 
+def decoder_tp_plan() -> dict[str, object]:
+    """Tensor parallelism for a transformers decoder layer (Llama, Qwen, Mistral: `self_attn`
+    with q/k/v/o_proj, `mlp` with gate/up/down_proj), Megatron style: q, k, v, gate and up split
+    by output features (ColwiseParallel), o and down by input features (RowwiseParallel, whose
+    output is summed over the ranks). A rank's q/k/v then hold a contiguous run of whole heads:
+    the attention views them as (-1, head_dim), so it runs on heads/world query and
+    kv_heads/world key-value heads, and its query-to-kv grouping (heads // kv_heads, from the
+    config) stays right. Both head counts must divide by the number of ranks."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
+
+
 def train_causal_lm(model: torch.nn.Module, device: str, steps: int, seed: int, batch: int, length: int,
-                    vocab: int, progress: bool, compile: bool = False) -> list[float]:
+                    vocab: int, progress: bool, compile: bool = False,
+                    parallel: Parallel | None = None) -> list[float]:
     """Trains a transformers causal LM (`model(input_ids=, labels=).loss`) on token progressions
-    with AdamW and gradient clipping; returns the losses."""
+    with AdamW and gradient clipping; returns the losses. With `parallel`, `batch` is the global
+    batch and the decoder layers (`model.model.layers`) are the blocks FSDP shards and TP splits."""
     model = model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    if parallel is not None:
+        if parallel.mode == "tp":
+            heads, kv_heads = model.config.num_attention_heads, model.config.num_key_value_heads
+            if heads % parallel.world or kv_heads % parallel.world:
+                raise SystemExit(f"--tp over {parallel.world} ranks splits attention by heads: "
+                                 f"{heads} heads and {kv_heads} kv heads must divide by {parallel.world}")
+        model = parallel.wrap(model, list(model.model.layers), decoder_tp_plan())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1,
+                                  foreach=None if parallel is None else parallel.foreach)
     return fit(model, optimizer, token_batches(seed, batch, length, vocab),
                lambda m, ids: m(input_ids=ids, labels=ids).loss, steps, device, "tokens",
-               lambda b: b[0].numel(), clip=1.0, progress=progress, compile=compile)
+               lambda b: b[0].numel(), clip=1.0, progress=progress, compile=compile, parallel=parallel)
 
 
 def generate_greedily(model: torch.nn.Module, device: str, vocab: int, seed: int) -> float:

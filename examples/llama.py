@@ -2,6 +2,14 @@
 on synthetic token sequences with AdamW and gradient clipping, then generates greedily.
 
     python examples/llama.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+
+Distributed, one process per device (rank 0 prints; the loss is the mean over the ranks):
+
+    torchrun --standalone --nproc-per-node 2 examples/llama.py --tiny --ddp    # or --fsdp, --tp
+
+--ddp and --fsdp split each batch over the ranks (FSDP2 shards every decoder layer, then the rest);
+--tp splits every decoder layer's attention (by heads) and MLP over the ranks, which all take the
+whole batch. Inference runs after --ddp (on rank 0) and is skipped after --fsdp and --tp.
 """
 
 from __future__ import annotations
@@ -27,10 +35,10 @@ def build(tiny: bool, seed: int) -> LlamaForCausalLM:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: LlamaForCausalLM | None = None,
-          progress: bool = False, compile: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False, parallel: common.Parallel | None = None) -> list[float]:
     vocab, *_, batch, length = SIZES[tiny]
     return common.train_causal_lm(build(tiny, seed) if model is None else model, device, steps, seed, batch, length,
-                                  vocab, progress, compile)
+                                  vocab, progress, compile, parallel=parallel)
 
 
 def infer(model: LlamaForCausalLM, device: str, tiny: bool, seed: int) -> None:

@@ -3,6 +3,14 @@ self-attention through F.scaled_dot_product_attention, GELU MLP, LayerNorm, drop
 token sequences with AdamW, then generates greedily and by sampling.
 
     python examples/mingpt.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+
+Distributed, one process per device (rank 0 prints; the loss is the mean over the ranks):
+
+    torchrun --standalone --nproc-per-node 2 examples/mingpt.py --tiny --ddp    # or --fsdp, --tp
+
+--ddp and --fsdp split each batch over the ranks (FSDP2 shards every block, then the rest); --tp
+splits every block's MLP over the ranks (not its attention: see TP_PLAN), which all take the whole
+batch. Inference runs after --ddp (on rank 0) and is skipped after --fsdp and --tp.
 """
 
 from __future__ import annotations
@@ -88,8 +96,7 @@ class GPT(nn.Module):
 
     def loss(self, idx: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of predicting each next token of `idx`."""
-        logits = self(idx[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+        return next_token_loss(self, idx)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, new_tokens: int, temperature: float = 1.0, sample: bool = False) -> torch.Tensor:
@@ -103,22 +110,43 @@ class GPT(nn.Module):
         return idx
 
 
+def next_token_loss(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of `model`'s (a GPT's, or a DDP wrapping one) predictions of each next token
+    of `idx`: called through the wrapper's forward, which DDP needs to reduce the gradients."""
+    logits = model(idx[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+
+
+def tp_plan() -> dict[str, object]:
+    """Tensor parallelism for a Block: its MLP split Megatron style (the first linear layer by
+    output features, the second by input features, its output summed over the ranks).
+
+    The attention is not split: its q, k and v come from one fused linear layer (`qkv`, output
+    [q | k | v]), and ColwiseParallel cuts that output into contiguous runs of features, so a rank
+    would get, say, all of q and half of k instead of q, k and v for its share of the heads."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
+
+
 def build(tiny: bool, seed: int) -> GPT:
     return common.build_on_cpu(lambda: GPT(SIZES[tiny]), seed)
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: GPT | None = None,
-          progress: bool = False, compile: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False, parallel: common.Parallel | None = None) -> list[float]:
     cfg = SIZES[tiny]
     model = (build(tiny, seed) if model is None else model).to(device)
+    if parallel is not None:  # BATCH is then the global batch
+        model = parallel.wrap(model, list(model.blocks), tp_plan())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=3e-3, betas=(0.9, 0.95))
+                                  lr=3e-3, betas=(0.9, 0.95), foreach=None if parallel is None else parallel.foreach)
     # block + 1 tokens: the model reads the first `block` and predicts the last `block`
     return common.fit(model, optimizer, common.token_batches(seed, BATCH[tiny], cfg.block + 1, cfg.vocab),
-                      lambda m, ids: m.loss(ids), steps, device, "tokens",
-                      lambda b: b[0][:, 1:].numel(), clip=1.0, progress=progress, compile=compile)
+                      next_token_loss, steps, device, "tokens",
+                      lambda b: b[0][:, 1:].numel(), clip=1.0, progress=progress, compile=compile, parallel=parallel)
 
 
 def infer(model: GPT, device: str, tiny: bool, seed: int) -> None:
