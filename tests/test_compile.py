@@ -171,6 +171,16 @@ def test_a_host_scalar_input_is_read_on_every_call():
         torch.testing.assert_close(scaled(x, torch.tensor(value)).cpu(), torch.full((3,), value * 3))
 
 
+def test_a_captured_graph_without_outputs_compiles_and_runs():
+    # A piece of a split graph may only read its inputs (DDP's compiled graphs split at buckets).
+    x = torch.ones(8, device="tpu")
+    family = 10**9 + 7
+    (alias,) = torch.ops.torchtpu.graph_capture_begin(family, [x])
+    alias * 2
+    graph = torch.ops.torchtpu.graph_capture_end([])
+    assert torch.ops.torchtpu.graph_run(family, [x]) == (graph, [])
+
+
 def test_dropout_draws_from_the_tpu_generator_without_recompiling():
     model = torch.compile(torch.nn.Dropout(0.5).to("tpu"), backend="tpu")
     x = torch.ones(64, 64, device="tpu")

@@ -104,3 +104,24 @@ def test_example_compiled_trains_like_cpu_in_few_executions(name):
     assert compiled_step < eager_step * COMPILED_EXECUTIONS_FRACTION, (
         f"a steady-state training step ran {compiled_step} executions compiled, {eager_step} eager",
         compiled["graph"])
+
+
+@pytest.mark.parametrize("flags", [["--ddp"], ["--fsdp"], ["--tp"], ["--ddp", "--compile"]],
+                         ids=["ddp", "fsdp", "tp", "ddp-compiled"])
+def test_llama_trains_under_torchrun_like_single_process_cpu(flags):
+    # Two ranks, each its own tpu device; the losses printed are the mean over the ranks, which for
+    # data parallel (each rank half the batch) and tensor parallel must equal one CPU process
+    # training on the whole batch.
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               os.path.join(ROOT, "examples", "llama.py"), "--tiny", "--steps", str(STEPS), *flags]
+    env = dict(os.environ, TORCHTPU_FALLBACK="error", OMP_NUM_THREADS="1")
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("loss: first"))
+    first, last = (float(word.strip(",")) for word in line.split()[2:5:2])
+    cpu = run_example("llama")["cpu"]
+    assert abs(first - cpu[0]) <= 2e-4 and abs(last - cpu[-1]) <= 2e-4, (line, cpu)
+    assert "ops that ran on the CPU (rank 0): 0" in proc.stdout

@@ -354,7 +354,9 @@ std::string Builder::finish(const std::vector<Value>& results, const std::vector
     names += (i ? ", " : "") + name(results[i]);
     types += (i ? ", " : "") + results[i].type.mlir();
   }
-  text += types + ") {\n" + body_ + "    return " + names + " : " + types + "\n  }\n}\n";
+  // A module with no results (a captured graph piece that only reads) returns nothing.
+  const std::string ret = results.empty() ? "    return\n" : "    return " + names + " : " + types + "\n";
+  text += types + ") {\n" + body_ + ret + "  }\n}\n";
   return text;
 }
 
