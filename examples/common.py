@@ -166,7 +166,8 @@ class Parallel:
         return tuple(t[self.rank * size:(self.rank + 1) * size] for t in batch)
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of `value` over the ranks (a new tensor; gloo has no AVG, so a sum, divided)."""
+        """The mean of `value` over the ranks (a new tensor; a sum, divided: gloo, which --device cpu
+        uses, has no AVG)."""
         import torch.distributed as dist
 
         value = value.detach().clone()
