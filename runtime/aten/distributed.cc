@@ -51,6 +51,12 @@ class PythonTransportBackend final : public c10d::Backend {
       : Backend(rank, size), transport_(std::move(transport)) {}
 
   ~PythonTransportBackend() override {
+    // A process that never destroyed its group drops the backend after Python has finalized:
+    // the transport is left to the OS then.
+    if (!Py_IsInitialized()) {
+      transport_.release();
+      return;
+    }
     py::gil_scoped_acquire gil;
     transport_ = py::object();
   }
