@@ -572,3 +572,19 @@ def test_storage_resize_frees_and_regrows_like_cpu():
         p.untyped_storage().resize_(8 * 4)  # shrinking keeps what fits
         results.append(flat[:8].cpu())
     torch.testing.assert_close(results[1], results[0])
+
+
+def test_zeros_are_lazy_storages_that_read_as_zeros():
+    # A never-written storage reads as zeros, so zeros run nothing until a module reads them.
+    from conftest import metrics
+
+    before = metrics()["executions"]
+    made = [torch.zeros(3, 4, device="tpu"), torch.zeros_like(torch.empty(2, device="tpu"), dtype=torch.int64),
+            torch.empty(1, device="tpu").new_zeros(5), torch.zeros(2, dtype=torch.bool, device="tpu")]
+    assert metrics()["executions"] == before
+    for t in made:
+        assert_equal_cpu(t, torch.zeros(t.shape, dtype=t.dtype), exact=True)
+    on_cpu = torch.zeros_like(made[0], device="cpu")
+    assert on_cpu.device.type == "cpu" and not on_cpu.any()
+    grown = torch.zeros(3, device="tpu").add_(2)
+    assert_equal_cpu(grown, torch.full((3,), 2.0), exact=True)

@@ -276,7 +276,44 @@ at::ScalarType scalar_type(rt::ElementType element) {
   return at::kFloat;
 }
 
+// A storage never written reads as zeros (the storage model), so zeros are empty tensors: nothing
+// runs until a module reads them (AOT's zero tangents, optimizer state, gradient buffers).
+at::Tensor zeros(at::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                 std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  return empty_memory_format(size, dtype, layout, device, pin_memory, std::nullopt);
+}
+
+// self's options with those given replacing them.
+at::TensorOptions options_like(const at::Tensor& self, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory) {
+  return self.options().merge_in(
+      at::TensorOptions().dtype(dtype).layout(layout).device(device).pinned_memory(pin_memory));
+}
+
+at::Tensor fresh_zeros(at::Tensor fresh) {
+  if (fresh.device().type() != c10::DeviceType::PrivateUse1) fresh.zero_();  // asked for another device
+  return fresh;
+}
+
+at::Tensor zeros_like(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                      std::optional<at::Device> device, std::optional<bool> pin_memory,
+                      std::optional<at::MemoryFormat> memory_format) {
+  const auto options = options_like(self, dtype, layout, device, pin_memory);
+  return fresh_zeros(at::empty_like(self, options, memory_format));
+}
+
+at::Tensor new_zeros(const at::Tensor& self, at::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                     std::optional<at::Layout> layout, std::optional<at::Device> device,
+                     std::optional<bool> pin_memory) {
+  const auto options = options_like(self, dtype, layout, device, pin_memory);
+  return fresh_zeros(at::empty(size, options));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("zeros", TORCH_FN(zeros));
+  m.impl("zeros_like", TORCH_FN(zeros_like));
+  m.impl("new_zeros", TORCH_FN(new_zeros));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
