@@ -81,11 +81,11 @@ class _CapturedGraph(torch.nn.Module):
         family = self._families.get(statics)
         if family is None:
             family = self._families.setdefault(statics, next(_families))
-        graph, outputs = torch.ops.torchtpu.graph_run(family, tensors)
+        graph, outputs = torchtpu._C._graph_run(family, tensors)
         if not graph:
             if not self._capture(family, args, tensors):
                 return self._split(*args)
-            graph, outputs = torch.ops.torchtpu.graph_run(family, tensors)
+            graph, outputs = torchtpu._C._graph_run(family, tensors)
             assert graph, "torchtpu: a graph captured for these inputs did not run"
         _count("executions")
         results = self._assemble(self._outputs[graph], outputs)

@@ -9,6 +9,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/strides.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -344,8 +345,10 @@ int64_t capture_end(const std::vector<at::Tensor>& outputs) {
 
 void capture_abort() { g_capture.reset(); }
 
-// torchtpu::graph_run(int family, Tensor?[] inputs) -> (int, Tensor[]): the id of the graph captured
-// for this layout of the inputs and its tensor outputs, or 0 where none was.
+// torchtpu._C._graph_run(family, inputs: list[Tensor | None]) -> (int, list[Tensor]): the id of the
+// graph captured for this layout of the inputs and its tensor outputs, or 0 where none was. A plain
+// binding, not a torch op: it runs on every compiled call, and the dispatcher's boxing of ~100
+// tensors each way cost twice what the call itself does.
 std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
   const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
@@ -443,8 +446,11 @@ TORCH_LIBRARY(torchtpu, m) {
   m.def("graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]", TORCH_FN(capture_begin));
   m.def("graph_capture_end(Tensor[] outputs) -> int", TORCH_FN(capture_end));
   m.def("graph_capture_abort() -> ()", TORCH_FN(capture_abort));
-  m.def("graph_run(int family, Tensor?[] inputs) -> (int, Tensor[])", TORCH_FN(graph_run));
   m.def("device_address(Tensor t) -> int", TORCH_FN(device_address));
+}
+
+void bind_graph(pybind11::module& m) {
+  m.def("_graph_run", &graph_run, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 
 }  // namespace torchtpu

@@ -52,12 +52,14 @@ py::dict metrics() {
 
 namespace torchtpu {
 void bind_distributed(py::module& m);  // distributed.cc
+void bind_graph(py::module& m);        // graph.cc
 }
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchtpu runtime bindings";
   m.def("_init", &init, py::arg("plugin_path"), py::arg("cache_dir"));
   torchtpu::bind_distributed(m);
+  torchtpu::bind_graph(m);
   m.def("_set_init_error", &torchtpu::set_init_error);
   m.def("_is_initialized", [] { return Runtime::get_if_installed() != nullptr; });
   m.def("device_count", [] { return torchtpu::runtime().device_count(); });
