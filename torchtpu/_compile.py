@@ -257,8 +257,8 @@ def _hoist(gm: torch.fx.GraphModule, eager: set) -> None:
 
 
 def _split_around(gm: torch.fx.GraphModule, eager: set, name: str) -> torch.fx.GraphModule:
-    """The graph as a sequence of parts: the `eager` nodes each alone (run as plain FX), the runs
-    of nodes between them captured graphs of their own."""
+    """The graph as a sequence of parts: each run of `eager` nodes a part run as plain FX, each run
+    of nodes between them a captured graph of its own."""
     from torch.fx.passes.split_module import split_module
 
     _hoist(gm, eager)
@@ -274,7 +274,7 @@ def _split_around(gm: torch.fx.GraphModule, eager: set, name: str) -> torch.fx.G
         if node.op == "call_function" and node.target is operator.getitem and node.args[0] in parts:
             parts[node] = parts[node.args[0]]
             continue
-        if is_eager or previous_eager is not False:
+        if is_eager != previous_eager:  # a run of eager nodes is one part, as is a run of captured ones
             part += 1
             if is_eager:
                 eager_parts.add(part)
