@@ -192,7 +192,7 @@ def _scalar_math_on_device(gm: torch.fx.GraphModule, host: set) -> set:
             if source in host and source not in stay:
                 stay.add(source)
                 pending.append(source)
-    moved = [n for n in gm.graph.nodes if n in host and n not in stay]
+    moved = {n: None for n in gm.graph.nodes if n in host and n not in stay}  # an ordered set
     if not moved:
         return host
     uploads: dict[torch.fx.Node, torch.fx.Node] = {}  # a host value -> its copy on the device
@@ -200,7 +200,7 @@ def _scalar_math_on_device(gm: torch.fx.GraphModule, host: set) -> set:
     def on_device(arg, user: torch.fx.Node):
         if isinstance(arg, (tuple, list)):
             return type(arg)(on_device(a, user) for a in arg)
-        if not isinstance(arg, torch.fx.Node) or arg in moved_set:
+        if not isinstance(arg, torch.fx.Node) or arg in moved:
             return arg
         if not any(v.device.type == "cpu" for v in _tensor_values(arg)):
             return arg
@@ -209,7 +209,6 @@ def _scalar_math_on_device(gm: torch.fx.GraphModule, host: set) -> set:
                 uploads[arg] = gm.graph.call_function(torch.ops.aten._to_copy.default, (arg,), {"device": device})
         return uploads[arg]
 
-    moved_set = set(moved)
     for node in moved:
         node.args = on_device(node.args, node)
         node.kwargs = {k: device if k == "device" else on_device(v, node) for k, v in node.kwargs.items()}

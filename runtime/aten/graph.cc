@@ -214,10 +214,8 @@ class Capture final : public GraphCapture {
       value = read_tensor(builder_, contents(src), storage_type_of(src), src);
     } else if (const auto input = input_of_.find(src.unsafeGetTensorImpl());
                input != input_of_.end() && src.dim() == 0) {
-      // A host scalar the graph takes as an input (an optimizer's step count): fed on every call.
-      const rt::ElementType element = element_type(dst.scalar_type());
-      graph_.params.push_back(GraphParam{GraphParam::InputScalar, input->second, element});
-      value = builder_.broadcast_to(builder_.parameter(rt::TensorType{element, {}}), dst.sizes().vec());
+      // A host scalar the graph takes as an input (an optimizer's step count).
+      value = builder_.broadcast_to(input_scalar(input->second, element_type(dst.scalar_type())), dst.sizes().vec());
     } else {  // a host tensor the graph uploads: a constant of this capture
       const at::Tensor host = src.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
       graph_.params.push_back(GraphParam{GraphParam::Constant});
@@ -253,8 +251,7 @@ class Capture final : public GraphCapture {
     rt::Value cpu_scalar(rt::Builder& b, const at::Tensor& t, int, int, rt::ElementType element) override {
       const auto input = c_.input_of_.find(t.unsafeGetTensorImpl());
       if (input == c_.input_of_.end()) return constant_scalar(b, t.item(), element);
-      c_.graph_.params.push_back(GraphParam{GraphParam::InputScalar, input->second, element});
-      return b.parameter(rt::TensorType{element, {}});
+      return c_.input_scalar(input->second, element);
     }
     rt::Value scalar(rt::Builder& b, const c10::IValue& v, int, int, rt::ElementType element) override {
       return constant_scalar(b, v.toScalar(), element);
@@ -273,6 +270,12 @@ class Capture final : public GraphCapture {
     Capture& c_;
     size_t random_param_ = 0;
   };
+
+  // A host scalar that is a graph input: a module parameter fed its value on every call.
+  rt::Value input_scalar(int input, rt::ElementType element) {
+    graph_.params.push_back(GraphParam{GraphParam::InputScalar, input, element});
+    return builder_.parameter(rt::TensorType{element, {}});
+  }
 
   rt::TensorType storage_type_of(const at::Tensor& t) {
     const auto it = storages_.find(&storage_of(t));

@@ -169,20 +169,16 @@ Value Builder::slice_scatter(const Value& self, const Value& src, int64_t dim, i
   low[dim] = start;
   interior[dim] = step - 1;
   high[dim] = size - (start + (count - 1) * step + 1);
-  auto pad = [&](const Value& v, const Value& fill, const std::vector<int64_t>& dims) {
-    std::vector<int64_t> out = dims;
-    out[dims.size() == 1 ? 0 : dim] = size;
-    const std::vector<int64_t> lo = dims.size() == 1 ? std::vector<int64_t>{low[dim]} : low;
-    const std::vector<int64_t> hi = dims.size() == 1 ? std::vector<int64_t>{high[dim]} : high;
-    const std::vector<int64_t> in = dims.size() == 1 ? std::vector<int64_t>{interior[dim]} : interior;
-    TensorType t{v.element(), out};
-    return emit("stablehlo.pad " + name(v) + ", " + name(fill) + ", low = " + list(lo) + ", high = " + list(hi) +
-                    ", interior = " + list(in) + " : (" + v.type.mlir() + ", " + fill.type.mlir() + ") -> " + t.mlir(),
+  auto pad = [&](const Value& v, const Value& fill) {
+    const TensorType t{v.element(), self.dims()};
+    return emit("stablehlo.pad " + name(v) + ", " + name(fill) + ", low = " + list(low) + ", high = " + list(high) +
+                    ", interior = " + list(interior) + " : (" + v.type.mlir() + ", " + fill.type.mlir() + ") -> " +
+                    t.mlir(),
                 t);
   };
-  const Value placed = pad(convert(src, self.element()), constant(0, self.element()), expected);
-  const Value where = pad(full(1, TensorType{ElementType::Pred, {count}}), constant_int(0, ElementType::Pred), {count});
-  return select(broadcast_in_dim(where, self.dims(), {dim}), placed, self);
+  const Value placed = pad(convert(src, self.element()), constant(0, self.element()));
+  const Value where = pad(full(1, TensorType{ElementType::Pred, expected}), constant_int(0, ElementType::Pred));
+  return select(where, placed, self);
 }
 
 Value Builder::select_scatter(const Value& self, const Value& src, int64_t dim, int64_t index) {
