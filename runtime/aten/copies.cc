@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "aten/graph.h"
+#include "aten/op_trace.h"
 #include "aten/spec_call.h"
 
 namespace torchtpu {
@@ -26,16 +27,28 @@ std::unordered_map<std::string, rt::ExecutablePtr> g_modules;
 std::mutex g_scalars_mutex;
 std::unordered_map<std::string, rt::BufferPtr> g_scalars;
 
+void copy_eagerly(const at::Tensor& self, const at::Tensor& dst);
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return dst;
   if (GraphCapture* capture = GraphCapture::active()) {
     capture->copy(self, dst);
     return dst;
   }
+  TracedCall traced("copy", (is_tpu(dst) ? dst : self).device().index());
+  traced.execute("tpu::copy", [&] { copy_eagerly(self, dst); });
+  if (traced.recording()) {
+    traced.record("aten::_copy_from " + self.device().str() + "->" + dst.device().str(),
+                  describe_tensor(self) + " -> " + describe_tensor(dst));
+  }
+  return dst;
+}
+
+void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
   if (is_tpu(self) && is_tpu(dst)) {
     if (self.device() != dst.device()) {
       dst.copy_(self.cpu());
-      return dst;
+      return;
     }
     // On device: read the source view, convert, broadcast, write through the destination view.
     bool src_lazy = false, dst_lazy = false;
@@ -52,21 +65,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         },
         dst.device().index());
     storage_of(dst).buffer = out[0];
-    return dst;
+    return;
   }
   if (is_tpu(dst)) {
     const at::Tensor host = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
     auto buffer = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()), dst.sizes().vec(),
                                       dst.device().index());
     write_into(dst, buffer);
-    return dst;
+    return;
   }
   TORCH_CHECK(is_tpu(self), "torchtpu: _copy_from between ", self.device(), " and ", dst.device());
   auto buffer = read_contiguous(self, element_type(self.scalar_type()));
   at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
   runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
   dst.copy_(host);
-  return dst;
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
@@ -76,9 +88,13 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   if (GraphCapture* capture = GraphCapture::active()) capture->refuse("reads a value on the host (.item())");
-  auto buffer = read_contiguous(self, element_type(self.scalar_type()));
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
-  runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  TracedCall traced("copy", self.device().index());
+  traced.execute("tpu::copy", [&] {
+    auto buffer = read_contiguous(self, element_type(self.scalar_type()));
+    runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  });
+  if (traced.recording()) traced.record("aten::_local_scalar_dense (.item())", describe_tensor(self));
   return host.item();
 }
 

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "aten/graph.h"
+#include "aten/op_trace.h"
 #include "aten/torch_tpu.h"
 
 namespace torchtpu {
@@ -33,7 +34,18 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_WARN("torchtpu: ", full, " has no spec yet, so it runs on the CPU (slow). Add an entry for it to a ",
                "file in specs/ and run `python -m codegen.gen`.");
   }
-  at::native::cpu_fallback(op, stack);
+  TracedCall traced("fallback", current_device());
+  std::string shapes;
+  if (traced.recording()) {
+    const size_t n = op.schema().arguments().size();
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      const c10::IValue& arg = (*stack)[i];
+      if (!arg.isTensor() || !arg.toTensor().defined()) continue;
+      shapes += (shapes.empty() ? "" : ", ") + describe_tensor(arg.toTensor());
+    }
+  }
+  traced.execute("tpu::cpu_fallback", [&] { at::native::cpu_fallback(op, stack); });
+  if (traced.recording()) traced.record("aten::" + full, std::move(shapes));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "aten/op_trace.h"
 #include "aten/spec_call.h"
 #include "pjrt_c_api.h"
 
@@ -183,6 +184,7 @@ class Capture final : public GraphCapture {
   }
 
   const std::string& key() const { return key_; }
+  int device() const { return device_; }
 
   void call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
             torch::jit::Stack* stack) override {
@@ -337,10 +339,14 @@ std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::
 int64_t capture_end(const std::vector<at::Tensor>& outputs) {
   TORCH_CHECK(g_capture, "torchtpu: no graph is being captured");
   std::unique_ptr<Capture> capture = std::move(g_capture);  // compiling and storing run outside the capture
-  std::shared_ptr<CompiledGraph> graph = capture->finish(outputs);
+  TracedCall traced("graph", capture->device());
+  std::shared_ptr<CompiledGraph> graph = traced.compile([&] { return capture->finish(outputs); });
   static std::atomic<int64_t> next_id{1};
   graph->id = next_id++;
   const int64_t id = graph->id;
+  if (traced.recording()) {
+    traced.record("graph " + std::to_string(id) + " (captured)", std::to_string(graph->params.size()) + " inputs");
+  }
   std::lock_guard<std::mutex> lock(g_graphs_mutex);
   g_graphs[capture->key()] = std::move(graph);
   return id;
@@ -363,6 +369,8 @@ std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std
     if (it == g_graphs.end()) return {0, {}};
     graph = it->second;
   }
+  TracedCall traced("graph", device);
+  traced.set_cache("hit");
   std::vector<rt::BufferPtr> keep;
   std::vector<PJRT_Buffer*> raw;
   keep.reserve(graph->params.size());
@@ -386,7 +394,9 @@ std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std
     }
     raw.push_back(keep.back()->raw());
   }
-  std::vector<rt::BufferPtr> results = runtime().execute(*graph->exe, raw, device, donatable(graph->aliases, keep));
+  std::vector<rt::BufferPtr> results;
+  traced.execute("tpu::graph", [&] { results = runtime().execute(*graph->exe, raw, device, donatable(graph->aliases, keep)); });
+  if (traced.recording()) traced.record("graph " + std::to_string(graph->id), std::to_string(raw.size()) + " inputs");
   for (const auto& [input, result] : graph->written_inputs) storage_of(inputs[input]).buffer = results[result];
 
   std::vector<at::Tensor> outputs;

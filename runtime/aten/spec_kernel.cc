@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "aten/graph.h"
+#include "aten/op_trace.h"
 #include "aten/spec_call.h"
 
 namespace torchtpu {
@@ -131,13 +132,16 @@ class SpecKernel final : public c10::OperatorKernel {
 
     int device = -1;
     const std::string key = call_key(args, device);
+    TracedCall traced("op", device);
     std::shared_ptr<Entry> entry;  // shared: another thread may clear the caches meanwhile
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = cache_.find(key);
       if (it != cache_.end()) entry = it->second;
     }
-    if (!entry) {
+    if (entry) {
+      traced.set_cache("hit");
+    } else {
       // Executables hold memory mappings of JIT code; a process has ~65k. Past the budget, drop
       // the in-process caches (the disk tier reloads what is used again). The mappings are
       // counted every 64th miss (reading /proc/self/maps costs about a millisecond).
@@ -147,7 +151,7 @@ class SpecKernel final : public c10::OperatorKernel {
         clear_kernel_caches();
         runtime().clear_in_process_cache();
       }
-      std::shared_ptr<Entry> built = build(op, args);
+      std::shared_ptr<Entry> built = traced.compile([&] { return build(op, args); });
       std::lock_guard<std::mutex> lock(mutex_);
       entry = cache_.emplace(key, std::move(built)).first->second;
     }
@@ -161,7 +165,9 @@ class SpecKernel final : public c10::OperatorKernel {
       }
       return (*this)(op, c10::DispatchKeySet(), stack);
     }
-    run(*entry, args, n, device, stack);
+    std::string shapes = traced.recording() ? describe_args(args) : std::string();  // before run() pops them
+    traced.execute("tpu::execute", [&] { run(*entry, args, n, device, stack); });
+    if (traced.recording()) traced.record(std::string("aten::") + spec_.overload, std::move(shapes));
   }
 
   void clear() {
@@ -227,6 +233,23 @@ class SpecKernel final : public c10::OperatorKernel {
     }
     if (device < 0) device = current_device();
     return std::move(key.s);
+  }
+
+  // The tensor arguments as the tracer shows them.
+  std::string describe_args(const c10::IValue* args) const {
+    std::string out;
+    const auto add = [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (!out.empty()) out += ", ";
+      out += describe_tensor(t);
+    };
+    for (size_t i = 0; i < spec_.args.size(); ++i) {
+      if (args[i].isTensor()) add(args[i].toTensor());
+      if (args[i].isTensorList()) {
+        for (const at::Tensor& t : args[i].toTensorList()) add(t);
+      }
+    }
+    return out;
   }
 
   const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {

@@ -63,18 +63,24 @@ void dump_module(const std::string& module_text) {
 
 }  // namespace
 
+namespace {
+void raise_to(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t seen = peak.load();
+  while (value > seen && !peak.compare_exchange_weak(seen, value)) {
+  }
+}
+thread_local CompileOutcome t_last_compile;
+}  // namespace
+
+CompileOutcome last_compile_outcome() { return t_last_compile; }
+
 // ---------------------------------------------------------------------------------------------
 // DeviceBuffer / Executable
 
 DeviceBuffer::DeviceBuffer(Runtime* runtime, PJRT_Buffer* buffer, ElementType type, std::vector<int64_t> dims,
                            int device)
     : runtime_(runtime), buffer_(buffer), type_(type), dims_(std::move(dims)), device_(device) {
-  auto& m = runtime_->metrics();
-  m.live_buffers++;
-  const int64_t live = m.live_bytes += nbytes();
-  int64_t peak = m.peak_live_bytes.load();
-  while (live > peak && !m.peak_live_bytes.compare_exchange_weak(peak, live)) {
-  }
+  runtime_->note_buffer_made(nbytes(), device_);
 }
 
 DeviceBuffer::~DeviceBuffer() {
@@ -86,7 +92,7 @@ DeviceBuffer::~DeviceBuffer() {
     destroy.error = error;
     runtime_->api()->PJRT_Error_Destroy(&destroy);
   }
-  runtime_->note_buffer_freed(nbytes());
+  runtime_->note_buffer_freed(nbytes(), device_);
 }
 
 int64_t DeviceBuffer::numel() const {
@@ -145,9 +151,24 @@ void Runtime::await_event(PJRT_Event* event, const char* what) {
   check(error, what);
 }
 
-void Runtime::note_buffer_freed(int64_t nbytes) {
+void Runtime::note_buffer_made(int64_t nbytes, int device) {
+  metrics_.live_buffers++;
+  raise_to(metrics_.peak_live_bytes, metrics_.live_bytes += nbytes);
+  DeviceMemory& d = device_memory(device);
+  raise_to(d.peak_bytes, d.live_bytes += nbytes);
+  raise_to(d.peak_buffers, ++d.live_buffers);
+  d.allocations++;
+  d.allocated_bytes += nbytes;
+}
+
+void Runtime::note_buffer_freed(int64_t nbytes, int device) {
   metrics_.live_buffers--;
   metrics_.live_bytes -= nbytes;
+  DeviceMemory& d = device_memory(device);
+  d.live_bytes -= nbytes;
+  d.live_buffers--;
+  d.frees++;
+  d.freed_bytes += nbytes;
 }
 
 Runtime::Runtime(const std::string& plugin_path, const std::string& cache_dir)
@@ -182,6 +203,7 @@ Runtime::Runtime(const std::string& plugin_path, const std::string& cache_dir)
   devices.client = client_;
   check(api_->PJRT_Client_AddressableDevices(&devices), "listing devices");
   devices_.assign(devices.addressable_devices, devices.addressable_devices + devices.num_addressable_devices);
+  device_memory_ = std::make_unique<DeviceMemory[]>(devices_.size());
 
   auto name = PJRT_ARGS(PJRT_Client_PlatformName_Args);
   name.client = client_;
@@ -270,6 +292,8 @@ void Runtime::clear_in_process_cache() {
 }
 
 ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector<TensorType>& output_types) {
+  const auto start = std::chrono::steady_clock::now();
+  t_last_compile = CompileOutcome{};
   {
     std::lock_guard<std::mutex> lock(compiled_mutex_);
     auto it = compiled_.find(module_text);
@@ -278,7 +302,9 @@ ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector
       return it->second;
     }
   }
-  auto exe = compile_through_disk(module_text, output_types);
+  auto exe = compile_through_disk(module_text, output_types);  // sets the tier
+  t_last_compile.ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> lock(compiled_mutex_);
   compiled_.emplace(module_text, exe);
   return exe;
@@ -294,6 +320,7 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
       std::string refusal;
       if (auto exe = load_serialized(blob, output_types, &refusal)) {
         metrics_.disk_cache_hits++;
+        t_last_compile.tier = CompileOutcome::Disk;
         return exe;
       }
       // The plugin refused the blob: drop it and compile afresh. (No C++ exception on this path:
@@ -311,6 +338,7 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
       break;
   }
   auto exe = compile_uncached(module_text, output_types);
+  t_last_compile.tier = CompileOutcome::Compiled;
   if (cache_->enabled()) {
     const std::string blob = serialize(*exe);
     if (!blob.empty() && cache_->store(key_material, blob)) metrics_.disk_cache_writes++;

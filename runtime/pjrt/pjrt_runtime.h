@@ -91,6 +91,30 @@ struct Metrics {
   std::atomic<int64_t> peak_live_bytes{0};
 };
 
+// Memory of one device, as torch.cuda's allocator statistics count it (no caching allocator here:
+// a buffer is allocated by the plugin when made and freed when its last owner lets go).
+struct DeviceMemory {
+  std::atomic<int64_t> live_bytes{0};
+  std::atomic<int64_t> peak_bytes{0};
+  std::atomic<int64_t> live_buffers{0};
+  std::atomic<int64_t> peak_buffers{0};
+  std::atomic<int64_t> allocations{0};      // buffers made so far
+  std::atomic<int64_t> frees{0};            // buffers freed so far
+  std::atomic<int64_t> allocated_bytes{0};  // bytes of every buffer made so far
+  std::atomic<int64_t> freed_bytes{0};
+  void reset_peaks() {
+    peak_bytes = live_bytes.load();
+    peak_buffers = live_buffers.load();
+  }
+};
+
+// Where the last Runtime::compile call on this thread found its executable, and how long it took.
+struct CompileOutcome {
+  enum Tier : uint8_t { Memory, Disk, Compiled } tier = Memory;
+  int64_t ns = 0;
+};
+CompileOutcome last_compile_outcome();
+
 class CompileCache;
 
 class Runtime {
@@ -134,6 +158,7 @@ class Runtime {
   void clear_in_process_cache();
 
   Metrics& metrics() { return metrics_; }
+  DeviceMemory& device_memory(int device) { return device_memory_[static_cast<size_t>(device)]; }
   CompileCache& cache() { return *cache_; }
 
   // Internal plumbing shared with DeviceBuffer/Executable.
@@ -142,7 +167,8 @@ class Runtime {
   std::string take_error(PJRT_Error* error);  // its message; destroys it
   // Waits for and destroys `event` (may be null); throws its error.
   void await_event(PJRT_Event* event, const char* what);
-  void note_buffer_freed(int64_t nbytes);
+  void note_buffer_made(int64_t nbytes, int device);
+  void note_buffer_freed(int64_t nbytes, int device);
 
  private:
   ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types);
@@ -163,6 +189,7 @@ class Runtime {
   int api_major_ = 0;
   int api_minor_ = 0;
   Metrics metrics_;
+  std::unique_ptr<DeviceMemory[]> device_memory_;  // one per device
   std::unique_ptr<CompileCache> cache_;
   std::mutex compiled_mutex_;
   std::unordered_map<std::string, ExecutablePtr> compiled_;  // module text -> executable

@@ -1,0 +1,108 @@
+// The op tracer behind torchtpu.debug.trace(): while it is on, every spec kernel call, CPU
+// fallback, copy between devices and compiled-graph run is recorded with its shapes, where its
+// executable came from, and its compile and execute times. Off, a kernel pays one relaxed load.
+// Every recorded step is also a torch.profiler range ("tpu::compile", "tpu::execute", ...).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchtpu {
+
+struct TraceEvent {
+  std::string name;    // "aten::add.Tensor", "graph 3", "aten::_copy_from tpu->cpu", ...
+  const char* kind;    // "op" | "fallback" | "graph" | "copy"
+  std::string shapes;  // the tensor arguments: "f32[4, 8], f32[8]"
+  const char* cache;   // "hit" (kernel cache) | "memory" | "disk" | "compile" | "" (nothing compiled)
+  int64_t start_ns;    // steady clock
+  int64_t compile_ns;  // building and compiling its module, where it had to
+  int64_t execute_ns;  // running it (until its results were ready, when the trace synchronizes)
+  int64_t live_bytes;  // device memory held after it
+  int device;
+  int depth;           // 0, or how many recorded steps it ran inside (a fallback's copies: 1)
+};
+
+extern std::atomic<bool> g_tracing;
+inline bool tracing() { return g_tracing.load(std::memory_order_relaxed); }
+
+// Starts a trace (an error if one is running); `synchronize`: each recorded step waits for its
+// results, so execute times are the device's, not the time to enqueue.
+// Returns the trace's start (trace_now_ns()).
+int64_t trace_start(bool synchronize);
+std::vector<TraceEvent> trace_stop();
+int64_t trace_now_ns();
+
+// "f32[4, 8]" for a tensor, "" for an undefined one.
+std::string describe_tensor(const at::Tensor& t);
+
+// One recorded step: made where a kernel starts, given the compile and execute phases, recorded
+// when finished. Each phase is also a torch.profiler range; under the profiler a phase waits for
+// its results, so the range's time is the device's.
+class TracedCall {
+ public:
+  TracedCall(const char* kind, int device) : kind_(kind), device_(device) {
+    if (tracing()) {
+      start_ns_ = trace_now_ns();
+      depth_ = t_depth++;
+    }
+  }
+  ~TracedCall() {
+    if (recording()) t_depth--;
+  }
+  TracedCall(const TracedCall&) = delete;
+  TracedCall& operator=(const TracedCall&) = delete;
+  bool recording() const { return start_ns_ >= 0; }
+
+  // Wraps building/compiling a module; `cache` is where the executable came from.
+  template <typename F>
+  auto compile(F&& build) {
+    at::RecordFunction range(at::RecordScope::USER_SCOPE);
+    if (range.isActive()) range.before("tpu::compile");
+    if (!recording()) return build();
+    const int64_t start = trace_now_ns();
+    auto result = build();
+    compile_ns_ += trace_now_ns() - start;
+    compiled_ = true;
+    return result;
+  }
+  // Wraps enqueuing an execution (or a transfer); waits for it while tracing with synchronize or profiling.
+  template <typename F>
+  void execute(const char* range_name, F&& run) {
+    at::RecordFunction range(at::RecordScope::USER_SCOPE);
+    if (range.isActive()) range.before(range_name);
+    if (!recording() && !range.isActive()) {
+      run();
+      return;
+    }
+    const int64_t start = trace_now_ns();
+    run();
+    wait_if_measuring(range.isActive());
+    execute_ns_ += trace_now_ns() - start;
+  }
+  void set_cache(const char* cache) { cache_ = cache; }
+  // Adds the event to the trace; call only while recording() (names and shapes cost strings).
+  void record(std::string name, std::string shapes);
+
+ private:
+  void wait_if_measuring(bool profiling);
+
+  static thread_local int t_depth;  // recorded steps running on this thread
+
+  const char* kind_;
+  int device_;
+  int depth_ = 0;
+  int64_t start_ns_ = -1;
+  int64_t compile_ns_ = 0;
+  int64_t execute_ns_ = 0;
+  bool compiled_ = false;
+  const char* cache_ = nullptr;
+};
+
+}  // namespace torchtpu
