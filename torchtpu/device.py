@@ -144,19 +144,74 @@ def set_rng_state_all(states) -> None:
         set_rng_state(state, index)
 
 
+# Memory, as torch.cuda reports it, from the runtime's per-device counts (the tpu allocator is a
+# c10::DeviceAllocator, so torch.accelerator.memory_* report the same). There is no caching
+# allocator: a PJRT buffer is made when a storage is first written and freed when its last tensor
+# goes, so "reserved" and "active" equal "allocated".
+def memory_stats(device=None) -> dict:
+    """torch.cuda.memory_stats' keys: allocated/reserved/active bytes and allocation counts, each
+    .all.current / .peak / .allocated / .freed."""
+    return torch.accelerator.memory_stats(_index(device))
+
+
 def memory_allocated(device=None) -> int:
-    """Bytes held by live device buffers."""
-    return _C().metrics()["live_bytes"]
+    """Bytes held by live device buffers of `device`."""
+    return torch.accelerator.memory_allocated(_index(device))
 
 
 def max_memory_allocated(device=None) -> int:
-    return _C().metrics()["peak_live_bytes"]
+    """The most bytes held at once since the process started or `reset_peak_memory_stats()`."""
+    return torch.accelerator.max_memory_allocated(_index(device))
 
 
-def memory_stats(device=None) -> dict:
-    m = _C().metrics()
-    return {"allocated_bytes.all.current": m["live_bytes"], "allocated_bytes.all.peak": m["peak_live_bytes"],
-            "active.all.current": m["live_buffers"]}
+def memory_reserved(device=None) -> int:
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    return torch.accelerator.max_memory_reserved(_index(device))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Peaks start again from what is held now."""
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+def empty_cache() -> None:
+    """Nothing to release: buffers are freed as soon as no tensor holds them."""
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A table of `memory_stats()` for people, like torch.cuda.memory_summary()."""
+    index = _index(device)
+    stats = memory_stats(index)
+
+    def size(n: int) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(n) < 1024 or unit == "GiB":
+                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            n /= 1024
+
+    rows = [("Allocated memory", "allocated_bytes", size), ("Buffers", "allocation", str)]
+    if not abbreviated:
+        rows.insert(1, ("Reserved memory", "reserved_bytes", size))
+    width = 78
+    lines = ["=" * width, f" torchtpu memory summary, device tpu:{index} ({get_device_name(index)})".ljust(width),
+             "-" * width, f"{'':<20}{'current':>14}{'peak':>14}{'total made':>15}{'total freed':>15}", "-" * width]
+    for title, key, fmt in rows:
+        lines.append(f"{title:<20}" + "".join(f"{fmt(stats[f'{key}.all.{k}']):>{w}}"
+                                               for k, w in (("current", 14), ("peak", 14), ("allocated", 15), ("freed", 15))))
+    lines += ["-" * width, " No caching allocator: a buffer is freed when its last tensor is; reserved = allocated.",
+              "=" * width]
+    return "\n".join(lines)
 
 
 # Autocast: torch.autocast("tpu", dtype=...) asks the device module which dtypes it may cast to;

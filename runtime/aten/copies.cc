@@ -109,11 +109,13 @@ std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<
     if (it != g_modules.end()) exe = it->second;
   }
   if (!exe) {
-    rt::Builder b;
-    auto results = build(b);
-    std::vector<rt::TensorType> types;
-    for (const auto& r : results) types.push_back(r.type);
-    exe = runtime().compile(b.finish(results), types);
+    exe = TracedCall::compile([&] {
+      rt::Builder b;
+      auto results = build(b);
+      std::vector<rt::TensorType> types;
+      for (const auto& r : results) types.push_back(r.type);
+      return runtime().compile(b.finish(results), types);
+    });
     std::lock_guard<std::mutex> lock(g_modules_mutex);
     g_modules.emplace(key, exe);
   }

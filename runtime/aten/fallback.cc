@@ -45,7 +45,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   traced.execute("tpu::cpu_fallback", [&] { at::native::cpu_fallback(op, stack); });
-  if (traced.recording()) traced.record("aten::" + full, std::move(shapes));
+  if (traced.recording()) traced.record(full, std::move(shapes));
 }
 
 }  // namespace

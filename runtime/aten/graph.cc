@@ -340,7 +340,7 @@ int64_t capture_end(const std::vector<at::Tensor>& outputs) {
   TORCH_CHECK(g_capture, "torchtpu: no graph is being captured");
   std::unique_ptr<Capture> capture = std::move(g_capture);  // compiling and storing run outside the capture
   TracedCall traced("graph", capture->device());
-  std::shared_ptr<CompiledGraph> graph = traced.compile([&] { return capture->finish(outputs); });
+  std::shared_ptr<CompiledGraph> graph = TracedCall::compile([&] { return capture->finish(outputs); });
   static std::atomic<int64_t> next_id{1};
   graph->id = next_id++;
   const int64_t id = graph->id;

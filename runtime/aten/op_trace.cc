@@ -9,6 +9,7 @@ namespace torchtpu {
 
 std::atomic<bool> g_tracing{false};
 thread_local int TracedCall::t_depth = 0;
+thread_local TracedCall* TracedCall::t_current = nullptr;
 
 namespace {
 

@@ -51,25 +51,34 @@ class TracedCall {
     if (tracing()) {
       start_ns_ = trace_now_ns();
       depth_ = t_depth++;
+      outer_ = t_current;
+      t_current = this;
     }
   }
   ~TracedCall() {
-    if (recording()) t_depth--;
+    if (recording()) {
+      t_depth--;
+      t_current = outer_;
+    }
   }
   TracedCall(const TracedCall&) = delete;
   TracedCall& operator=(const TracedCall&) = delete;
   bool recording() const { return start_ns_ >= 0; }
 
-  // Wraps building/compiling a module; `cache` is where the executable came from.
+  // Wraps building and compiling a module, wherever that happens: the time counts as compile time
+  // of the innermost step being recorded on this thread (not as its execute time).
   template <typename F>
-  auto compile(F&& build) {
+  static auto compile(F&& build) {
     at::RecordFunction range(at::RecordScope::USER_SCOPE);
     if (range.isActive()) range.before("tpu::compile");
-    if (!recording()) return build();
+    TracedCall* call = t_current;
+    if (!call) return build();
     const int64_t start = trace_now_ns();
     auto result = build();
-    compile_ns_ += trace_now_ns() - start;
-    compiled_ = true;
+    const int64_t ns = trace_now_ns() - start;
+    call->compile_ns_ += ns;
+    if (call->executing_) call->compile_in_execute_ns_ += ns;
+    call->compiled_ = true;
     return result;
   }
   // Wraps enqueuing an execution (or a transfer); waits for it while tracing with synchronize or profiling.
@@ -82,9 +91,12 @@ class TracedCall {
       return;
     }
     const int64_t start = trace_now_ns();
+    executing_ = true;
     run();
     wait_if_measuring(range.isActive());
-    execute_ns_ += trace_now_ns() - start;
+    executing_ = false;
+    execute_ns_ += trace_now_ns() - start - compile_in_execute_ns_;
+    compile_in_execute_ns_ = 0;
   }
   void set_cache(const char* cache) { cache_ = cache; }
   // Adds the event to the trace; call only while recording() (names and shapes cost strings).
@@ -93,11 +105,15 @@ class TracedCall {
  private:
   void wait_if_measuring(bool profiling);
 
-  static thread_local int t_depth;  // recorded steps running on this thread
+  static thread_local int t_depth;               // recorded steps running on this thread
+  static thread_local TracedCall* t_current;  // the innermost of them
 
   const char* kind_;
   int device_;
   int depth_ = 0;
+  TracedCall* outer_ = nullptr;
+  bool executing_ = false;
+  int64_t compile_in_execute_ns_ = 0;
   int64_t start_ns_ = -1;
   int64_t compile_ns_ = 0;
   int64_t execute_ns_ = 0;

@@ -151,7 +151,7 @@ class SpecKernel final : public c10::OperatorKernel {
         clear_kernel_caches();
         runtime().clear_in_process_cache();
       }
-      std::shared_ptr<Entry> built = traced.compile([&] { return build(op, args); });
+      std::shared_ptr<Entry> built = TracedCall::compile([&] { return build(op, args); });
       std::lock_guard<std::mutex> lock(mutex_);
       entry = cache_.emplace(key, std::move(built)).first->second;
     }

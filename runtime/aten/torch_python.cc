@@ -49,32 +49,6 @@ py::dict metrics() {
   return d;
 }
 
-// torch.cuda.memory_stats' keys that have a meaning here (no caching allocator: "reserved" and
-// "active" are what is allocated).
-py::dict device_memory_stats(int device) {
-  auto& rt = torchtpu::runtime();
-  TORCH_CHECK(device >= 0 && device < rt.device_count(), "torchtpu: invalid device index ", device);
-  const auto& d = rt.device_memory(device);
-  py::dict s;
-  for (const char* pool : {"allocated_bytes", "reserved_bytes", "active_bytes"}) {
-    const std::string p = std::string(pool) + ".all.";
-    s[py::str(p + "current")] = d.live_bytes.load();
-    s[py::str(p + "peak")] = d.peak_bytes.load();
-    s[py::str(p + "allocated")] = d.allocated_bytes.load();
-    s[py::str(p + "freed")] = d.freed_bytes.load();
-  }
-  for (const char* pool : {"allocation", "active"}) {
-    const std::string p = std::string(pool) + ".all.";
-    s[py::str(p + "current")] = d.live_buffers.load();
-    s[py::str(p + "peak")] = d.peak_buffers.load();
-    s[py::str(p + "allocated")] = d.allocations.load();
-    s[py::str(p + "freed")] = d.frees.load();
-  }
-  s["num_alloc_retries"] = 0;
-  s["num_ooms"] = 0;
-  return s;
-}
-
 py::list trace_stop() {
   py::list out;
   for (const auto& e : torchtpu::trace_stop()) {
@@ -115,12 +89,6 @@ PYBIND11_MODULE(_C, m) {
     torchtpu::runtime().synchronize();
   });
   m.def("metrics", &metrics);
-  m.def("memory_stats", &device_memory_stats);
-  m.def("reset_peak_memory_stats", [](int device) {
-    auto& rt = torchtpu::runtime();
-    TORCH_CHECK(device >= 0 && device < rt.device_count(), "torchtpu: invalid device index ", device);
-    rt.device_memory(device).reset_peaks();
-  });
   m.def("_trace_start", &torchtpu::trace_start);
   m.def("_trace_stop", &trace_stop);
   m.def("_trace_now_ns", &torchtpu::trace_now_ns);

@@ -5,6 +5,7 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/strides.h>
 #include <torch/library.h>
@@ -24,7 +25,10 @@ std::string g_init_error = "torchtpu: the runtime was not initialized (import to
 
 void delete_storage(void* ctx) { delete static_cast<TpuStorage*>(ctx); }
 
-struct TpuAllocator final : c10::Allocator {
+// A DeviceAllocator so torch.accelerator's memory functions (and torch.tpu's, built on them)
+// report the runtime's per-device counts. Nothing is cached: a PJRT buffer is made when a storage
+// is first written and freed when its last owner lets go.
+struct TpuAllocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     auto* storage = new TpuStorage{nbytes, current_device(), nullptr};
     // The data pointer is the handle itself: unique, never dereferenced as memory.
@@ -33,6 +37,40 @@ struct TpuAllocator final : c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return &delete_storage; }
   void copy_data(void*, const void*, std::size_t) const override {
     TORCH_CHECK(false, "torchtpu: tpu storages are not host memory and cannot be copied bytewise");
+  }
+  bool initialized() override { return rt::Runtime::get_if_installed() != nullptr; }
+  void emptyCache(c10::MempoolId_t) override {}                  // nothing is cached
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}  // one ordered queue per device
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const rt::DeviceMemory& m = memory(device);
+    const auto fill = [](c10::CachingDeviceAllocator::StatArray& stat, const std::atomic<int64_t>& current,
+                         const std::atomic<int64_t>& peak, const std::atomic<int64_t>& made,
+                         const std::atomic<int64_t>& freed) {
+      auto& all = stat[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+      all.current = current.load();
+      all.peak = peak.load();
+      all.allocated = made.load();
+      all.freed = freed.load();
+    };
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    for (auto* bytes : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes}) {
+      fill(*bytes, m.live_bytes, m.peak_bytes, m.allocated_bytes, m.freed_bytes);
+    }
+    for (auto* count : {&stats.allocation, &stats.active, &stats.segment}) {
+      fill(*count, m.live_buffers, m.peak_buffers, m.allocations, m.frees);
+    }
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { memory(device).reset_totals(); }
+  void resetPeakStats(c10::DeviceIndex device) override { memory(device).reset_peaks(); }
+
+ private:
+  static rt::DeviceMemory& memory(c10::DeviceIndex device) {
+    rt::Runtime& rt = runtime();
+    if (device < 0) device = static_cast<c10::DeviceIndex>(current_device());
+    TORCH_CHECK_INDEX(device < rt.device_count(), "Invalid device argument ", static_cast<int>(device),
+                      ": did you call init?");
+    return rt.device_memory(device);
   }
 };
 

@@ -106,6 +106,12 @@ struct DeviceMemory {
     peak_bytes = live_bytes.load();
     peak_buffers = live_buffers.load();
   }
+  void reset_totals() {
+    allocations = 0;
+    frees = 0;
+    allocated_bytes = 0;
+    freed_bytes = 0;
+  }
 };
 
 // Where the last Runtime::compile call on this thread found its executable, and how long it took.
