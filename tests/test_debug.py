@@ -1,0 +1,166 @@
+"""The debugging tools: the op tracer (torchtpu.debug.trace), torch.profiler ranges, and memory
+statistics as torch.cuda reports them."""
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import torchtpu
+
+TPU = torch.device("tpu")
+
+
+def traced(fn, **kwargs):
+    with torchtpu.debug.trace(print_table=False, **kwargs) as t:
+        result = fn()
+    return t, result
+
+
+def test_trace_records_each_op_with_its_cache_outcome_and_times():
+    x_cpu = torch.randn(37, 13)
+    x = x_cpu.to(TPU)
+    # A shape no other test uses: the first call builds a module, the second finds it in the kernel cache.
+    t, (first, second) = traced(lambda: (torch.tanh(x * 3.0), torch.tanh(x * 3.0)))
+    torch.testing.assert_close(first.cpu(), torch.tanh(x_cpu * 3.0))
+    torch.testing.assert_close(second.cpu(), first.cpu())
+
+    tanh = [e for e in t.events if e.name == "aten::tanh"]
+    assert len(tanh) == 2
+    assert all(e.kind == "op" and e.shapes == "f32[37, 13]" and e.device == 0 and e.depth == 0 for e in tanh)
+    built, cached = tanh
+    assert built.cache in ("compile", "disk", "memory") and built.compile_ms > 0
+    assert cached.cache == "hit" and cached.compile_ms == 0
+    assert cached.execute_us > 0 and cached.start_us > built.start_us
+    assert [e.name for e in t.events if e.name.startswith("aten::mul")] == ["aten::mul.Tensor"] * 2
+    # Memory after each step: the second result is held on top of the first.
+    assert cached.live_bytes >= built.live_bytes >= 37 * 13 * 4
+
+    rows = {r["name"]: r for r in t.summary()}
+    assert rows["aten::tanh"]["calls"] == 2 and rows["aten::tanh"]["hit"] == 1
+    table = t.table()
+    assert "aten::tanh" in table and "synchronized" in table and "CPU fallbacks: 0 calls" in table
+
+
+def test_trace_records_fallbacks_copies_and_their_nesting():
+    x_cpu = torch.arange(12.0).reshape(3, 4)
+    x = x_cpu.to(TPU)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # cummax has no spec: it falls back to the CPU, warned once
+        t, (values, indices) = traced(lambda: x.cummax(0))
+    torch.testing.assert_close(values.cpu(), x_cpu.cummax(0).values)
+    torch.testing.assert_close(indices.cpu(), x_cpu.cummax(0).indices)
+
+    fallback = [e for e in t.events if e.kind == "fallback"]
+    assert [e.name for e in fallback] == ["aten::_cummax_helper"]
+    assert fallback[0].shapes.startswith("f32[3, 4]")
+    # The fallback moves its tensors to the CPU and back: copies one level inside it.
+    copies = [e for e in t.events if e.kind == "copy"]
+    assert any(e.name == "aten::_copy_from tpu:0->cpu" and e.depth == 1 for e in copies)
+    assert any(e.name == "aten::_copy_from cpu->tpu:0" and e.depth == 1 for e in copies)
+    # Counted once, at the top level.
+    assert [r["name"] for r in t.summary() if r["kind"] == "copy"] == []
+    assert "CPU fallbacks: 1 calls" in t.table()
+
+    t, value = traced(lambda: x.sum().item())
+    assert value == x_cpu.sum().item()
+    assert [e.name for e in t.events if e.kind == "copy"] == ["aten::_local_scalar_dense (.item())"]
+
+
+def test_trace_records_compiled_graph_captures_and_runs():
+    def f(a, b):
+        return torch.relu(a @ b) + 1.0
+
+    compiled = torch.compile(f, backend="tpu")
+    a_cpu, b_cpu = torch.randn(5, 7), torch.randn(7, 3)
+    a, b = a_cpu.to(TPU), b_cpu.to(TPU)
+    t, results = traced(lambda: [compiled(a, b) for _ in range(3)])
+    for r in results:
+        torch.testing.assert_close(r.cpu(), f(a_cpu, b_cpu))
+    graphs = [e for e in t.events if e.kind == "graph"]
+    captured = [e for e in graphs if e.name.endswith("(captured)")]
+    assert len(captured) == 1 and captured[0].compile_ms > 0
+    graph_id = captured[0].name.split()[1]
+    runs = [e for e in graphs if e.name == f"graph {graph_id}"]
+    assert len(runs) >= 2 and all(e.cache == "hit" and e.execute_us > 0 for e in runs)
+    # Inside the graph, nothing ran op by op.
+    assert not [e for e in t.events if e.name == "aten::mm" and e.start_us > captured[0].start_us]
+
+
+def test_chrome_trace_export(tmp_path):
+    x = torch.randn(8, 8, device=TPU)
+    t, _ = traced(lambda: (x @ x).sum().cpu())
+    path = t.export_chrome_trace(str(tmp_path / "trace.json"))
+    data = json.load(open(path))
+    slices = [e for e in data["traceEvents"] if e["ph"] == "X" and e["cat"] != "compile"]
+    assert [e["name"] for e in slices] == [e.name for e in t.events]
+    for s, e in zip(slices, t.events):
+        assert s["ts"] == e.start_us and s["dur"] == pytest.approx(e.total_us)
+        assert s["args"]["shapes"] == e.shapes and s["args"]["cache"] == e.cache
+    counters = [e for e in data["traceEvents"] if e["ph"] == "C"]
+    assert len(counters) == len(t.events) and all("live bytes" in c["args"] for c in counters)
+    assert any(e["ph"] == "M" and e["args"]["name"] == "tpu:0" for e in data["traceEvents"])
+
+
+def test_traces_do_not_nest_and_stop_on_errors():
+    with torchtpu.debug.trace(print_table=False):
+        with pytest.raises(RuntimeError, match="already running"):
+            with torchtpu.debug.trace(print_table=False):
+                pass
+    with pytest.raises(ValueError):
+        with torchtpu.debug.trace(print_table=False):
+            raise ValueError("user code failed")
+    # The failed trace ended: a new one starts.
+    t, _ = traced(lambda: torch.ones(2, device=TPU) + 1)
+    assert t.events
+
+
+def test_trace_without_synchronizing_keeps_the_program_asynchronous():
+    x = torch.randn(16, 16, device=TPU)
+    t, y = traced(lambda: x @ x, sync=False)
+    assert [e.name for e in t.events] == ["aten::mm"]
+    assert "not synchronized" in t.table()
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_profiler_shows_tpu_ops_and_their_device_time():
+    x = torch.randn(23, 29, device=TPU)
+    with torch.profiler.profile() as prof:
+        y = torch.sigmoid(x @ x.t())  # a shape no other test uses: its modules are built under the profiler
+        y.cpu()
+    names = {e.key: e.count for e in prof.key_averages()}
+    assert names.get("aten::mm") == 1 and names.get("aten::sigmoid") == 1
+    assert names.get("tpu::execute", 0) >= 2 and names.get("tpu::copy", 0) >= 1
+    assert names.get("tpu::compile", 0) >= 2
+    # The execute ranges sit inside their ops.
+    mm = next(e for e in prof.events() if e.name == "aten::mm")
+    assert any(c.name == "tpu::execute" for c in mm.cpu_children)
+
+
+def test_memory_statistics_count_device_buffers_as_cuda_does():
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == before
+
+    x = torch.ones(256, 4).to(TPU)  # one 4 KiB buffer
+    assert torch.tpu.memory_allocated() == before + 4096
+    assert torch.tpu.max_memory_allocated() >= before + 4096
+    stats = torch.tpu.memory_stats()
+    assert stats["allocated_bytes.all.current"] == before + 4096
+    assert stats["allocation.all.current"] >= 1 and stats["allocation.all.allocated"] >= 1
+    assert stats["reserved_bytes.all.current"] == stats["allocated_bytes.all.current"]  # no caching allocator
+    assert torch.accelerator.memory_allocated() == torch.tpu.memory_allocated()
+
+    del x
+    assert torch.tpu.memory_allocated() == before
+    assert torch.tpu.max_memory_allocated() >= before + 4096
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == before
+
+    summary = torch.tpu.memory_summary()
+    assert "Allocated memory" in summary and "tpu:0" in summary
+    torch.tpu.empty_cache()  # nothing cached; allowed as on cuda
+    with pytest.raises(ValueError, match="Expected a tpu device"):
+        torch.tpu.memory_allocated("cpu")
