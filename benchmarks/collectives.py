@@ -444,37 +444,33 @@ def print_ddp(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 def plot(path: str, results: list[dict[str, Any]], sizes: list[int], args: argparse.Namespace) -> None:
     """busbw vs message size (one line per transport and world size) and DDP samples/s vs ranks."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot {path}: matplotlib is not installed, no plot written")
-        return
-    fig, (bw, ddp) = plt.subplots(1, 2, figsize=(12, 4.5))
+    from torchtpu.tools import plots
+
+    bandwidth = {}
     for res in results:
         for name in TRANSPORTS:
             rows = res["allreduce"].get(name, {})
             xs = [s for s in sizes if str(s) in rows]
             if res["world"] > 1 and xs:
-                bw.plot(xs, [bandwidths(s, rows[str(s)]["seconds"], res["world"])[1] for s in xs], marker="o",
-                        label=f"{name}, {res['world']} ranks")
-    bw.set_xscale("log", base=2)
-    bw.set_xlabel("message size (bytes)")
-    bw.set_ylabel("all_reduce busbw (GB/s)")
-    bw.set_title("all_reduce bus bandwidth")
-    bw.legend(fontsize=8)
+                bandwidth[f"{name}, {res['world']} ranks"] = (
+                    xs, [bandwidths(s, rows[str(s)]["seconds"], res["world"])[1] for s in xs])
+    scaling = {}
     for name in TRANSPORTS:
-        pts = [(r["world"], r["world"] * args.batch / r["ddp"][name]["seconds"]) for r in results
-               if name in r["ddp"]]
-        if pts:
-            ddp.plot(*zip(*pts), marker="o", label=name)
-    ddp.set_xlabel("ranks")
-    ddp.set_ylabel("samples/s")
-    ddp.set_title(f"DDP weak scaling ({args.batch} samples per rank)")
-    ddp.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        points = [(r["world"], r["world"] * args.batch / r["ddp"][name]["seconds"]) for r in results
+                  if name in r["ddp"]]
+        if points:
+            scaling[name] = ([w for w, _ in points], [rate for _, rate in points])
+    worlds = sorted({r["world"] for r in results})
+    try:
+        plots.draw(path,
+                   plots.Lines("all_reduce bus bandwidth", bandwidth, "message size", "busbw (GB/s)", xlog=2,
+                               xticks=[(s, fmt_bytes(s)) for s in sizes],
+                               empty_text="no all_reduce run (needs a world size > 1)"),
+                   plots.Lines(f"DDP weak scaling ({args.batch} samples per rank)", scaling, "ranks",
+                               "samples/s", xticks=[(w, str(w)) for w in worlds], empty_text="no DDP run"))
+    except plots.PlotsUnavailable as missing:
+        print(f"--plot {path}: {missing}; no plot written")
+        return
     print(f"plot written to {path}")
 
 

@@ -493,32 +493,27 @@ def verdict(x: float | None, met: bool) -> str:
 
 
 def plot(path: str, all_results: dict[str, dict[str, dict[str, Result]]]) -> None:
-    """Grouped bars of median ms per mode, one group per model and phase, on a log scale."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"--plot {path}: matplotlib is not installed, no plot written")
-        return
+    """Two charts: median ms per mode for each model and phase (log scale), and the ratios the table prints."""
+    from torchtpu.tools import plots
+
     groups = [(m, p) for m, phases in all_results.items() for p in phases]
-    width = 0.8 / len(MODES)
-    fig, ax = plt.subplots(figsize=(2.2 * len(groups) + 2, 4))
-    for i, mode in enumerate(MODES):
-        xs, ys = [], []
-        for g, (m, p) in enumerate(groups):
-            r = all_results[m][p].get(mode)
-            if r is not None and r.ms is not None:
-                xs.append(g + (i - (len(MODES) - 1) / 2) * width)
-                ys.append(r.ms)
-        ax.bar(xs, ys, width, label=mode)
-    ax.set_xticks(range(len(groups)), [f"{m} {p}" for m, p in groups])
-    ax.set_yscale("log")
-    ax.set_ylabel("median ms per step")
-    ax.set_title("torchtpu: eager vs compiled vs CPU vs jax.jit")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    labels = [f"{m} {p}" for m, p in groups]
+
+    def result(m: str, p: str, mode: str) -> Result:
+        return all_results[m][p].get(mode) or Result()
+
+    medians = {mode: [result(m, p, mode).ms for m, p in groups] for mode in MODES}
+    ratios = {f"{a} / {b}": [ratio(result(m, p, a), result(m, p, b)) for m, p in groups]
+              for a, b in [("tpu compiled", "jax.jit"), ("tpu eager", "tpu compiled"), ("tpu eager", "cpu eager")]}
+    try:
+        plots.draw(path,
+                   plots.Bars("median ms per step (lower is faster)", labels, medians, "ms", log=True),
+                   plots.Bars("ratios (above the line: the first is slower)", labels, ratios, "x", log=True,
+                              reference=1.0, reference_label="1x"),
+                   title="torchtpu compile_step: eager vs compiled vs CPU vs jax.jit")
+    except plots.PlotsUnavailable as missing:
+        print(f"--plot {path}: {missing}; no plot written")
+        return
     print(f"plot written to {path}")
 
 

@@ -5,7 +5,7 @@
   bare PJRT   the very executable and input buffers of that kernel call, re-executed in a C++ loop
 
 Target: tpu eager within 3x of bare PJRT (a cache hit skips Meta, emission and module hashing).
-Usage: python benchmarks/eager_overhead.py [--size N] [--iterations N] [--repeats N]
+Usage: python benchmarks/eager_overhead.py [--size N] [--iterations N] [--repeats N] [--plot out.png]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="elements per side of the small tensors")
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--plot", metavar="OUT.png", help="also draw the timings and eager/bare ratios as bar charts")
     args = parser.parse_args()
     if not torchtpu.is_available():
         raise SystemExit(f"no tpu runtime: {torchtpu.init_error()}")
@@ -60,6 +61,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     ratios = []
+    rows = []  # (op, eager us, native us, bare us)
     for name, op in ops.items():
         eager = per_op_us(lambda: op(tpu), args.iterations, args.repeats, torch.tpu.synchronize)
         native = per_op_us(lambda: op(cpu), args.iterations, args.repeats, no_sync)
@@ -69,10 +71,34 @@ def main() -> None:
         bare = statistics.median(
             torchtpu._C._repeat_captured_execution_ns(args.iterations) / 1e3 for _ in range(args.repeats))
         ratios.append(eager / bare)
+        rows.append((name, eager, native, bare))
         print(f"{name:<18}{eager:>14.2f}{native:>15.2f}{bare:>14.2f}{eager / bare:>11.2f}x{eager / native:>10.2f}x")
     print("-" * len(header))
     geo = statistics.geometric_mean(ratios)
     print(f"geometric mean eager/bare: {geo:.2f}x (target <= 3x: {'met' if geo <= 3 else 'NOT met'})")
+    if args.plot:
+        plot(args.plot, rows, geo, f"{n}x{n} float32, {torchtpu._C.platform_name()} PJRT plugin")
+
+
+def plot(path: str, rows: list[tuple[str, float, float, float]], geo: float, setup: str) -> None:
+    """Microseconds per op in the three columns, and eager/bare and eager/cpu per op against the 3x target."""
+    from torchtpu.tools import plots
+
+    names = [r[0] for r in rows]
+    try:
+        plots.draw(path,
+                   plots.Bars("µs per cached op (lower is faster)", names,
+                              {"tpu eager": [r[1] for r in rows], "cpu native": [r[2] for r in rows],
+                               "bare PJRT": [r[3] for r in rows]}, "µs", log=True),
+                   plots.Bars(f"overhead ratios (geometric mean eager/bare {geo:.2f}x)", names,
+                              {"eager / bare": [r[1] / r[3] for r in rows],
+                               "eager / cpu": [r[1] / r[2] for r in rows]}, "x",
+                              reference=3.0, reference_label="target eager/bare <= 3x"),
+                   title=f"torchtpu eager overhead: {setup}")
+    except plots.PlotsUnavailable as missing:
+        print(f"--plot {path}: {missing}; no plot written")
+        return
+    print(f"plot written to {path}")
 
 
 if __name__ == "__main__":

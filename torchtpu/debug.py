@@ -87,13 +87,16 @@ class Trace:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         C = torchtpu._require_runtime()
-        if self.sync:
-            C.synchronize()
-        self.wall_us = (C._trace_now_ns() - self._start_ns) / 1e3
+        try:
+            if self.sync:
+                C.synchronize()
+        finally:  # the trace stops even when waiting for the device fails
+            self.wall_us = (C._trace_now_ns() - self._start_ns) / 1e3
+            raw = C._trace_stop()
         self.events = [
             OpEvent(name, kind, shapes, cache, (start_ns - self._start_ns) / 1e3, compile_ns / 1e6, execute_ns / 1e3,
                     live_bytes, device, depth)
-            for name, kind, shapes, cache, start_ns, compile_ns, execute_ns, live_bytes, device, depth in C._trace_stop()]
+            for name, kind, shapes, cache, start_ns, compile_ns, execute_ns, live_bytes, device, depth in raw]
         self.events.sort(key=lambda e: e.start_us)
         if self.print_table and exc_type is None:
             print(self.table())

@@ -287,12 +287,15 @@ class SpecKernel final : public c10::OperatorKernel {
       }
       raw.push_back(keep.back()->raw());
     }
-    auto outputs = runtime().execute(*entry.exe, raw, device, donatable(entry.aliases, keep));
+    // A captured execution is replayed by the benchmark: its inputs must outlive it (no donation).
+    const bool capturing = g_capture_next_execution;
+    auto outputs = runtime().execute(*entry.exe, raw, device,
+                                     capturing ? std::vector<int64_t>{} : donatable(entry.aliases, keep));
     int64_t rows = -1;  // data_dependent: the outputs' real row count, read from the module's last result
     if (spec_.data_dependent) {
       runtime().to_host(*outputs.back(), &rows, sizeof rows);  // synchronizes: the shape is the data's
     }
-    if (g_capture_next_execution) {
+    if (capturing) {
       g_captured = CapturedExecution{entry.exe, keep, device};
       g_capture_next_execution = false;
     }

@@ -1,0 +1,252 @@
+"""The report tool (python -m torchtpu.tools.report) and the charts it and the benchmarks draw."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+import torchtpu
+from torchtpu.debug import OpEvent
+from torchtpu.tools import plots, report
+
+pytest.importorskip("matplotlib")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CHART_FILES = ["time_split.png", "time_per_family.png", "compile_vs_execute.png", "cpu_fallbacks.png", "memory.png"]
+
+# A few tpu ops from known spec files (abs: unary, add: elementwise), one op with no spec (cummax runs
+# aten::_cummax_helper on the CPU), a copy back to the host, its own arguments and a module beside it.
+PROGRAM = """\
+import sys
+import torch
+import helper
+
+def main():
+    x = torch.randn(4, 8, device="tpu")
+    y = x.abs() + 1.0
+    for _ in range(2):
+        values, indices = y.cummax(0)
+    print("host", y.cpu().shape, helper.NAME, sys.argv[1:])
+    if "--fail" in sys.argv:
+        raise ValueError("boom after the ops")
+    if "--exit" in sys.argv:
+        sys.exit(3)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def assert_png(path) -> None:
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data.startswith(PNG_MAGIC), path
+    assert len(data) > 3000, (path, len(data))  # a drawn chart, not an empty canvas
+
+
+@pytest.fixture
+def program(tmp_path):
+    (tmp_path / "helper.py").write_text("NAME = 'helper beside the program'\n")
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    return path
+
+
+# --- plots -------------------------------------------------------------------------------------
+
+def test_plots_write_pngs(tmp_path):
+    out = lambda name: str(tmp_path / name)  # noqa: E731
+    written = [
+        plots.bar_chart(out("bar.png"), "time per family", ["unary", "binary", "CPU fallback"], [3.0, 10.0, 50.0],
+                        "ms", horizontal=True, notes=["3 calls", "1 call", "2 calls"]),
+        plots.grouped_bar_chart(out("grouped.png"), "modes", ["llama train", "resnet train"],
+                                {"eager": [30.0, 50.0], "compiled": [5.0, None], "never ran": [None, None]},
+                                "ms", log=True, reference=10.0, reference_label="target"),
+        plots.stacked_bar_chart(out("stacked.png"), "compile vs execute", ["unary", "nn"],
+                                {"compile": [3.0, 5.0], "execute": [1.0, 2.0]}, "ms", horizontal=True),
+        plots.line_chart(out("line.png"), "memory", {"tpu:0": ([0.0, 1.0, 2.0, 5.0], [0, 100, 300, 200])}, "ms",
+                         "KiB", steps=True, mark_peak=True, peak_format="peak {y:.0f} KiB at {x:.1f} ms"),
+        plots.draw(out("two.png"), plots.Lines("bw", {"a": ([4096, 16384], [0.1, 0.3])}, xlog=2,
+                                               xticks=[(4096, "4 KiB"), (16384, "16 KiB")]),
+                   plots.Bars("empty", [], {"": []}, empty_text="nothing ran"), title="two charts"),
+        plots.bar_chart(out("empty.png"), "no fallbacks", [], [], empty_text="no CPU fallbacks"),
+    ]
+    for path in written:
+        assert_png(path)
+
+
+def test_plots_reject_mismatched_data(tmp_path):
+    with pytest.raises(ValueError, match="3 labels"):
+        plots.bar_chart(str(tmp_path / "x.png"), "t", ["a", "b", "c"], [1.0, 2.0])
+    with pytest.raises(ValueError, match="2 x values and 1 y values"):
+        plots.line_chart(str(tmp_path / "y.png"), "t", {"s": ([0, 1], [1])})
+
+
+# --- analysis, from made-up events --------------------------------------------------------------
+
+def event(name, kind, start_us, compile_ms=0.0, execute_us=10.0, depth=0, cache="hit", live=0, shapes="f32[4]"):
+    return OpEvent(name, kind, shapes, cache, start_us, compile_ms, execute_us, live, 0, depth)
+
+
+def test_analysis_families_fallbacks_and_findings():
+    families = {"abs": "specs/unary.yaml", "add.Tensor": "specs/elementwise.yaml"}
+    events = [
+        event("aten::abs", "op", 0, compile_ms=2.0, execute_us=100, cache="compile", live=64),
+        event("aten::add.Tensor", "op", 3000, execute_us=50, live=128),
+        # a fallback whose copies (depth 1) built an executable: it counts as the fallback's compile time
+        event("aten::_cummax_helper", "fallback", 4000, execute_us=5000, live=256),
+        event("aten::_copy_from tpu:0->cpu", "copy", 4100, compile_ms=1.0, execute_us=1200, depth=1, cache="disk"),
+        event("aten::_copy_from tpu:0->cpu", "copy", 9500, execute_us=100, live=96),
+        event("graph 1", "graph", 9700, execute_us=200, live=512),
+    ]
+    a = report.analyze(events, wall_us=20000, sync=True, families=families, memory_before={0: 32})
+    by_name = {f.name: f for f in a.families}
+    assert set(by_name) == {"unary", "elementwise", report.FALLBACK, report.COPIES, report.GRAPHS}
+    assert by_name["unary"].source == "specs/unary.yaml" and by_name["unary"].compile_ms == 2.0
+    fallback = by_name[report.FALLBACK]
+    assert fallback.calls == 1 and fallback.compile_ms == 1.0 and fallback.execute_ms == pytest.approx(4.0)
+    assert a.fallbacks == [("_cummax_helper", 1, pytest.approx(5.0))]
+    assert a.recorded_ms == pytest.approx(2.0 + 0.1 + 0.05 + 5.0 + 0.1 + 0.2)
+    assert a.parts[report.OUTSIDE] == pytest.approx(20.0 - a.recorded_ms)
+    xs, ys = a.memory[0]
+    assert ys[0] == 32 and max(ys) == 512 and xs == sorted(xs)
+    text = " ".join(f.title + " " + f.detail for f in a.findings)
+    assert "_cummax_helper" in text and "Add a spec" in text
+    assert "outside recorded steps" in text  # most of the 20 ms is between the steps
+
+
+def test_analysis_sees_late_compiles_and_small_ops():
+    # 300 small cached ops, then the same op compiled again for new shapes late in the run
+    events = [event("aten::add.Tensor", "op", i * 100, execute_us=20) for i in range(300)]
+    events += [event("aten::add.Tensor", "op", 30000 + i * 1000, compile_ms=5.0, cache="compile",
+                     shapes=f"f32[{i + 5}]") for i in range(4)]
+    a = report.analyze(events, wall_us=40000, sync=True, families={"add.Tensor": "specs/elementwise.yaml"})
+    titles = [f.title for f in a.findings]
+    assert any("compiled in the second half of the run" in t for t in titles), titles
+    assert any("small eager ops" in t for t in titles), titles
+    late = next(f for f in a.findings if "second half" in f.title)
+    assert "aten::add.Tensor (4 shapes" in late.detail
+
+
+def test_analysis_of_nothing():
+    a = report.analyze([], wall_us=1000, sync=True, families={})
+    assert a.findings[0].title == "Nothing ran on tpu."
+
+
+# --- the tool, on a real program ------------------------------------------------------------
+
+def html_of(out) -> str:
+    return (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_report_on_a_small_program(tmp_path, program, capsys):
+    out = tmp_path / "rep"
+    argv = sys.argv[:]
+    assert report.main([str(program), "--out", str(out), "--", "--steps", "2"]) == 0
+    assert sys.argv == argv  # restored
+    printed = capsys.readouterr().out
+    assert "host torch.Size([4, 8]) helper beside the program ['--steps', '2']" in printed
+    assert f"report written to {out / 'report.html'}" in printed
+
+    for name in CHART_FILES:
+        assert_png(out / name)
+    page = html_of(out)
+    assert page.count("src='data:image/png;base64,") == len(CHART_FILES)  # self-contained
+    assert "_cummax_helper" in page and "Add a spec" in page
+    assert "specs/unary.yaml" in page and "<td>unary</td>" in page  # abs's family
+    assert "<td>elementwise</td>" in page  # add's
+    assert "python " + str(program) + " --steps 2" in page
+    assert "torchtpu memory summary" in page and "ops executed:" in page  # memory_summary, metrics_report
+
+    trace = json.loads((out / "trace.json").read_text())
+    steps = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    names = {e["name"] for e in steps}
+    assert {"aten::abs", "aten::add.Tensor", "aten::_cummax_helper"} <= names, names
+    assert [e["cat"] for e in steps if e["name"] == "aten::_cummax_helper"] == ["fallback", "fallback"]
+    assert any(e["cat"] == "copy" and e["name"].endswith("->cpu") for e in steps)
+
+
+def test_report_of_a_failing_program(tmp_path, program, capsys):
+    out = tmp_path / "rep"
+    assert report.main([str(program), "--out", str(out), "--", "--fail"]) == 1
+    captured = capsys.readouterr()
+    assert "ValueError: boom after the ops" in captured.err  # the program's traceback, as Python prints it
+    page = html_of(out)
+    assert "raised ValueError: boom after the ops" in page and "status 1" in page
+    assert "_cummax_helper" in page  # what ran before the failure is there
+    assert "aten::abs" in (out / "trace.json").read_text()
+
+    assert report.main([str(program), "--out", str(tmp_path / "exit"), "--", "--exit"]) == 3
+    assert "exited with status 3" in html_of(tmp_path / "exit")
+
+
+def test_report_user_mistakes(tmp_path, capsys):
+    assert report.main([str(tmp_path / "missing.py")]) == 2
+    assert "no such program" in capsys.readouterr().err
+    prog = tmp_path / "p.py"
+    prog.write_text("pass\n")
+    (tmp_path / "file").write_text("")
+    assert report.main([str(prog), "--out", str(tmp_path / "file" / "sub")]) == 2
+    assert "cannot write the report" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        report.main([str(prog), "--steps", "2"])
+    assert stop.value.code == 2
+    assert "go after --" in capsys.readouterr().err
+
+
+def test_report_command_line_has_no_traceback_for_a_missing_program(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torchtpu.tools.report", str(tmp_path / "nope.py")],
+                          capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    assert proc.returncode == 2
+    assert "no such program" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- the benchmarks' --plot, from made-up results (running them takes minutes) -----------------
+
+def load_benchmark(name: str, monkeypatch) -> types.ModuleType:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # compile_step puts examples/ on it
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(REPO, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_eager_overhead_plot(tmp_path, monkeypatch):
+    bench = load_benchmark("eager_overhead", monkeypatch)
+    path = tmp_path / "eager.png"
+    bench.plot(str(path), [("add (x + y)", 7.0, 2.5, 3.2), ("mm (x @ y)", 17.5, 2.8, 2.7)], 2.5, "8x8 float32")
+    assert_png(path)
+
+
+def test_compile_step_plot(tmp_path, monkeypatch):
+    bench = load_benchmark("compile_step", monkeypatch)
+    R = bench.Result
+    results = {"llama": {"train": {"tpu eager": R(ms=30.0), "tpu compiled": R(ms=5.0), "cpu eager": R(ms=12.0),
+                                   "jax.jit": R(ms=4.5)},
+                         "inference": {"tpu eager": R(ms=9.0), "tpu compiled": R(note="failed"),
+                                       "cpu eager": R(ms=3.0), "jax.jit": R(ms=1.0)}},
+               "resnet": {"train": {"tpu eager": R(ms=19.0), "tpu compiled": R(ms=8.0), "cpu eager": R(ms=4.5),
+                                    "jax.jit": R(note="Llama only")}}}
+    path = tmp_path / "compile.png"
+    bench.plot(str(path), results)
+    assert_png(path)
+
+
+def test_collectives_plot(tmp_path, monkeypatch):
+    bench = load_benchmark("collectives", monkeypatch)
+    tpu, gloo = bench.TRANSPORTS
+    results = [{"world": 1, "allreduce": {}, "ddp": {tpu: {"seconds": 0.02}, gloo: {"seconds": 0.004}}},
+               {"world": 2, "allreduce": {tpu: {"4096": {"seconds": 1e-3}, "16384": {"seconds": 2e-3}},
+                                          gloo: {"4096": {"seconds": 5e-4}, "16384": {"seconds": 9e-4}}},
+                "ddp": {tpu: {"seconds": 0.03}, gloo: {"seconds": 0.005}}}]
+    path = tmp_path / "collectives.png"
+    bench.plot(str(path), results, [4096, 16384], types.SimpleNamespace(batch=8))
+    assert_png(path)
