@@ -22,17 +22,20 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
   // A graph being captured splits here; the op then runs (or is refused) eagerly.
   if (GraphCapture* capture = GraphCapture::active()) capture->refuse("has no spec (" + full + ")");
+  // ATen ops get a spec; another library's op gets a tpu kernel from that library's side.
+  const char* remedy = full.rfind("aten::", 0) == 0
+                           ? "Add it to a file in specs/ and run `python -m codegen.gen`."
+                           : "Register a tpu kernel for it (torch.library.register_kernel(..., \"tpu\")) written "
+                             "with ops that run on tpu.";
   TORCH_CHECK_NOT_IMPLEMENTED(!g_fallback_is_error, "torchtpu: ", full,
-                              " has no spec, and TORCHTPU_FALLBACK=error forbids running it on the CPU. "
-                              "Add it to a file in specs/ and run `python -m codegen.gen`.");
+                              " has no spec, and TORCHTPU_FALLBACK=error forbids running it on the CPU. ", remedy);
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(g_fallback_mutex);
     first = g_fallbacks[full]++ == 0;
   }
   if (first) {
-    TORCH_WARN("torchtpu: ", full, " has no spec yet, so it runs on the CPU (slow). Add an entry for it to a ",
-               "file in specs/ and run `python -m codegen.gen`.");
+    TORCH_WARN("torchtpu: ", full, " has no spec yet, so it runs on the CPU (slow). ", remedy);
   }
   TracedCall traced("fallback", current_device());
   std::string shapes;

@@ -24,10 +24,12 @@ import concurrent.futures
 import functools
 import html
 import http.server
+import importlib.util
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -68,6 +70,11 @@ def notebook_info(path: str) -> dict:
     return {"title": title, "description": ast.get_docstring(tree) or "", "cell_lines": cell_lines}
 
 
+def display_path(path: str) -> str:
+    rel = os.path.relpath(path, REPO)
+    return path if rel.startswith("..") else rel
+
+
 def _embedded(page: str, key: str):
     """The JSON value of `key` in the page's mount configuration (the notebook and its session)."""
     start = page.find("__MARIMO_MOUNT_CONFIG__")
@@ -91,7 +98,7 @@ def cell_errors(page: str, path: str, info: dict) -> list[dict]:
         return []
     order = {cell["id"]: i for i, cell in enumerate(notebook.get("cells", []))}
     code = {cell["id"]: cell.get("code", "") for cell in notebook.get("cells", [])}
-    rel = os.path.relpath(path, REPO)
+    rel = display_path(path)
     errors = []
     for cell in session.get("cells", []):
         for output in cell.get("outputs", []):
@@ -140,12 +147,16 @@ def export(path: str, out: str, cdn: bool, timeout: float) -> dict:
     partial = page_path + ".partial"
     cmd = [sys.executable, "-m", "marimo", "export", "html", "--include-code", path, "-o", partial, "-f"]
     start = time.perf_counter()
+    # its own process group: on a timeout the kernel marimo started (and whatever a cell started) ends too
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-        returncode, log = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
+        log, _ = proc.communicate(timeout=timeout)
+        returncode = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
         returncode = None
-        log = "".join(s.decode(errors="replace") if isinstance(s, bytes) else (s or "") for s in (e.stdout, e.stderr))
         log += f"\n(still running after {timeout:.0f} s: stopped)"
     seconds = time.perf_counter() - start
     with open(log_path, "w") as f:
@@ -157,14 +168,14 @@ def export(path: str, out: str, cdn: bool, timeout: float) -> dict:
     if returncode != 0 and not errors:
         reason = "timed out" if returncode is None else f"`marimo export html` exited {returncode}"
         tail = "\n".join(log.strip().splitlines()[-25:])
-        errors = [{"cell": -1, "where": os.path.relpath(path, REPO), "error": reason, "traceback": tail,
+        errors = [{"cell": -1, "where": display_path(path), "error": reason, "traceback": tail,
                    "code": "", "downstream": False}]
     if page:
         if not cdn:
             page = CDN.sub(ASSETS, page)
         with open(page_path, "w") as f:
             f.write(page)
-    return {"notebook": os.path.relpath(path, REPO), "page": os.path.basename(page_path) if page else None,
+    return {"notebook": display_path(path), "page": os.path.basename(page_path) if page else None,
             "title": info["title"], "description": info["description"], "seconds": round(seconds, 1),
             "ok": not errors, "errors": errors, "log": os.path.relpath(log_path, out)}
 
@@ -190,7 +201,7 @@ INDEX = """<!doctype html>
 </head>
 <body>
 <h1>torchtpu user guide</h1>
-<p class="sub">{count} marimo notebooks, each executed on device <code>tpu</code> ({plugin}) when this guide was built.</p>
+<p class="sub">{count} marimo notebooks, each executed on device <code>tpu</code>{plugin} when this guide was built.</p>
 <p id="file-hint">Opened from disk: if a page stays blank, this browser refuses module scripts from
 <code>file://</code> (Chromium does; Firefox does not). Serve the guide instead:
 <code>python -m torchtpu.tools.guide --serve --no-build</code>, or build it with <code>--cdn</code>.</p>
@@ -226,9 +237,10 @@ def write_index(out: str, entries: list[dict], cdn: bool) -> None:
         status = "" if e["ok"] else ' <span class="failed">failed: ' + html.escape(e["errors"][0]["error"]) + "</span>"
         items.append(f'<li>{link}{status}<p class="desc">{html.escape(e["description"])}</p>'
                      f'<span class="meta"><code>{html.escape(e["notebook"])}</code>, ran in {e["seconds"]} s</span></li>')
-    plugin = os.environ.get("TORCHTPU_PJRT_PLUGIN") or "the default PJRT plugin"
+    plugin = os.environ.get("TORCHTPU_PJRT_PLUGIN")
+    plugin = f" (<code>TORCHTPU_PJRT_PLUGIN={html.escape(plugin)}</code>)" if plugin else ""
     with open(os.path.join(out, "index.html"), "w") as f:
-        f.write(INDEX.format(count=len(entries), items="\n".join(items), plugin=html.escape(plugin),
+        f.write(INDEX.format(count=len(entries), items="\n".join(items), plugin=plugin,
                              built=time.strftime("%Y-%m-%d %H:%M"), marimo=_version("marimo"),
                              torch=_version("torch"), local_assets="false" if cdn else "true"))
 
@@ -250,19 +262,20 @@ def build(notebooks: list[str], out: str, cdn: bool = False, jobs: int = 1, time
     return entries
 
 
-def failure_report(entries: list[dict]) -> str:
+def failure_report(entries: list[dict], out: str) -> str:
     lines = []
     for e in entries:
         if e["ok"]:
             continue
         roots = [x for x in e["errors"] if not x["downstream"]] or e["errors"]
         for x in roots:
-            lines.append(f"{e['notebook']}: cell at {x['where']} raised {x['error']}")
+            lines.append(f"{e['notebook']}: cell at {x['where']} raised {x['error']}" if x["cell"] >= 0
+                         else f"{e['notebook']}: {x['error']}")
             lines += ["    " + ln for ln in x["traceback"].splitlines()[-12:]]
         skipped = len(e["errors"]) - len(roots)
         if skipped:
             lines.append(f"    ({skipped} later cell(s) did not run because of it)")
-        lines.append(f"    full output: {e['log']}")
+        lines.append(f"    full output: {os.path.join(out, e['log'])}")
     return "\n".join(lines)
 
 
@@ -281,7 +294,8 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="*", help="notebooks to build (default: docs/NN_*.py)")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: build/guide)")
     parser.add_argument("--cdn", action="store_true", help="load marimo's frontend from its CDN instead of a local copy")
-    parser.add_argument("--jobs", type=int, default=1, help="notebooks exported at once (default 1)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="notebooks exported at once (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one notebook may run (default 600)")
     parser.add_argument("--serve", nargs="?", type=int, const=8000, metavar="PORT",
                         help="serve the guide on 127.0.0.1 (default port 8000) after building")
@@ -295,6 +309,8 @@ def main(argv=None) -> int:
             parser.error(f"nothing built in {out} yet")
         serve(out, args.serve)
         return 0
+    if importlib.util.find_spec("marimo") is None:
+        parser.error("marimo is not installed: pip install marimo==0.25.2 (or pip install -e '.[test]')")
     notebooks = [os.path.abspath(p) for p in args.notebooks] or default_notebooks()
     missing = [p for p in notebooks if not os.path.isfile(p)]
     if missing:
@@ -305,7 +321,7 @@ def main(argv=None) -> int:
     print(f"guide: {len(entries) - len(failed)} of {len(entries)} notebooks built in "
           f"{time.perf_counter() - start:.0f} s: {os.path.join(out, 'index.html')}")
     if failed:
-        print(f"guide: {len(failed)} notebook(s) raised:\n" + failure_report(entries), file=sys.stderr)
+        print(f"guide: {len(failed)} notebook(s) raised:\n" + failure_report(entries, out), file=sys.stderr)
         return 1
     if args.serve is not None:
         serve(out, args.serve)
