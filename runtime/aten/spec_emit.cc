@@ -29,13 +29,27 @@ size_t list_length(const OpSpec& spec, const c10::IValue* args) {
 
 rt::Value read_tensor(rt::Builder& b, const std::optional<rt::Value>& storage, const rt::TensorType& storage_type,
                       const at::Tensor& t) {
-  const rt::Value contents = storage ? *storage : b.full(0, storage_type);
-  return b.reinterpret(b.read_view(contents, geometry_of(t)), element_type(t.scalar_type()));
+  rt::Value contents = storage ? *storage : b.full(0, storage_type);
+  const rt::ElementType element = element_type(t.scalar_type());
+  if (rt::element_size(storage_type.element) != rt::element_size(element)) {
+    contents = b.reinterpret_bytes(contents, element);  // a view with another element width
+  }
+  return b.reinterpret(b.read_view(contents, geometry_of(t)), element);
 }
 
 rt::Value write_tensor(rt::Builder& b, const std::optional<rt::Value>& old, const rt::TensorType& storage_type,
                        const rt::Value& value, const at::Tensor& t) {
-  rt::Value v = b.broadcast_to(b.convert(value, element_type(t.scalar_type())), t.sizes().vec());
+  const rt::ElementType element = element_type(t.scalar_type());
+  rt::Value v = b.broadcast_to(b.convert(value, element), t.sizes().vec());
+  if (rt::element_size(storage_type.element) != rt::element_size(element)) {
+    // A view with another element width writes into the storage's bytes seen as its elements.
+    const int64_t count = storage_type.numel() * rt::element_size(storage_type.element) / rt::element_size(element);
+    const rt::TensorType as_view{element, {count}};
+    std::optional<rt::Value> bytes;
+    if (old) bytes = b.reinterpret_bytes(*old, element);
+    const rt::Value written = b.write_view(bytes ? &*bytes : nullptr, as_view, v, geometry_of(t));
+    return b.reshape(b.reinterpret_bytes(written, storage_type.element), storage_type.dims);
+  }
   return b.write_view(old ? &*old : nullptr, storage_type, b.reinterpret(v, storage_type.element), geometry_of(t));
 }
 

@@ -56,9 +56,6 @@ void key_tensor(KeyWriter& k, const at::Tensor& t, int& device) {
   k.i(t.storage_offset());
   const TpuStorage& s = storage_of(t);
   if (s.buffer) {
-    TORCH_CHECK_NOT_IMPLEMENTED(rt::element_size(s.buffer->type()) == static_cast<int>(t.dtype().itemsize()),
-                                "torchtpu: a ", t.scalar_type(), " view of a storage holding ",
-                                scalar_type(s.buffer->type()), " elements (another element width) is not supported yet");
     k.i(static_cast<int64_t>(s.buffer->type()));
     k.ints(s.buffer->dims());
   } else {

@@ -69,6 +69,26 @@ Value Builder::reinterpret(const Value& v, ElementType element) {
   return emit("stablehlo.bitcast_convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
 }
 
+Value Builder::reinterpret_bytes(const Value& v, ElementType element) {
+  // Booleans are bytes holding 0 or 1: they cross as u8.
+  if (v.element() == ElementType::Pred) return reinterpret_bytes(convert(v, ElementType::U8), element);
+  if (element == ElementType::Pred) return convert(reinterpret_bytes(v, ElementType::U8), ElementType::Pred);
+  const int64_t from = element_size(v.element()), to = element_size(element);
+  const int64_t bytes = v.type.numel() * from;
+  if (bytes % to != 0) fail("a storage of " + std::to_string(bytes) + " bytes holds no whole number of " +
+                            std::to_string(to) + "-byte elements");
+  const Value f = flat(v);
+  if (from == to) return reinterpret(f, element);
+  if (from > to) {  // each element becomes from/to narrower ones (a trailing dimension)
+    TensorType split{element, {f.type.numel(), from / to}};
+    return flat(emit("stablehlo.bitcast_convert " + name(f) + " : (" + f.type.mlir() + ") -> " + split.mlir(), split));
+  }
+  const Value grouped = reshape(f, {bytes / to, to / from});  // to/from narrow elements make one wide one
+  TensorType joined{element, {bytes / to}};
+  return emit("stablehlo.bitcast_convert " + name(grouped) + " : (" + grouped.type.mlir() + ") -> " + joined.mlir(),
+              joined);
+}
+
 Value Builder::broadcast_in_dim(const Value& v, const std::vector<int64_t>& dims,
                                 const std::vector<int64_t>& mapping) {
   TensorType t{v.element(), dims};

@@ -45,6 +45,9 @@ class Builder {
   Value convert(const Value& v, ElementType element);
   // The same bits as another element type of the same width (a storage viewed with another dtype).
   Value reinterpret(const Value& v, ElementType element);
+  // A storage's bytes as a flat array of `element`, which may be narrower or wider than its own
+  // (torch.save reads a float storage as bytes; a storage loaded as bytes is viewed as floats).
+  Value reinterpret_bytes(const Value& v, ElementType element);
   Value broadcast_in_dim(const Value& v, const std::vector<int64_t>& dims, const std::vector<int64_t>& mapping);
   Value broadcast_to(const Value& v, const std::vector<int64_t>& dims);  // numpy rules, trailing alignment
   Value reshape(const Value& v, const std::vector<int64_t>& dims);
