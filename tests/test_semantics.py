@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_equal_cpu
+from conftest import TPU, assert_equal_cpu
 
 
 def tpu(t):
@@ -588,3 +588,48 @@ def test_zeros_are_lazy_storages_that_read_as_zeros():
     assert on_cpu.device.type == "cpu" and not on_cpu.any()
     grown = torch.zeros(3, device="tpu").add_(2)
     assert_equal_cpu(grown, torch.full((3,), 2.0), exact=True)
+
+
+def test_views_with_another_element_width_read_and_write_the_storage_bytes():
+    base_cpu = torch.tensor([[1.5, -2.0, 3.25, 0.0], [7.0, 1e-3, -0.5, 2.0]])
+    base = base_cpu.to(TPU)
+    as_bytes = base.view(torch.uint8)           # f32 storage seen as bytes: (2, 16)
+    assert as_bytes.shape == (2, 16)
+    assert torch.equal(as_bytes.cpu(), base_cpu.view(torch.uint8))
+    as_halves = base.view(torch.int16)[:, 2:6]  # a narrower strided view
+    assert torch.equal(as_halves.cpu(), base_cpu.view(torch.int16)[:, 2:6])
+    # Writing through the byte view changes the floats that own those bytes.
+    as_bytes[1, 4:8] = torch.tensor([0, 0, 128, 63], dtype=torch.uint8).to(TPU)  # 1.0f, little-endian
+    expected = base_cpu.clone()
+    expected.view(torch.uint8)[1, 4:8] = torch.tensor([0, 0, 128, 63], dtype=torch.uint8)
+    assert torch.equal(base.cpu(), expected) and base.cpu()[1, 1] == 1.0
+    # A byte storage seen as wider elements.
+    raw = torch.arange(16, dtype=torch.uint8)
+    assert torch.equal(raw.to(TPU).view(torch.int32).cpu(), raw.view(torch.int32))
+    flags = torch.tensor([True, False, True, True])
+    assert torch.equal(flags.to(TPU).view(torch.uint8).cpu(), flags.view(torch.uint8))
+
+
+def test_save_and_load_of_tpu_tensors(tmp_path):
+    torch.manual_seed(0)
+    weight = torch.randn(3, 5).to(TPU)
+    state = {"weight": weight, "row": weight[1], "steps": torch.tensor([3, 1], device=TPU),
+             "mask": torch.tensor([True, False], device=TPU), "half": torch.randn(4).to(torch.bfloat16).to(TPU)}
+    path = tmp_path / "state.pt"
+    torch.save(state, path)
+    loaded = torch.load(path)
+    for key, value in state.items():
+        assert loaded[key].device == value.device and loaded[key].dtype == value.dtype, key
+        assert torch.equal(loaded[key].cpu(), value.cpu()), key
+    # A view saved with its base still shares the base's storage after loading.
+    loaded["weight"][1, 0] = 42.0
+    assert loaded["row"].cpu()[0] == 42.0
+    on_cpu = torch.load(path, map_location="cpu")
+    assert on_cpu["weight"].device.type == "cpu" and torch.equal(on_cpu["weight"], weight.cpu())
+    # A model's state dict round-trips through a file into a fresh model on tpu.
+    model = torch.nn.Linear(5, 2).to(TPU)
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    fresh = torch.nn.Linear(5, 2).to(TPU)
+    fresh.load_state_dict(torch.load(tmp_path / "model.pt"))
+    x = torch.randn(4, 5)
+    assert torch.equal(fresh(x.to(TPU)).cpu(), model(x.to(TPU)).cpu())
