@@ -141,9 +141,9 @@ def _(mo):
     mo.md(r"""
     ## Inference and getting the weights back
 
-    `eval()` and `torch.no_grad()` work as everywhere. To save a model, bring its state to the host
-    first (`{k: v.cpu() ...}`): serializing tpu storages directly is not supported yet. Loading goes
-    the other way: `load_state_dict` copies into the tpu parameters.
+    `eval()` and `torch.no_grad()` work as everywhere. `torch.save(model.state_dict(), f)` writes the
+    tpu tensors as they are; `torch.load(f)` brings them back on tpu (`map_location="cpu"` on the
+    host), and `load_state_dict` copies them into a model's parameters.
     """)
     return
 
@@ -160,10 +160,12 @@ def _(SmallNet, mo, model, model_cpu, torch):
         pred_cpu = model_cpu(probe).argmax(dim=1)
 
     buffer = io.BytesIO()
-    torch.save({k: v.cpu() for k, v in model.state_dict().items()}, buffer)
+    torch.save(model.state_dict(), buffer)
     buffer.seek(0)
     restored = SmallNet().to("tpu")
-    restored.load_state_dict(torch.load(buffer))
+    loaded = torch.load(buffer)
+    assert all(v.device.type == "tpu" for v in loaded.values())
+    restored.load_state_dict(loaded)
     restored.eval()
     with torch.no_grad():
         same = torch.equal(restored(probe.to("tpu")).cpu(), model(probe.to("tpu")).cpu())
