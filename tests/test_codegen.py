@@ -66,17 +66,17 @@ def test_checked_in_generated_code_matches_specs():
 def test_adding_an_op_is_one_spec_entry(tmp_path):
     root = copy_tree(tmp_path)
     with open(root / "specs" / "elementwise.yaml", "a") as f:
-        f.write("\n- op: logaddexp\n  lowering: add(maximum(self, other), log1p(exp(neg(abs(sub(self, other))))))\n"
-                "  compute: common_float\n  dtypes: floating\n  test: {opinfo: logaddexp}\n")
+        f.write("\n- op: deg2rad\n  lowering: mul(self, 0.017453292519943295)\n"
+                "  compute: common_float\n  dtypes: floating\n  test: {opinfo: deg2rad}\n")
     assert run_gen(root, "--check").returncode == 1  # generated/ is now stale
     result = run_gen(root)
     assert result.returncode == 0, result.stderr
     register = (root / "generated" / "ops" / "register.cpp").read_text()
-    for overload in ("logaddexp", "logaddexp.out"):
+    for overload in ("deg2rad", "deg2rad_", "deg2rad.out"):
         assert f'm.impl("{overload}", ' in register
     emitters = (root / "generated" / "ops" / "emitters.cpp").read_text()
-    assert "emit_logaddexp(" in emitters and "b.log1p(b.exp(b.neg(b.abs(b.sub(a.value(0), a.value(1))))))" in emitters
-    assert "def test_logaddexp(dtype):" in (root / "generated" / "tests" / "test_parity.py").read_text()
+    assert "emit_deg2rad(" in emitters and "b.mul(anchor, b.scalar_like(0.017453292519943295, anchor))" in emitters
+    assert "def test_deg2rad(dtype):" in (root / "generated" / "tests" / "test_parity.py").read_text()
     assert run_gen(root, "--check").returncode == 0
 
 

@@ -46,20 +46,20 @@ def test_fallback_ops_give_cpu_results():
     t = cpu.to("tpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert_equal_cpu(torch.lgamma(t), torch.lgamma(cpu))
+        assert_equal_cpu(torch.i0(t), torch.i0(cpu))
         assert_equal_cpu(torch.amax(t, dim=1), torch.amax(cpu, dim=1))
         assert_equal_cpu(t > 0, cpu > 0)
-        assert_equal_cpu(torch.lgamma(t.t()), torch.lgamma(cpu.t()))
+        assert_equal_cpu(torch.i0(t.t()), torch.i0(cpu.t()))
         o = torch.empty(0, device="tpu")
-        torch.digamma(t, out=o)
-        assert_equal_cpu(o, torch.digamma(cpu))
+        torch.special.bessel_j0(t, out=o)
+        assert_equal_cpu(o, torch.special.bessel_j0(cpu))
         v = t.clone()
-        v[1:].lgamma_()  # in-place fallback on a contiguous view writes back to the tpu storage
+        v[1:].i0_()  # in-place fallback on a contiguous view writes back to the tpu storage
         ref = cpu.clone()
-        ref[1:].lgamma_()
+        ref[1:].i0_()
         assert_equal_cpu(v, ref)
-    assert _fallback_count("aten::lgamma") >= 1
-    assert _fallback_count("aten::digamma") >= 1
+    assert _fallback_count("aten::i0") >= 1
+    assert _fallback_count("aten::special_bessel_j0") >= 1
 
 
 def test_inplace_fallback_on_strided_view_writes_back_strided():
@@ -67,13 +67,13 @@ def test_inplace_fallback_on_strided_view_writes_back_strided():
     t = base.to("tpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        base[:, 1].lgamma_()
-        t[:, 1].lgamma_()
+        base[:, 1].i0_()
+        t[:, 1].i0_()
         assert_equal_cpu(t, base)
         b2 = torch.arange(6, dtype=torch.float32)
         t2 = b2.to("tpu")
-        b2[::2].lgamma_()
-        t2[::2].lgamma_()
+        b2[::2].i0_()
+        t2[::2].i0_()
         assert_equal_cpu(t2, b2)
 
 

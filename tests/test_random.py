@@ -119,6 +119,16 @@ def test_dropout_zeroes_at_rate_and_scales_the_rest(no_fallback):
     torch.testing.assert_close(x.grad.cpu(), y.detach().cpu())
 
 
+def test_dropout_keeps_the_input_values_scaled(no_fallback):
+    # each kept element is its input times 1/(1-p), not 1/(1-p) alone (a mask-only result passed the
+    # test above, whose input is all ones)
+    x = torch.randn(64, 32)
+    y, mask = torch.ops.aten.native_dropout(x.to("tpu"), 0.25, True)
+    y, mask = y.cpu(), mask.cpu()
+    torch.testing.assert_close(y, x * mask / 0.75)
+    assert 0 < mask.sum() < mask.numel()
+
+
 def test_dropout_is_reproducible_and_off_in_eval(no_fallback):
     x = torch.randn(64, 64, device="tpu")
     torch.manual_seed(5)

@@ -17,8 +17,8 @@ def test_spec_overloads_are_registered_kernels():
 
 def test_coverage_counts_specs_and_workload_fallbacks(tmp_path, capsys):
     workload = tmp_path / "workload.py"
-    # cummax has no spec: the run must list it among the CPU fallbacks, with its call count.
-    workload.write_text("import torch\nx = torch.arange(4.0).to('tpu')\nfor _ in range(3):\n    x.cummax(0)\n")
+    # bessel_j0 has no spec: the run must list it among the CPU fallbacks, with its call count.
+    workload.write_text("import torch\nx = torch.arange(4.0).to('tpu')\nfor _ in range(3):\n    torch.special.bessel_j0(x)\n")
     before = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
     assert coverage.main(["--workload", str(workload)]) == 0
     after = torchtpu.debug.metrics()["cpu_fallbacks"]
@@ -33,10 +33,34 @@ def test_coverage_counts_specs_and_workload_fallbacks(tmp_path, capsys):
 
 def test_coverage_runs_a_workload_as_a_script(tmp_path, capsys):
     # the workload sees its own arguments and imports a module next to it, as `python x.py` would
-    (tmp_path / "helper.py").write_text("import torch\ndef run(n):\n    torch.arange(4.0).to('tpu').cummax(0)\n    print('argv', n)\n")
+    (tmp_path / "helper.py").write_text("import torch\ndef run(n):\n    torch.special.bessel_j0(torch.arange(4.0).to('tpu'))\n    print('argv', n)\n")
     workload = tmp_path / "workload.py"
     workload.write_text("import sys\nimport helper\nhelper.run(sys.argv[1:])\n")
     assert coverage.main(["--workload", str(workload), "--", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "argv ['--steps', '2']" in out
     assert "ran on the CPU: 1" in out
+
+
+def test_parity_sweeps_opinfos_on_tpu_and_groups_what_has_no_spec(capsys):
+    # A handful of op_db entries, each in a worker process under TORCHTPU_FALLBACK=error: add runs
+    # from specs both ways; fft.rfft has no spec (its overload is named); dropout's random results
+    # compare by dtype and shape; an OpInfo without float32 on CPU counts as skipped.
+    ops = "add,fft.rfft,nn.functional.dropout,bitwise_not"
+    assert coverage.main(["--parity", "--ops", ops]) == 0
+    out = capsys.readouterr().out
+    assert "op_db sweep on tpu: 4 OpInfos" in out
+    assert "forward: 2 passing, 0 failing, 1 unsupported, 1 skipped" in out
+    assert "backward: 2 passing, 0 failing, 1 unsupported, 0 skipped (of 3 with autograd)" in out
+    assert "  aten::_fft_r2c: 1  fft.rfft" in out
+
+
+def test_sweep_classifies_errors():
+    from torchtpu.tools import opdb_sweep
+
+    no_spec = NotImplementedError("torchtpu: acosh.out has no spec, and TORCHTPU_FALLBACK=error forbids it")
+    assert opdb_sweep._classify(no_spec) == opdb_sweep.Outcome("unsupported", "aten::acosh.out")
+    no_dtype = NotImplementedError("torchtpu: aten::abs does not support dtype ComplexFloat on tpu (supported: ...)")
+    assert opdb_sweep._classify(no_dtype) == opdb_sweep.Outcome("unsupported", "aten::abs (ComplexFloat)")
+    wrong = AssertionError("sample 0: Tensor-likes are not close!\n\nMismatched elements: 1 / 4")
+    assert opdb_sweep._classify(wrong) == opdb_sweep.Outcome("failing", "AssertionError: sample 0: Tensor-likes are not close!")

@@ -5,6 +5,7 @@ aten::convolution_overrideable and aten::convolution_backward_overrideable, whic
 convolutions on a PrivateUse1 device, have no Meta kernel; they get the ones of aten::convolution and
 aten::convolution_backward, which compute the same results. aten::_fused_sgd_ (SGD with fused=True)
 has none either: an in-place update returns nothing, so its Meta kernel only checks the lists agree.
+aten::_logcumsumexp (what logcumsumexp calls) has none: its result is self's shape and dtype.
 """
 
 from __future__ import annotations
@@ -38,3 +39,19 @@ def _fused_sgd_meta(self, grads, momentum_buffer_list, *, weight_decay, momentum
 
 
 _lib.impl("_fused_sgd_", _fused_sgd_meta, "Meta")
+
+
+def _logcumsumexp_meta(self, dim):
+    torch._check(-max(self.dim(), 1) <= dim < max(self.dim(), 1),
+                 lambda: f"Dimension out of range (expected to be in range of [{-max(self.dim(), 1)}, "
+                         f"{max(self.dim(), 1) - 1}], but got {dim})")
+    return self.new_empty(self.shape)
+
+
+def _logcumsumexp_out_meta(self, dim, *, out):
+    out.resize_(_logcumsumexp_meta(self, dim).shape)
+    return out
+
+
+_lib.impl("_logcumsumexp", _logcumsumexp_meta, "Meta")  # logcumsumexp's kernel: same shape and dtype
+_lib.impl("_logcumsumexp.out", _logcumsumexp_out_meta, "Meta")

@@ -611,6 +611,53 @@ std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs
 // _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:164)
 std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
 
+// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:172)
+std::vector<Value> emit_index_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
+// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:172)
+std::vector<Value> emit_index_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
+// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:172)
+std::vector<Value> emit_index_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
+
+// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:178)
+std::vector<Value> emit_index_copy(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
+// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:178)
+std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
+// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:178)
+std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
+
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:184)
+std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:184)
+std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:184)
+std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:190)
+std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:190)
+std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:190)
+std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:196)
+std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:196)
+std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:196)
+std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
+
+// take = take(self, index)  (specs/indexing.yaml:203)
+std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
+// take.out = take(self, index)  (specs/indexing.yaml:203)
+std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
+
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:208)
+std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:208)
+std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:208)
+std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
+
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
 std::vector<Value> emit_mm(Builder& b, const EmitArgs& a) { return {b.matmul(a.value(0), a.value(1))}; }
 // mm.out = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -1701,6 +1748,41 @@ std::vector<Value> emit_sort__stable(Builder& b, const EmitArgs& a) { return {b.
 // topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:222)
 std::vector<Value> emit_topk(Builder& b, const EmitArgs& a) { return {b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
 
+// cummax = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:232)
+std::vector<Value> emit_cummax(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), true, false), b.cumulative_extreme(a.value(0), a.integer(1), true, true)}; }
+
+// cummin = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:239)
+std::vector<Value> emit_cummin(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), false, false), b.cumulative_extreme(a.value(0), a.integer(1), false, true)}; }
+
+// _logcumsumexp = logcumsumexp(self, dim)  (specs/reduction.yaml:247)
+std::vector<Value> emit__logcumsumexp(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
+// _logcumsumexp.out = logcumsumexp(self, dim)  (specs/reduction.yaml:247)
+std::vector<Value> emit__logcumsumexp__out(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
+
+// kthvalue = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:256)
+std::vector<Value> emit_kthvalue(Builder& b, const EmitArgs& a) { return {b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
+
+// median = median(self, 0, True, False, False, False)  (specs/reduction.yaml:263)
+std::vector<Value> emit_median(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
+// median.out = median(self, 0, True, False, False, False)  (specs/reduction.yaml:263)
+std::vector<Value> emit_median__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
+
+// median.dim = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:269)
+std::vector<Value> emit_median__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), false, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), false, true)}; }
+
+// nanmedian = median(self, 0, True, False, True, False)  (specs/reduction.yaml:275)
+std::vector<Value> emit_nanmedian(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
+// nanmedian.out = median(self, 0, True, False, True, False)  (specs/reduction.yaml:275)
+std::vector<Value> emit_nanmedian__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
+
+// nanmedian.dim = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:281)
+std::vector<Value> emit_nanmedian__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), true, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), true, true)}; }
+
+// trace = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:288)
+std::vector<Value> emit_trace(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
+// trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:288)
+std::vector<Value> emit_trace__out(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
+
 // flip = flip(self, dims)  (specs/shape.yaml:4)
 std::vector<Value> emit_flip(Builder& b, const EmitArgs& a) { return {b.flip(a.value(0), a.ints(1))}; }
 // flip.out = flip(self, dims)  (specs/shape.yaml:4)
@@ -1794,6 +1876,215 @@ std::vector<Value> emit_replication_pad1d_backward__grad_input(Builder& b, const
 std::vector<Value> emit_replication_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 // replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
 std::vector<Value> emit_replication_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
+
+// acosh = acosh(self)  (specs/special.yaml:8)
+std::vector<Value> emit_acosh(Builder& b, const EmitArgs& a) { return {b.acosh(a.value(0))}; }
+// acosh_ = acosh(self)  (specs/special.yaml:8)
+std::vector<Value> emit_acosh_(Builder& b, const EmitArgs& a) { return {b.acosh(a.value(0))}; }
+// acosh.out = acosh(self)  (specs/special.yaml:8)
+std::vector<Value> emit_acosh__out(Builder& b, const EmitArgs& a) { return {b.acosh(a.value(0))}; }
+
+// asinh = asinh(self)  (specs/special.yaml:14)
+std::vector<Value> emit_asinh(Builder& b, const EmitArgs& a) { return {b.asinh(a.value(0))}; }
+// asinh_ = asinh(self)  (specs/special.yaml:14)
+std::vector<Value> emit_asinh_(Builder& b, const EmitArgs& a) { return {b.asinh(a.value(0))}; }
+// asinh.out = asinh(self)  (specs/special.yaml:14)
+std::vector<Value> emit_asinh__out(Builder& b, const EmitArgs& a) { return {b.asinh(a.value(0))}; }
+
+// atanh = atanh(self)  (specs/special.yaml:20)
+std::vector<Value> emit_atanh(Builder& b, const EmitArgs& a) { return {b.atanh(a.value(0))}; }
+// atanh_ = atanh(self)  (specs/special.yaml:20)
+std::vector<Value> emit_atanh_(Builder& b, const EmitArgs& a) { return {b.atanh(a.value(0))}; }
+// atanh.out = atanh(self)  (specs/special.yaml:20)
+std::vector<Value> emit_atanh__out(Builder& b, const EmitArgs& a) { return {b.atanh(a.value(0))}; }
+
+// erfc = erfc(self)  (specs/special.yaml:26)
+std::vector<Value> emit_erfc(Builder& b, const EmitArgs& a) { return {b.erfc(a.value(0))}; }
+// erfc_ = erfc(self)  (specs/special.yaml:26)
+std::vector<Value> emit_erfc_(Builder& b, const EmitArgs& a) { return {b.erfc(a.value(0))}; }
+// erfc.out = erfc(self)  (specs/special.yaml:26)
+std::vector<Value> emit_erfc__out(Builder& b, const EmitArgs& a) { return {b.erfc(a.value(0))}; }
+
+// erfinv = erfinv(self)  (specs/special.yaml:32)
+std::vector<Value> emit_erfinv(Builder& b, const EmitArgs& a) { return {b.erfinv(a.value(0))}; }
+// erfinv_ = erfinv(self)  (specs/special.yaml:32)
+std::vector<Value> emit_erfinv_(Builder& b, const EmitArgs& a) { return {b.erfinv(a.value(0))}; }
+// erfinv.out = erfinv(self)  (specs/special.yaml:32)
+std::vector<Value> emit_erfinv__out(Builder& b, const EmitArgs& a) { return {b.erfinv(a.value(0))}; }
+
+// lgamma = lgamma(self)  (specs/special.yaml:38)
+std::vector<Value> emit_lgamma(Builder& b, const EmitArgs& a) { return {b.lgamma(a.value(0))}; }
+// lgamma_ = lgamma(self)  (specs/special.yaml:38)
+std::vector<Value> emit_lgamma_(Builder& b, const EmitArgs& a) { return {b.lgamma(a.value(0))}; }
+// lgamma.out = lgamma(self)  (specs/special.yaml:38)
+std::vector<Value> emit_lgamma__out(Builder& b, const EmitArgs& a) { return {b.lgamma(a.value(0))}; }
+
+// digamma = digamma(self)  (specs/special.yaml:44)
+std::vector<Value> emit_digamma(Builder& b, const EmitArgs& a) { return {b.digamma(a.value(0))}; }
+// digamma_ = digamma(self)  (specs/special.yaml:44)
+std::vector<Value> emit_digamma_(Builder& b, const EmitArgs& a) { return {b.digamma(a.value(0))}; }
+// digamma.out = digamma(self)  (specs/special.yaml:44)
+std::vector<Value> emit_digamma__out(Builder& b, const EmitArgs& a) { return {b.digamma(a.value(0))}; }
+
+// special_zeta = zeta(self, other)  (specs/special.yaml:54)
+std::vector<Value> emit_special_zeta(Builder& b, const EmitArgs& a) { return {b.zeta(a.value(0), a.value(1))}; }
+// special_zeta.out = zeta(self, other)  (specs/special.yaml:54)
+std::vector<Value> emit_special_zeta__out(Builder& b, const EmitArgs& a) { return {b.zeta(a.value(0), a.value(1))}; }
+
+// special_i1e = bessel_i1e(self)  (specs/special.yaml:60)
+std::vector<Value> emit_special_i1e(Builder& b, const EmitArgs& a) { return {b.bessel_i1e(a.value(0))}; }
+// special_i1e.out = bessel_i1e(self)  (specs/special.yaml:60)
+std::vector<Value> emit_special_i1e__out(Builder& b, const EmitArgs& a) { return {b.bessel_i1e(a.value(0))}; }
+
+// special_i1 = mul(bessel_i1e(self), exp(abs(self)))  (specs/special.yaml:66)
+std::vector<Value> emit_special_i1(Builder& b, const EmitArgs& a) { return {b.mul(b.bessel_i1e(a.value(0)), b.exp(b.abs(a.value(0))))}; }
+// special_i1.out = mul(bessel_i1e(self), exp(abs(self)))  (specs/special.yaml:66)
+std::vector<Value> emit_special_i1__out(Builder& b, const EmitArgs& a) { return {b.mul(b.bessel_i1e(a.value(0)), b.exp(b.abs(a.value(0))))}; }
+
+// special_ndtri = mul(erfinv(sub(mul(self, 2), 1)), 1.4142135623730951)  (specs/special.yaml:73)
+std::vector<Value> emit_special_ndtri(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.erfinv([&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.sub(anchor, b.scalar_like(1.0, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4142135623730951, anchor)); }()}; }
+// special_ndtri.out = mul(erfinv(sub(mul(self, 2), 1)), 1.4142135623730951)  (specs/special.yaml:73)
+std::vector<Value> emit_special_ndtri__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.erfinv([&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.sub(anchor, b.scalar_like(1.0, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4142135623730951, anchor)); }()}; }
+
+// special_log_ndtr = log(mul(erfc(mul(self, -0.7071067811865476)), 0.5))  (specs/special.yaml:80)
+std::vector<Value> emit_special_log_ndtr(Builder& b, const EmitArgs& a) { return {b.log([&] { const Value anchor = b.erfc([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(-0.7071067811865476, anchor)); }()); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())}; }
+// special_log_ndtr.out = log(mul(erfc(mul(self, -0.7071067811865476)), 0.5))  (specs/special.yaml:80)
+std::vector<Value> emit_special_log_ndtr__out(Builder& b, const EmitArgs& a) { return {b.log([&] { const Value anchor = b.erfc([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(-0.7071067811865476, anchor)); }()); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())}; }
+
+// special_entr = where(isnan(self), self, where(gt(self, 0), neg(mul(self, log(self))), where(eq(self, 0), fill(0, self), log(fill(0, self)))))   (specs/special.yaml:87)
+std::vector<Value> emit_special_entr(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), b.neg(b.mul(a.value(0), b.log(a.value(0)))), b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.log([&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))))}; }
+// special_entr.out = where(isnan(self), self, where(gt(self, 0), neg(mul(self, log(self))), where(eq(self, 0), fill(0, self), log(fill(0, self)))))   (specs/special.yaml:87)
+std::vector<Value> emit_special_entr__out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), b.neg(b.mul(a.value(0), b.log(a.value(0)))), b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.log([&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))))}; }
+
+// special_xlog1py = r = mul(self, log1p(other)) where(bitwise_and(eq(self, 0), bitwise_not(isnan(other))), fill(0, r), r)   (specs/special.yaml:95)
+std::vector<Value> emit_special_xlog1py(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_r = b.mul(a.value(0), b.log1p(a.value(1))); return {b.where(b.bitwise_and([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_not(b.isnan(a.value(1)))), [&] { const Value anchor = l_r; return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_r)}; }(); }
+// special_xlog1py.out = r = mul(self, log1p(other)) where(bitwise_and(eq(self, 0), bitwise_not(isnan(other))), fill(0, r), r)   (specs/special.yaml:95)
+std::vector<Value> emit_special_xlog1py__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_r = b.mul(a.value(0), b.log1p(a.value(1))); return {b.where(b.bitwise_and([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_not(b.isnan(a.value(1)))), [&] { const Value anchor = l_r; return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_r)}; }(); }
+
+// exp2 = power_of(2.0, self)  (specs/special.yaml:103)
+std::vector<Value> emit_exp2(Builder& b, const EmitArgs& a) { return {b.power_of(2.0, a.value(0))}; }
+// exp2_ = power_of(2.0, self)  (specs/special.yaml:103)
+std::vector<Value> emit_exp2_(Builder& b, const EmitArgs& a) { return {b.power_of(2.0, a.value(0))}; }
+// exp2.out = power_of(2.0, self)  (specs/special.yaml:103)
+std::vector<Value> emit_exp2__out(Builder& b, const EmitArgs& a) { return {b.power_of(2.0, a.value(0))}; }
+
+// sinc = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:109)
+std::vector<Value> emit_sinc(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_px = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }(); return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), b.div(b.sin(l_px), l_px))}; }(); }
+// sinc_ = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:109)
+std::vector<Value> emit_sinc_(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_px = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }(); return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), b.div(b.sin(l_px), l_px))}; }(); }
+// sinc.out = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:109)
+std::vector<Value> emit_sinc__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_px = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }(); return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), b.div(b.sin(l_px), l_px))}; }(); }
+
+// nextafter = next_after(self, other)  (specs/special.yaml:117)
+std::vector<Value> emit_nextafter(Builder& b, const EmitArgs& a) { return {b.next_after(a.value(0), a.value(1))}; }
+// nextafter_ = next_after(self, other)  (specs/special.yaml:117)
+std::vector<Value> emit_nextafter_(Builder& b, const EmitArgs& a) { return {b.next_after(a.value(0), a.value(1))}; }
+// nextafter.out = next_after(self, other)  (specs/special.yaml:117)
+std::vector<Value> emit_nextafter__out(Builder& b, const EmitArgs& a) { return {b.next_after(a.value(0), a.value(1))}; }
+
+// angle = where(isnan(self), self, where(lt(self, 0), fill(3.141592653589793, self), fill(0, self)))  (specs/special.yaml:123)
+std::vector<Value> emit_angle(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(3.141592653589793, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
+// angle.out = where(isnan(self), self, where(lt(self, 0), fill(3.141592653589793, self), fill(0, self)))  (specs/special.yaml:123)
+std::vector<Value> emit_angle__out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(3.141592653589793, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
+
+// heaviside = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:129)
+std::vector<Value> emit_heaviside(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), a.value(1), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
+// heaviside_ = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:129)
+std::vector<Value> emit_heaviside_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), a.value(1), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
+// heaviside.out = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:129)
+std::vector<Value> emit_heaviside__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), a.value(1), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
+
+// logaddexp = logaddexp(self, other)  (specs/special.yaml:134)
+std::vector<Value> emit_logaddexp(Builder& b, const EmitArgs& a) { return {b.logaddexp(a.value(0), a.value(1))}; }
+// logaddexp.out = logaddexp(self, other)  (specs/special.yaml:134)
+std::vector<Value> emit_logaddexp__out(Builder& b, const EmitArgs& a) { return {b.logaddexp(a.value(0), a.value(1))}; }
+
+// logaddexp2 = mul(logaddexp(mul(self, 0.6931471805599453), mul(other, 0.6931471805599453)), 1.4426950408889634)  (specs/special.yaml:140)
+std::vector<Value> emit_logaddexp2(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.logaddexp([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }(), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
+// logaddexp2.out = mul(logaddexp(mul(self, 0.6931471805599453), mul(other, 0.6931471805599453)), 1.4426950408889634)  (specs/special.yaml:140)
+std::vector<Value> emit_logaddexp2__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.logaddexp([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }(), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
+
+// logit = logit(self, eps)  (specs/special.yaml:147)
+std::vector<Value> emit_logit(Builder& b, const EmitArgs& a) { return {b.logit(a.value(0), a.optional_real(1))}; }
+// logit_ = logit(self, eps)  (specs/special.yaml:147)
+std::vector<Value> emit_logit_(Builder& b, const EmitArgs& a) { return {b.logit(a.value(0), a.optional_real(1))}; }
+// logit.out = logit(self, eps)  (specs/special.yaml:147)
+std::vector<Value> emit_logit__out(Builder& b, const EmitArgs& a) { return {b.logit(a.value(0), a.optional_real(1))}; }
+
+// logit_backward = logit_backward(grad_output, self, eps)  (specs/special.yaml:153)
+std::vector<Value> emit_logit_backward(Builder& b, const EmitArgs& a) { return {b.logit_backward(a.value(0), a.value(1), a.optional_real(2))}; }
+// logit_backward.grad_input = logit_backward(grad_output, self, eps)  (specs/special.yaml:153)
+std::vector<Value> emit_logit_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.logit_backward(a.value(0), a.value(1), a.optional_real(2))}; }
+
+// hardshrink = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, self), self)  (specs/special.yaml:160)
+std::vector<Value> emit_hardshrink(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(0), b.neg(a.value(1))), b.le(a.value(0), a.value(1))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+// hardshrink.out = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, self), self)  (specs/special.yaml:160)
+std::vector<Value> emit_hardshrink__out(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(0), b.neg(a.value(1))), b.le(a.value(0), a.value(1))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+
+// hardshrink_backward = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_out), grad_out)  (specs/special.yaml:165)
+std::vector<Value> emit_hardshrink_backward(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+// hardshrink_backward.grad_input = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_out), grad_out)  (specs/special.yaml:165)
+std::vector<Value> emit_hardshrink_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+
+// softshrink = where(gt(self, lambd), sub(self, lambd), where(lt(self, neg(lambd)), add(self, lambd), mul(self, 0)))  (specs/special.yaml:169)
+std::vector<Value> emit_softshrink(Builder& b, const EmitArgs& a) { return {b.where(b.gt(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1)), b.where(b.lt(a.value(0), b.neg(a.value(1))), b.add(a.value(0), a.value(1)), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()))}; }
+// softshrink.out = where(gt(self, lambd), sub(self, lambd), where(lt(self, neg(lambd)), add(self, lambd), mul(self, 0)))  (specs/special.yaml:169)
+std::vector<Value> emit_softshrink__out(Builder& b, const EmitArgs& a) { return {b.where(b.gt(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1)), b.where(b.lt(a.value(0), b.neg(a.value(1))), b.add(a.value(0), a.value(1)), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()))}; }
+
+// softshrink_backward = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_output), grad_output)  (specs/special.yaml:174)
+std::vector<Value> emit_softshrink_backward(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+// softshrink_backward.grad_input = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_output), grad_output)  (specs/special.yaml:174)
+std::vector<Value> emit_softshrink_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
+
+// hardsigmoid = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:178)
+std::vector<Value> emit_hardsigmoid(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
+// hardsigmoid_ = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:178)
+std::vector<Value> emit_hardsigmoid_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
+// hardsigmoid.out = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:178)
+std::vector<Value> emit_hardsigmoid__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
+
+// hardsigmoid_backward = where(bitwise_and(gt(self, -3), lt(self, 3)), div(grad_output, 6), fill(0, grad_output))  (specs/special.yaml:183)
+std::vector<Value> emit_hardsigmoid_backward(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(3.0, anchor)); }()), [&] { const Value anchor = a.value(0); return b.div(anchor, b.scalar_like(6.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
+// hardsigmoid_backward.grad_input = where(bitwise_and(gt(self, -3), lt(self, 3)), div(grad_output, 6), fill(0, grad_output))  (specs/special.yaml:183)
+std::vector<Value> emit_hardsigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(3.0, anchor)); }()), [&] { const Value anchor = a.value(0); return b.div(anchor, b.scalar_like(6.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
+
+// rsub.Tensor = sub(other, mul(self, alpha))  (specs/special.yaml:189)
+std::vector<Value> emit_rsub__Tensor(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
+// rsub.Tensor_out = sub(other, mul(self, alpha))  (specs/special.yaml:189)
+std::vector<Value> emit_rsub__Tensor_out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
+
+// rsub.Scalar = sub(other, mul(self, alpha))  (specs/special.yaml:194)
+std::vector<Value> emit_rsub__Scalar(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
+// rsub.Scalar_out = sub(other, mul(self, alpha))  (specs/special.yaml:194)
+std::vector<Value> emit_rsub__Scalar_out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
+
+// nansum = sum(where(isnan(self), fill(0, self), self), default(dim, []), keepdim)  (specs/special.yaml:199)
+std::vector<Value> emit_nansum(Builder& b, const EmitArgs& a) { return {b.sum(b.where(b.isnan(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2))}; }
+// nansum.out = sum(where(isnan(self), fill(0, self), self), default(dim, []), keepdim)  (specs/special.yaml:199)
+std::vector<Value> emit_nansum__out(Builder& b, const EmitArgs& a) { return {b.sum(b.where(b.isnan(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2))}; }
+
+// count_nonzero.dim_IntList = count_nonzero(self, dim)  (specs/special.yaml:205)
+std::vector<Value> emit_count_nonzero__dim_IntList(Builder& b, const EmitArgs& a) { return {b.count_nonzero(a.value(0), a.ints(1))}; }
+// count_nonzero.dim_IntList_out = count_nonzero(self, dim)  (specs/special.yaml:205)
+std::vector<Value> emit_count_nonzero__dim_IntList_out(Builder& b, const EmitArgs& a) { return {b.count_nonzero(a.value(0), a.ints(1))}; }
+
+// norm.ScalarOpt_dim = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:212)
+std::vector<Value> emit_norm__ScalarOpt_dim(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
+// norm.out = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:212)
+std::vector<Value> emit_norm__out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
+
+// norm.ScalarOpt_dim_dtype = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:219)
+std::vector<Value> emit_norm__ScalarOpt_dim_dtype(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
+// norm.dtype_out = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:219)
+std::vector<Value> emit_norm__dtype_out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
+
+// aminmax = (amin(self, default(dim, []), keepdim), amax(self, default(dim, []), keepdim))  (specs/special.yaml:226)
+std::vector<Value> emit_aminmax(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2)), b.amax(a.value(0), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2))}; }
+
+// logspace = power_of(base, linspace(start, end, steps))  (specs/special.yaml:233)
+std::vector<Value> emit_logspace(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(3), b.linspace(a.value(0), a.value(1), a.integer(2)))}; }
+// logspace.out = power_of(base, linspace(start, end, steps))  (specs/special.yaml:233)
+std::vector<Value> emit_logspace__out(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(3), b.linspace(a.value(0), a.value(1), a.integer(2)))}; }
 
 // fill.Scalar = fill(value, self)  (specs/tensor.yaml:3)
 std::vector<Value> emit_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
@@ -3375,6 +3666,106 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward},
+      {"index_add", "specs/indexing.yaml:172", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 3, 4}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add},
+      {"index_add_", "specs/indexing.yaml:172", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 3, 4}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add_},
+      {"index_add.out", "specs/indexing.yaml:172", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 3, 4}, Compute::Common, {5},
+       {5}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add__out},
+      {"index_copy", "specs/indexing.yaml:178", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy},
+      {"index_copy_", "specs/indexing.yaml:178", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy_},
+      {"index_copy.out", "specs/indexing.yaml:178", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out},
+      {"index_fill.int_Scalar", "specs/indexing.yaml:184", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 3}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar},
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:184", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 3}, Compute::Output, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar},
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:184", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 3}, Compute::Output, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out},
+      {"index_fill.int_Tensor", "specs/indexing.yaml:190", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor},
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:190", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Output, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor},
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:190", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Output, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out},
+      {"index_reduce", "specs/indexing.yaml:196", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 3}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce},
+      {"index_reduce_", "specs/indexing.yaml:196", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 3}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_},
+      {"index_reduce.out", "specs/indexing.yaml:196", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {6},
+       {6}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out},
+      {"take", "specs/indexing.yaml:203", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take},
+      {"take.out", "specs/indexing.yaml:203", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out},
+      {"put", "specs/indexing.yaml:208", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put},
+      {"put_", "specs/indexing.yaml:208", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 2}, Compute::Common, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_},
+      {"put.out", "specs/indexing.yaml:208", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put__out},
       {"mm", "specs/linalg.yaml:10", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
@@ -5620,6 +6011,71 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_topk},
+      {"cummax", "specs/reduction.yaml:232", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummax},
+      {"cummin", "specs/reduction.yaml:239", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummin},
+      {"_logcumsumexp", "specs/reduction.yaml:247", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp},
+      {"_logcumsumexp.out", "specs/reduction.yaml:247", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp__out},
+      {"kthvalue", "specs/reduction.yaml:256", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_kthvalue},
+      {"median", "specs/reduction.yaml:263", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median},
+      {"median.out", "specs/reduction.yaml:263", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {1},
+       {1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__out},
+      {"median.dim", "specs/reduction.yaml:269", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__dim},
+      {"nanmedian", "specs/reduction.yaml:275", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian},
+      {"nanmedian.out", "specs/reduction.yaml:275", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {1},
+       {1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__out},
+      {"nanmedian.dim", "specs/reduction.yaml:281", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__dim},
+      {"trace", "specs/reduction.yaml:288", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trace},
+      {"trace.out", "specs/reduction.yaml:288", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {1},
+       {1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trace__out},
       {"flip", "specs/shape.yaml:4", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
@@ -5810,6 +6266,436 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d_backward__grad_input},
+      {"acosh", "specs/special.yaml:8", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_acosh},
+      {"acosh_", "specs/special.yaml:8", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_acosh_},
+      {"acosh.out", "specs/special.yaml:8", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_acosh__out},
+      {"asinh", "specs/special.yaml:14", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_asinh},
+      {"asinh_", "specs/special.yaml:14", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_asinh_},
+      {"asinh.out", "specs/special.yaml:14", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_asinh__out},
+      {"atanh", "specs/special.yaml:20", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atanh},
+      {"atanh_", "specs/special.yaml:20", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atanh_},
+      {"atanh.out", "specs/special.yaml:20", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_atanh__out},
+      {"erfc", "specs/special.yaml:26", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erfc},
+      {"erfc_", "specs/special.yaml:26", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erfc_},
+      {"erfc.out", "specs/special.yaml:26", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erfc__out},
+      {"erfinv", "specs/special.yaml:32", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erfinv},
+      {"erfinv_", "specs/special.yaml:32", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erfinv_},
+      {"erfinv.out", "specs/special.yaml:32", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_erfinv__out},
+      {"lgamma", "specs/special.yaml:38", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lgamma},
+      {"lgamma_", "specs/special.yaml:38", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lgamma_},
+      {"lgamma.out", "specs/special.yaml:38", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_lgamma__out},
+      {"digamma", "specs/special.yaml:44", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_digamma},
+      {"digamma_", "specs/special.yaml:44", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_digamma_},
+      {"digamma.out", "specs/special.yaml:44", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_digamma__out},
+      {"special_zeta", "specs/special.yaml:54", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta},
+      {"special_zeta.out", "specs/special.yaml:54", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__out},
+      {"special_i1e", "specs/special.yaml:60", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1e},
+      {"special_i1e.out", "specs/special.yaml:60", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1e__out},
+      {"special_i1", "specs/special.yaml:66", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1},
+      {"special_i1.out", "specs/special.yaml:66", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1__out},
+      {"special_ndtri", "specs/special.yaml:73", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_ndtri},
+      {"special_ndtri.out", "specs/special.yaml:73", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_ndtri__out},
+      {"special_log_ndtr", "specs/special.yaml:80", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_log_ndtr},
+      {"special_log_ndtr.out", "specs/special.yaml:80", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_log_ndtr__out},
+      {"special_entr", "specs/special.yaml:87", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_entr},
+      {"special_entr.out", "specs/special.yaml:87", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_entr__out},
+      {"special_xlog1py", "specs/special.yaml:95", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py},
+      {"special_xlog1py.out", "specs/special.yaml:95", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__out},
+      {"exp2", "specs/special.yaml:103", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_exp2},
+      {"exp2_", "specs/special.yaml:103", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_exp2_},
+      {"exp2.out", "specs/special.yaml:103", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_exp2__out},
+      {"sinc", "specs/special.yaml:109", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sinc},
+      {"sinc_", "specs/special.yaml:109", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sinc_},
+      {"sinc.out", "specs/special.yaml:109", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_sinc__out},
+      {"nextafter", "specs/special.yaml:117", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_nextafter},
+      {"nextafter_", "specs/special.yaml:117", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"float32", "float64"}, &emit_nextafter_},
+      {"nextafter.out", "specs/special.yaml:117", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float32", "float64"}, &emit_nextafter__out},
+      {"angle", "specs/special.yaml:123", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_angle},
+      {"angle.out", "specs/special.yaml:123", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_angle__out},
+      {"heaviside", "specs/special.yaml:129", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_heaviside},
+      {"heaviside_", "specs/special.yaml:129", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_heaviside_},
+      {"heaviside.out", "specs/special.yaml:129", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_heaviside__out},
+      {"logaddexp", "specs/special.yaml:134", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp},
+      {"logaddexp.out", "specs/special.yaml:134", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp__out},
+      {"logaddexp2", "specs/special.yaml:140", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp2},
+      {"logaddexp2.out", "specs/special.yaml:140", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp2__out},
+      {"logit", "specs/special.yaml:147", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logit},
+      {"logit_", "specs/special.yaml:147", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logit_},
+      {"logit.out", "specs/special.yaml:147", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logit__out},
+      {"logit_backward", "specs/special.yaml:153", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logit_backward},
+      {"logit_backward.grad_input", "specs/special.yaml:153", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logit_backward__grad_input},
+      {"hardshrink", "specs/special.yaml:160", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink},
+      {"hardshrink.out", "specs/special.yaml:160", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink__out},
+      {"hardshrink_backward", "specs/special.yaml:165", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink_backward},
+      {"hardshrink_backward.grad_input", "specs/special.yaml:165", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink_backward__grad_input},
+      {"softshrink", "specs/special.yaml:169", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink},
+      {"softshrink.out", "specs/special.yaml:169", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink__out},
+      {"softshrink_backward", "specs/special.yaml:174", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink_backward},
+      {"softshrink_backward.grad_input", "specs/special.yaml:174", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink_backward__grad_input},
+      {"hardsigmoid", "specs/special.yaml:178", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid},
+      {"hardsigmoid_", "specs/special.yaml:178", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid_},
+      {"hardsigmoid.out", "specs/special.yaml:178", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid__out},
+      {"hardsigmoid_backward", "specs/special.yaml:183", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid_backward},
+      {"hardsigmoid_backward.grad_input", "specs/special.yaml:183", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid_backward__grad_input},
+      {"rsub.Tensor", "specs/special.yaml:189", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Tensor},
+      {"rsub.Tensor_out", "specs/special.yaml:189", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {3},
+       {3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Tensor_out},
+      {"rsub.Scalar", "specs/special.yaml:194", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Scalar},
+      {"rsub.Scalar_out", "specs/special.yaml:194", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {3},
+       {3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Scalar_out},
+      {"nansum", "specs/special.yaml:199", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nansum},
+      {"nansum.out", "specs/special.yaml:199", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Output, {4},
+       {4}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nansum__out},
+      {"count_nonzero.dim_IntList", "specs/special.yaml:205", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_count_nonzero__dim_IntList},
+      {"count_nonzero.dim_IntList_out", "specs/special.yaml:205", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_count_nonzero__dim_IntList_out},
+      {"norm.ScalarOpt_dim", "specs/special.yaml:212", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_norm__ScalarOpt_dim},
+      {"norm.out", "specs/special.yaml:212", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Output, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_norm__out},
+      {"norm.ScalarOpt_dim_dtype", "specs/special.yaml:219", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_norm__ScalarOpt_dim_dtype},
+      {"norm.dtype_out", "specs/special.yaml:219", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Output, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_norm__dtype_out},
+      {"aminmax", "specs/special.yaml:226", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_aminmax},
+      {"logspace", "specs/special.yaml:233", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {0, 1}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logspace},
+      {"logspace.out", "specs/special.yaml:233", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Output, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_logspace__out},
       {"fill.Scalar", "specs/tensor.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {1}, Compute::Output, {},

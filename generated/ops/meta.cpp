@@ -8,6 +8,7 @@
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/acos_meta_dispatch.h>
+#include <ATen/ops/acosh_meta_dispatch.h>
 #include <ATen/ops/adaptive_max_pool2d_backward_meta_dispatch.h>
 #include <ATen/ops/adaptive_max_pool2d_meta_dispatch.h>
 #include <ATen/ops/adaptive_max_pool3d_backward_meta_dispatch.h>
@@ -23,8 +24,10 @@
 #include <ATen/ops/any_meta_dispatch.h>
 #include <ATen/ops/arange_meta_dispatch.h>
 #include <ATen/ops/asin_meta_dispatch.h>
+#include <ATen/ops/asinh_meta_dispatch.h>
 #include <ATen/ops/atan2_meta_dispatch.h>
 #include <ATen/ops/atan_meta_dispatch.h>
+#include <ATen/ops/atanh_meta_dispatch.h>
 #include <ATen/ops/baddbmm_meta_dispatch.h>
 #include <ATen/ops/bitwise_and_meta_dispatch.h>
 #include <ATen/ops/bitwise_not_meta_dispatch.h>
@@ -41,11 +44,15 @@
 #include <ATen/ops/cosh_meta_dispatch.h>
 #include <ATen/ops/cumprod_meta_dispatch.h>
 #include <ATen/ops/cumsum_meta_dispatch.h>
+#include <ATen/ops/digamma_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/elu_backward_meta_dispatch.h>
 #include <ATen/ops/elu_meta_dispatch.h>
 #include <ATen/ops/eq_meta_dispatch.h>
 #include <ATen/ops/erf_meta_dispatch.h>
+#include <ATen/ops/erfc_meta_dispatch.h>
+#include <ATen/ops/erfinv_meta_dispatch.h>
+#include <ATen/ops/exp2_meta_dispatch.h>
 #include <ATen/ops/exp_meta_dispatch.h>
 #include <ATen/ops/expm1_meta_dispatch.h>
 #include <ATen/ops/eye_meta_dispatch.h>
@@ -58,7 +65,14 @@
 #include <ATen/ops/gather_meta_dispatch.h>
 #include <ATen/ops/ge_meta_dispatch.h>
 #include <ATen/ops/gt_meta_dispatch.h>
+#include <ATen/ops/hardshrink_backward_meta_dispatch.h>
+#include <ATen/ops/hardshrink_meta_dispatch.h>
+#include <ATen/ops/hardsigmoid_backward_meta_dispatch.h>
+#include <ATen/ops/hardsigmoid_meta_dispatch.h>
+#include <ATen/ops/heaviside_meta_dispatch.h>
 #include <ATen/ops/hypot_meta_dispatch.h>
+#include <ATen/ops/index_add_meta_dispatch.h>
+#include <ATen/ops/index_copy_meta_dispatch.h>
 #include <ATen/ops/isin_meta_dispatch.h>
 #include <ATen/ops/isneginf_meta_dispatch.h>
 #include <ATen/ops/isposinf_meta_dispatch.h>
@@ -66,12 +80,16 @@
 #include <ATen/ops/leaky_relu_backward_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
 #include <ATen/ops/lerp_meta_dispatch.h>
+#include <ATen/ops/lgamma_meta_dispatch.h>
 #include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
 #include <ATen/ops/linspace_meta_dispatch.h>
 #include <ATen/ops/log10_meta_dispatch.h>
 #include <ATen/ops/log1p_meta_dispatch.h>
 #include <ATen/ops/log2_meta_dispatch.h>
 #include <ATen/ops/log_meta_dispatch.h>
+#include <ATen/ops/logaddexp2_meta_dispatch.h>
+#include <ATen/ops/logaddexp_meta_dispatch.h>
+#include <ATen/ops/logspace_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
 #include <ATen/ops/max_meta_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_backward_meta_dispatch.h>
@@ -86,8 +104,10 @@
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/ne_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/nextafter_meta_dispatch.h>
 #include <ATen/ops/nll_loss_backward_meta_dispatch.h>
 #include <ATen/ops/nll_loss_forward_meta_dispatch.h>
+#include <ATen/ops/norm_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/prod_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
@@ -109,11 +129,21 @@
 #include <ATen/ops/silu_backward_meta_dispatch.h>
 #include <ATen/ops/silu_meta_dispatch.h>
 #include <ATen/ops/sin_meta_dispatch.h>
+#include <ATen/ops/sinc_meta_dispatch.h>
 #include <ATen/ops/sinh_meta_dispatch.h>
 #include <ATen/ops/smooth_l1_loss_meta_dispatch.h>
 #include <ATen/ops/softplus_backward_meta_dispatch.h>
 #include <ATen/ops/softplus_meta_dispatch.h>
+#include <ATen/ops/softshrink_backward_meta_dispatch.h>
+#include <ATen/ops/softshrink_meta_dispatch.h>
 #include <ATen/ops/sort_meta_dispatch.h>
+#include <ATen/ops/special_entr_meta_dispatch.h>
+#include <ATen/ops/special_i1_meta_dispatch.h>
+#include <ATen/ops/special_i1e_meta_dispatch.h>
+#include <ATen/ops/special_log_ndtr_meta_dispatch.h>
+#include <ATen/ops/special_ndtri_meta_dispatch.h>
+#include <ATen/ops/special_xlog1py_meta_dispatch.h>
+#include <ATen/ops/special_zeta_meta_dispatch.h>
 #include <ATen/ops/sqrt_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/sum_meta_dispatch.h>
@@ -1065,6 +1095,46 @@ void meta_emit_isin__Tensor_Scalar_out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_index_add(torch::jit::Stack& s) {
+  auto result = at::meta::index_add(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor(), s[4].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_index_add_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::index_add_(a0, s[1].toInt(), s[2].toTensor(), s[3].toTensor(), s[4].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_index_add__out(torch::jit::Stack& s) {
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::index_add_outf(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor(), s[4].toScalar(), a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_index_copy(torch::jit::Stack& s) {
+  auto result = at::meta::index_copy(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_index_copy_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::index_copy_(a0, s[1].toInt(), s[2].toTensor(), s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_index_copy__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::index_copy_outf(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_mm(torch::jit::Stack& s) {
   auto result = at::meta::mm(s[0].toTensor(), s[1].toTensor());
   s.clear();
@@ -1810,6 +1880,450 @@ void meta_emit_replication_pad1d_backward__grad_input(torch::jit::Stack& s) {
   const auto a2 = s[2].toDimVector();
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::replication_pad1d_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acosh(torch::jit::Stack& s) {
+  auto result = at::meta::acosh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acosh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::acosh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acosh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::acosh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asinh(torch::jit::Stack& s) {
+  auto result = at::meta::asinh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asinh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::asinh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asinh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::asinh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atanh(torch::jit::Stack& s) {
+  auto result = at::meta::atanh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atanh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::atanh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atanh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::atanh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfc(torch::jit::Stack& s) {
+  auto result = at::meta::erfc(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfc_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::erfc_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfc__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::erfc_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfinv(torch::jit::Stack& s) {
+  auto result = at::meta::erfinv(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfinv_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::erfinv_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfinv__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::erfinv_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lgamma(torch::jit::Stack& s) {
+  auto result = at::meta::lgamma(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lgamma_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::lgamma_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lgamma__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::lgamma_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_digamma(torch::jit::Stack& s) {
+  auto result = at::meta::digamma(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_digamma_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::digamma_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_digamma__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::digamma_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_zeta(torch::jit::Stack& s) {
+  auto result = at::meta::special_zeta(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_zeta__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_zeta_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1e(torch::jit::Stack& s) {
+  auto result = at::meta::special_i1e(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1e__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_i1e_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1(torch::jit::Stack& s) {
+  auto result = at::meta::special_i1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_i1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_ndtri(torch::jit::Stack& s) {
+  auto result = at::meta::special_ndtri(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_ndtri__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_ndtri_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_log_ndtr(torch::jit::Stack& s) {
+  auto result = at::meta::special_log_ndtr(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_log_ndtr__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_log_ndtr_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_entr(torch::jit::Stack& s) {
+  auto result = at::meta::special_entr(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_entr__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_entr_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_xlog1py(torch::jit::Stack& s) {
+  auto result = at::meta::special_xlog1py(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_xlog1py__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_xlog1py_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_exp2(torch::jit::Stack& s) {
+  auto result = at::meta::exp2(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_exp2_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::exp2_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_exp2__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::exp2_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinc(torch::jit::Stack& s) {
+  auto result = at::meta::sinc(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinc_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::sinc_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinc__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::sinc_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nextafter(torch::jit::Stack& s) {
+  auto result = at::meta::nextafter(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nextafter_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::nextafter_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nextafter__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::nextafter_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_heaviside(torch::jit::Stack& s) {
+  auto result = at::meta::heaviside(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_heaviside_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::heaviside_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_heaviside__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::heaviside_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logaddexp(torch::jit::Stack& s) {
+  auto result = at::meta::logaddexp(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logaddexp__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::logaddexp_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logaddexp2(torch::jit::Stack& s) {
+  auto result = at::meta::logaddexp2(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logaddexp2__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::logaddexp2_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardshrink(torch::jit::Stack& s) {
+  auto result = at::meta::hardshrink(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardshrink__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::hardshrink_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardshrink_backward(torch::jit::Stack& s) {
+  auto result = at::meta::hardshrink_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardshrink_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::hardshrink_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink(torch::jit::Stack& s) {
+  auto result = at::meta::softshrink(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::softshrink_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink_backward(torch::jit::Stack& s) {
+  auto result = at::meta::softshrink_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::softshrink_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid(torch::jit::Stack& s) {
+  auto result = at::meta::hardsigmoid(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::hardsigmoid_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::hardsigmoid_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid_backward(torch::jit::Stack& s) {
+  auto result = at::meta::hardsigmoid_backward(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::hardsigmoid_backward_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_norm__ScalarOpt_dim(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  auto result = at::meta::norm(s[0].toTensor(), s[1].toOptional<at::Scalar>(), a2, s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_norm__out(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::norm_outf(s[0].toTensor(), s[1].toOptional<at::Scalar>(), a2, s[3].toBool(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logspace__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::logspace_outf(s[0].toScalar(), s[1].toScalar(), s[2].toInt(), s[3].toDouble(), a4);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2811,6 +3325,26 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // _embedding_bag_backward
       nullptr,  // _embedding_bag_dense_backward
       nullptr,  // _embedding_bag_per_sample_weights_backward
+      &meta_emit_index_add,  // index_add
+      &meta_emit_index_add_,  // index_add_
+      &meta_emit_index_add__out,  // index_add.out
+      &meta_emit_index_copy,  // index_copy
+      &meta_emit_index_copy_,  // index_copy_
+      &meta_emit_index_copy__out,  // index_copy.out
+      nullptr,  // index_fill.int_Scalar
+      nullptr,  // index_fill_.int_Scalar
+      nullptr,  // index_fill.int_Scalar_out
+      nullptr,  // index_fill.int_Tensor
+      nullptr,  // index_fill_.int_Tensor
+      nullptr,  // index_fill.int_Tensor_out
+      nullptr,  // index_reduce
+      nullptr,  // index_reduce_
+      nullptr,  // index_reduce.out
+      nullptr,  // take
+      nullptr,  // take.out
+      nullptr,  // put
+      nullptr,  // put_
+      nullptr,  // put.out
       &meta_emit_mm,  // mm
       &meta_emit_mm__out,  // mm.out
       &meta_emit_addmm,  // addmm
@@ -3260,6 +3794,19 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_cumprod__out,  // cumprod.out
       &meta_emit_sort__stable,  // sort.stable
       &meta_emit_topk,  // topk
+      nullptr,  // cummax
+      nullptr,  // cummin
+      nullptr,  // _logcumsumexp
+      nullptr,  // _logcumsumexp.out
+      nullptr,  // kthvalue
+      nullptr,  // median
+      nullptr,  // median.out
+      nullptr,  // median.dim
+      nullptr,  // nanmedian
+      nullptr,  // nanmedian.out
+      nullptr,  // nanmedian.dim
+      nullptr,  // trace
+      nullptr,  // trace.out
       nullptr,  // flip
       nullptr,  // flip.out
       nullptr,  // roll
@@ -3298,6 +3845,92 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_replication_pad1d_backward__grad_input,  // replication_pad1d_backward.grad_input
       nullptr,  // replication_pad2d_backward
       nullptr,  // replication_pad2d_backward.grad_input
+      &meta_emit_acosh,  // acosh
+      &meta_emit_acosh_,  // acosh_
+      &meta_emit_acosh__out,  // acosh.out
+      &meta_emit_asinh,  // asinh
+      &meta_emit_asinh_,  // asinh_
+      &meta_emit_asinh__out,  // asinh.out
+      &meta_emit_atanh,  // atanh
+      &meta_emit_atanh_,  // atanh_
+      &meta_emit_atanh__out,  // atanh.out
+      &meta_emit_erfc,  // erfc
+      &meta_emit_erfc_,  // erfc_
+      &meta_emit_erfc__out,  // erfc.out
+      &meta_emit_erfinv,  // erfinv
+      &meta_emit_erfinv_,  // erfinv_
+      &meta_emit_erfinv__out,  // erfinv.out
+      &meta_emit_lgamma,  // lgamma
+      &meta_emit_lgamma_,  // lgamma_
+      &meta_emit_lgamma__out,  // lgamma.out
+      &meta_emit_digamma,  // digamma
+      &meta_emit_digamma_,  // digamma_
+      &meta_emit_digamma__out,  // digamma.out
+      &meta_emit_special_zeta,  // special_zeta
+      &meta_emit_special_zeta__out,  // special_zeta.out
+      &meta_emit_special_i1e,  // special_i1e
+      &meta_emit_special_i1e__out,  // special_i1e.out
+      &meta_emit_special_i1,  // special_i1
+      &meta_emit_special_i1__out,  // special_i1.out
+      &meta_emit_special_ndtri,  // special_ndtri
+      &meta_emit_special_ndtri__out,  // special_ndtri.out
+      &meta_emit_special_log_ndtr,  // special_log_ndtr
+      &meta_emit_special_log_ndtr__out,  // special_log_ndtr.out
+      &meta_emit_special_entr,  // special_entr
+      &meta_emit_special_entr__out,  // special_entr.out
+      &meta_emit_special_xlog1py,  // special_xlog1py
+      &meta_emit_special_xlog1py__out,  // special_xlog1py.out
+      &meta_emit_exp2,  // exp2
+      &meta_emit_exp2_,  // exp2_
+      &meta_emit_exp2__out,  // exp2.out
+      &meta_emit_sinc,  // sinc
+      &meta_emit_sinc_,  // sinc_
+      &meta_emit_sinc__out,  // sinc.out
+      &meta_emit_nextafter,  // nextafter
+      &meta_emit_nextafter_,  // nextafter_
+      &meta_emit_nextafter__out,  // nextafter.out
+      nullptr,  // angle
+      nullptr,  // angle.out
+      &meta_emit_heaviside,  // heaviside
+      &meta_emit_heaviside_,  // heaviside_
+      &meta_emit_heaviside__out,  // heaviside.out
+      &meta_emit_logaddexp,  // logaddexp
+      &meta_emit_logaddexp__out,  // logaddexp.out
+      &meta_emit_logaddexp2,  // logaddexp2
+      &meta_emit_logaddexp2__out,  // logaddexp2.out
+      nullptr,  // logit
+      nullptr,  // logit_
+      nullptr,  // logit.out
+      nullptr,  // logit_backward
+      nullptr,  // logit_backward.grad_input
+      &meta_emit_hardshrink,  // hardshrink
+      &meta_emit_hardshrink__out,  // hardshrink.out
+      &meta_emit_hardshrink_backward,  // hardshrink_backward
+      &meta_emit_hardshrink_backward__grad_input,  // hardshrink_backward.grad_input
+      &meta_emit_softshrink,  // softshrink
+      &meta_emit_softshrink__out,  // softshrink.out
+      &meta_emit_softshrink_backward,  // softshrink_backward
+      &meta_emit_softshrink_backward__grad_input,  // softshrink_backward.grad_input
+      &meta_emit_hardsigmoid,  // hardsigmoid
+      &meta_emit_hardsigmoid_,  // hardsigmoid_
+      &meta_emit_hardsigmoid__out,  // hardsigmoid.out
+      &meta_emit_hardsigmoid_backward,  // hardsigmoid_backward
+      &meta_emit_hardsigmoid_backward__grad_input,  // hardsigmoid_backward.grad_input
+      nullptr,  // rsub.Tensor
+      nullptr,  // rsub.Tensor_out
+      nullptr,  // rsub.Scalar
+      nullptr,  // rsub.Scalar_out
+      nullptr,  // nansum
+      nullptr,  // nansum.out
+      nullptr,  // count_nonzero.dim_IntList
+      nullptr,  // count_nonzero.dim_IntList_out
+      &meta_emit_norm__ScalarOpt_dim,  // norm.ScalarOpt_dim
+      &meta_emit_norm__out,  // norm.out
+      nullptr,  // norm.ScalarOpt_dim_dtype
+      nullptr,  // norm.dtype_out
+      nullptr,  // aminmax
+      nullptr,  // logspace
+      &meta_emit_logspace__out,  // logspace.out
       nullptr,  // fill.Scalar
       &meta_emit_fill___Scalar,  // fill_.Scalar
       nullptr,  // fill.Scalar_out

@@ -2050,6 +2050,228 @@ def test__embedding_bag_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_index_add(dtype):
+    # specs/indexing.yaml:172
+    check_opinfo(
+        "index_add",
+        dtype,
+        overloads=["index_add", "index_add_", "index_add.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_index_add_compiled():
+    # specs/indexing.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "index_add",
+        overloads=["index_add", "index_add_", "index_add.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_index_add_other_dtypes(dtype):
+    # specs/indexing.yaml:172: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "index_add",
+        dtype,
+        overloads=["index_add", "index_add_", "index_add.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_index_copy(dtype):
+    # specs/indexing.yaml:178
+    check_opinfo(
+        "index_copy",
+        dtype,
+        overloads=["index_copy", "index_copy_", "index_copy.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_index_copy_compiled():
+    # specs/indexing.yaml:178: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "index_copy",
+        overloads=["index_copy", "index_copy_", "index_copy.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_index_copy_other_dtypes(dtype):
+    # specs/indexing.yaml:178: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "index_copy",
+        dtype,
+        overloads=["index_copy", "index_copy_", "index_copy.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_index_fill_int_Scalar(dtype):
+    # specs/indexing.yaml:184
+    check_opinfo(
+        "index_fill",
+        dtype,
+        overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_index_fill_int_Scalar_compiled():
+    # specs/indexing.yaml:184: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "index_fill",
+        overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_index_fill_int_Scalar_other_dtypes(dtype):
+    # specs/indexing.yaml:184: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "index_fill",
+        dtype,
+        overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_index_reduce(dtype):
+    # specs/indexing.yaml:196
+    check_opinfo(
+        "index_reduce.prod",
+        dtype,
+        overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_index_reduce_compiled():
+    # specs/indexing.yaml:196: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "index_reduce.prod",
+        overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_index_reduce_other_dtypes(dtype):
+    # specs/indexing.yaml:196: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "index_reduce.prod",
+        dtype,
+        overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_take(dtype):
+    # specs/indexing.yaml:203
+    check_opinfo(
+        "take",
+        dtype,
+        overloads=["take", "take.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_take_compiled():
+    # specs/indexing.yaml:203: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "take",
+        overloads=["take", "take.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_take_other_dtypes(dtype):
+    # specs/indexing.yaml:203: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "take",
+        dtype,
+        overloads=["take", "take.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_put(dtype):
+    # specs/indexing.yaml:208
+    check_opinfo(
+        "put",
+        dtype,
+        overloads=["put", "put_", "put.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_put_compiled():
+    # specs/indexing.yaml:208: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "put",
+        overloads=["put", "put_", "put.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_put_other_dtypes(dtype):
+    # specs/indexing.yaml:208: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "put",
+        dtype,
+        overloads=["put", "put_", "put.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mm(dtype):
     # specs/linalg.yaml:10
     check_opinfo(
@@ -6057,6 +6279,255 @@ def test_topk_compiled():
     )
 
 
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_cummax(dtype):
+    # specs/reduction.yaml:232
+    check_opinfo(
+        "cummax",
+        dtype,
+        overloads=["cummax"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_cummax_compiled():
+    # specs/reduction.yaml:232: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cummax",
+        overloads=["cummax"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_cummax_other_dtypes(dtype):
+    # specs/reduction.yaml:232: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cummax",
+        dtype,
+        overloads=["cummax"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_cummin(dtype):
+    # specs/reduction.yaml:239
+    check_opinfo(
+        "cummin",
+        dtype,
+        overloads=["cummin"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_cummin_compiled():
+    # specs/reduction.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cummin",
+        overloads=["cummin"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_cummin_other_dtypes(dtype):
+    # specs/reduction.yaml:239: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cummin",
+        dtype,
+        overloads=["cummin"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__logcumsumexp(dtype):
+    # specs/reduction.yaml:247
+    check_opinfo(
+        "logcumsumexp",
+        dtype,
+        overloads=["_logcumsumexp", "_logcumsumexp.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        grad_atol=5e-3,
+        grad_rtol=5e-3,
+    )
+
+
+def test__logcumsumexp_compiled():
+    # specs/reduction.yaml:247: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logcumsumexp",
+        overloads=["_logcumsumexp", "_logcumsumexp.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__logcumsumexp_other_dtypes(dtype):
+    # specs/reduction.yaml:247: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logcumsumexp",
+        dtype,
+        overloads=["_logcumsumexp", "_logcumsumexp.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        grad_atol=5e-3,
+        grad_rtol=5e-3,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_kthvalue(dtype):
+    # specs/reduction.yaml:256
+    check_opinfo(
+        "kthvalue",
+        dtype,
+        overloads=["kthvalue"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_kthvalue_compiled():
+    # specs/reduction.yaml:256: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "kthvalue",
+        overloads=["kthvalue"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_median(dtype):
+    # specs/reduction.yaml:263
+    check_opinfo(
+        "median",
+        dtype,
+        overloads=["median", "median.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_median_compiled():
+    # specs/reduction.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "median",
+        overloads=["median", "median.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_median_other_dtypes(dtype):
+    # specs/reduction.yaml:263: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "median",
+        dtype,
+        overloads=["median", "median.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_nanmedian(dtype):
+    # specs/reduction.yaml:275
+    check_opinfo(
+        "nanmedian",
+        dtype,
+        overloads=["nanmedian", "nanmedian.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_nanmedian_compiled():
+    # specs/reduction.yaml:275: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nanmedian",
+        overloads=["nanmedian", "nanmedian.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_nanmedian_other_dtypes(dtype):
+    # specs/reduction.yaml:275: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nanmedian",
+        dtype,
+        overloads=["nanmedian", "nanmedian.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_trace(dtype):
+    # specs/reduction.yaml:288
+    check_opinfo(
+        "trace",
+        dtype,
+        overloads=["trace", "trace.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_trace_compiled():
+    # specs/reduction.yaml:288: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "trace",
+        overloads=["trace", "trace.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_trace_other_dtypes(dtype):
+    # specs/reduction.yaml:288: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "trace",
+        dtype,
+        overloads=["trace", "trace.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_flip(dtype):
     # specs/shape.yaml:4
@@ -6424,6 +6895,1125 @@ def test_replication_pad1d_other_dtypes(dtype):
         atol=None,
         rtol=None,
         max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_acosh(dtype):
+    # specs/special.yaml:8
+    check_opinfo(
+        "acosh",
+        dtype,
+        overloads=["acosh", "acosh_", "acosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_acosh_compiled():
+    # specs/special.yaml:8: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "acosh",
+        overloads=["acosh", "acosh_", "acosh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_acosh_other_dtypes(dtype):
+    # specs/special.yaml:8: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "acosh",
+        dtype,
+        overloads=["acosh", "acosh_", "acosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_asinh(dtype):
+    # specs/special.yaml:14
+    check_opinfo(
+        "asinh",
+        dtype,
+        overloads=["asinh", "asinh_", "asinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_asinh_compiled():
+    # specs/special.yaml:14: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "asinh",
+        overloads=["asinh", "asinh_", "asinh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_asinh_other_dtypes(dtype):
+    # specs/special.yaml:14: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "asinh",
+        dtype,
+        overloads=["asinh", "asinh_", "asinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_atanh(dtype):
+    # specs/special.yaml:20
+    check_opinfo(
+        "atanh",
+        dtype,
+        overloads=["atanh", "atanh_", "atanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_atanh_compiled():
+    # specs/special.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "atanh",
+        overloads=["atanh", "atanh_", "atanh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_atanh_other_dtypes(dtype):
+    # specs/special.yaml:20: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "atanh",
+        dtype,
+        overloads=["atanh", "atanh_", "atanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_erfc(dtype):
+    # specs/special.yaml:26
+    check_opinfo(
+        "erfc",
+        dtype,
+        overloads=["erfc", "erfc_", "erfc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_erfc_compiled():
+    # specs/special.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "erfc",
+        overloads=["erfc", "erfc_", "erfc.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_erfc_other_dtypes(dtype):
+    # specs/special.yaml:26: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "erfc",
+        dtype,
+        overloads=["erfc", "erfc_", "erfc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_erfinv(dtype):
+    # specs/special.yaml:32
+    check_opinfo(
+        "erfinv",
+        dtype,
+        overloads=["erfinv", "erfinv_", "erfinv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_erfinv_compiled():
+    # specs/special.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "erfinv",
+        overloads=["erfinv", "erfinv_", "erfinv.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_erfinv_other_dtypes(dtype):
+    # specs/special.yaml:32: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "erfinv",
+        dtype,
+        overloads=["erfinv", "erfinv_", "erfinv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_lgamma(dtype):
+    # specs/special.yaml:38
+    check_opinfo(
+        "lgamma",
+        dtype,
+        overloads=["lgamma", "lgamma_", "lgamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_lgamma_compiled():
+    # specs/special.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "lgamma",
+        overloads=["lgamma", "lgamma_", "lgamma.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_lgamma_other_dtypes(dtype):
+    # specs/special.yaml:38: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "lgamma",
+        dtype,
+        overloads=["lgamma", "lgamma_", "lgamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_digamma(dtype):
+    # specs/special.yaml:44
+    check_opinfo(
+        "digamma",
+        dtype,
+        overloads=["digamma", "digamma_", "digamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_digamma_compiled():
+    # specs/special.yaml:44: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "digamma",
+        overloads=["digamma", "digamma_", "digamma.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_digamma_other_dtypes(dtype):
+    # specs/special.yaml:44: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "digamma",
+        dtype,
+        overloads=["digamma", "digamma_", "digamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_zeta(dtype):
+    # specs/special.yaml:54
+    check_opinfo(
+        "special.zeta",
+        dtype,
+        overloads=["special_zeta", "special_zeta.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_special_zeta_compiled():
+    # specs/special.yaml:54: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.zeta",
+        overloads=["special_zeta", "special_zeta.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_zeta_other_dtypes(dtype):
+    # specs/special.yaml:54: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.zeta",
+        dtype,
+        overloads=["special_zeta", "special_zeta.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_i1e(dtype):
+    # specs/special.yaml:60
+    check_opinfo(
+        "special.i1e",
+        dtype,
+        overloads=["special_i1e", "special_i1e.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_special_i1e_compiled():
+    # specs/special.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.i1e",
+        overloads=["special_i1e", "special_i1e.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_i1e_other_dtypes(dtype):
+    # specs/special.yaml:60: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.i1e",
+        dtype,
+        overloads=["special_i1e", "special_i1e.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_i1(dtype):
+    # specs/special.yaml:66
+    check_opinfo(
+        "special.i1",
+        dtype,
+        overloads=["special_i1", "special_i1.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_special_i1_compiled():
+    # specs/special.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.i1",
+        overloads=["special_i1", "special_i1.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_i1_other_dtypes(dtype):
+    # specs/special.yaml:66: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.i1",
+        dtype,
+        overloads=["special_i1", "special_i1.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_ndtri(dtype):
+    # specs/special.yaml:73
+    check_opinfo(
+        "special.ndtri",
+        dtype,
+        overloads=["special_ndtri", "special_ndtri.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_special_ndtri_compiled():
+    # specs/special.yaml:73: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.ndtri",
+        overloads=["special_ndtri", "special_ndtri.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_ndtri_other_dtypes(dtype):
+    # specs/special.yaml:73: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.ndtri",
+        dtype,
+        overloads=["special_ndtri", "special_ndtri.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_log_ndtr(dtype):
+    # specs/special.yaml:80
+    check_opinfo(
+        "special.log_ndtr",
+        dtype,
+        overloads=["special_log_ndtr", "special_log_ndtr.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_special_log_ndtr_compiled():
+    # specs/special.yaml:80: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.log_ndtr",
+        overloads=["special_log_ndtr", "special_log_ndtr.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_log_ndtr_other_dtypes(dtype):
+    # specs/special.yaml:80: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.log_ndtr",
+        dtype,
+        overloads=["special_log_ndtr", "special_log_ndtr.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_entr(dtype):
+    # specs/special.yaml:87
+    check_opinfo(
+        "special.entr",
+        dtype,
+        overloads=["special_entr", "special_entr.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_entr_compiled():
+    # specs/special.yaml:87: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.entr",
+        overloads=["special_entr", "special_entr.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_entr_other_dtypes(dtype):
+    # specs/special.yaml:87: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.entr",
+        dtype,
+        overloads=["special_entr", "special_entr.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_xlog1py(dtype):
+    # specs/special.yaml:95
+    check_opinfo(
+        "special.xlog1py",
+        dtype,
+        overloads=["special_xlog1py", "special_xlog1py.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_xlog1py_compiled():
+    # specs/special.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.xlog1py",
+        overloads=["special_xlog1py", "special_xlog1py.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_xlog1py_other_dtypes(dtype):
+    # specs/special.yaml:95: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.xlog1py",
+        dtype,
+        overloads=["special_xlog1py", "special_xlog1py.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_exp2(dtype):
+    # specs/special.yaml:103
+    check_opinfo(
+        "exp2",
+        dtype,
+        overloads=["exp2", "exp2_", "exp2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_exp2_compiled():
+    # specs/special.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "exp2",
+        overloads=["exp2", "exp2_", "exp2.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_exp2_other_dtypes(dtype):
+    # specs/special.yaml:103: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "exp2",
+        dtype,
+        overloads=["exp2", "exp2_", "exp2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_sinc(dtype):
+    # specs/special.yaml:109
+    check_opinfo(
+        "sinc",
+        dtype,
+        overloads=["sinc", "sinc_", "sinc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_sinc_compiled():
+    # specs/special.yaml:109: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sinc",
+        overloads=["sinc", "sinc_", "sinc.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_sinc_other_dtypes(dtype):
+    # specs/special.yaml:109: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sinc",
+        dtype,
+        overloads=["sinc", "sinc_", "sinc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_nextafter(dtype):
+    # specs/special.yaml:117
+    check_opinfo(
+        "nextafter",
+        dtype,
+        overloads=["nextafter", "nextafter_", "nextafter.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_nextafter_compiled():
+    # specs/special.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nextafter",
+        overloads=["nextafter", "nextafter_", "nextafter.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_nextafter_other_dtypes(dtype):
+    # specs/special.yaml:117: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nextafter",
+        dtype,
+        overloads=["nextafter", "nextafter_", "nextafter.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_angle(dtype):
+    # specs/special.yaml:123
+    check_opinfo(
+        "angle",
+        dtype,
+        overloads=["angle", "angle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_angle_compiled():
+    # specs/special.yaml:123: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "angle",
+        overloads=["angle", "angle.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_angle_other_dtypes(dtype):
+    # specs/special.yaml:123: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "angle",
+        dtype,
+        overloads=["angle", "angle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_heaviside(dtype):
+    # specs/special.yaml:129
+    check_opinfo(
+        "heaviside",
+        dtype,
+        overloads=["heaviside", "heaviside_", "heaviside.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_heaviside_compiled():
+    # specs/special.yaml:129: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "heaviside",
+        overloads=["heaviside", "heaviside_", "heaviside.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_heaviside_other_dtypes(dtype):
+    # specs/special.yaml:129: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "heaviside",
+        dtype,
+        overloads=["heaviside", "heaviside_", "heaviside.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_logaddexp(dtype):
+    # specs/special.yaml:134
+    check_opinfo(
+        "logaddexp",
+        dtype,
+        overloads=["logaddexp", "logaddexp.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_logaddexp_compiled():
+    # specs/special.yaml:134: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logaddexp",
+        overloads=["logaddexp", "logaddexp.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_logaddexp_other_dtypes(dtype):
+    # specs/special.yaml:134: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logaddexp",
+        dtype,
+        overloads=["logaddexp", "logaddexp.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_logaddexp2(dtype):
+    # specs/special.yaml:140
+    check_opinfo(
+        "logaddexp2",
+        dtype,
+        overloads=["logaddexp2", "logaddexp2.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_logaddexp2_compiled():
+    # specs/special.yaml:140: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logaddexp2",
+        overloads=["logaddexp2", "logaddexp2.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_logaddexp2_other_dtypes(dtype):
+    # specs/special.yaml:140: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logaddexp2",
+        dtype,
+        overloads=["logaddexp2", "logaddexp2.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_logit(dtype):
+    # specs/special.yaml:147
+    check_opinfo(
+        "logit",
+        dtype,
+        overloads=["logit", "logit_", "logit.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_logit_compiled():
+    # specs/special.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logit",
+        overloads=["logit", "logit_", "logit.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hardshrink(dtype):
+    # specs/special.yaml:160
+    check_opinfo(
+        "nn.functional.hardshrink",
+        dtype,
+        overloads=["hardshrink", "hardshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_hardshrink_compiled():
+    # specs/special.yaml:160: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.hardshrink",
+        overloads=["hardshrink", "hardshrink.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_hardshrink_other_dtypes(dtype):
+    # specs/special.yaml:160: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.hardshrink",
+        dtype,
+        overloads=["hardshrink", "hardshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_softshrink(dtype):
+    # specs/special.yaml:169
+    check_opinfo(
+        "nn.functional.softshrink",
+        dtype,
+        overloads=["softshrink", "softshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_softshrink_compiled():
+    # specs/special.yaml:169: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.softshrink",
+        overloads=["softshrink", "softshrink.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_softshrink_other_dtypes(dtype):
+    # specs/special.yaml:169: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.softshrink",
+        dtype,
+        overloads=["softshrink", "softshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hardsigmoid(dtype):
+    # specs/special.yaml:178
+    check_opinfo(
+        "nn.functional.hardsigmoid",
+        dtype,
+        overloads=["hardsigmoid", "hardsigmoid_", "hardsigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_hardsigmoid_compiled():
+    # specs/special.yaml:178: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.hardsigmoid",
+        overloads=["hardsigmoid", "hardsigmoid_", "hardsigmoid.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_hardsigmoid_other_dtypes(dtype):
+    # specs/special.yaml:178: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.hardsigmoid",
+        dtype,
+        overloads=["hardsigmoid", "hardsigmoid_", "hardsigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_rsub_Tensor(dtype):
+    # specs/special.yaml:189
+    check_opinfo(
+        "rsub",
+        dtype,
+        overloads=["rsub.Tensor", "rsub.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_rsub_Tensor_compiled():
+    # specs/special.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "rsub",
+        overloads=["rsub.Tensor", "rsub.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_rsub_Tensor_other_dtypes(dtype):
+    # specs/special.yaml:189: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "rsub",
+        dtype,
+        overloads=["rsub.Tensor", "rsub.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_nansum(dtype):
+    # specs/special.yaml:199
+    check_opinfo(
+        "nansum",
+        dtype,
+        overloads=["nansum", "nansum.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_nansum_compiled():
+    # specs/special.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nansum",
+        overloads=["nansum", "nansum.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_nansum_other_dtypes(dtype):
+    # specs/special.yaml:199: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nansum",
+        dtype,
+        overloads=["nansum", "nansum.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_count_nonzero_dim_IntList(dtype):
+    # specs/special.yaml:205
+    check_opinfo(
+        "count_nonzero",
+        dtype,
+        overloads=["count_nonzero.dim_IntList", "count_nonzero.dim_IntList_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_count_nonzero_dim_IntList_compiled():
+    # specs/special.yaml:205: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "count_nonzero",
+        overloads=["count_nonzero.dim_IntList", "count_nonzero.dim_IntList_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_count_nonzero_dim_IntList_other_dtypes(dtype):
+    # specs/special.yaml:205: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "count_nonzero",
+        dtype,
+        overloads=["count_nonzero.dim_IntList", "count_nonzero.dim_IntList_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_norm_ScalarOpt_dim(dtype):
+    # specs/special.yaml:212
+    check_opinfo(
+        "dist",
+        dtype,
+        overloads=["norm.ScalarOpt_dim", "norm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_norm_ScalarOpt_dim_compiled():
+    # specs/special.yaml:212: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "dist",
+        overloads=["norm.ScalarOpt_dim", "norm.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_norm_ScalarOpt_dim_other_dtypes(dtype):
+    # specs/special.yaml:212: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "dist",
+        dtype,
+        overloads=["norm.ScalarOpt_dim", "norm.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_aminmax(dtype):
+    # specs/special.yaml:226
+    check_opinfo(
+        "aminmax",
+        dtype,
+        overloads=["aminmax"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_aminmax_compiled():
+    # specs/special.yaml:226: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "aminmax",
+        overloads=["aminmax"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_aminmax_other_dtypes(dtype):
+    # specs/special.yaml:226: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "aminmax",
+        dtype,
+        overloads=["aminmax"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_logspace(dtype):
+    # specs/special.yaml:233
+    check_opinfo(
+        "logspace",
+        dtype,
+        overloads=["logspace", "logspace.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_logspace_compiled():
+    # specs/special.yaml:233: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logspace",
+        overloads=["logspace", "logspace.out"],
+        atol=1e-5,
+        rtol=1e-5,
     )
 
 

@@ -79,6 +79,13 @@ class Builder {
   Value gather_flat(const Value& flat, const Value& indices);
   Value scatter_flat(const Value& flat, const Value& indices, const Value& updates);
 
+  // CHLO's elementwise ops by name (special functions XLA expands into StableHLO); operands broadcast.
+  Value chlo_unary(const char* op, const Value& v);
+  Value chlo_binary(const char* op, const Value& a, const Value& b);
+  // Per row along dim: the element at sorted (ascending, NaN last, stable) position k, a 0-d or a
+  // keepdim-shaped integer Value; or (indices) its position in v.
+  Value kth_along(const Value& v, const Value& k, int64_t dim, bool keepdim, bool indices);
+
   // --- Primitives that spec lowerings name (specs/*.yaml) ---
   // codegen reads this section (codegen/model.py _PARAMETER_KINDS): one declaration per line;
   // parameters are const Value&, const std::vector<Value>&, const std::vector<int64_t>&, int64_t,
@@ -335,6 +342,39 @@ class Builder {
   Value upsample_nearest_backward(const Value& grad, const std::vector<int64_t>& input_size, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2, bool exact);
   Value upsample_linear(const Value& self, const std::vector<int64_t>& output_size, bool align_corners, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2);
   Value upsample_linear_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2);
+
+  // special functions and op_db gap primitives (specs/special.yaml; runtime/hlo/special.cc)
+  Value lgamma(const Value& v) { return chlo_unary("lgamma", v); }
+  Value digamma(const Value& v) { return chlo_unary("digamma", v); }
+  Value erfinv(const Value& v) { return chlo_unary("erf_inv", v); }
+  Value erfc(const Value& v) { return chlo_unary("erfc", v); }
+  Value acosh(const Value& v) { return chlo_unary("acosh", v); }
+  Value asinh(const Value& v) { return chlo_unary("asinh", v); }
+  Value atanh(const Value& v) { return chlo_unary("atanh", v); }
+  Value bessel_i1e(const Value& v) { return chlo_unary("bessel_i1e", v); }
+  Value zeta(const Value& x, const Value& q) { return chlo_binary("zeta", x, q); }  // Hurwitz zeta
+  Value next_after(const Value& a, const Value& b) { return chlo_binary("next_after", a, b); }
+  Value logit(const Value& v, std::optional<double> eps);  // log(v / (1 - v)), v clamped to [eps, 1 - eps] first
+  Value logit_backward(const Value& grad, const Value& v, std::optional<double> eps);  // 0 outside [eps, 1 - eps]
+  Value power_of(double base, const Value& exponent);  // base ** exponent (logspace)
+  Value count_nonzero(const Value& v, const std::vector<int64_t>& dims);  // int64; empty dims = all
+  Value logaddexp(const Value& a, const Value& b);  // log(exp(a) + exp(b)) without overflow
+  // index (1-D or 0-d) laid along dim of like's shape, with dim resized to index's numel: what makes
+  // index_add / index_copy / index_fill / index_reduce the scatter_along of their source.
+  Value expand_index(const Value& index, int64_t dim, const Value& like);
+  // torch.take / Tensor.put_: v read / written as if flattened (negative indices wrap once).
+  Value take(const Value& v, const Value& index);
+  Value put(const Value& v, const Value& index, const Value& source, bool accumulate);
+  Value diagonal(const Value& v, int64_t offset, int64_t dim1, int64_t dim2);  // a copy of torch.diagonal
+  // cummax / cummin along dim: the running extreme (the last one where equal; NaN wins and stays) or
+  // (indices) its int64 position.
+  Value cumulative_extreme(const Value& v, int64_t dim, bool max, bool indices);
+  Value logcumsumexp(const Value& v, int64_t dim);
+  // The k-th smallest (1-based; NaN largest) along dim, or (indices) its position.
+  Value kthvalue(const Value& v, int64_t k, int64_t dim, bool keepdim, bool indices);
+  // The lower median along dim (all_dims: of every element, a 0-d result); a NaN in a row makes it NaN
+  // unless ignore_nan (nanmedian); indices: its position.
+  Value median(const Value& v, int64_t dim, bool all_dims, bool keepdim, bool ignore_nan, bool indices);
 
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).

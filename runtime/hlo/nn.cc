@@ -258,7 +258,7 @@ Value Builder::per_channel(const Value& c, const Value& like) {
 
 Value Builder::dropout(const Value& state, const Value& input, double p) {
   if (p >= 1) return full(0, input.type);
-  return mul(convert(dropout_mask(state, input, p), input.element()), scalar_like(1.0 / (1.0 - p), input));
+  return mul(mul(input, convert(dropout_mask(state, input, p), input.element())), scalar_like(1.0 / (1.0 - p), input));
 }
 
 Value Builder::dropout_mask(const Value& state, const Value& input, double p) {

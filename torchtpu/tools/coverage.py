@@ -1,7 +1,8 @@
 """How much of ATen runs on tpu from specs.
 
     python -m torchtpu.tools.coverage                  # overloads with specs, core-op coverage
-    python -m torchtpu.tools.coverage --parity         # also run the generated parity tests
+    python -m torchtpu.tools.coverage --parity         # also sweep PyTorch's whole op_db on tpu vs CPU
+    python -m torchtpu.tools.coverage --parity --ops acosh,take --jobs 2 --json results.json
     python -m torchtpu.tools.coverage --workload x.py  # also run a program and list its CPU fallbacks
     python -m torchtpu.tools.coverage --workload x.py -- --steps 5   # ... giving it arguments
 """
@@ -11,9 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import runpy
-import subprocess
 import sys
 
 
@@ -32,20 +31,14 @@ def core_overloads() -> set[str]:
     return {name for name, f in by_name.items() if any(str(t) == "core" for t in f.tags)}
 
 
-def parity_summary() -> str:
-    tests = os.path.join(REPO, "generated", "tests")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests],
-                          capture_output=True, text=True, cwd=REPO)
-    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error)", proc.stdout)}
-    failing = sorted({m for m in re.findall(r"FAILED \S+::(test_\w+)", proc.stdout)})
-    line = (f"OpInfo parity tests: {counts.get('passed', 0)} passing, {counts.get('failed', 0)} failing, "
-            f"{counts.get('skipped', 0)} skipped")
-    return line + ("".join(f"\n  failing: {name}" for name in failing))
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parity", action="store_true", help="run generated/tests and count results")
+    parser.add_argument("--parity", action="store_true",
+                        help="run every OpInfo of op_db on tpu (float32, forward and backward) against CPU, "
+                             "with TORCHTPU_FALLBACK=error; count passing / failing / unsupported")
+    parser.add_argument("--ops", help="with --parity: comma-separated OpInfo names instead of all of op_db")
+    parser.add_argument("--jobs", type=int, default=1, help="with --parity: worker processes")
+    parser.add_argument("--json", help="with --parity: also write every OpInfo's result to this file")
     parser.add_argument("--workload", help="a Python program to run on tpu; its CPU fallbacks are listed")
     parser.add_argument("workload_args", nargs="*", help="the workload's arguments (after --)")
     args = parser.parse_args(argv)
@@ -63,7 +56,16 @@ def main(argv=None) -> int:
         covered = core & {name for name, _, _ in specs}
         print(f"core ATen overloads covered: {len(covered)} of {len(core)}")
     if args.parity:
-        print(parity_summary())
+        from torchtpu.tools import opdb_sweep
+
+        selection = opdb_sweep.select(args.ops.split(",") if args.ops else None)
+        results = opdb_sweep.sweep(selection, jobs=args.jobs)
+        print(opdb_sweep.summary(results), flush=True)
+        if args.json:
+            import json
+
+            with open(args.json, "w") as f:
+                json.dump([r.to_json() for r in results], f, indent=1)
     if args.workload:
         before = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
         # as `python x.py args...` would: its own argv, its directory first on sys.path

@@ -1,0 +1,214 @@
+// Builder special-function and op_db-gap family: CHLO's special functions (lgamma, digamma, erf_inv,
+// erfc, inverse hyperbolics, zeta, next_after, i1e), logit, index_add-style index
+// expansion, take/put, diagonal, cumulative max/min, logcumsumexp, kthvalue and median.
+#include "hlo/hlo_builder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "hlo/builder_internal.h"
+
+namespace torchtpu::rt {
+
+using namespace builder_internal;
+
+namespace {
+
+int64_t wrap(int64_t dim, int rank, const char* op) {
+  const int64_t wrapped = dim < 0 ? dim + std::max(rank, 1) : dim;
+  if (wrapped < 0 || wrapped >= std::max(rank, 1)) fail(std::string(op) + ": dimension out of range");
+  return wrapped;
+}
+
+}  // namespace
+
+Value Builder::chlo_unary(const char* op, const Value& v) {
+  return emit("\"chlo." + std::string(op) + "\"(" + name(v) + ") : (" + v.type.mlir() + ") -> " + v.type.mlir(),
+              v.type);
+}
+
+Value Builder::chlo_binary(const char* op, const Value& a_in, const Value& b_in) {
+  const std::vector<int64_t> dims = broadcast_shape({&a_in, &b_in}, op);
+  const Value a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
+  return emit("\"chlo." + std::string(op) + "\"(" + name(a) + ", " + name(b) + ") : (" + a.type.mlir() + ", " +
+                  b.type.mlir() + ") -> " + a.type.mlir(),
+              a.type);
+}
+
+Value Builder::logit(const Value& v, std::optional<double> eps) {
+  Value x = v;
+  if (eps) x = minimum(maximum(v, scalar_like(*eps, v)), scalar_like(1.0 - *eps, v));
+  return log(div(x, sub(scalar_like(1, x), x)));
+}
+
+Value Builder::logit_backward(const Value& grad, const Value& v, std::optional<double> eps) {
+  const Value d = div(grad, mul(v, sub(scalar_like(1, v), v)));
+  if (!eps) return d;
+  const Value outside = bitwise_or(lt(v, scalar_like(*eps, v)), gt(v, scalar_like(1.0 - *eps, v)));
+  return select(outside, full(0, d.type), d);
+}
+
+Value Builder::count_nonzero(const Value& v, const std::vector<int64_t>& dims) {
+  const Value set = v.element() == ElementType::Pred ? v : ne(v, full(0, v.type));
+  return sum(convert(set, ElementType::S64), dims, false);
+}
+
+Value Builder::power_of(double base, const Value& exponent) { return power(scalar_like(base, exponent), exponent); }
+
+Value Builder::expand_index(const Value& index, int64_t dim_in, const Value& like) {
+  if (like.rank() == 0) return reshape(index, {});
+  const int64_t dim = wrap(dim_in, like.rank(), "index_add");
+  std::vector<int64_t> shape(like.rank(), 1);
+  shape[dim] = index.type.numel();
+  std::vector<int64_t> target = like.dims();
+  target[dim] = index.type.numel();
+  return broadcast_to(reshape(index, shape), target);
+}
+
+Value Builder::take(const Value& v, const Value& index) {
+  const int64_t n = v.type.numel();
+  Value flat_v = reshape(v, {n});
+  Value i = convert(reshape(index, {index.type.numel()}), ElementType::S64);
+  i = select(lt(i, constant_int(0, ElementType::S64)), add(i, constant_int(n, ElementType::S64)), i);
+  if (index.type.numel() == 0 || n == 0) return full(0, TensorType{v.element(), index.dims()});
+  return reshape(gather_flat(flat_v, i), index.dims());
+}
+
+Value Builder::put(const Value& v, const Value& index, const Value& source, bool accumulate) {
+  const int64_t n = v.type.numel(), k = index.type.numel();
+  if (k == 0 || n == 0) return v;
+  Value i = convert(reshape(index, {k}), ElementType::S64);
+  i = select(lt(i, constant_int(0, ElementType::S64)), add(i, constant_int(n, ElementType::S64)), i);
+  Value src = reshape(convert(source, v.element()), {source.type.numel()});
+  if (src.type.numel() != k) src = slice(src, {0}, {k}, {1});
+  Value flat_v = reshape(v, {n});
+  if (accumulate) return reshape(scatter_along(flat_v, 0, i, src, "add"), v.dims());
+  return reshape(scatter_along(flat_v, 0, i, src, ""), v.dims());
+}
+
+Value Builder::diagonal(const Value& v, int64_t offset, int64_t dim1_in, int64_t dim2_in) {
+  const int64_t dim1 = wrap(dim1_in, v.rank(), "diagonal"), dim2 = wrap(dim2_in, v.rank(), "diagonal");
+  if (dim1 == dim2) fail("diagonal: dimensions cannot be identical");
+  std::vector<int64_t> perm, batch;
+  for (int d = 0; d < v.rank(); ++d) {
+    if (d != dim1 && d != dim2) {
+      perm.push_back(d);
+      batch.push_back(v.dims()[d]);
+    }
+  }
+  perm.push_back(dim1);
+  perm.push_back(dim2);
+  const int64_t rows = v.dims()[dim1], cols = v.dims()[dim2];
+  const int64_t length = std::max<int64_t>(0, offset >= 0 ? std::min(rows, cols - offset) : std::min(rows + offset, cols));
+  std::vector<int64_t> out = batch;
+  out.push_back(length);
+  if (length == 0) return full(0, TensorType{v.element(), out});
+  Value t = transpose(v, perm);
+  std::vector<int64_t> flat_dims = batch;
+  flat_dims.push_back(rows * cols);
+  t = reshape(t, flat_dims);
+  const int64_t start = offset >= 0 ? offset : -offset * cols;
+  std::vector<int64_t> s(batch.size() + 1, 0), l = flat_dims, st(batch.size() + 1, 1);
+  s.back() = start;
+  l.back() = start + (length - 1) * (cols + 1) + 1;
+  st.back() = cols + 1;
+  return slice(t, s, l, st);
+}
+
+Value Builder::cumulative_extreme(const Value& v, int64_t dim_in, bool max, bool indices) {
+  const TensorType index_type{ElementType::S64, v.dims()};
+  if (v.rank() == 0) return indices ? constant_int(0, ElementType::S64) : v;
+  const int64_t dim = wrap(dim_in, v.rank(), "cummax");
+  const int64_t n = v.dims()[dim];
+  Value x = v, idx = iota(index_type, dim);
+  if (v.type.numel() == 0) return indices ? full(0, index_type) : v;
+  const bool floating = is_float(v.element());
+  // Combining an earlier segment (a) with a later one (b): b wins where it is NaN, or where neither is
+  // NaN and it is >= (cummax) / <= (cummin) a: CPU keeps the last extreme and the last NaN.
+  for (int64_t k = 1; k < n; k *= 2) {
+    std::vector<int64_t> pad = v.dims(), start(v.rank(), 0), limit = v.dims(), strides(v.rank(), 1);
+    pad[dim] = k;
+    limit[dim] = n - k;
+    Value a = concatenate({broadcast_to(extreme_constant(*this, v.element(), max), pad), slice(x, start, limit, strides)},
+                          dim);
+    Value ai = concatenate({full(-1, TensorType{ElementType::S64, pad}), slice(idx, start, limit, strides)}, dim);
+    Value b_wins = max ? ge(x, a) : le(x, a);
+    if (floating) b_wins = bitwise_or(isnan(x), bitwise_and(bitwise_not(isnan(a)), b_wins));
+    x = select(b_wins, x, a);
+    idx = select(b_wins, idx, ai);
+  }
+  return indices ? idx : x;
+}
+
+Value Builder::logcumsumexp(const Value& v, int64_t dim_in) {
+  if (v.rank() == 0) return v;
+  const int64_t dim = wrap(dim_in, v.rank(), "logcumsumexp");
+  const int64_t n = v.dims()[dim];
+  Value x = v;
+  for (int64_t k = 1; k < n; k *= 2) {
+    std::vector<int64_t> pad = v.dims(), start(v.rank(), 0), limit = v.dims(), strides(v.rank(), 1);
+    pad[dim] = k;
+    limit[dim] = n - k;
+    Value a = concatenate({full(-HUGE_VAL, TensorType{v.element(), pad}), slice(x, start, limit, strides)}, dim);
+    x = logaddexp(a, x);
+  }
+  return x;
+}
+
+Value Builder::logaddexp(const Value& a, const Value& b) {
+  // max + log1p(exp(-|a - b|)); equal operands (both infinite included) give a + log 2.
+  const Value m = maximum(a, b);
+  const Value spread = log1p(exp(neg(abs(sub(a, b)))));
+  return select(eq(a, b), add(a, scalar_like(M_LN2, a)), add(m, spread));
+}
+
+Value Builder::kth_along(const Value& v, const Value& k, int64_t dim_in, bool keepdim, bool indices) {
+  // The sorted position `k` (a 0-d or a keepdim-shaped int64 tensor) of each row along dim.
+  if (v.rank() == 0) return indices ? constant_int(0, ElementType::S64) : v;
+  const int64_t dim = wrap(dim_in, v.rank(), "kthvalue");
+  Value sorted = sort_along(v, dim, false, indices);
+  std::vector<int64_t> one = v.dims();
+  one[dim] = 1;
+  Value position = broadcast_to(convert(k, ElementType::S64), one);
+  Value picked = take_along(sorted, dim, position);
+  if (keepdim) return picked;
+  std::vector<int64_t> out;
+  for (int d = 0; d < v.rank(); ++d) {
+    if (d != dim) out.push_back(v.dims()[d]);
+  }
+  return reshape(picked, out);
+}
+
+Value Builder::kthvalue(const Value& v, int64_t k, int64_t dim, bool keepdim, bool indices) {
+  return kth_along(v, constant_int(k - 1, ElementType::S64), dim, keepdim, indices);
+}
+
+Value Builder::median(const Value& v_in, int64_t dim_in, bool all_dims, bool keepdim, bool ignore_nan, bool indices) {
+  Value v = all_dims ? reshape(v_in, {v_in.type.numel()}) : v_in;
+  if (v.rank() == 0) return indices ? constant_int(0, ElementType::S64) : v;
+  const int64_t dim = all_dims ? 0 : wrap(dim_in, v.rank(), "median");
+  const int64_t n = v.dims()[dim];
+  // Sorted ascending, NaNs last: the lower median of the non-NaN values is position (count - 1) / 2.
+  // median: a row with a NaN gives its first NaN (position count); nanmedian ignores NaNs (an all-NaN
+  // row gives position 0: NaN).
+  Value position;
+  if (is_float(v.element())) {
+    Value count = sum(convert(bitwise_not(isnan(v)), ElementType::S64), {dim}, true);
+    Value lower = div(sub(count, constant_int(1, ElementType::S64)), constant_int(2, ElementType::S64));
+    lower = maximum(lower, constant_int(0, ElementType::S64));
+    position = ignore_nan ? lower : select(lt(count, constant_int(n, ElementType::S64)), count, lower);
+  } else {
+    position = constant_int((n - 1) / 2, ElementType::S64);
+  }
+  Value r = kth_along(v, position, dim, true, indices);
+  if (all_dims) return reshape(r, {});
+  if (keepdim) return r;
+  std::vector<int64_t> out;
+  for (int d = 0; d < v.rank(); ++d) {
+    if (d != dim) out.push_back(v.dims()[d]);
+  }
+  return reshape(r, out);
+}
+
+}  // namespace torchtpu::rt
