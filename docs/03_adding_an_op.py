@@ -132,8 +132,10 @@ def _(REPO, os, shutil, subprocess, sys, tempfile, textwrap):
         os.makedirs(os.path.join(root, "runtime", "hlo"))
         shutil.copy(REPO / "runtime" / "hlo" / "hlo_builder.h", os.path.join(root, "runtime", "hlo"))
         spec_file = os.path.join(root, "specs", "binary.yaml")
-        already = "\n- op: logaddexp\n" in open(spec_file).read()   # once the repository has it
-        if extra_spec and not (already and "logaddexp" in extra_spec):
+        spec_dir = os.path.join(root, "specs")
+        already = any("\n- op: logaddexp\n" in open(os.path.join(spec_dir, name)).read()
+                      for name in os.listdir(spec_dir))   # once the repository has it
+        if extra_spec and not (already and "- op: logaddexp\n" in extra_spec):
             with open(spec_file, "a") as f:
                 f.write("\n" + textwrap.dedent(extra_spec).strip("\n") + "\n")
         return root
@@ -194,8 +196,8 @@ def _(mo):
 @app.cell
 def _(mo, run_codegen, scratch_checkout, shutil):
     broken = scratch_checkout("""
-    - op: logaddexp
-      lowering: add(maximum(self, other), log_one_plus(exp(neg(abs(sub(self, other))))))
+    - op: deg2rad
+      lowering: mul(self, degrees_to_radians(1.0))
       dtypes: floating
     """)
     failed = run_codegen(broken)

@@ -53,7 +53,7 @@ def metrics_report() -> str:
 class OpEvent:
     """One step recorded by `trace()`: a spec kernel call, CPU fallback, copy or compiled-graph run."""
 
-    name: str          # "aten::add.Tensor", "aten::_cummax_helper", "graph 3", "aten::_copy_from cpu->tpu:0"
+    name: str          # "aten::add.Tensor", "aten::mode", "graph 3", "aten::_copy_from cpu->tpu:0"
     kind: str          # "op" | "fallback" | "graph" | "copy"
     shapes: str        # its tensor arguments, e.g. "f32[4, 8], f32[8]"
     cache: str         # where its executable came from: "hit" (kernel cache), "memory", "disk", "compile", ""
