@@ -5,6 +5,8 @@ aten::convolution_overrideable and aten::convolution_backward_overrideable, whic
 convolutions on a PrivateUse1 device, have no Meta kernel; they get the ones of aten::convolution and
 aten::convolution_backward, which compute the same results. aten::_fused_sgd_ (SGD with fused=True)
 has none either: an in-place update returns nothing, so its Meta kernel only checks the lists agree.
+The margin losses' backward ops (aten::multi_margin_loss_backward, multilabel_margin_loss_backward)
+have none: their gradient has the input's shape and dtype.
 """
 
 from __future__ import annotations
@@ -38,3 +40,15 @@ def _fused_sgd_meta(self, grads, momentum_buffer_list, *, weight_decay, momentum
 
 
 _lib.impl("_fused_sgd_", _fused_sgd_meta, "Meta")
+
+
+def _multi_margin_loss_backward_meta(grad_output, self, target, p, margin, weight=None, reduction=1):
+    return self.new_empty(self.shape)
+
+
+def _multilabel_margin_loss_backward_meta(grad_output, self, target, reduction, is_target):
+    return self.new_empty(self.shape)
+
+
+_lib.impl("multi_margin_loss_backward", _multi_margin_loss_backward_meta, "Meta")
+_lib.impl("multilabel_margin_loss_backward", _multilabel_margin_loss_backward_meta, "Meta")

@@ -8,6 +8,7 @@
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/acos_meta_dispatch.h>
+#include <ATen/ops/acosh_meta_dispatch.h>
 #include <ATen/ops/adaptive_max_pool2d_backward_meta_dispatch.h>
 #include <ATen/ops/adaptive_max_pool2d_meta_dispatch.h>
 #include <ATen/ops/adaptive_max_pool3d_backward_meta_dispatch.h>
@@ -23,8 +24,10 @@
 #include <ATen/ops/any_meta_dispatch.h>
 #include <ATen/ops/arange_meta_dispatch.h>
 #include <ATen/ops/asin_meta_dispatch.h>
+#include <ATen/ops/asinh_meta_dispatch.h>
 #include <ATen/ops/atan2_meta_dispatch.h>
 #include <ATen/ops/atan_meta_dispatch.h>
+#include <ATen/ops/atanh_meta_dispatch.h>
 #include <ATen/ops/baddbmm_meta_dispatch.h>
 #include <ATen/ops/bitwise_and_meta_dispatch.h>
 #include <ATen/ops/bitwise_not_meta_dispatch.h>
@@ -41,11 +44,15 @@
 #include <ATen/ops/cosh_meta_dispatch.h>
 #include <ATen/ops/cumprod_meta_dispatch.h>
 #include <ATen/ops/cumsum_meta_dispatch.h>
+#include <ATen/ops/digamma_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/elu_backward_meta_dispatch.h>
 #include <ATen/ops/elu_meta_dispatch.h>
 #include <ATen/ops/eq_meta_dispatch.h>
 #include <ATen/ops/erf_meta_dispatch.h>
+#include <ATen/ops/erfc_meta_dispatch.h>
+#include <ATen/ops/erfinv_meta_dispatch.h>
+#include <ATen/ops/exp2_meta_dispatch.h>
 #include <ATen/ops/exp_meta_dispatch.h>
 #include <ATen/ops/expm1_meta_dispatch.h>
 #include <ATen/ops/eye_meta_dispatch.h>
@@ -57,8 +64,17 @@
 #include <ATen/ops/frac_meta_dispatch.h>
 #include <ATen/ops/gather_meta_dispatch.h>
 #include <ATen/ops/ge_meta_dispatch.h>
+#include <ATen/ops/glu_meta_dispatch.h>
 #include <ATen/ops/gt_meta_dispatch.h>
+#include <ATen/ops/hardshrink_backward_meta_dispatch.h>
+#include <ATen/ops/hardshrink_meta_dispatch.h>
+#include <ATen/ops/hardsigmoid_backward_meta_dispatch.h>
+#include <ATen/ops/hardsigmoid_meta_dispatch.h>
+#include <ATen/ops/heaviside_meta_dispatch.h>
 #include <ATen/ops/hypot_meta_dispatch.h>
+#include <ATen/ops/i0_meta_dispatch.h>
+#include <ATen/ops/igamma_meta_dispatch.h>
+#include <ATen/ops/igammac_meta_dispatch.h>
 #include <ATen/ops/isin_meta_dispatch.h>
 #include <ATen/ops/isneginf_meta_dispatch.h>
 #include <ATen/ops/isposinf_meta_dispatch.h>
@@ -66,12 +82,16 @@
 #include <ATen/ops/leaky_relu_backward_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
 #include <ATen/ops/lerp_meta_dispatch.h>
+#include <ATen/ops/lgamma_meta_dispatch.h>
 #include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
 #include <ATen/ops/linspace_meta_dispatch.h>
 #include <ATen/ops/log10_meta_dispatch.h>
 #include <ATen/ops/log1p_meta_dispatch.h>
 #include <ATen/ops/log2_meta_dispatch.h>
 #include <ATen/ops/log_meta_dispatch.h>
+#include <ATen/ops/logaddexp2_meta_dispatch.h>
+#include <ATen/ops/logaddexp_meta_dispatch.h>
+#include <ATen/ops/logspace_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
 #include <ATen/ops/max_meta_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_backward_meta_dispatch.h>
@@ -86,14 +106,17 @@
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/ne_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/nextafter_meta_dispatch.h>
 #include <ATen/ops/nll_loss_backward_meta_dispatch.h>
 #include <ATen/ops/nll_loss_forward_meta_dispatch.h>
+#include <ATen/ops/polygamma_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/prod_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
 #include <ATen/ops/reflection_pad1d_backward_meta_dispatch.h>
 #include <ATen/ops/reflection_pad1d_meta_dispatch.h>
 #include <ATen/ops/remainder_meta_dispatch.h>
+#include <ATen/ops/renorm_meta_dispatch.h>
 #include <ATen/ops/replication_pad1d_backward_meta_dispatch.h>
 #include <ATen/ops/replication_pad1d_meta_dispatch.h>
 #include <ATen/ops/replication_pad2d_meta_dispatch.h>
@@ -109,11 +132,47 @@
 #include <ATen/ops/silu_backward_meta_dispatch.h>
 #include <ATen/ops/silu_meta_dispatch.h>
 #include <ATen/ops/sin_meta_dispatch.h>
+#include <ATen/ops/sinc_meta_dispatch.h>
 #include <ATen/ops/sinh_meta_dispatch.h>
 #include <ATen/ops/smooth_l1_loss_meta_dispatch.h>
 #include <ATen/ops/softplus_backward_meta_dispatch.h>
 #include <ATen/ops/softplus_meta_dispatch.h>
+#include <ATen/ops/softshrink_backward_meta_dispatch.h>
+#include <ATen/ops/softshrink_meta_dispatch.h>
 #include <ATen/ops/sort_meta_dispatch.h>
+#include <ATen/ops/special_airy_ai_meta_dispatch.h>
+#include <ATen/ops/special_bessel_j0_meta_dispatch.h>
+#include <ATen/ops/special_bessel_j1_meta_dispatch.h>
+#include <ATen/ops/special_bessel_y0_meta_dispatch.h>
+#include <ATen/ops/special_bessel_y1_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_t_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_u_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_v_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_w_meta_dispatch.h>
+#include <ATen/ops/special_entr_meta_dispatch.h>
+#include <ATen/ops/special_erfcx_meta_dispatch.h>
+#include <ATen/ops/special_hermite_polynomial_h_meta_dispatch.h>
+#include <ATen/ops/special_hermite_polynomial_he_meta_dispatch.h>
+#include <ATen/ops/special_i0e_meta_dispatch.h>
+#include <ATen/ops/special_i1_meta_dispatch.h>
+#include <ATen/ops/special_i1e_meta_dispatch.h>
+#include <ATen/ops/special_laguerre_polynomial_l_meta_dispatch.h>
+#include <ATen/ops/special_legendre_polynomial_p_meta_dispatch.h>
+#include <ATen/ops/special_log_ndtr_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_i0_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_i1_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_k0_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_k1_meta_dispatch.h>
+#include <ATen/ops/special_ndtri_meta_dispatch.h>
+#include <ATen/ops/special_scaled_modified_bessel_k0_meta_dispatch.h>
+#include <ATen/ops/special_scaled_modified_bessel_k1_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_t_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_u_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_v_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_w_meta_dispatch.h>
+#include <ATen/ops/special_spherical_bessel_j0_meta_dispatch.h>
+#include <ATen/ops/special_xlog1py_meta_dispatch.h>
+#include <ATen/ops/special_zeta_meta_dispatch.h>
 #include <ATen/ops/sqrt_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/sum_meta_dispatch.h>
@@ -679,6 +738,72 @@ void meta_emit_xlogy__OutTensor(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_logaddexp(torch::jit::Stack& s) {
+  auto result = at::meta::logaddexp(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logaddexp__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::logaddexp_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logaddexp2(torch::jit::Stack& s) {
+  auto result = at::meta::logaddexp2(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logaddexp2__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::logaddexp2_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_heaviside(torch::jit::Stack& s) {
+  auto result = at::meta::heaviside(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_heaviside_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::heaviside_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_heaviside__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::heaviside_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nextafter(torch::jit::Stack& s) {
+  auto result = at::meta::nextafter(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nextafter_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::nextafter_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_nextafter__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::nextafter_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_arange__start_out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::arange_outf(s[0].toScalar(), s[1].toScalar(), s[2].toScalar(), a3);
@@ -703,6 +828,13 @@ void meta_emit_eye__out(torch::jit::Stack& s) {
 void meta_emit_eye__m_out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::eye_outf(s[0].toInt(), s[1].toInt(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_logspace__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::logspace_outf(s[0].toScalar(), s[1].toScalar(), s[2].toInt(), s[3].toDouble(), a4);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1394,6 +1526,104 @@ void meta_emit_mish__out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_hardshrink(torch::jit::Stack& s) {
+  auto result = at::meta::hardshrink(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardshrink__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::hardshrink_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardshrink_backward(torch::jit::Stack& s) {
+  auto result = at::meta::hardshrink_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardshrink_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::hardshrink_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink(torch::jit::Stack& s) {
+  auto result = at::meta::softshrink(s[0].toTensor(), s[1].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::softshrink_outf(s[0].toTensor(), s[1].toScalar(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink_backward(torch::jit::Stack& s) {
+  auto result = at::meta::softshrink_backward(s[0].toTensor(), s[1].toTensor(), s[2].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_softshrink_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::softshrink_backward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toScalar(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid(torch::jit::Stack& s) {
+  auto result = at::meta::hardsigmoid(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::hardsigmoid_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::hardsigmoid_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid_backward(torch::jit::Stack& s) {
+  auto result = at::meta::hardsigmoid_backward(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hardsigmoid_backward__grad_input(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::hardsigmoid_backward_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_glu(torch::jit::Stack& s) {
+  auto result = at::meta::glu(s[0].toTensor(), s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_glu__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::glu_outf(s[0].toTensor(), s[1].toInt(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_max_pool2d_with_indices(torch::jit::Stack& s) {
   const auto a1 = s[1].toDimVector();
   const auto a2 = s[2].toDimVector();
@@ -1810,6 +2040,588 @@ void meta_emit_replication_pad1d_backward__grad_input(torch::jit::Stack& s) {
   const auto a2 = s[2].toDimVector();
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::replication_pad1d_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lgamma(torch::jit::Stack& s) {
+  auto result = at::meta::lgamma(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lgamma_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::lgamma_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lgamma__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::lgamma_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_digamma(torch::jit::Stack& s) {
+  auto result = at::meta::digamma(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_digamma_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::digamma_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_digamma__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::digamma_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_polygamma(torch::jit::Stack& s) {
+  auto result = at::meta::polygamma(s[0].toInt(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_polygamma__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::polygamma_outf(s[0].toInt(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_zeta(torch::jit::Stack& s) {
+  auto result = at::meta::special_zeta(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_zeta__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_zeta_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igamma(torch::jit::Stack& s) {
+  auto result = at::meta::igamma(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igamma_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::igamma_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igamma__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::igamma_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igammac(torch::jit::Stack& s) {
+  auto result = at::meta::igammac(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igammac_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::igammac_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igammac__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::igammac_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfc(torch::jit::Stack& s) {
+  auto result = at::meta::erfc(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfc_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::erfc_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfc__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::erfc_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfinv(torch::jit::Stack& s) {
+  auto result = at::meta::erfinv(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfinv_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::erfinv_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_erfinv__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::erfinv_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_erfcx(torch::jit::Stack& s) {
+  auto result = at::meta::special_erfcx(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_erfcx__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_erfcx_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_log_ndtr(torch::jit::Stack& s) {
+  auto result = at::meta::special_log_ndtr(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_log_ndtr__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_log_ndtr_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_ndtri(torch::jit::Stack& s) {
+  auto result = at::meta::special_ndtri(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_ndtri__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_ndtri_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_entr(torch::jit::Stack& s) {
+  auto result = at::meta::special_entr(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_entr__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_entr_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_xlog1py(torch::jit::Stack& s) {
+  auto result = at::meta::special_xlog1py(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_xlog1py__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_xlog1py_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_i0(torch::jit::Stack& s) {
+  auto result = at::meta::i0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_i0_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::i0_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_i0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::i0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i0e(torch::jit::Stack& s) {
+  auto result = at::meta::special_i0e(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i0e__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_i0e_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1(torch::jit::Stack& s) {
+  auto result = at::meta::special_i1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_i1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1e(torch::jit::Stack& s) {
+  auto result = at::meta::special_i1e(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i1e__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_i1e_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i0(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_i0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_i0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i1(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_i1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_i1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_t(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_t(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_t__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_t_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_u(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_u(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_u__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_u_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_v(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_v(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_v__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_v_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_w(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_w(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_w__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_w_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_t(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_t(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_t__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_t_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_u(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_u(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_u__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_u_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_v(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_v(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_v__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_v_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_w(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_w(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_w__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_w_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_h(torch::jit::Stack& s) {
+  auto result = at::meta::special_hermite_polynomial_h(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_h__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_hermite_polynomial_h_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_he(torch::jit::Stack& s) {
+  auto result = at::meta::special_hermite_polynomial_he(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_he__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_hermite_polynomial_he_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_laguerre_polynomial_l(torch::jit::Stack& s) {
+  auto result = at::meta::special_laguerre_polynomial_l(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_laguerre_polynomial_l__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_laguerre_polynomial_l_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_legendre_polynomial_p(torch::jit::Stack& s) {
+  auto result = at::meta::special_legendre_polynomial_p(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_legendre_polynomial_p__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_legendre_polynomial_p_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_spherical_bessel_j0(torch::jit::Stack& s) {
+  auto result = at::meta::special_spherical_bessel_j0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_spherical_bessel_j0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_spherical_bessel_j0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j0(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_j0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_j0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j1(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_j1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_j1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y0(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_y0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_y0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y1(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_y1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_y1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k0(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_k0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_k0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k1(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_k1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_k1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k0(torch::jit::Stack& s) {
+  auto result = at::meta::special_scaled_modified_bessel_k0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_scaled_modified_bessel_k0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k1(torch::jit::Stack& s) {
+  auto result = at::meta::special_scaled_modified_bessel_k1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_scaled_modified_bessel_k1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_airy_ai(torch::jit::Stack& s) {
+  auto result = at::meta::special_airy_ai(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_airy_ai__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_airy_ai_outf(s[0].toTensor(), a1);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -2555,6 +3367,126 @@ void meta_emit_tanh_backward__grad_input(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_exp2(torch::jit::Stack& s) {
+  auto result = at::meta::exp2(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_exp2_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::exp2_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_exp2__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::exp2_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acosh(torch::jit::Stack& s) {
+  auto result = at::meta::acosh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acosh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::acosh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_acosh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::acosh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asinh(torch::jit::Stack& s) {
+  auto result = at::meta::asinh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asinh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::asinh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_asinh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::asinh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atanh(torch::jit::Stack& s) {
+  auto result = at::meta::atanh(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atanh_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::atanh_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_atanh__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::atanh_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinc(torch::jit::Stack& s) {
+  auto result = at::meta::sinc(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinc_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::sinc_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_sinc__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::sinc_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_renorm(torch::jit::Stack& s) {
+  auto result = at::meta::renorm(s[0].toTensor(), s[1].toScalar(), s[2].toInt(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_renorm_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::renorm_(a0, s[1].toScalar(), s[2].toInt(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_renorm__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::renorm_outf(s[0].toTensor(), s[1].toScalar(), s[2].toInt(), s[3].toScalar(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 }  // namespace
 
 const std::vector<MetaCallFn>& meta_calls() {
@@ -2696,6 +3628,20 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // xlogy.Scalar_Other
       nullptr,  // xlogy_.Scalar_Other
       nullptr,  // xlogy.OutScalar_Other
+      nullptr,  // rsub.Tensor
+      nullptr,  // rsub.Tensor_out
+      nullptr,  // rsub.Scalar
+      nullptr,  // rsub.Scalar_out
+      &meta_emit_logaddexp,  // logaddexp
+      &meta_emit_logaddexp__out,  // logaddexp.out
+      &meta_emit_logaddexp2,  // logaddexp2
+      &meta_emit_logaddexp2__out,  // logaddexp2.out
+      &meta_emit_heaviside,  // heaviside
+      &meta_emit_heaviside_,  // heaviside_
+      &meta_emit_heaviside__out,  // heaviside.out
+      &meta_emit_nextafter,  // nextafter
+      &meta_emit_nextafter_,  // nextafter_
+      &meta_emit_nextafter__out,  // nextafter.out
       nullptr,  // convolution_overrideable
       nullptr,  // convolution_backward_overrideable
       nullptr,  // arange.start_step
@@ -2706,6 +3652,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_eye__out,  // eye.out
       nullptr,  // eye.m
       &meta_emit_eye__m_out,  // eye.m_out
+      nullptr,  // logspace
+      &meta_emit_logspace__out,  // logspace.out
       &meta_emit_add__Tensor,  // add.Tensor
       &meta_emit_add___Tensor,  // add_.Tensor
       &meta_emit_add__out,  // add.out
@@ -2906,6 +3854,39 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_mish_,  // mish_
       &meta_emit_mish__out,  // mish.out
       nullptr,  // mish_backward
+      &meta_emit_hardshrink,  // hardshrink
+      &meta_emit_hardshrink__out,  // hardshrink.out
+      &meta_emit_hardshrink_backward,  // hardshrink_backward
+      &meta_emit_hardshrink_backward__grad_input,  // hardshrink_backward.grad_input
+      &meta_emit_softshrink,  // softshrink
+      &meta_emit_softshrink__out,  // softshrink.out
+      &meta_emit_softshrink_backward,  // softshrink_backward
+      &meta_emit_softshrink_backward__grad_input,  // softshrink_backward.grad_input
+      &meta_emit_hardsigmoid,  // hardsigmoid
+      &meta_emit_hardsigmoid_,  // hardsigmoid_
+      &meta_emit_hardsigmoid__out,  // hardsigmoid.out
+      &meta_emit_hardsigmoid_backward,  // hardsigmoid_backward
+      &meta_emit_hardsigmoid_backward__grad_input,  // hardsigmoid_backward.grad_input
+      &meta_emit_glu,  // glu
+      &meta_emit_glu__out,  // glu.out
+      nullptr,  // glu_backward
+      nullptr,  // glu_backward.grad_input
+      nullptr,  // _prelu_kernel
+      nullptr,  // _prelu_kernel_backward
+      nullptr,  // channel_shuffle
+      nullptr,  // channel_shuffle.out
+      nullptr,  // rrelu_with_noise_functional
+      nullptr,  // rrelu_with_noise
+      nullptr,  // rrelu_with_noise_backward
+      nullptr,  // rrelu_with_noise_backward.out
+      nullptr,  // multi_margin_loss
+      nullptr,  // multi_margin_loss.out
+      nullptr,  // multi_margin_loss_backward
+      nullptr,  // multi_margin_loss_backward.grad_input
+      nullptr,  // multilabel_margin_loss_forward
+      nullptr,  // multilabel_margin_loss_forward.output
+      nullptr,  // multilabel_margin_loss_backward
+      nullptr,  // multilabel_margin_loss_backward.grad_input
       nullptr,  // native_layer_norm
       nullptr,  // native_layer_norm_backward
       nullptr,  // native_group_norm
@@ -3204,6 +4185,27 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // random.to_out
       nullptr,  // randperm.generator
       nullptr,  // randperm.generator_out
+      nullptr,  // exponential
+      nullptr,  // exponential_
+      nullptr,  // exponential.out
+      nullptr,  // cauchy
+      nullptr,  // cauchy_
+      nullptr,  // cauchy.out
+      nullptr,  // geometric
+      nullptr,  // geometric_
+      nullptr,  // geometric.out
+      nullptr,  // log_normal
+      nullptr,  // log_normal_
+      nullptr,  // log_normal.out
+      nullptr,  // normal.Tensor_Tensor
+      nullptr,  // normal.Tensor_Tensor_out
+      nullptr,  // normal.Tensor_float
+      nullptr,  // normal.Tensor_float_out
+      nullptr,  // normal.float_Tensor
+      nullptr,  // normal.float_Tensor_out
+      nullptr,  // bernoulli.Tensor
+      nullptr,  // bernoulli_.Tensor
+      nullptr,  // bernoulli.Tensor_out
       &meta_emit_sum__dim_IntList,  // sum.dim_IntList
       &meta_emit_sum__IntList_out,  // sum.IntList_out
       nullptr,  // sum
@@ -3298,6 +4300,151 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_replication_pad1d_backward__grad_input,  // replication_pad1d_backward.grad_input
       nullptr,  // replication_pad2d_backward
       nullptr,  // replication_pad2d_backward.grad_input
+      &meta_emit_lgamma,  // lgamma
+      &meta_emit_lgamma_,  // lgamma_
+      &meta_emit_lgamma__out,  // lgamma.out
+      &meta_emit_digamma,  // digamma
+      &meta_emit_digamma_,  // digamma_
+      &meta_emit_digamma__out,  // digamma.out
+      &meta_emit_polygamma,  // polygamma
+      &meta_emit_polygamma__out,  // polygamma.out
+      &meta_emit_special_zeta,  // special_zeta
+      &meta_emit_special_zeta__out,  // special_zeta.out
+      nullptr,  // special_zeta.self_scalar
+      nullptr,  // special_zeta.self_scalar_out
+      nullptr,  // special_zeta.other_scalar
+      nullptr,  // special_zeta.other_scalar_out
+      &meta_emit_igamma,  // igamma
+      &meta_emit_igamma_,  // igamma_
+      &meta_emit_igamma__out,  // igamma.out
+      &meta_emit_igammac,  // igammac
+      &meta_emit_igammac_,  // igammac_
+      &meta_emit_igammac__out,  // igammac.out
+      &meta_emit_erfc,  // erfc
+      &meta_emit_erfc_,  // erfc_
+      &meta_emit_erfc__out,  // erfc.out
+      &meta_emit_erfinv,  // erfinv
+      &meta_emit_erfinv_,  // erfinv_
+      &meta_emit_erfinv__out,  // erfinv.out
+      &meta_emit_special_erfcx,  // special_erfcx
+      &meta_emit_special_erfcx__out,  // special_erfcx.out
+      &meta_emit_special_log_ndtr,  // special_log_ndtr
+      &meta_emit_special_log_ndtr__out,  // special_log_ndtr.out
+      &meta_emit_special_ndtri,  // special_ndtri
+      &meta_emit_special_ndtri__out,  // special_ndtri.out
+      &meta_emit_special_entr,  // special_entr
+      &meta_emit_special_entr__out,  // special_entr.out
+      &meta_emit_special_xlog1py,  // special_xlog1py
+      &meta_emit_special_xlog1py__out,  // special_xlog1py.out
+      nullptr,  // special_xlog1py.self_scalar
+      nullptr,  // special_xlog1py.self_scalar_out
+      nullptr,  // special_xlog1py.other_scalar
+      nullptr,  // special_xlog1py.other_scalar_out
+      &meta_emit_i0,  // i0
+      &meta_emit_i0_,  // i0_
+      &meta_emit_i0__out,  // i0.out
+      &meta_emit_special_i0e,  // special_i0e
+      &meta_emit_special_i0e__out,  // special_i0e.out
+      &meta_emit_special_i1,  // special_i1
+      &meta_emit_special_i1__out,  // special_i1.out
+      &meta_emit_special_i1e,  // special_i1e
+      &meta_emit_special_i1e__out,  // special_i1e.out
+      &meta_emit_special_modified_bessel_i0,  // special_modified_bessel_i0
+      &meta_emit_special_modified_bessel_i0__out,  // special_modified_bessel_i0.out
+      &meta_emit_special_modified_bessel_i1,  // special_modified_bessel_i1
+      &meta_emit_special_modified_bessel_i1__out,  // special_modified_bessel_i1.out
+      &meta_emit_special_chebyshev_polynomial_t,  // special_chebyshev_polynomial_t
+      &meta_emit_special_chebyshev_polynomial_t__out,  // special_chebyshev_polynomial_t.out
+      nullptr,  // special_chebyshev_polynomial_t.x_scalar
+      nullptr,  // special_chebyshev_polynomial_t.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_t.n_scalar
+      nullptr,  // special_chebyshev_polynomial_t.n_scalar_out
+      &meta_emit_special_chebyshev_polynomial_u,  // special_chebyshev_polynomial_u
+      &meta_emit_special_chebyshev_polynomial_u__out,  // special_chebyshev_polynomial_u.out
+      nullptr,  // special_chebyshev_polynomial_u.x_scalar
+      nullptr,  // special_chebyshev_polynomial_u.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_u.n_scalar
+      nullptr,  // special_chebyshev_polynomial_u.n_scalar_out
+      &meta_emit_special_chebyshev_polynomial_v,  // special_chebyshev_polynomial_v
+      &meta_emit_special_chebyshev_polynomial_v__out,  // special_chebyshev_polynomial_v.out
+      nullptr,  // special_chebyshev_polynomial_v.x_scalar
+      nullptr,  // special_chebyshev_polynomial_v.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_v.n_scalar
+      nullptr,  // special_chebyshev_polynomial_v.n_scalar_out
+      &meta_emit_special_chebyshev_polynomial_w,  // special_chebyshev_polynomial_w
+      &meta_emit_special_chebyshev_polynomial_w__out,  // special_chebyshev_polynomial_w.out
+      nullptr,  // special_chebyshev_polynomial_w.x_scalar
+      nullptr,  // special_chebyshev_polynomial_w.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_w.n_scalar
+      nullptr,  // special_chebyshev_polynomial_w.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_t,  // special_shifted_chebyshev_polynomial_t
+      &meta_emit_special_shifted_chebyshev_polynomial_t__out,  // special_shifted_chebyshev_polynomial_t.out
+      nullptr,  // special_shifted_chebyshev_polynomial_t.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_t.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_t.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_t.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_u,  // special_shifted_chebyshev_polynomial_u
+      &meta_emit_special_shifted_chebyshev_polynomial_u__out,  // special_shifted_chebyshev_polynomial_u.out
+      nullptr,  // special_shifted_chebyshev_polynomial_u.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_u.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_u.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_u.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_v,  // special_shifted_chebyshev_polynomial_v
+      &meta_emit_special_shifted_chebyshev_polynomial_v__out,  // special_shifted_chebyshev_polynomial_v.out
+      nullptr,  // special_shifted_chebyshev_polynomial_v.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_v.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_v.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_v.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_w,  // special_shifted_chebyshev_polynomial_w
+      &meta_emit_special_shifted_chebyshev_polynomial_w__out,  // special_shifted_chebyshev_polynomial_w.out
+      nullptr,  // special_shifted_chebyshev_polynomial_w.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_w.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_w.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_w.n_scalar_out
+      &meta_emit_special_hermite_polynomial_h,  // special_hermite_polynomial_h
+      &meta_emit_special_hermite_polynomial_h__out,  // special_hermite_polynomial_h.out
+      nullptr,  // special_hermite_polynomial_h.x_scalar
+      nullptr,  // special_hermite_polynomial_h.x_scalar_out
+      nullptr,  // special_hermite_polynomial_h.n_scalar
+      nullptr,  // special_hermite_polynomial_h.n_scalar_out
+      &meta_emit_special_hermite_polynomial_he,  // special_hermite_polynomial_he
+      &meta_emit_special_hermite_polynomial_he__out,  // special_hermite_polynomial_he.out
+      nullptr,  // special_hermite_polynomial_he.x_scalar
+      nullptr,  // special_hermite_polynomial_he.x_scalar_out
+      nullptr,  // special_hermite_polynomial_he.n_scalar
+      nullptr,  // special_hermite_polynomial_he.n_scalar_out
+      &meta_emit_special_laguerre_polynomial_l,  // special_laguerre_polynomial_l
+      &meta_emit_special_laguerre_polynomial_l__out,  // special_laguerre_polynomial_l.out
+      nullptr,  // special_laguerre_polynomial_l.x_scalar
+      nullptr,  // special_laguerre_polynomial_l.x_scalar_out
+      nullptr,  // special_laguerre_polynomial_l.n_scalar
+      nullptr,  // special_laguerre_polynomial_l.n_scalar_out
+      &meta_emit_special_legendre_polynomial_p,  // special_legendre_polynomial_p
+      &meta_emit_special_legendre_polynomial_p__out,  // special_legendre_polynomial_p.out
+      nullptr,  // special_legendre_polynomial_p.x_scalar
+      nullptr,  // special_legendre_polynomial_p.x_scalar_out
+      nullptr,  // special_legendre_polynomial_p.n_scalar
+      nullptr,  // special_legendre_polynomial_p.n_scalar_out
+      &meta_emit_special_spherical_bessel_j0,  // special_spherical_bessel_j0
+      &meta_emit_special_spherical_bessel_j0__out,  // special_spherical_bessel_j0.out
+      &meta_emit_special_bessel_j0,  // special_bessel_j0
+      &meta_emit_special_bessel_j0__out,  // special_bessel_j0.out
+      &meta_emit_special_bessel_j1,  // special_bessel_j1
+      &meta_emit_special_bessel_j1__out,  // special_bessel_j1.out
+      &meta_emit_special_bessel_y0,  // special_bessel_y0
+      &meta_emit_special_bessel_y0__out,  // special_bessel_y0.out
+      &meta_emit_special_bessel_y1,  // special_bessel_y1
+      &meta_emit_special_bessel_y1__out,  // special_bessel_y1.out
+      &meta_emit_special_modified_bessel_k0,  // special_modified_bessel_k0
+      &meta_emit_special_modified_bessel_k0__out,  // special_modified_bessel_k0.out
+      &meta_emit_special_modified_bessel_k1,  // special_modified_bessel_k1
+      &meta_emit_special_modified_bessel_k1__out,  // special_modified_bessel_k1.out
+      &meta_emit_special_scaled_modified_bessel_k0,  // special_scaled_modified_bessel_k0
+      &meta_emit_special_scaled_modified_bessel_k0__out,  // special_scaled_modified_bessel_k0.out
+      &meta_emit_special_scaled_modified_bessel_k1,  // special_scaled_modified_bessel_k1
+      &meta_emit_special_scaled_modified_bessel_k1__out,  // special_scaled_modified_bessel_k1.out
+      &meta_emit_special_airy_ai,  // special_airy_ai
+      &meta_emit_special_airy_ai__out,  // special_airy_ai.out
       nullptr,  // fill.Scalar
       &meta_emit_fill___Scalar,  // fill_.Scalar
       nullptr,  // fill.Scalar_out
@@ -3432,6 +4579,33 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_sigmoid_backward__grad_input,  // sigmoid_backward.grad_input
       &meta_emit_tanh_backward,  // tanh_backward
       &meta_emit_tanh_backward__grad_input,  // tanh_backward.grad_input
+      &meta_emit_exp2,  // exp2
+      &meta_emit_exp2_,  // exp2_
+      &meta_emit_exp2__out,  // exp2.out
+      &meta_emit_acosh,  // acosh
+      &meta_emit_acosh_,  // acosh_
+      &meta_emit_acosh__out,  // acosh.out
+      &meta_emit_asinh,  // asinh
+      &meta_emit_asinh_,  // asinh_
+      &meta_emit_asinh__out,  // asinh.out
+      &meta_emit_atanh,  // atanh
+      &meta_emit_atanh_,  // atanh_
+      &meta_emit_atanh__out,  // atanh.out
+      &meta_emit_sinc,  // sinc
+      &meta_emit_sinc_,  // sinc_
+      &meta_emit_sinc__out,  // sinc.out
+      nullptr,  // logit
+      nullptr,  // logit_
+      nullptr,  // logit.out
+      nullptr,  // logit_backward
+      nullptr,  // logit_backward.grad_input
+      nullptr,  // angle
+      nullptr,  // angle.out
+      nullptr,  // frexp.Tensor
+      nullptr,  // frexp.Tensor_out
+      &meta_emit_renorm,  // renorm
+      &meta_emit_renorm_,  // renorm_
+      &meta_emit_renorm__out,  // renorm.out
   };
   return calls;
 }

@@ -993,6 +993,228 @@ def test_xlogy_Tensor_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_rsub_Tensor(dtype):
+    # specs/binary.yaml:246
+    check_opinfo(
+        "rsub",
+        dtype,
+        overloads=["rsub.Tensor", "rsub.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_rsub_Tensor_compiled():
+    # specs/binary.yaml:246: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "rsub",
+        overloads=["rsub.Tensor", "rsub.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_rsub_Tensor_other_dtypes(dtype):
+    # specs/binary.yaml:246: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "rsub",
+        dtype,
+        overloads=["rsub.Tensor", "rsub.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_rsub_Scalar(dtype):
+    # specs/binary.yaml:251
+    check_opinfo(
+        "__rsub__",
+        dtype,
+        overloads=["rsub.Scalar", "rsub.Scalar_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_rsub_Scalar_compiled():
+    # specs/binary.yaml:251: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "__rsub__",
+        overloads=["rsub.Scalar", "rsub.Scalar_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_rsub_Scalar_other_dtypes(dtype):
+    # specs/binary.yaml:251: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "__rsub__",
+        dtype,
+        overloads=["rsub.Scalar", "rsub.Scalar_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_logaddexp(dtype):
+    # specs/binary.yaml:257
+    check_opinfo(
+        "logaddexp",
+        dtype,
+        overloads=["logaddexp", "logaddexp.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_logaddexp_compiled():
+    # specs/binary.yaml:257: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logaddexp",
+        overloads=["logaddexp", "logaddexp.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_logaddexp_other_dtypes(dtype):
+    # specs/binary.yaml:257: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logaddexp",
+        dtype,
+        overloads=["logaddexp", "logaddexp.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_logaddexp2(dtype):
+    # specs/binary.yaml:263
+    check_opinfo(
+        "logaddexp2",
+        dtype,
+        overloads=["logaddexp2", "logaddexp2.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_logaddexp2_compiled():
+    # specs/binary.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logaddexp2",
+        overloads=["logaddexp2", "logaddexp2.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_logaddexp2_other_dtypes(dtype):
+    # specs/binary.yaml:263: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logaddexp2",
+        dtype,
+        overloads=["logaddexp2", "logaddexp2.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_heaviside(dtype):
+    # specs/binary.yaml:269
+    check_opinfo(
+        "heaviside",
+        dtype,
+        overloads=["heaviside", "heaviside_", "heaviside.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_heaviside_compiled():
+    # specs/binary.yaml:269: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "heaviside",
+        overloads=["heaviside", "heaviside_", "heaviside.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_heaviside_other_dtypes(dtype):
+    # specs/binary.yaml:269: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "heaviside",
+        dtype,
+        overloads=["heaviside", "heaviside_", "heaviside.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_nextafter(dtype):
+    # specs/binary.yaml:274
+    check_opinfo(
+        "nextafter",
+        dtype,
+        overloads=["nextafter", "nextafter_", "nextafter.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_nextafter_compiled():
+    # specs/binary.yaml:274: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nextafter",
+        overloads=["nextafter", "nextafter_", "nextafter.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_nextafter_other_dtypes(dtype):
+    # specs/binary.yaml:274: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nextafter",
+        dtype,
+        overloads=["nextafter", "nextafter_", "nextafter.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
 def test_convolution_overrideable(dtype):
     # specs/conv.yaml:10
@@ -1096,6 +1318,29 @@ def test_eye_other_dtypes(dtype):
         atol=None,
         rtol=None,
         max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_logspace(dtype):
+    # specs/creation.yaml:36
+    check_opinfo(
+        "logspace",
+        dtype,
+        overloads=["logspace", "logspace.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_logspace_compiled():
+    # specs/creation.yaml:36: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logspace",
+        overloads=["logspace", "logspace.out"],
+        atol=None,
+        rtol=None,
     )
 
 
@@ -2991,6 +3236,302 @@ def test_mish_other_dtypes(dtype):
         dtype,
         overloads=["mish", "mish_", "mish.out"],
         variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hardshrink(dtype):
+    # specs/nn.yaml:211
+    check_opinfo(
+        "nn.functional.hardshrink",
+        dtype,
+        overloads=["hardshrink", "hardshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_hardshrink_compiled():
+    # specs/nn.yaml:211: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.hardshrink",
+        overloads=["hardshrink", "hardshrink.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_hardshrink_other_dtypes(dtype):
+    # specs/nn.yaml:211: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.hardshrink",
+        dtype,
+        overloads=["hardshrink", "hardshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_softshrink(dtype):
+    # specs/nn.yaml:222
+    check_opinfo(
+        "nn.functional.softshrink",
+        dtype,
+        overloads=["softshrink", "softshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_softshrink_compiled():
+    # specs/nn.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.softshrink",
+        overloads=["softshrink", "softshrink.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_softshrink_other_dtypes(dtype):
+    # specs/nn.yaml:222: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.softshrink",
+        dtype,
+        overloads=["softshrink", "softshrink.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hardsigmoid(dtype):
+    # specs/nn.yaml:233
+    check_opinfo(
+        "nn.functional.hardsigmoid",
+        dtype,
+        overloads=["hardsigmoid", "hardsigmoid_", "hardsigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_hardsigmoid_compiled():
+    # specs/nn.yaml:233: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.hardsigmoid",
+        overloads=["hardsigmoid", "hardsigmoid_", "hardsigmoid.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_hardsigmoid_other_dtypes(dtype):
+    # specs/nn.yaml:233: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.hardsigmoid",
+        dtype,
+        overloads=["hardsigmoid", "hardsigmoid_", "hardsigmoid.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_glu(dtype):
+    # specs/nn.yaml:242
+    check_opinfo(
+        "nn.functional.glu",
+        dtype,
+        overloads=["glu", "glu.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_glu_compiled():
+    # specs/nn.yaml:242: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.glu",
+        overloads=["glu", "glu.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_glu_other_dtypes(dtype):
+    # specs/nn.yaml:242: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.glu",
+        dtype,
+        overloads=["glu", "glu.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__prelu_kernel(dtype):
+    # specs/nn.yaml:253
+    check_opinfo(
+        "nn.functional.prelu",
+        dtype,
+        overloads=["_prelu_kernel"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__prelu_kernel_compiled():
+    # specs/nn.yaml:253: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.prelu",
+        overloads=["_prelu_kernel"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__prelu_kernel_other_dtypes(dtype):
+    # specs/nn.yaml:253: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.prelu",
+        dtype,
+        overloads=["_prelu_kernel"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_channel_shuffle(dtype):
+    # specs/nn.yaml:262
+    check_opinfo(
+        "nn.functional.channel_shuffle",
+        dtype,
+        overloads=["channel_shuffle", "channel_shuffle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_channel_shuffle_compiled():
+    # specs/nn.yaml:262: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.channel_shuffle",
+        overloads=["channel_shuffle", "channel_shuffle.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_channel_shuffle_other_dtypes(dtype):
+    # specs/nn.yaml:262: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.channel_shuffle",
+        dtype,
+        overloads=["channel_shuffle", "channel_shuffle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_multi_margin_loss(dtype):
+    # specs/nn.yaml:281
+    check_opinfo(
+        "nn.functional.multi_margin_loss",
+        dtype,
+        overloads=["multi_margin_loss", "multi_margin_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_multi_margin_loss_compiled():
+    # specs/nn.yaml:281: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.multi_margin_loss",
+        overloads=["multi_margin_loss", "multi_margin_loss.out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_multi_margin_loss_other_dtypes(dtype):
+    # specs/nn.yaml:281: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.multi_margin_loss",
+        dtype,
+        overloads=["multi_margin_loss", "multi_margin_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_multilabel_margin_loss_forward(dtype):
+    # specs/nn.yaml:294
+    check_opinfo(
+        "nn.functional.multilabel_margin_loss",
+        dtype,
+        overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_multilabel_margin_loss_forward_compiled():
+    # specs/nn.yaml:294: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.multilabel_margin_loss",
+        overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_multilabel_margin_loss_forward_other_dtypes(dtype):
+    # specs/nn.yaml:294: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.multilabel_margin_loss",
+        dtype,
+        overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1.3e-06,
         max_samples=3,
@@ -6427,6 +6968,1531 @@ def test_replication_pad1d_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_lgamma(dtype):
+    # specs/special.yaml:11
+    check_opinfo(
+        "lgamma",
+        dtype,
+        overloads=["lgamma", "lgamma_", "lgamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=2e-6,
+    )
+
+
+def test_lgamma_compiled():
+    # specs/special.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "lgamma",
+        overloads=["lgamma", "lgamma_", "lgamma.out"],
+        atol=1e-5,
+        rtol=2e-6,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_lgamma_other_dtypes(dtype):
+    # specs/special.yaml:11: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "lgamma",
+        dtype,
+        overloads=["lgamma", "lgamma_", "lgamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=2e-6,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_digamma(dtype):
+    # specs/special.yaml:17
+    check_opinfo(
+        "digamma",
+        dtype,
+        overloads=["digamma", "digamma_", "digamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=2e-6,
+    )
+
+
+def test_digamma_compiled():
+    # specs/special.yaml:17: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "digamma",
+        overloads=["digamma", "digamma_", "digamma.out"],
+        atol=1e-5,
+        rtol=2e-6,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_digamma_other_dtypes(dtype):
+    # specs/special.yaml:17: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "digamma",
+        dtype,
+        overloads=["digamma", "digamma_", "digamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=2e-6,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_polygamma(dtype):
+    # specs/special.yaml:24
+    check_opinfo(
+        "polygamma.polygamma_n_1",
+        dtype,
+        overloads=["polygamma", "polygamma.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_polygamma_compiled():
+    # specs/special.yaml:24: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "polygamma.polygamma_n_1",
+        overloads=["polygamma", "polygamma.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_polygamma_other_dtypes(dtype):
+    # specs/special.yaml:24: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "polygamma.polygamma_n_1",
+        dtype,
+        overloads=["polygamma", "polygamma.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_zeta(dtype):
+    # specs/special.yaml:30
+    check_opinfo(
+        "special.zeta",
+        dtype,
+        overloads=["special_zeta", "special_zeta.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_zeta_compiled():
+    # specs/special.yaml:30: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.zeta",
+        overloads=["special_zeta", "special_zeta.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_zeta_other_dtypes(dtype):
+    # specs/special.yaml:30: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.zeta",
+        dtype,
+        overloads=["special_zeta", "special_zeta.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_igamma(dtype):
+    # specs/special.yaml:46
+    check_opinfo(
+        "igamma",
+        dtype,
+        overloads=["igamma", "igamma_", "igamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_igamma_compiled():
+    # specs/special.yaml:46: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "igamma",
+        overloads=["igamma", "igamma_", "igamma.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_igamma_other_dtypes(dtype):
+    # specs/special.yaml:46: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "igamma",
+        dtype,
+        overloads=["igamma", "igamma_", "igamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_igammac(dtype):
+    # specs/special.yaml:52
+    check_opinfo(
+        "igammac",
+        dtype,
+        overloads=["igammac", "igammac_", "igammac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_igammac_compiled():
+    # specs/special.yaml:52: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "igammac",
+        overloads=["igammac", "igammac_", "igammac.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_igammac_other_dtypes(dtype):
+    # specs/special.yaml:52: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "igammac",
+        dtype,
+        overloads=["igammac", "igammac_", "igammac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_erfc(dtype):
+    # specs/special.yaml:60
+    check_opinfo(
+        "erfc",
+        dtype,
+        overloads=["erfc", "erfc_", "erfc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_erfc_compiled():
+    # specs/special.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "erfc",
+        overloads=["erfc", "erfc_", "erfc.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_erfc_other_dtypes(dtype):
+    # specs/special.yaml:60: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "erfc",
+        dtype,
+        overloads=["erfc", "erfc_", "erfc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_erfinv(dtype):
+    # specs/special.yaml:66
+    check_opinfo(
+        "erfinv",
+        dtype,
+        overloads=["erfinv", "erfinv_", "erfinv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=2e-6,
+        grad_atol=None,
+        grad_rtol=2e-5,
+    )
+
+
+def test_erfinv_compiled():
+    # specs/special.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "erfinv",
+        overloads=["erfinv", "erfinv_", "erfinv.out"],
+        atol=1e-5,
+        rtol=2e-6,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_erfinv_other_dtypes(dtype):
+    # specs/special.yaml:66: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "erfinv",
+        dtype,
+        overloads=["erfinv", "erfinv_", "erfinv.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=2e-6,
+        grad_atol=None,
+        grad_rtol=2e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_erfcx(dtype):
+    # specs/special.yaml:74
+    check_opinfo(
+        "special.erfcx",
+        dtype,
+        overloads=["special_erfcx", "special_erfcx.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_erfcx_compiled():
+    # specs/special.yaml:74: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.erfcx",
+        overloads=["special_erfcx", "special_erfcx.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_erfcx_other_dtypes(dtype):
+    # specs/special.yaml:74: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.erfcx",
+        dtype,
+        overloads=["special_erfcx", "special_erfcx.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_log_ndtr(dtype):
+    # specs/special.yaml:89
+    check_opinfo(
+        "special.log_ndtr",
+        dtype,
+        overloads=["special_log_ndtr", "special_log_ndtr.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        grad_atol=1e-4,
+        grad_rtol=2e-5,
+    )
+
+
+def test_special_log_ndtr_compiled():
+    # specs/special.yaml:89: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.log_ndtr",
+        overloads=["special_log_ndtr", "special_log_ndtr.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_log_ndtr_other_dtypes(dtype):
+    # specs/special.yaml:89: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.log_ndtr",
+        dtype,
+        overloads=["special_log_ndtr", "special_log_ndtr.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        grad_atol=1e-4,
+        grad_rtol=2e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_ndtri(dtype):
+    # specs/special.yaml:103
+    check_opinfo(
+        "special.ndtri",
+        dtype,
+        overloads=["special_ndtri", "special_ndtri.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_ndtri_compiled():
+    # specs/special.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.ndtri",
+        overloads=["special_ndtri", "special_ndtri.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_ndtri_other_dtypes(dtype):
+    # specs/special.yaml:103: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.ndtri",
+        dtype,
+        overloads=["special_ndtri", "special_ndtri.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_entr(dtype):
+    # specs/special.yaml:109
+    check_opinfo(
+        "special.entr",
+        dtype,
+        overloads=["special_entr", "special_entr.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_entr_compiled():
+    # specs/special.yaml:109: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.entr",
+        overloads=["special_entr", "special_entr.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_entr_other_dtypes(dtype):
+    # specs/special.yaml:109: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.entr",
+        dtype,
+        overloads=["special_entr", "special_entr.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_xlog1py(dtype):
+    # specs/special.yaml:117
+    check_opinfo(
+        "special.xlog1py",
+        dtype,
+        overloads=["special_xlog1py", "special_xlog1py.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_xlog1py_compiled():
+    # specs/special.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.xlog1py",
+        overloads=["special_xlog1py", "special_xlog1py.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_xlog1py_other_dtypes(dtype):
+    # specs/special.yaml:117: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.xlog1py",
+        dtype,
+        overloads=["special_xlog1py", "special_xlog1py.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_i0(dtype):
+    # specs/special.yaml:135
+    check_opinfo(
+        "i0",
+        dtype,
+        overloads=["i0", "i0_", "i0.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_i0_compiled():
+    # specs/special.yaml:135: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "i0",
+        overloads=["i0", "i0_", "i0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_i0_other_dtypes(dtype):
+    # specs/special.yaml:135: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "i0",
+        dtype,
+        overloads=["i0", "i0_", "i0.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_i0e(dtype):
+    # specs/special.yaml:141
+    check_opinfo(
+        "special.i0e",
+        dtype,
+        overloads=["special_i0e", "special_i0e.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_i0e_compiled():
+    # specs/special.yaml:141: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.i0e",
+        overloads=["special_i0e", "special_i0e.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_i0e_other_dtypes(dtype):
+    # specs/special.yaml:141: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.i0e",
+        dtype,
+        overloads=["special_i0e", "special_i0e.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_i1(dtype):
+    # specs/special.yaml:147
+    check_opinfo(
+        "special.i1",
+        dtype,
+        overloads=["special_i1", "special_i1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_i1_compiled():
+    # specs/special.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.i1",
+        overloads=["special_i1", "special_i1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_i1_other_dtypes(dtype):
+    # specs/special.yaml:147: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.i1",
+        dtype,
+        overloads=["special_i1", "special_i1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_i1e(dtype):
+    # specs/special.yaml:153
+    check_opinfo(
+        "special.i1e",
+        dtype,
+        overloads=["special_i1e", "special_i1e.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_i1e_compiled():
+    # specs/special.yaml:153: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.i1e",
+        overloads=["special_i1e", "special_i1e.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_i1e_other_dtypes(dtype):
+    # specs/special.yaml:153: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.i1e",
+        dtype,
+        overloads=["special_i1e", "special_i1e.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_i0(dtype):
+    # specs/special.yaml:159
+    check_opinfo(
+        "special.modified_bessel_i0",
+        dtype,
+        overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_i0_compiled():
+    # specs/special.yaml:159: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_i0",
+        overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_i0_other_dtypes(dtype):
+    # specs/special.yaml:159: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_i0",
+        dtype,
+        overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_i1(dtype):
+    # specs/special.yaml:165
+    check_opinfo(
+        "special.modified_bessel_i1",
+        dtype,
+        overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_i1_compiled():
+    # specs/special.yaml:165: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_i1",
+        overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_i1_other_dtypes(dtype):
+    # specs/special.yaml:165: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_i1",
+        dtype,
+        overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_t(dtype):
+    # specs/special.yaml:174
+    check_opinfo(
+        "special.chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_t_compiled():
+    # specs/special.yaml:174: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_t",
+        overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_t_other_dtypes(dtype):
+    # specs/special.yaml:174: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_u(dtype):
+    # specs/special.yaml:190
+    check_opinfo(
+        "special.chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_u_compiled():
+    # specs/special.yaml:190: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_u",
+        overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_u_other_dtypes(dtype):
+    # specs/special.yaml:190: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_v(dtype):
+    # specs/special.yaml:206
+    check_opinfo(
+        "special.chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_v_compiled():
+    # specs/special.yaml:206: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_v",
+        overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_v_other_dtypes(dtype):
+    # specs/special.yaml:206: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_w(dtype):
+    # specs/special.yaml:222
+    check_opinfo(
+        "special.chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_w_compiled():
+    # specs/special.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_w",
+        overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_w_other_dtypes(dtype):
+    # specs/special.yaml:222: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_t(dtype):
+    # specs/special.yaml:238
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_t_compiled():
+    # specs/special.yaml:238: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_t",
+        overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_t_other_dtypes(dtype):
+    # specs/special.yaml:238: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_u(dtype):
+    # specs/special.yaml:254
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_u_compiled():
+    # specs/special.yaml:254: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_u",
+        overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_u_other_dtypes(dtype):
+    # specs/special.yaml:254: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_v(dtype):
+    # specs/special.yaml:270
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_v_compiled():
+    # specs/special.yaml:270: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_v",
+        overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_v_other_dtypes(dtype):
+    # specs/special.yaml:270: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_w(dtype):
+    # specs/special.yaml:286
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_w_compiled():
+    # specs/special.yaml:286: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_w",
+        overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_w_other_dtypes(dtype):
+    # specs/special.yaml:286: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_hermite_polynomial_h(dtype):
+    # specs/special.yaml:302
+    check_opinfo(
+        "special.hermite_polynomial_h",
+        dtype,
+        overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_hermite_polynomial_h_compiled():
+    # specs/special.yaml:302: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.hermite_polynomial_h",
+        overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_hermite_polynomial_h_other_dtypes(dtype):
+    # specs/special.yaml:302: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.hermite_polynomial_h",
+        dtype,
+        overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_hermite_polynomial_he(dtype):
+    # specs/special.yaml:318
+    check_opinfo(
+        "special.hermite_polynomial_he",
+        dtype,
+        overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_hermite_polynomial_he_compiled():
+    # specs/special.yaml:318: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.hermite_polynomial_he",
+        overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_hermite_polynomial_he_other_dtypes(dtype):
+    # specs/special.yaml:318: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.hermite_polynomial_he",
+        dtype,
+        overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_laguerre_polynomial_l(dtype):
+    # specs/special.yaml:334
+    check_opinfo(
+        "special.laguerre_polynomial_l",
+        dtype,
+        overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_laguerre_polynomial_l_compiled():
+    # specs/special.yaml:334: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.laguerre_polynomial_l",
+        overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_laguerre_polynomial_l_other_dtypes(dtype):
+    # specs/special.yaml:334: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.laguerre_polynomial_l",
+        dtype,
+        overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_legendre_polynomial_p(dtype):
+    # specs/special.yaml:350
+    check_opinfo(
+        "special.legendre_polynomial_p",
+        dtype,
+        overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_legendre_polynomial_p_compiled():
+    # specs/special.yaml:350: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.legendre_polynomial_p",
+        overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_legendre_polynomial_p_other_dtypes(dtype):
+    # specs/special.yaml:350: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.legendre_polynomial_p",
+        dtype,
+        overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_spherical_bessel_j0(dtype):
+    # specs/special.yaml:367
+    check_opinfo(
+        "special.spherical_bessel_j0",
+        dtype,
+        overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_spherical_bessel_j0_compiled():
+    # specs/special.yaml:367: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.spherical_bessel_j0",
+        overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_spherical_bessel_j0_other_dtypes(dtype):
+    # specs/special.yaml:367: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.spherical_bessel_j0",
+        dtype,
+        overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_j0(dtype):
+    # specs/special.yaml:379
+    check_opinfo(
+        "special.bessel_j0",
+        dtype,
+        overloads=["special_bessel_j0", "special_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_j0_compiled():
+    # specs/special.yaml:379: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_j0",
+        overloads=["special_bessel_j0", "special_bessel_j0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_j0_other_dtypes(dtype):
+    # specs/special.yaml:379: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_j0",
+        dtype,
+        overloads=["special_bessel_j0", "special_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_j1(dtype):
+    # specs/special.yaml:385
+    check_opinfo(
+        "special.bessel_j1",
+        dtype,
+        overloads=["special_bessel_j1", "special_bessel_j1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_j1_compiled():
+    # specs/special.yaml:385: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_j1",
+        overloads=["special_bessel_j1", "special_bessel_j1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_j1_other_dtypes(dtype):
+    # specs/special.yaml:385: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_j1",
+        dtype,
+        overloads=["special_bessel_j1", "special_bessel_j1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_y0(dtype):
+    # specs/special.yaml:391
+    check_opinfo(
+        "special.bessel_y0",
+        dtype,
+        overloads=["special_bessel_y0", "special_bessel_y0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_y0_compiled():
+    # specs/special.yaml:391: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_y0",
+        overloads=["special_bessel_y0", "special_bessel_y0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_y0_other_dtypes(dtype):
+    # specs/special.yaml:391: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_y0",
+        dtype,
+        overloads=["special_bessel_y0", "special_bessel_y0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_y1(dtype):
+    # specs/special.yaml:397
+    check_opinfo(
+        "special.bessel_y1",
+        dtype,
+        overloads=["special_bessel_y1", "special_bessel_y1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_y1_compiled():
+    # specs/special.yaml:397: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_y1",
+        overloads=["special_bessel_y1", "special_bessel_y1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_y1_other_dtypes(dtype):
+    # specs/special.yaml:397: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_y1",
+        dtype,
+        overloads=["special_bessel_y1", "special_bessel_y1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_k0(dtype):
+    # specs/special.yaml:403
+    check_opinfo(
+        "special.modified_bessel_k0",
+        dtype,
+        overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_k0_compiled():
+    # specs/special.yaml:403: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_k0",
+        overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_k0_other_dtypes(dtype):
+    # specs/special.yaml:403: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_k0",
+        dtype,
+        overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_k1(dtype):
+    # specs/special.yaml:409
+    check_opinfo(
+        "special.modified_bessel_k1",
+        dtype,
+        overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_k1_compiled():
+    # specs/special.yaml:409: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_k1",
+        overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_k1_other_dtypes(dtype):
+    # specs/special.yaml:409: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_k1",
+        dtype,
+        overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_scaled_modified_bessel_k0(dtype):
+    # specs/special.yaml:415
+    check_opinfo(
+        "special.scaled_modified_bessel_k0",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_scaled_modified_bessel_k0_compiled():
+    # specs/special.yaml:415: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.scaled_modified_bessel_k0",
+        overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_scaled_modified_bessel_k0_other_dtypes(dtype):
+    # specs/special.yaml:415: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.scaled_modified_bessel_k0",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_scaled_modified_bessel_k1(dtype):
+    # specs/special.yaml:421
+    check_opinfo(
+        "special.scaled_modified_bessel_k1",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_scaled_modified_bessel_k1_compiled():
+    # specs/special.yaml:421: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.scaled_modified_bessel_k1",
+        overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_scaled_modified_bessel_k1_other_dtypes(dtype):
+    # specs/special.yaml:421: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.scaled_modified_bessel_k1",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_airy_ai(dtype):
+    # specs/special.yaml:427
+    check_opinfo(
+        "special.airy_ai",
+        dtype,
+        overloads=["special_airy_ai", "special_airy_ai.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_airy_ai_compiled():
+    # specs/special.yaml:427: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.airy_ai",
+        overloads=["special_airy_ai", "special_airy_ai.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_airy_ai_other_dtypes(dtype):
+    # specs/special.yaml:427: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.airy_ai",
+        dtype,
+        overloads=["special_airy_ai", "special_airy_ai.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_fill_Scalar(dtype):
     # specs/tensor.yaml:3
@@ -8048,6 +10114,339 @@ def test_clamp_max_Tensor_other_dtypes(dtype):
         "clamp_max",
         dtype,
         overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_exp2(dtype):
+    # specs/unary.yaml:239
+    check_opinfo(
+        "exp2",
+        dtype,
+        overloads=["exp2", "exp2_", "exp2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_exp2_compiled():
+    # specs/unary.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "exp2",
+        overloads=["exp2", "exp2_", "exp2.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_exp2_other_dtypes(dtype):
+    # specs/unary.yaml:239: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "exp2",
+        dtype,
+        overloads=["exp2", "exp2_", "exp2.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_acosh(dtype):
+    # specs/unary.yaml:245
+    check_opinfo(
+        "acosh",
+        dtype,
+        overloads=["acosh", "acosh_", "acosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_acosh_compiled():
+    # specs/unary.yaml:245: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "acosh",
+        overloads=["acosh", "acosh_", "acosh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_acosh_other_dtypes(dtype):
+    # specs/unary.yaml:245: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "acosh",
+        dtype,
+        overloads=["acosh", "acosh_", "acosh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_asinh(dtype):
+    # specs/unary.yaml:251
+    check_opinfo(
+        "asinh",
+        dtype,
+        overloads=["asinh", "asinh_", "asinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_asinh_compiled():
+    # specs/unary.yaml:251: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "asinh",
+        overloads=["asinh", "asinh_", "asinh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_asinh_other_dtypes(dtype):
+    # specs/unary.yaml:251: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "asinh",
+        dtype,
+        overloads=["asinh", "asinh_", "asinh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_atanh(dtype):
+    # specs/unary.yaml:257
+    check_opinfo(
+        "atanh",
+        dtype,
+        overloads=["atanh", "atanh_", "atanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_atanh_compiled():
+    # specs/unary.yaml:257: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "atanh",
+        overloads=["atanh", "atanh_", "atanh.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_atanh_other_dtypes(dtype):
+    # specs/unary.yaml:257: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "atanh",
+        dtype,
+        overloads=["atanh", "atanh_", "atanh.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_sinc(dtype):
+    # specs/unary.yaml:264
+    check_opinfo(
+        "sinc",
+        dtype,
+        overloads=["sinc", "sinc_", "sinc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_sinc_compiled():
+    # specs/unary.yaml:264: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "sinc",
+        overloads=["sinc", "sinc_", "sinc.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_sinc_other_dtypes(dtype):
+    # specs/unary.yaml:264: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "sinc",
+        dtype,
+        overloads=["sinc", "sinc_", "sinc.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_logit(dtype):
+    # specs/unary.yaml:272
+    check_opinfo(
+        "logit",
+        dtype,
+        overloads=["logit", "logit_", "logit.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_logit_compiled():
+    # specs/unary.yaml:272: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "logit",
+        overloads=["logit", "logit_", "logit.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_logit_other_dtypes(dtype):
+    # specs/unary.yaml:272: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "logit",
+        dtype,
+        overloads=["logit", "logit_", "logit.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_angle(dtype):
+    # specs/unary.yaml:284
+    check_opinfo(
+        "angle",
+        dtype,
+        overloads=["angle", "angle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_angle_compiled():
+    # specs/unary.yaml:284: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "angle",
+        overloads=["angle", "angle.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_angle_other_dtypes(dtype):
+    # specs/unary.yaml:284: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "angle",
+        dtype,
+        overloads=["angle", "angle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_frexp_Tensor(dtype):
+    # specs/unary.yaml:292
+    check_opinfo(
+        "frexp",
+        dtype,
+        overloads=["frexp.Tensor", "frexp.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_frexp_Tensor_compiled():
+    # specs/unary.yaml:292: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "frexp",
+        overloads=["frexp.Tensor", "frexp.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_frexp_Tensor_other_dtypes(dtype):
+    # specs/unary.yaml:292: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "frexp",
+        dtype,
+        overloads=["frexp.Tensor", "frexp.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_renorm(dtype):
+    # specs/unary.yaml:303
+    check_opinfo(
+        "renorm",
+        dtype,
+        overloads=["renorm", "renorm_", "renorm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_renorm_compiled():
+    # specs/unary.yaml:303: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "renorm",
+        overloads=["renorm", "renorm_", "renorm.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_renorm_other_dtypes(dtype):
+    # specs/unary.yaml:303: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "renorm",
+        dtype,
+        overloads=["renorm", "renorm_", "renorm.out"],
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,
