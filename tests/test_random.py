@@ -172,3 +172,30 @@ def test_randint_and_randperm(no_fallback):
     again = torch.randperm(50, device="tpu").cpu()
     torch.manual_seed(1)
     assert torch.equal(torch.randperm(50, device="tpu").cpu(), again)
+
+
+def test_more_distributions(no_fallback):
+    """exponential_, cauchy_, geometric_, log_normal_, normal(Tensor, Tensor), bernoulli(p Tensor):
+    checked by statistics that do not need the stream (medians and means many errors wide)."""
+    e = torch.empty(N, device="tpu").exponential_(2.0).cpu().double()
+    assert e.min() >= 0 and abs(e.mean().item() - 0.5) < 6 * 0.5 / math.sqrt(N)
+    c = torch.empty(N, device="tpu").cauchy_(1.0, 2.0).cpu().double()
+    assert abs(c.median().item() - 1.0) < 0.05
+    assert abs(((c - 1.0).abs() < 2.0).double().mean().item() - 0.5) < 0.01  # the quartiles sit at +-sigma
+    g = torch.empty(N, device="tpu").geometric_(0.25).cpu().double()
+    assert g.min() >= 1 and torch.equal(g, g.round()) and abs(g.mean().item() - 4.0) < 0.05
+    ln = torch.empty(N, device="tpu").log_normal_(0.5, 0.25).cpu().double()
+    assert abs(ln.log().mean().item() - 0.5) < 0.01 and abs(ln.log().std().item() - 0.25) < 0.01
+    mean = torch.linspace(-3, 3, N).to("tpu")
+    n = torch.normal(mean, torch.full((N,), 0.5, device="tpu")).cpu().double()
+    assert abs((n - mean.cpu().double()).std().item() - 0.5) < 0.01
+    n = torch.normal(mean, 2.0).cpu().double()
+    assert abs((n - mean.cpu().double()).std().item() - 2.0) < 0.04
+    p = torch.rand(N).to("tpu")
+    b = torch.bernoulli(p).cpu()
+    assert set(b.unique().tolist()) <= {0.0, 1.0}
+    assert abs(b.mean().item() - p.cpu().mean().item()) < 0.01
+    torch.manual_seed(3)
+    first = torch.empty(100, device="tpu").exponential_().cpu()
+    torch.manual_seed(3)
+    assert torch.equal(torch.empty(100, device="tpu").exponential_().cpu(), first)

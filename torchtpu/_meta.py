@@ -6,6 +6,8 @@ convolutions on a PrivateUse1 device, have no Meta kernel; they get the ones of 
 aten::convolution_backward, which compute the same results. aten::_fused_sgd_ (SGD with fused=True)
 has none either: an in-place update returns nothing, so its Meta kernel only checks the lists agree.
 aten::_logcumsumexp (what logcumsumexp calls) has none: its result is self's shape and dtype.
+The margin losses' backward ops (aten::multi_margin_loss_backward, multilabel_margin_loss_backward)
+have none: their gradient has the input's shape and dtype.
 """
 
 from __future__ import annotations
@@ -55,3 +57,15 @@ def _logcumsumexp_out_meta(self, dim, *, out):
 
 _lib.impl("_logcumsumexp", _logcumsumexp_meta, "Meta")  # logcumsumexp's kernel: same shape and dtype
 _lib.impl("_logcumsumexp.out", _logcumsumexp_out_meta, "Meta")
+
+
+def _multi_margin_loss_backward_meta(grad_output, self, target, p, margin, weight=None, reduction=1):
+    return self.new_empty(self.shape)
+
+
+def _multilabel_margin_loss_backward_meta(grad_output, self, target, reduction, is_target):
+    return self.new_empty(self.shape)
+
+
+_lib.impl("multi_margin_loss_backward", _multi_margin_loss_backward_meta, "Meta")
+_lib.impl("multilabel_margin_loss_backward", _multilabel_margin_loss_backward_meta, "Meta")

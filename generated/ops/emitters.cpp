@@ -892,6 +892,57 @@ std::vector<Value> emit_mish__out(Builder& b, const EmitArgs& a) { return {b.mul
 // mish_backward = t = tanh(log1p(exp(self))) mul(grad_output, add(t, mul(mul(self, sigmoid(self)), sub(1, mul(t, t)))))   (specs/nn.yaml:204)
 std::vector<Value> emit_mish_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.tanh(b.log1p(b.exp(a.value(1)))); return {b.mul(a.value(0), b.add(l_t, b.mul(b.mul(a.value(1), b.sigmoid(a.value(1))), [&] { const Value anchor = b.mul(l_t, l_t); return b.sub(b.scalar_like(1.0, anchor), anchor); }())))}; }(); }
 
+// glu = glu(self, dim)  (specs/nn.yaml:210)
+std::vector<Value> emit_glu(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
+// glu.out = glu(self, dim)  (specs/nn.yaml:210)
+std::vector<Value> emit_glu__out(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
+
+// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:215)
+std::vector<Value> emit_glu_backward(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
+// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:215)
+std::vector<Value> emit_glu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
+
+// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:221)
+std::vector<Value> emit__prelu_kernel(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(1), a.value(0)))}; }
+
+// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:226)
+std::vector<Value> emit__prelu_kernel_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(2), a.value(0))), b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(1), a.value(0)))}; }
+
+// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:230)
+std::vector<Value> emit_channel_shuffle(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
+// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:230)
+std::vector<Value> emit_channel_shuffle__out(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
+
+// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:236)
+std::vector<Value> emit_rrelu_with_noise_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
+// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:236)
+std::vector<Value> emit_rrelu_with_noise(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
+
+// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:244)
+std::vector<Value> emit_rrelu_with_noise_backward(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
+// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:244)
+std::vector<Value> emit_rrelu_with_noise_backward__out(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
+
+// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:249)
+std::vector<Value> emit_multi_margin_loss(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
+// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:249)
+std::vector<Value> emit_multi_margin_loss__out(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
+
+// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:256)
+std::vector<Value> emit_multi_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
+// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:256)
+std::vector<Value> emit_multi_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
+
+// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:262)
+std::vector<Value> emit_multilabel_margin_loss_forward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
+// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:262)
+std::vector<Value> emit_multilabel_margin_loss_forward__output(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
+
+// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:268)
+std::vector<Value> emit_multilabel_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
+// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:268)
+std::vector<Value> emit_multilabel_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
+
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
 std::vector<Value> emit_native_layer_norm(Builder& b, const EmitArgs& a) { return {b.layer_norm(a.value(0), a.ints(1), a.optional_value(2), a.optional_value(3), a.real(4)), b.layer_norm_mean(a.value(0), a.ints(1)), b.layer_norm_rstd(a.value(0), a.ints(1), a.real(4))}; }
 
@@ -1606,6 +1657,56 @@ std::vector<Value> emit_randperm__generator(Builder& b, const EmitArgs& a) { ret
 // randperm.generator_out = random_permutation(generator, n)  (specs/random.yaml:44)
 std::vector<Value> emit_randperm__generator_out(Builder& b, const EmitArgs& a) { return {b.random_permutation(a.value(1), a.integer(0))}; }
 
+// exponential = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:50)
+std::vector<Value> emit_exponential(Builder& b, const EmitArgs& a) { return {b.div(b.neg(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0)))), a.value(1))}; }
+// exponential_ = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:50)
+std::vector<Value> emit_exponential_(Builder& b, const EmitArgs& a) { return {b.div(b.neg(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0)))), a.value(1))}; }
+// exponential.out = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:50)
+std::vector<Value> emit_exponential__out(Builder& b, const EmitArgs& a) { return {b.div(b.neg(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0)))), a.value(1))}; }
+
+// cauchy = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:57)
+std::vector<Value> emit_cauchy(Builder& b, const EmitArgs& a) { return {b.add(a.value(1), b.mul(a.value(2), b.tan([&] { const Value anchor = [&] { const Value anchor = b.uniform(a.value(3), a.value(0), 0.0, 1.0); return b.sub(anchor, b.scalar_like(0.5, anchor)); }(); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }())))}; }
+// cauchy_ = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:57)
+std::vector<Value> emit_cauchy_(Builder& b, const EmitArgs& a) { return {b.add(a.value(1), b.mul(a.value(2), b.tan([&] { const Value anchor = [&] { const Value anchor = b.uniform(a.value(3), a.value(0), 0.0, 1.0); return b.sub(anchor, b.scalar_like(0.5, anchor)); }(); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }())))}; }
+// cauchy.out = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:57)
+std::vector<Value> emit_cauchy__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(1), b.mul(a.value(2), b.tan([&] { const Value anchor = [&] { const Value anchor = b.uniform(a.value(3), a.value(0), 0.0, 1.0); return b.sub(anchor, b.scalar_like(0.5, anchor)); }(); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }())))}; }
+
+// geometric = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:65)
+std::vector<Value> emit_geometric(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.ceil(b.div(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0))), b.log1p(b.neg(a.value(1))))); return b.maximum(anchor, b.scalar_like(1.0, anchor)); }()}; }
+// geometric_ = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:65)
+std::vector<Value> emit_geometric_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.ceil(b.div(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0))), b.log1p(b.neg(a.value(1))))); return b.maximum(anchor, b.scalar_like(1.0, anchor)); }()}; }
+// geometric.out = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:65)
+std::vector<Value> emit_geometric__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.ceil(b.div(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0))), b.log1p(b.neg(a.value(1))))); return b.maximum(anchor, b.scalar_like(1.0, anchor)); }()}; }
+
+// log_normal = exp(normal(generator, self, mean, std))  (specs/random.yaml:72)
+std::vector<Value> emit_log_normal(Builder& b, const EmitArgs& a) { return {b.exp(b.normal(a.value(3), a.value(0), a.real(1), a.real(2)))}; }
+// log_normal_ = exp(normal(generator, self, mean, std))  (specs/random.yaml:72)
+std::vector<Value> emit_log_normal_(Builder& b, const EmitArgs& a) { return {b.exp(b.normal(a.value(3), a.value(0), a.real(1), a.real(2)))}; }
+// log_normal.out = exp(normal(generator, self, mean, std))  (specs/random.yaml:72)
+std::vector<Value> emit_log_normal__out(Builder& b, const EmitArgs& a) { return {b.exp(b.normal(a.value(3), a.value(0), a.real(1), a.real(2)))}; }
+
+// normal.Tensor_Tensor = add(mean, mul(std, normal(generator, add(mean, mul(std, 0)), 0.0, 1.0)))  (specs/random.yaml:78)
+std::vector<Value> emit_normal__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), b.normal(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0)))}; }
+// normal.Tensor_Tensor_out = add(mean, mul(std, normal(generator, add(mean, mul(std, 0)), 0.0, 1.0)))  (specs/random.yaml:78)
+std::vector<Value> emit_normal__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), b.normal(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0)))}; }
+
+// normal.Tensor_float = add(mean, normal(generator, mean, 0.0, std))  (specs/random.yaml:82)
+std::vector<Value> emit_normal__Tensor_float(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.normal(a.value(2), a.value(0), 0.0, a.real(1)))}; }
+// normal.Tensor_float_out = add(mean, normal(generator, mean, 0.0, std))  (specs/random.yaml:82)
+std::vector<Value> emit_normal__Tensor_float_out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.normal(a.value(2), a.value(0), 0.0, a.real(1)))}; }
+
+// normal.float_Tensor = mul(std, normal(generator, std, mean, 1.0))  (specs/random.yaml:86)
+std::vector<Value> emit_normal__float_Tensor(Builder& b, const EmitArgs& a) { return {b.mul(a.value(1), b.normal(a.value(2), a.value(1), a.real(0), 1.0))}; }
+// normal.float_Tensor_out = mul(std, normal(generator, std, mean, 1.0))  (specs/random.yaml:86)
+std::vector<Value> emit_normal__float_Tensor_out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(1), b.normal(a.value(2), a.value(1), a.real(0), 1.0))}; }
+
+// bernoulli.Tensor = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:91)
+std::vector<Value> emit_bernoulli__Tensor(Builder& b, const EmitArgs& a) { return {b.where(b.lt(b.uniform(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0), a.value(1)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
+// bernoulli_.Tensor = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:91)
+std::vector<Value> emit_bernoulli___Tensor(Builder& b, const EmitArgs& a) { return {b.where(b.lt(b.uniform(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0), a.value(1)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
+// bernoulli.Tensor_out = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:91)
+std::vector<Value> emit_bernoulli__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(b.lt(b.uniform(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0), a.value(1)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
+
 // sum.dim_IntList = sum(self, dim, keepdim)  (specs/reduction.yaml:3)
 std::vector<Value> emit_sum__dim_IntList(Builder& b, const EmitArgs& a) { return {b.sum(a.value(0), a.ints(1), a.boolean(2))}; }
 // sum.IntList_out = sum(self, dim, keepdim)  (specs/reduction.yaml:3)
@@ -1975,12 +2076,12 @@ std::vector<Value> emit_sinc_(Builder& b, const EmitArgs& a) { return [&]() -> s
 // sinc.out = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:109)
 std::vector<Value> emit_sinc__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_px = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }(); return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), b.div(b.sin(l_px), l_px))}; }(); }
 
-// nextafter = next_after(self, other)  (specs/special.yaml:117)
-std::vector<Value> emit_nextafter(Builder& b, const EmitArgs& a) { return {b.next_after(a.value(0), a.value(1))}; }
-// nextafter_ = next_after(self, other)  (specs/special.yaml:117)
-std::vector<Value> emit_nextafter_(Builder& b, const EmitArgs& a) { return {b.next_after(a.value(0), a.value(1))}; }
-// nextafter.out = next_after(self, other)  (specs/special.yaml:117)
-std::vector<Value> emit_nextafter__out(Builder& b, const EmitArgs& a) { return {b.next_after(a.value(0), a.value(1))}; }
+// nextafter = nextafter(self, other)  (specs/special.yaml:117)
+std::vector<Value> emit_nextafter(Builder& b, const EmitArgs& a) { return {b.nextafter(a.value(0), a.value(1))}; }
+// nextafter_ = nextafter(self, other)  (specs/special.yaml:117)
+std::vector<Value> emit_nextafter_(Builder& b, const EmitArgs& a) { return {b.nextafter(a.value(0), a.value(1))}; }
+// nextafter.out = nextafter(self, other)  (specs/special.yaml:117)
+std::vector<Value> emit_nextafter__out(Builder& b, const EmitArgs& a) { return {b.nextafter(a.value(0), a.value(1))}; }
 
 // angle = where(isnan(self), self, where(lt(self, 0), fill(3.141592653589793, self), fill(0, self)))  (specs/special.yaml:123)
 std::vector<Value> emit_angle(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(3.141592653589793, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
@@ -2085,6 +2186,302 @@ std::vector<Value> emit_aminmax(Builder& b, const EmitArgs& a) { return {b.amin(
 std::vector<Value> emit_logspace(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(3), b.linspace(a.value(0), a.value(1), a.integer(2)))}; }
 // logspace.out = power_of(base, linspace(start, end, steps))  (specs/special.yaml:233)
 std::vector<Value> emit_logspace__out(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(3), b.linspace(a.value(0), a.value(1), a.integer(2)))}; }
+
+// polygamma = polygamma(n, self)  (specs/special.yaml:244)
+std::vector<Value> emit_polygamma(Builder& b, const EmitArgs& a) { return {b.polygamma(a.integer(0), a.value(1))}; }
+// polygamma.out = polygamma(n, self)  (specs/special.yaml:244)
+std::vector<Value> emit_polygamma__out(Builder& b, const EmitArgs& a) { return {b.polygamma(a.integer(0), a.value(1))}; }
+
+// special_zeta.self_scalar = zeta(nominal(self), nominal(other))  (specs/special.yaml:250)
+std::vector<Value> emit_special_zeta__self_scalar(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// special_zeta.self_scalar_out = zeta(nominal(self), nominal(other))  (specs/special.yaml:250)
+std::vector<Value> emit_special_zeta__self_scalar_out(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// special_zeta.other_scalar = zeta(nominal(self), nominal(other))  (specs/special.yaml:255)
+std::vector<Value> emit_special_zeta__other_scalar(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// special_zeta.other_scalar_out = zeta(nominal(self), nominal(other))  (specs/special.yaml:255)
+std::vector<Value> emit_special_zeta__other_scalar_out(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+
+// igamma = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:260)
+std::vector<Value> emit_igamma(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), false)}; }
+// igamma_ = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:260)
+std::vector<Value> emit_igamma_(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), false)}; }
+// igamma.out = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:260)
+std::vector<Value> emit_igamma__out(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), false)}; }
+
+// igammac = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:266)
+std::vector<Value> emit_igammac(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), true)}; }
+// igammac_ = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:266)
+std::vector<Value> emit_igammac_(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), true)}; }
+// igammac.out = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:266)
+std::vector<Value> emit_igammac__out(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), true)}; }
+
+// special_erfcx = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:274)
+std::vector<Value> emit_special_erfcx(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_hi = [&] { const Value anchor = b.round([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(64.0, anchor)); }()); return b.div(anchor, b.scalar_like(64.0, anchor)); }(); const Value l_lo = b.sub(a.value(0), l_hi); const Value l_direct = b.mul(b.mul(b.exp(b.mul(l_hi, l_hi)), b.exp(b.mul(l_lo, b.add(b.add(l_hi, l_hi), l_lo)))), b.erfc(a.value(0))); const Value l_t = [&] { const Value anchor = [&] { const Value anchor = b.mul(a.value(0), a.value(0)); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); const Value l_s = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(-135135.0, anchor)); }(); return b.add(b.scalar_like(10395.0, anchor), anchor); }()); return b.add(b.scalar_like(-945.0, anchor), anchor); }()); return b.add(b.scalar_like(105.0, anchor), anchor); }()); return b.add(b.scalar_like(-15.0, anchor), anchor); }()); return b.add(b.scalar_like(3.0, anchor), anchor); }()); return b.add(b.scalar_like(-1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); const Value l_asymptotic = b.div(l_s, [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(1.7724538509055159, anchor)); }()); return {b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(6.0, anchor)); }(), l_direct, l_asymptotic)}; }(); }
+// special_erfcx.out = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:274)
+std::vector<Value> emit_special_erfcx__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_hi = [&] { const Value anchor = b.round([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(64.0, anchor)); }()); return b.div(anchor, b.scalar_like(64.0, anchor)); }(); const Value l_lo = b.sub(a.value(0), l_hi); const Value l_direct = b.mul(b.mul(b.exp(b.mul(l_hi, l_hi)), b.exp(b.mul(l_lo, b.add(b.add(l_hi, l_hi), l_lo)))), b.erfc(a.value(0))); const Value l_t = [&] { const Value anchor = [&] { const Value anchor = b.mul(a.value(0), a.value(0)); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); const Value l_s = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(-135135.0, anchor)); }(); return b.add(b.scalar_like(10395.0, anchor), anchor); }()); return b.add(b.scalar_like(-945.0, anchor), anchor); }()); return b.add(b.scalar_like(105.0, anchor), anchor); }()); return b.add(b.scalar_like(-15.0, anchor), anchor); }()); return b.add(b.scalar_like(3.0, anchor), anchor); }()); return b.add(b.scalar_like(-1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); const Value l_asymptotic = b.div(l_s, [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(1.7724538509055159, anchor)); }()); return {b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(6.0, anchor)); }(), l_direct, l_asymptotic)}; }(); }
+
+// special_xlog1py.self_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
+std::vector<Value> emit_special_xlog1py__self_scalar(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
+// special_xlog1py.self_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
+std::vector<Value> emit_special_xlog1py__self_scalar_out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
+
+// special_xlog1py.other_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:292)
+std::vector<Value> emit_special_xlog1py__other_scalar(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
+// special_xlog1py.other_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:292)
+std::vector<Value> emit_special_xlog1py__other_scalar_out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
+
+// i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:299)
+std::vector<Value> emit_i0(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
+// i0_ = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:299)
+std::vector<Value> emit_i0_(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
+// i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:299)
+std::vector<Value> emit_i0__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
+
+// special_i0e = bessel_i0e(self)  (specs/special.yaml:305)
+std::vector<Value> emit_special_i0e(Builder& b, const EmitArgs& a) { return {b.bessel_i0e(a.value(0))}; }
+// special_i0e.out = bessel_i0e(self)  (specs/special.yaml:305)
+std::vector<Value> emit_special_i0e__out(Builder& b, const EmitArgs& a) { return {b.bessel_i0e(a.value(0))}; }
+
+// special_modified_bessel_i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:311)
+std::vector<Value> emit_special_modified_bessel_i0(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
+// special_modified_bessel_i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:311)
+std::vector<Value> emit_special_modified_bessel_i0__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
+
+// special_modified_bessel_i1 = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:317)
+std::vector<Value> emit_special_modified_bessel_i1(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i1e(a.value(0)))}; }
+// special_modified_bessel_i1.out = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:317)
+std::vector<Value> emit_special_modified_bessel_i1__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i1e(a.value(0)))}; }
+
+// special_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:326)
+std::vector<Value> emit_special_chebyshev_polynomial_t(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
+// special_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:326)
+std::vector<Value> emit_special_chebyshev_polynomial_t__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
+
+// special_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
+std::vector<Value> emit_special_chebyshev_polynomial_t__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
+// special_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
+std::vector<Value> emit_special_chebyshev_polynomial_t__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
+
+// special_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:337)
+std::vector<Value> emit_special_chebyshev_polynomial_t__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
+// special_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:337)
+std::vector<Value> emit_special_chebyshev_polynomial_t__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
+
+// special_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:342)
+std::vector<Value> emit_special_chebyshev_polynomial_u(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
+// special_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:342)
+std::vector<Value> emit_special_chebyshev_polynomial_u__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
+
+// special_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
+std::vector<Value> emit_special_chebyshev_polynomial_u__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
+// special_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
+std::vector<Value> emit_special_chebyshev_polynomial_u__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
+
+// special_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:353)
+std::vector<Value> emit_special_chebyshev_polynomial_u__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
+// special_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:353)
+std::vector<Value> emit_special_chebyshev_polynomial_u__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
+
+// special_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:358)
+std::vector<Value> emit_special_chebyshev_polynomial_v(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
+// special_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:358)
+std::vector<Value> emit_special_chebyshev_polynomial_v__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
+
+// special_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
+std::vector<Value> emit_special_chebyshev_polynomial_v__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
+// special_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
+std::vector<Value> emit_special_chebyshev_polynomial_v__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
+
+// special_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:369)
+std::vector<Value> emit_special_chebyshev_polynomial_v__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
+// special_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:369)
+std::vector<Value> emit_special_chebyshev_polynomial_v__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
+
+// special_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:374)
+std::vector<Value> emit_special_chebyshev_polynomial_w(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
+// special_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:374)
+std::vector<Value> emit_special_chebyshev_polynomial_w__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
+
+// special_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
+std::vector<Value> emit_special_chebyshev_polynomial_w__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
+// special_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
+std::vector<Value> emit_special_chebyshev_polynomial_w__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
+
+// special_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:385)
+std::vector<Value> emit_special_chebyshev_polynomial_w__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
+// special_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:385)
+std::vector<Value> emit_special_chebyshev_polynomial_w__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
+
+// special_shifted_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:390)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_t(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
+// special_shifted_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:390)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
+
+// special_shifted_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
+// special_shifted_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
+
+// special_shifted_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:401)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
+// special_shifted_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:401)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
+
+// special_shifted_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:406)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_u(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
+// special_shifted_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:406)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
+
+// special_shifted_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
+// special_shifted_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
+
+// special_shifted_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:417)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
+// special_shifted_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:417)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
+
+// special_shifted_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:422)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_v(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
+// special_shifted_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:422)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
+
+// special_shifted_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
+// special_shifted_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
+
+// special_shifted_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:433)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
+// special_shifted_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:433)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
+
+// special_shifted_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:438)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_w(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
+// special_shifted_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:438)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
+
+// special_shifted_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
+// special_shifted_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
+
+// special_shifted_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:449)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
+// special_shifted_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:449)
+std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
+
+// special_hermite_polynomial_h = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:454)
+std::vector<Value> emit_special_hermite_polynomial_h(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
+// special_hermite_polynomial_h.out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:454)
+std::vector<Value> emit_special_hermite_polynomial_h__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
+
+// special_hermite_polynomial_h.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
+std::vector<Value> emit_special_hermite_polynomial_h__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
+// special_hermite_polynomial_h.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
+std::vector<Value> emit_special_hermite_polynomial_h__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
+
+// special_hermite_polynomial_h.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:465)
+std::vector<Value> emit_special_hermite_polynomial_h__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
+// special_hermite_polynomial_h.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:465)
+std::vector<Value> emit_special_hermite_polynomial_h__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
+
+// special_hermite_polynomial_he = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:470)
+std::vector<Value> emit_special_hermite_polynomial_he(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
+// special_hermite_polynomial_he.out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:470)
+std::vector<Value> emit_special_hermite_polynomial_he__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
+
+// special_hermite_polynomial_he.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
+std::vector<Value> emit_special_hermite_polynomial_he__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
+// special_hermite_polynomial_he.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
+std::vector<Value> emit_special_hermite_polynomial_he__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
+
+// special_hermite_polynomial_he.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:481)
+std::vector<Value> emit_special_hermite_polynomial_he__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
+// special_hermite_polynomial_he.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:481)
+std::vector<Value> emit_special_hermite_polynomial_he__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
+
+// special_laguerre_polynomial_l = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:486)
+std::vector<Value> emit_special_laguerre_polynomial_l(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
+// special_laguerre_polynomial_l.out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:486)
+std::vector<Value> emit_special_laguerre_polynomial_l__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
+
+// special_laguerre_polynomial_l.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
+std::vector<Value> emit_special_laguerre_polynomial_l__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
+// special_laguerre_polynomial_l.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
+std::vector<Value> emit_special_laguerre_polynomial_l__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
+
+// special_laguerre_polynomial_l.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:497)
+std::vector<Value> emit_special_laguerre_polynomial_l__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
+// special_laguerre_polynomial_l.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:497)
+std::vector<Value> emit_special_laguerre_polynomial_l__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
+
+// special_legendre_polynomial_p = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:502)
+std::vector<Value> emit_special_legendre_polynomial_p(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
+// special_legendre_polynomial_p.out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:502)
+std::vector<Value> emit_special_legendre_polynomial_p__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
+
+// special_legendre_polynomial_p.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
+std::vector<Value> emit_special_legendre_polynomial_p__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
+// special_legendre_polynomial_p.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
+std::vector<Value> emit_special_legendre_polynomial_p__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
+
+// special_legendre_polynomial_p.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:513)
+std::vector<Value> emit_special_legendre_polynomial_p__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
+// special_legendre_polynomial_p.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:513)
+std::vector<Value> emit_special_legendre_polynomial_p__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
+
+// special_spherical_bessel_j0 = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:519)
+std::vector<Value> emit_special_spherical_bessel_j0(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.mul(a.value(0), a.value(0)); const Value l_series = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(1.6059043836821613e-10, anchor)); }(); return b.add(b.scalar_like(-2.505210838544172e-08, anchor), anchor); }()); return b.add(b.scalar_like(2.755731922398589e-06, anchor), anchor); }()); return b.add(b.scalar_like(-0.0001984126984126984, anchor), anchor); }()); return b.add(b.scalar_like(0.008333333333333333, anchor), anchor); }()); return b.add(b.scalar_like(-0.16666666666666666, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return {b.where(b.isinf(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where([&] { const Value anchor = b.abs(a.value(0)); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), l_series, b.div(b.sin(a.value(0)), a.value(0))))}; }(); }
+// special_spherical_bessel_j0.out = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:519)
+std::vector<Value> emit_special_spherical_bessel_j0__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.mul(a.value(0), a.value(0)); const Value l_series = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(1.6059043836821613e-10, anchor)); }(); return b.add(b.scalar_like(-2.505210838544172e-08, anchor), anchor); }()); return b.add(b.scalar_like(2.755731922398589e-06, anchor), anchor); }()); return b.add(b.scalar_like(-0.0001984126984126984, anchor), anchor); }()); return b.add(b.scalar_like(0.008333333333333333, anchor), anchor); }()); return b.add(b.scalar_like(-0.16666666666666666, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return {b.where(b.isinf(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where([&] { const Value anchor = b.abs(a.value(0)); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), l_series, b.div(b.sin(a.value(0)), a.value(0))))}; }(); }
+
+// special_bessel_j0 = bessel(self, "j0")  (specs/special.yaml:531)
+std::vector<Value> emit_special_bessel_j0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j0"))}; }
+// special_bessel_j0.out = bessel(self, "j0")  (specs/special.yaml:531)
+std::vector<Value> emit_special_bessel_j0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j0"))}; }
+
+// special_bessel_j1 = bessel(self, "j1")  (specs/special.yaml:537)
+std::vector<Value> emit_special_bessel_j1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j1"))}; }
+// special_bessel_j1.out = bessel(self, "j1")  (specs/special.yaml:537)
+std::vector<Value> emit_special_bessel_j1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j1"))}; }
+
+// special_bessel_y0 = bessel(self, "y0")  (specs/special.yaml:543)
+std::vector<Value> emit_special_bessel_y0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y0"))}; }
+// special_bessel_y0.out = bessel(self, "y0")  (specs/special.yaml:543)
+std::vector<Value> emit_special_bessel_y0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y0"))}; }
+
+// special_bessel_y1 = bessel(self, "y1")  (specs/special.yaml:549)
+std::vector<Value> emit_special_bessel_y1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y1"))}; }
+// special_bessel_y1.out = bessel(self, "y1")  (specs/special.yaml:549)
+std::vector<Value> emit_special_bessel_y1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y1"))}; }
+
+// special_modified_bessel_k0 = bessel(self, "k0")  (specs/special.yaml:555)
+std::vector<Value> emit_special_modified_bessel_k0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0"))}; }
+// special_modified_bessel_k0.out = bessel(self, "k0")  (specs/special.yaml:555)
+std::vector<Value> emit_special_modified_bessel_k0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0"))}; }
+
+// special_modified_bessel_k1 = bessel(self, "k1")  (specs/special.yaml:561)
+std::vector<Value> emit_special_modified_bessel_k1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1"))}; }
+// special_modified_bessel_k1.out = bessel(self, "k1")  (specs/special.yaml:561)
+std::vector<Value> emit_special_modified_bessel_k1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1"))}; }
+
+// special_scaled_modified_bessel_k0 = bessel(x, "k0e")  (specs/special.yaml:567)
+std::vector<Value> emit_special_scaled_modified_bessel_k0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0e"))}; }
+// special_scaled_modified_bessel_k0.out = bessel(x, "k0e")  (specs/special.yaml:567)
+std::vector<Value> emit_special_scaled_modified_bessel_k0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0e"))}; }
+
+// special_scaled_modified_bessel_k1 = bessel(x, "k1e")  (specs/special.yaml:573)
+std::vector<Value> emit_special_scaled_modified_bessel_k1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1e"))}; }
+// special_scaled_modified_bessel_k1.out = bessel(x, "k1e")  (specs/special.yaml:573)
+std::vector<Value> emit_special_scaled_modified_bessel_k1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1e"))}; }
+
+// special_airy_ai = bessel(x, "airy_ai")  (specs/special.yaml:579)
+std::vector<Value> emit_special_airy_ai(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("airy_ai"))}; }
+// special_airy_ai.out = bessel(x, "airy_ai")  (specs/special.yaml:579)
+std::vector<Value> emit_special_airy_ai__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("airy_ai"))}; }
 
 // fill.Scalar = fill(value, self)  (specs/tensor.yaml:3)
 std::vector<Value> emit_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
@@ -2401,6 +2798,18 @@ std::vector<Value> emit_sigmoid_backward__grad_input(Builder& b, const EmitArgs&
 std::vector<Value> emit_tanh_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
 // tanh_backward.grad_input = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:233)
 std::vector<Value> emit_tanh_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
+
+// frexp.Tensor = e0 = add(floor(mul(log(abs(self)), 1.4426950408889634)), 1) m0 = div(self, power(2, e0)) e1 = where(ge(abs(m0), 1), add(e0, 1), where(lt(abs(m0), 0.5), sub(e0, 1), e0)) keep = bitwise_or(eq(self, 0), bitwise_or(isnan(self), isinf(self))) (where(keep, self, div(self, power(2, e1))), where(keep, fill(0, self), e1))   (specs/unary.yaml:239)
+std::vector<Value> emit_frexp__Tensor(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_e0 = [&] { const Value anchor = b.floor([&] { const Value anchor = b.log(b.abs(a.value(0))); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()); return b.add(anchor, b.scalar_like(1.0, anchor)); }(); const Value l_m0 = b.div(a.value(0), [&] { const Value anchor = l_e0; return b.power(b.scalar_like(2.0, anchor), anchor); }()); const Value l_e1 = b.where([&] { const Value anchor = b.abs(l_m0); return b.ge(anchor, b.scalar_like(1.0, anchor)); }(), [&] { const Value anchor = l_e0; return b.add(anchor, b.scalar_like(1.0, anchor)); }(), b.where([&] { const Value anchor = b.abs(l_m0); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), [&] { const Value anchor = l_e0; return b.sub(anchor, b.scalar_like(1.0, anchor)); }(), l_e0)); const Value l_keep = b.bitwise_or([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_or(b.isnan(a.value(0)), b.isinf(a.value(0)))); return {b.where(l_keep, a.value(0), b.div(a.value(0), [&] { const Value anchor = l_e1; return b.power(b.scalar_like(2.0, anchor), anchor); }())), b.where(l_keep, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_e1)}; }(); }
+// frexp.Tensor_out = e0 = add(floor(mul(log(abs(self)), 1.4426950408889634)), 1) m0 = div(self, power(2, e0)) e1 = where(ge(abs(m0), 1), add(e0, 1), where(lt(abs(m0), 0.5), sub(e0, 1), e0)) keep = bitwise_or(eq(self, 0), bitwise_or(isnan(self), isinf(self))) (where(keep, self, div(self, power(2, e1))), where(keep, fill(0, self), e1))   (specs/unary.yaml:239)
+std::vector<Value> emit_frexp__Tensor_out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_e0 = [&] { const Value anchor = b.floor([&] { const Value anchor = b.log(b.abs(a.value(0))); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()); return b.add(anchor, b.scalar_like(1.0, anchor)); }(); const Value l_m0 = b.div(a.value(0), [&] { const Value anchor = l_e0; return b.power(b.scalar_like(2.0, anchor), anchor); }()); const Value l_e1 = b.where([&] { const Value anchor = b.abs(l_m0); return b.ge(anchor, b.scalar_like(1.0, anchor)); }(), [&] { const Value anchor = l_e0; return b.add(anchor, b.scalar_like(1.0, anchor)); }(), b.where([&] { const Value anchor = b.abs(l_m0); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), [&] { const Value anchor = l_e0; return b.sub(anchor, b.scalar_like(1.0, anchor)); }(), l_e0)); const Value l_keep = b.bitwise_or([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_or(b.isnan(a.value(0)), b.isinf(a.value(0)))); return {b.where(l_keep, a.value(0), b.div(a.value(0), [&] { const Value anchor = l_e1; return b.power(b.scalar_like(2.0, anchor), anchor); }())), b.where(l_keep, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_e1)}; }(); }
+
+// renorm = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:250)
+std::vector<Value> emit_renorm(Builder& b, const EmitArgs& a) { return {b.renorm(a.value(0), a.real(1), a.integer(2), a.real(3))}; }
+// renorm_ = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:250)
+std::vector<Value> emit_renorm_(Builder& b, const EmitArgs& a) { return {b.renorm(a.value(0), a.real(1), a.integer(2), a.real(3))}; }
+// renorm.out = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:250)
+std::vector<Value> emit_renorm__out(Builder& b, const EmitArgs& a) { return {b.renorm(a.value(0), a.real(1), a.integer(2), a.real(3))}; }
 
 }  // namespace
 
@@ -4241,6 +4650,106 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish_backward},
+      {"glu", "specs/nn.yaml:210", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_glu},
+      {"glu.out", "specs/nn.yaml:210", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_glu__out},
+      {"glu_backward", "specs/nn.yaml:215", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward},
+      {"glu_backward.grad_input", "specs/nn.yaml:215", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward__grad_input},
+      {"_prelu_kernel", "specs/nn.yaml:221", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel},
+      {"_prelu_kernel_backward", "specs/nn.yaml:226", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel_backward},
+      {"channel_shuffle", "specs/nn.yaml:230", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle},
+      {"channel_shuffle.out", "specs/nn.yaml:230", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle__out},
+      {"rrelu_with_noise_functional", "specs/nn.yaml:236", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
+       {0, 1, 2, 3}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_functional},
+      {"rrelu_with_noise", "specs/nn.yaml:236", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
+       {0, 1, 2, 3}, Compute::Common, {1},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise},
+      {"rrelu_with_noise_backward", "specs/nn.yaml:244", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2, 3, 4}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward},
+      {"rrelu_with_noise_backward.out", "specs/nn.yaml:244", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2, 3, 4}, Compute::Common, {7},
+       {7}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward__out},
+      {"multi_margin_loss", "specs/nn.yaml:249", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {0, 4}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss},
+      {"multi_margin_loss.out", "specs/nn.yaml:249", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 4}, Compute::Common, {6},
+       {6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss__out},
+      {"multi_margin_loss_backward", "specs/nn.yaml:256", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1, 5}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward},
+      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:256", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 5}, Compute::Common, {7},
+       {7}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward__grad_input},
+      {"multilabel_margin_loss_forward", "specs/nn.yaml:262", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward},
+      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:262", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {3, 4},
+       {3, 4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward__output},
+      {"multilabel_margin_loss_backward", "specs/nn.yaml:268", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_backward},
+      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:268", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_backward__grad_input},
       {"native_layer_norm", "specs/normalization.yaml:7", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2, 3}, Compute::Common, {},
@@ -5731,6 +6240,111 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_randperm__generator_out},
+      {"exponential", "specs/random.yaml:50", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
+       {0, 1}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_exponential},
+      {"exponential_", "specs/random.yaml:50", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
+       {0, 1}, Compute::Output, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_exponential_},
+      {"exponential.out", "specs/random.yaml:50", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator, ArgKind::Tensor},
+       {0, 1}, Compute::Output, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_exponential__out},
+      {"cauchy", "specs/random.yaml:57", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Generator},
+       {0, 1, 2}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cauchy},
+      {"cauchy_", "specs/random.yaml:57", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Generator},
+       {0, 1, 2}, Compute::Output, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cauchy_},
+      {"cauchy.out", "specs/random.yaml:57", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Generator, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Output, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_cauchy__out},
+      {"geometric", "specs/random.yaml:65", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
+       {0, 1}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_geometric},
+      {"geometric_", "specs/random.yaml:65", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
+       {0, 1}, Compute::Output, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_geometric_},
+      {"geometric.out", "specs/random.yaml:65", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator, ArgKind::Tensor},
+       {0, 1}, Compute::Output, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_geometric__out},
+      {"log_normal", "specs/random.yaml:72", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log_normal},
+      {"log_normal_", "specs/random.yaml:72", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Output, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log_normal_},
+      {"log_normal.out", "specs/random.yaml:72", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {0}, Compute::Output, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log_normal__out},
+      {"normal.Tensor_Tensor", "specs/random.yaml:78", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_Tensor},
+      {"normal.Tensor_Tensor_out", "specs/random.yaml:78", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_Tensor_out},
+      {"normal.Tensor_float", "specs/random.yaml:82", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_float},
+      {"normal.Tensor_float_out", "specs/random.yaml:82", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
+       {0}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_float_out},
+      {"normal.float_Tensor", "specs/random.yaml:86", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Tensor, ArgKind::Generator},
+       {1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal__float_Tensor},
+      {"normal.float_Tensor_out", "specs/random.yaml:86", Variant::Out,
+       {ArgKind::Attr, ArgKind::Tensor, ArgKind::Generator, ArgKind::Tensor},
+       {1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_normal__float_Tensor_out},
+      {"bernoulli.Tensor", "specs/random.yaml:91", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator},
+       {0, 1}, Compute::Output, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_bernoulli__Tensor},
+      {"bernoulli_.Tensor", "specs/random.yaml:91", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator},
+       {0, 1}, Compute::Output, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_bernoulli___Tensor},
+      {"bernoulli.Tensor_out", "specs/random.yaml:91", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator, ArgKind::Tensor},
+       {0, 1}, Compute::Output, {3},
+       {3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_bernoulli__Tensor_out},
       {"sum.dim_IntList", "specs/reduction.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
@@ -6696,6 +7310,601 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logspace__out},
+      {"polygamma", "specs/special.yaml:244", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Tensor},
+       {1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_polygamma},
+      {"polygamma.out", "specs/special.yaml:244", Variant::Out,
+       {ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_polygamma__out},
+      {"special_zeta.self_scalar", "specs/special.yaml:250", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__self_scalar},
+      {"special_zeta.self_scalar_out", "specs/special.yaml:250", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__self_scalar_out},
+      {"special_zeta.other_scalar", "specs/special.yaml:255", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__other_scalar},
+      {"special_zeta.other_scalar_out", "specs/special.yaml:255", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__other_scalar_out},
+      {"igamma", "specs/special.yaml:260", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_igamma},
+      {"igamma_", "specs/special.yaml:260", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_igamma_},
+      {"igamma.out", "specs/special.yaml:260", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_igamma__out},
+      {"igammac", "specs/special.yaml:266", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_igammac},
+      {"igammac_", "specs/special.yaml:266", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_igammac_},
+      {"igammac.out", "specs/special.yaml:266", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_igammac__out},
+      {"special_erfcx", "specs/special.yaml:274", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_erfcx},
+      {"special_erfcx.out", "specs/special.yaml:274", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_erfcx__out},
+      {"special_xlog1py.self_scalar", "specs/special.yaml:287", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__self_scalar},
+      {"special_xlog1py.self_scalar_out", "specs/special.yaml:287", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__self_scalar_out},
+      {"special_xlog1py.other_scalar", "specs/special.yaml:292", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__other_scalar},
+      {"special_xlog1py.other_scalar_out", "specs/special.yaml:292", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__other_scalar_out},
+      {"i0", "specs/special.yaml:299", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_i0},
+      {"i0_", "specs/special.yaml:299", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_i0_},
+      {"i0.out", "specs/special.yaml:299", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_i0__out},
+      {"special_i0e", "specs/special.yaml:305", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_i0e},
+      {"special_i0e.out", "specs/special.yaml:305", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_i0e__out},
+      {"special_modified_bessel_i0", "specs/special.yaml:311", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i0},
+      {"special_modified_bessel_i0.out", "specs/special.yaml:311", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i0__out},
+      {"special_modified_bessel_i1", "specs/special.yaml:317", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i1},
+      {"special_modified_bessel_i1.out", "specs/special.yaml:317", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i1__out},
+      {"special_chebyshev_polynomial_t", "specs/special.yaml:326", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t},
+      {"special_chebyshev_polynomial_t.out", "specs/special.yaml:326", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__out},
+      {"special_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:332", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__x_scalar},
+      {"special_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:332", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__x_scalar_out},
+      {"special_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:337", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__n_scalar},
+      {"special_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:337", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__n_scalar_out},
+      {"special_chebyshev_polynomial_u", "specs/special.yaml:342", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u},
+      {"special_chebyshev_polynomial_u.out", "specs/special.yaml:342", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__out},
+      {"special_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:348", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__x_scalar},
+      {"special_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:348", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__x_scalar_out},
+      {"special_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:353", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__n_scalar},
+      {"special_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:353", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__n_scalar_out},
+      {"special_chebyshev_polynomial_v", "specs/special.yaml:358", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v},
+      {"special_chebyshev_polynomial_v.out", "specs/special.yaml:358", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__out},
+      {"special_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:364", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__x_scalar},
+      {"special_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:364", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__x_scalar_out},
+      {"special_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:369", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__n_scalar},
+      {"special_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:369", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__n_scalar_out},
+      {"special_chebyshev_polynomial_w", "specs/special.yaml:374", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w},
+      {"special_chebyshev_polynomial_w.out", "specs/special.yaml:374", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__out},
+      {"special_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:380", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__x_scalar},
+      {"special_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:380", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__x_scalar_out},
+      {"special_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:385", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__n_scalar},
+      {"special_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:385", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__n_scalar_out},
+      {"special_shifted_chebyshev_polynomial_t", "specs/special.yaml:390", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t},
+      {"special_shifted_chebyshev_polynomial_t.out", "specs/special.yaml:390", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__out},
+      {"special_shifted_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:396", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__x_scalar},
+      {"special_shifted_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:396", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__x_scalar_out},
+      {"special_shifted_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:401", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__n_scalar},
+      {"special_shifted_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:401", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__n_scalar_out},
+      {"special_shifted_chebyshev_polynomial_u", "specs/special.yaml:406", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u},
+      {"special_shifted_chebyshev_polynomial_u.out", "specs/special.yaml:406", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__out},
+      {"special_shifted_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:412", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__x_scalar},
+      {"special_shifted_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:412", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__x_scalar_out},
+      {"special_shifted_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:417", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__n_scalar},
+      {"special_shifted_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:417", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__n_scalar_out},
+      {"special_shifted_chebyshev_polynomial_v", "specs/special.yaml:422", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v},
+      {"special_shifted_chebyshev_polynomial_v.out", "specs/special.yaml:422", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__out},
+      {"special_shifted_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:428", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__x_scalar},
+      {"special_shifted_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:428", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__x_scalar_out},
+      {"special_shifted_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:433", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__n_scalar},
+      {"special_shifted_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:433", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__n_scalar_out},
+      {"special_shifted_chebyshev_polynomial_w", "specs/special.yaml:438", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w},
+      {"special_shifted_chebyshev_polynomial_w.out", "specs/special.yaml:438", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__out},
+      {"special_shifted_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:444", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__x_scalar},
+      {"special_shifted_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:444", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__x_scalar_out},
+      {"special_shifted_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:449", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__n_scalar},
+      {"special_shifted_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:449", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__n_scalar_out},
+      {"special_hermite_polynomial_h", "specs/special.yaml:454", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h},
+      {"special_hermite_polynomial_h.out", "specs/special.yaml:454", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__out},
+      {"special_hermite_polynomial_h.x_scalar", "specs/special.yaml:460", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__x_scalar},
+      {"special_hermite_polynomial_h.x_scalar_out", "specs/special.yaml:460", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__x_scalar_out},
+      {"special_hermite_polynomial_h.n_scalar", "specs/special.yaml:465", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__n_scalar},
+      {"special_hermite_polynomial_h.n_scalar_out", "specs/special.yaml:465", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__n_scalar_out},
+      {"special_hermite_polynomial_he", "specs/special.yaml:470", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he},
+      {"special_hermite_polynomial_he.out", "specs/special.yaml:470", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__out},
+      {"special_hermite_polynomial_he.x_scalar", "specs/special.yaml:476", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__x_scalar},
+      {"special_hermite_polynomial_he.x_scalar_out", "specs/special.yaml:476", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__x_scalar_out},
+      {"special_hermite_polynomial_he.n_scalar", "specs/special.yaml:481", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__n_scalar},
+      {"special_hermite_polynomial_he.n_scalar_out", "specs/special.yaml:481", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__n_scalar_out},
+      {"special_laguerre_polynomial_l", "specs/special.yaml:486", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l},
+      {"special_laguerre_polynomial_l.out", "specs/special.yaml:486", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__out},
+      {"special_laguerre_polynomial_l.x_scalar", "specs/special.yaml:492", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__x_scalar},
+      {"special_laguerre_polynomial_l.x_scalar_out", "specs/special.yaml:492", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__x_scalar_out},
+      {"special_laguerre_polynomial_l.n_scalar", "specs/special.yaml:497", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__n_scalar},
+      {"special_laguerre_polynomial_l.n_scalar_out", "specs/special.yaml:497", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__n_scalar_out},
+      {"special_legendre_polynomial_p", "specs/special.yaml:502", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p},
+      {"special_legendre_polynomial_p.out", "specs/special.yaml:502", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__out},
+      {"special_legendre_polynomial_p.x_scalar", "specs/special.yaml:508", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__x_scalar},
+      {"special_legendre_polynomial_p.x_scalar_out", "specs/special.yaml:508", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__x_scalar_out},
+      {"special_legendre_polynomial_p.n_scalar", "specs/special.yaml:513", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__n_scalar},
+      {"special_legendre_polynomial_p.n_scalar_out", "specs/special.yaml:513", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::CommonFloat, {2},
+       {2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__n_scalar_out},
+      {"special_spherical_bessel_j0", "specs/special.yaml:519", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_spherical_bessel_j0},
+      {"special_spherical_bessel_j0.out", "specs/special.yaml:519", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_spherical_bessel_j0__out},
+      {"special_bessel_j0", "specs/special.yaml:531", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j0},
+      {"special_bessel_j0.out", "specs/special.yaml:531", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j0__out},
+      {"special_bessel_j1", "specs/special.yaml:537", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j1},
+      {"special_bessel_j1.out", "specs/special.yaml:537", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j1__out},
+      {"special_bessel_y0", "specs/special.yaml:543", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y0},
+      {"special_bessel_y0.out", "specs/special.yaml:543", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y0__out},
+      {"special_bessel_y1", "specs/special.yaml:549", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y1},
+      {"special_bessel_y1.out", "specs/special.yaml:549", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y1__out},
+      {"special_modified_bessel_k0", "specs/special.yaml:555", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k0},
+      {"special_modified_bessel_k0.out", "specs/special.yaml:555", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k0__out},
+      {"special_modified_bessel_k1", "specs/special.yaml:561", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k1},
+      {"special_modified_bessel_k1.out", "specs/special.yaml:561", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k1__out},
+      {"special_scaled_modified_bessel_k0", "specs/special.yaml:567", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k0},
+      {"special_scaled_modified_bessel_k0.out", "specs/special.yaml:567", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k0__out},
+      {"special_scaled_modified_bessel_k1", "specs/special.yaml:573", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k1},
+      {"special_scaled_modified_bessel_k1.out", "specs/special.yaml:573", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k1__out},
+      {"special_airy_ai", "specs/special.yaml:579", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_airy_ai},
+      {"special_airy_ai.out", "specs/special.yaml:579", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1},
+       {1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_special_airy_ai__out},
       {"fill.Scalar", "specs/tensor.yaml:3", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {1}, Compute::Output, {},
@@ -7366,6 +8575,31 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_backward__grad_input},
+      {"frexp.Tensor", "specs/unary.yaml:239", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_frexp__Tensor},
+      {"frexp.Tensor_out", "specs/unary.yaml:239", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1, 2},
+       {1, 2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_frexp__Tensor_out},
+      {"renorm", "specs/unary.yaml:250", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_renorm},
+      {"renorm_", "specs/unary.yaml:250", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {0},
+       {0}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_renorm_},
+      {"renorm.out", "specs/unary.yaml:250", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_renorm__out},
   };
   return specs;
 }

@@ -64,6 +64,7 @@
 #include <ATen/ops/frac_meta_dispatch.h>
 #include <ATen/ops/gather_meta_dispatch.h>
 #include <ATen/ops/ge_meta_dispatch.h>
+#include <ATen/ops/glu_meta_dispatch.h>
 #include <ATen/ops/gt_meta_dispatch.h>
 #include <ATen/ops/hardshrink_backward_meta_dispatch.h>
 #include <ATen/ops/hardshrink_meta_dispatch.h>
@@ -71,6 +72,9 @@
 #include <ATen/ops/hardsigmoid_meta_dispatch.h>
 #include <ATen/ops/heaviside_meta_dispatch.h>
 #include <ATen/ops/hypot_meta_dispatch.h>
+#include <ATen/ops/i0_meta_dispatch.h>
+#include <ATen/ops/igamma_meta_dispatch.h>
+#include <ATen/ops/igammac_meta_dispatch.h>
 #include <ATen/ops/index_add_meta_dispatch.h>
 #include <ATen/ops/index_copy_meta_dispatch.h>
 #include <ATen/ops/isin_meta_dispatch.h>
@@ -108,12 +112,14 @@
 #include <ATen/ops/nll_loss_backward_meta_dispatch.h>
 #include <ATen/ops/nll_loss_forward_meta_dispatch.h>
 #include <ATen/ops/norm_meta_dispatch.h>
+#include <ATen/ops/polygamma_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/prod_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
 #include <ATen/ops/reflection_pad1d_backward_meta_dispatch.h>
 #include <ATen/ops/reflection_pad1d_meta_dispatch.h>
 #include <ATen/ops/remainder_meta_dispatch.h>
+#include <ATen/ops/renorm_meta_dispatch.h>
 #include <ATen/ops/replication_pad1d_backward_meta_dispatch.h>
 #include <ATen/ops/replication_pad1d_meta_dispatch.h>
 #include <ATen/ops/replication_pad2d_meta_dispatch.h>
@@ -137,11 +143,37 @@
 #include <ATen/ops/softshrink_backward_meta_dispatch.h>
 #include <ATen/ops/softshrink_meta_dispatch.h>
 #include <ATen/ops/sort_meta_dispatch.h>
+#include <ATen/ops/special_airy_ai_meta_dispatch.h>
+#include <ATen/ops/special_bessel_j0_meta_dispatch.h>
+#include <ATen/ops/special_bessel_j1_meta_dispatch.h>
+#include <ATen/ops/special_bessel_y0_meta_dispatch.h>
+#include <ATen/ops/special_bessel_y1_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_t_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_u_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_v_meta_dispatch.h>
+#include <ATen/ops/special_chebyshev_polynomial_w_meta_dispatch.h>
 #include <ATen/ops/special_entr_meta_dispatch.h>
+#include <ATen/ops/special_erfcx_meta_dispatch.h>
+#include <ATen/ops/special_hermite_polynomial_h_meta_dispatch.h>
+#include <ATen/ops/special_hermite_polynomial_he_meta_dispatch.h>
+#include <ATen/ops/special_i0e_meta_dispatch.h>
 #include <ATen/ops/special_i1_meta_dispatch.h>
 #include <ATen/ops/special_i1e_meta_dispatch.h>
+#include <ATen/ops/special_laguerre_polynomial_l_meta_dispatch.h>
+#include <ATen/ops/special_legendre_polynomial_p_meta_dispatch.h>
 #include <ATen/ops/special_log_ndtr_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_i0_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_i1_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_k0_meta_dispatch.h>
+#include <ATen/ops/special_modified_bessel_k1_meta_dispatch.h>
 #include <ATen/ops/special_ndtri_meta_dispatch.h>
+#include <ATen/ops/special_scaled_modified_bessel_k0_meta_dispatch.h>
+#include <ATen/ops/special_scaled_modified_bessel_k1_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_t_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_u_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_v_meta_dispatch.h>
+#include <ATen/ops/special_shifted_chebyshev_polynomial_w_meta_dispatch.h>
+#include <ATen/ops/special_spherical_bessel_j0_meta_dispatch.h>
 #include <ATen/ops/special_xlog1py_meta_dispatch.h>
 #include <ATen/ops/special_zeta_meta_dispatch.h>
 #include <ATen/ops/sqrt_meta_dispatch.h>
@@ -1464,6 +1496,19 @@ void meta_emit_mish__out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_glu(torch::jit::Stack& s) {
+  auto result = at::meta::glu(s[0].toTensor(), s[1].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_glu__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::glu_outf(s[0].toTensor(), s[1].toInt(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_max_pool2d_with_indices(torch::jit::Stack& s) {
   const auto a1 = s[1].toDimVector();
   const auto a2 = s[2].toDimVector();
@@ -2328,6 +2373,417 @@ void meta_emit_logspace__out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_polygamma(torch::jit::Stack& s) {
+  auto result = at::meta::polygamma(s[0].toInt(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_polygamma__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::polygamma_outf(s[0].toInt(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igamma(torch::jit::Stack& s) {
+  auto result = at::meta::igamma(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igamma_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::igamma_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igamma__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::igamma_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igammac(torch::jit::Stack& s) {
+  auto result = at::meta::igammac(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igammac_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::igammac_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_igammac__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::igammac_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_erfcx(torch::jit::Stack& s) {
+  auto result = at::meta::special_erfcx(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_erfcx__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_erfcx_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_i0(torch::jit::Stack& s) {
+  auto result = at::meta::i0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_i0_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::i0_(a0);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_i0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::i0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i0e(torch::jit::Stack& s) {
+  auto result = at::meta::special_i0e(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_i0e__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_i0e_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i0(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_i0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_i0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i1(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_i1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_i1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_i1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_t(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_t(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_t__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_t_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_u(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_u(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_u__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_u_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_v(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_v(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_v__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_v_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_w(torch::jit::Stack& s) {
+  auto result = at::meta::special_chebyshev_polynomial_w(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_chebyshev_polynomial_w__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_chebyshev_polynomial_w_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_t(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_t(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_t__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_t_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_u(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_u(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_u__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_u_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_v(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_v(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_v__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_v_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_w(torch::jit::Stack& s) {
+  auto result = at::meta::special_shifted_chebyshev_polynomial_w(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_shifted_chebyshev_polynomial_w__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_shifted_chebyshev_polynomial_w_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_h(torch::jit::Stack& s) {
+  auto result = at::meta::special_hermite_polynomial_h(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_h__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_hermite_polynomial_h_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_he(torch::jit::Stack& s) {
+  auto result = at::meta::special_hermite_polynomial_he(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_hermite_polynomial_he__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_hermite_polynomial_he_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_laguerre_polynomial_l(torch::jit::Stack& s) {
+  auto result = at::meta::special_laguerre_polynomial_l(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_laguerre_polynomial_l__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_laguerre_polynomial_l_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_legendre_polynomial_p(torch::jit::Stack& s) {
+  auto result = at::meta::special_legendre_polynomial_p(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_legendre_polynomial_p__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::special_legendre_polynomial_p_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_spherical_bessel_j0(torch::jit::Stack& s) {
+  auto result = at::meta::special_spherical_bessel_j0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_spherical_bessel_j0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_spherical_bessel_j0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j0(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_j0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_j0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j1(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_j1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_j1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_j1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y0(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_y0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_y0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y1(torch::jit::Stack& s) {
+  auto result = at::meta::special_bessel_y1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_bessel_y1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_bessel_y1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k0(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_k0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_k0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k1(torch::jit::Stack& s) {
+  auto result = at::meta::special_modified_bessel_k1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_modified_bessel_k1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_modified_bessel_k1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k0(torch::jit::Stack& s) {
+  auto result = at::meta::special_scaled_modified_bessel_k0(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k0__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_scaled_modified_bessel_k0_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k1(torch::jit::Stack& s) {
+  auto result = at::meta::special_scaled_modified_bessel_k1(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_scaled_modified_bessel_k1__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_scaled_modified_bessel_k1_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_airy_ai(torch::jit::Stack& s) {
+  auto result = at::meta::special_airy_ai(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_special_airy_ai__out(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  auto result = at::meta::special_airy_ai_outf(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_fill___Scalar(torch::jit::Stack& s) {
   at::Tensor a0 = s[0].toTensor();
   auto result = at::meta::fill_(a0, s[1].toScalar());
@@ -3069,6 +3525,26 @@ void meta_emit_tanh_backward__grad_input(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_renorm(torch::jit::Stack& s) {
+  auto result = at::meta::renorm(s[0].toTensor(), s[1].toScalar(), s[2].toInt(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_renorm_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::renorm_(a0, s[1].toScalar(), s[2].toInt(), s[3].toScalar());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_renorm__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::renorm_outf(s[0].toTensor(), s[1].toScalar(), s[2].toInt(), s[3].toScalar(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 }  // namespace
 
 const std::vector<MetaCallFn>& meta_calls() {
@@ -3440,6 +3916,26 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_mish_,  // mish_
       &meta_emit_mish__out,  // mish.out
       nullptr,  // mish_backward
+      &meta_emit_glu,  // glu
+      &meta_emit_glu__out,  // glu.out
+      nullptr,  // glu_backward
+      nullptr,  // glu_backward.grad_input
+      nullptr,  // _prelu_kernel
+      nullptr,  // _prelu_kernel_backward
+      nullptr,  // channel_shuffle
+      nullptr,  // channel_shuffle.out
+      nullptr,  // rrelu_with_noise_functional
+      nullptr,  // rrelu_with_noise
+      nullptr,  // rrelu_with_noise_backward
+      nullptr,  // rrelu_with_noise_backward.out
+      nullptr,  // multi_margin_loss
+      nullptr,  // multi_margin_loss.out
+      nullptr,  // multi_margin_loss_backward
+      nullptr,  // multi_margin_loss_backward.grad_input
+      nullptr,  // multilabel_margin_loss_forward
+      nullptr,  // multilabel_margin_loss_forward.output
+      nullptr,  // multilabel_margin_loss_backward
+      nullptr,  // multilabel_margin_loss_backward.grad_input
       nullptr,  // native_layer_norm
       nullptr,  // native_layer_norm_backward
       nullptr,  // native_group_norm
@@ -3738,6 +4234,27 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // random.to_out
       nullptr,  // randperm.generator
       nullptr,  // randperm.generator_out
+      nullptr,  // exponential
+      nullptr,  // exponential_
+      nullptr,  // exponential.out
+      nullptr,  // cauchy
+      nullptr,  // cauchy_
+      nullptr,  // cauchy.out
+      nullptr,  // geometric
+      nullptr,  // geometric_
+      nullptr,  // geometric.out
+      nullptr,  // log_normal
+      nullptr,  // log_normal_
+      nullptr,  // log_normal.out
+      nullptr,  // normal.Tensor_Tensor
+      nullptr,  // normal.Tensor_Tensor_out
+      nullptr,  // normal.Tensor_float
+      nullptr,  // normal.Tensor_float_out
+      nullptr,  // normal.float_Tensor
+      nullptr,  // normal.float_Tensor_out
+      nullptr,  // bernoulli.Tensor
+      nullptr,  // bernoulli_.Tensor
+      nullptr,  // bernoulli.Tensor_out
       &meta_emit_sum__dim_IntList,  // sum.dim_IntList
       &meta_emit_sum__IntList_out,  // sum.IntList_out
       nullptr,  // sum
@@ -3931,6 +4448,125 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // aminmax
       nullptr,  // logspace
       &meta_emit_logspace__out,  // logspace.out
+      &meta_emit_polygamma,  // polygamma
+      &meta_emit_polygamma__out,  // polygamma.out
+      nullptr,  // special_zeta.self_scalar
+      nullptr,  // special_zeta.self_scalar_out
+      nullptr,  // special_zeta.other_scalar
+      nullptr,  // special_zeta.other_scalar_out
+      &meta_emit_igamma,  // igamma
+      &meta_emit_igamma_,  // igamma_
+      &meta_emit_igamma__out,  // igamma.out
+      &meta_emit_igammac,  // igammac
+      &meta_emit_igammac_,  // igammac_
+      &meta_emit_igammac__out,  // igammac.out
+      &meta_emit_special_erfcx,  // special_erfcx
+      &meta_emit_special_erfcx__out,  // special_erfcx.out
+      nullptr,  // special_xlog1py.self_scalar
+      nullptr,  // special_xlog1py.self_scalar_out
+      nullptr,  // special_xlog1py.other_scalar
+      nullptr,  // special_xlog1py.other_scalar_out
+      &meta_emit_i0,  // i0
+      &meta_emit_i0_,  // i0_
+      &meta_emit_i0__out,  // i0.out
+      &meta_emit_special_i0e,  // special_i0e
+      &meta_emit_special_i0e__out,  // special_i0e.out
+      &meta_emit_special_modified_bessel_i0,  // special_modified_bessel_i0
+      &meta_emit_special_modified_bessel_i0__out,  // special_modified_bessel_i0.out
+      &meta_emit_special_modified_bessel_i1,  // special_modified_bessel_i1
+      &meta_emit_special_modified_bessel_i1__out,  // special_modified_bessel_i1.out
+      &meta_emit_special_chebyshev_polynomial_t,  // special_chebyshev_polynomial_t
+      &meta_emit_special_chebyshev_polynomial_t__out,  // special_chebyshev_polynomial_t.out
+      nullptr,  // special_chebyshev_polynomial_t.x_scalar
+      nullptr,  // special_chebyshev_polynomial_t.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_t.n_scalar
+      nullptr,  // special_chebyshev_polynomial_t.n_scalar_out
+      &meta_emit_special_chebyshev_polynomial_u,  // special_chebyshev_polynomial_u
+      &meta_emit_special_chebyshev_polynomial_u__out,  // special_chebyshev_polynomial_u.out
+      nullptr,  // special_chebyshev_polynomial_u.x_scalar
+      nullptr,  // special_chebyshev_polynomial_u.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_u.n_scalar
+      nullptr,  // special_chebyshev_polynomial_u.n_scalar_out
+      &meta_emit_special_chebyshev_polynomial_v,  // special_chebyshev_polynomial_v
+      &meta_emit_special_chebyshev_polynomial_v__out,  // special_chebyshev_polynomial_v.out
+      nullptr,  // special_chebyshev_polynomial_v.x_scalar
+      nullptr,  // special_chebyshev_polynomial_v.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_v.n_scalar
+      nullptr,  // special_chebyshev_polynomial_v.n_scalar_out
+      &meta_emit_special_chebyshev_polynomial_w,  // special_chebyshev_polynomial_w
+      &meta_emit_special_chebyshev_polynomial_w__out,  // special_chebyshev_polynomial_w.out
+      nullptr,  // special_chebyshev_polynomial_w.x_scalar
+      nullptr,  // special_chebyshev_polynomial_w.x_scalar_out
+      nullptr,  // special_chebyshev_polynomial_w.n_scalar
+      nullptr,  // special_chebyshev_polynomial_w.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_t,  // special_shifted_chebyshev_polynomial_t
+      &meta_emit_special_shifted_chebyshev_polynomial_t__out,  // special_shifted_chebyshev_polynomial_t.out
+      nullptr,  // special_shifted_chebyshev_polynomial_t.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_t.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_t.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_t.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_u,  // special_shifted_chebyshev_polynomial_u
+      &meta_emit_special_shifted_chebyshev_polynomial_u__out,  // special_shifted_chebyshev_polynomial_u.out
+      nullptr,  // special_shifted_chebyshev_polynomial_u.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_u.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_u.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_u.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_v,  // special_shifted_chebyshev_polynomial_v
+      &meta_emit_special_shifted_chebyshev_polynomial_v__out,  // special_shifted_chebyshev_polynomial_v.out
+      nullptr,  // special_shifted_chebyshev_polynomial_v.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_v.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_v.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_v.n_scalar_out
+      &meta_emit_special_shifted_chebyshev_polynomial_w,  // special_shifted_chebyshev_polynomial_w
+      &meta_emit_special_shifted_chebyshev_polynomial_w__out,  // special_shifted_chebyshev_polynomial_w.out
+      nullptr,  // special_shifted_chebyshev_polynomial_w.x_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_w.x_scalar_out
+      nullptr,  // special_shifted_chebyshev_polynomial_w.n_scalar
+      nullptr,  // special_shifted_chebyshev_polynomial_w.n_scalar_out
+      &meta_emit_special_hermite_polynomial_h,  // special_hermite_polynomial_h
+      &meta_emit_special_hermite_polynomial_h__out,  // special_hermite_polynomial_h.out
+      nullptr,  // special_hermite_polynomial_h.x_scalar
+      nullptr,  // special_hermite_polynomial_h.x_scalar_out
+      nullptr,  // special_hermite_polynomial_h.n_scalar
+      nullptr,  // special_hermite_polynomial_h.n_scalar_out
+      &meta_emit_special_hermite_polynomial_he,  // special_hermite_polynomial_he
+      &meta_emit_special_hermite_polynomial_he__out,  // special_hermite_polynomial_he.out
+      nullptr,  // special_hermite_polynomial_he.x_scalar
+      nullptr,  // special_hermite_polynomial_he.x_scalar_out
+      nullptr,  // special_hermite_polynomial_he.n_scalar
+      nullptr,  // special_hermite_polynomial_he.n_scalar_out
+      &meta_emit_special_laguerre_polynomial_l,  // special_laguerre_polynomial_l
+      &meta_emit_special_laguerre_polynomial_l__out,  // special_laguerre_polynomial_l.out
+      nullptr,  // special_laguerre_polynomial_l.x_scalar
+      nullptr,  // special_laguerre_polynomial_l.x_scalar_out
+      nullptr,  // special_laguerre_polynomial_l.n_scalar
+      nullptr,  // special_laguerre_polynomial_l.n_scalar_out
+      &meta_emit_special_legendre_polynomial_p,  // special_legendre_polynomial_p
+      &meta_emit_special_legendre_polynomial_p__out,  // special_legendre_polynomial_p.out
+      nullptr,  // special_legendre_polynomial_p.x_scalar
+      nullptr,  // special_legendre_polynomial_p.x_scalar_out
+      nullptr,  // special_legendre_polynomial_p.n_scalar
+      nullptr,  // special_legendre_polynomial_p.n_scalar_out
+      &meta_emit_special_spherical_bessel_j0,  // special_spherical_bessel_j0
+      &meta_emit_special_spherical_bessel_j0__out,  // special_spherical_bessel_j0.out
+      &meta_emit_special_bessel_j0,  // special_bessel_j0
+      &meta_emit_special_bessel_j0__out,  // special_bessel_j0.out
+      &meta_emit_special_bessel_j1,  // special_bessel_j1
+      &meta_emit_special_bessel_j1__out,  // special_bessel_j1.out
+      &meta_emit_special_bessel_y0,  // special_bessel_y0
+      &meta_emit_special_bessel_y0__out,  // special_bessel_y0.out
+      &meta_emit_special_bessel_y1,  // special_bessel_y1
+      &meta_emit_special_bessel_y1__out,  // special_bessel_y1.out
+      &meta_emit_special_modified_bessel_k0,  // special_modified_bessel_k0
+      &meta_emit_special_modified_bessel_k0__out,  // special_modified_bessel_k0.out
+      &meta_emit_special_modified_bessel_k1,  // special_modified_bessel_k1
+      &meta_emit_special_modified_bessel_k1__out,  // special_modified_bessel_k1.out
+      &meta_emit_special_scaled_modified_bessel_k0,  // special_scaled_modified_bessel_k0
+      &meta_emit_special_scaled_modified_bessel_k0__out,  // special_scaled_modified_bessel_k0.out
+      &meta_emit_special_scaled_modified_bessel_k1,  // special_scaled_modified_bessel_k1
+      &meta_emit_special_scaled_modified_bessel_k1__out,  // special_scaled_modified_bessel_k1.out
+      &meta_emit_special_airy_ai,  // special_airy_ai
+      &meta_emit_special_airy_ai__out,  // special_airy_ai.out
       nullptr,  // fill.Scalar
       &meta_emit_fill___Scalar,  // fill_.Scalar
       nullptr,  // fill.Scalar_out
@@ -4065,6 +4701,11 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_sigmoid_backward__grad_input,  // sigmoid_backward.grad_input
       &meta_emit_tanh_backward,  // tanh_backward
       &meta_emit_tanh_backward__grad_input,  // tanh_backward.grad_input
+      nullptr,  // frexp.Tensor
+      nullptr,  // frexp.Tensor_out
+      &meta_emit_renorm,  // renorm
+      &meta_emit_renorm_,  // renorm_
+      &meta_emit_renorm__out,  // renorm.out
   };
   return calls;
 }

@@ -3220,6 +3220,191 @@ def test_mish_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_glu(dtype):
+    # specs/nn.yaml:210
+    check_opinfo(
+        "nn.functional.glu",
+        dtype,
+        overloads=["glu", "glu.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_glu_compiled():
+    # specs/nn.yaml:210: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.glu",
+        overloads=["glu", "glu.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_glu_other_dtypes(dtype):
+    # specs/nn.yaml:210: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.glu",
+        dtype,
+        overloads=["glu", "glu.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__prelu_kernel(dtype):
+    # specs/nn.yaml:221
+    check_opinfo(
+        "nn.functional.prelu",
+        dtype,
+        overloads=["_prelu_kernel"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__prelu_kernel_compiled():
+    # specs/nn.yaml:221: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.prelu",
+        overloads=["_prelu_kernel"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__prelu_kernel_other_dtypes(dtype):
+    # specs/nn.yaml:221: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.prelu",
+        dtype,
+        overloads=["_prelu_kernel"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_channel_shuffle(dtype):
+    # specs/nn.yaml:230
+    check_opinfo(
+        "nn.functional.channel_shuffle",
+        dtype,
+        overloads=["channel_shuffle", "channel_shuffle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_channel_shuffle_compiled():
+    # specs/nn.yaml:230: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.channel_shuffle",
+        overloads=["channel_shuffle", "channel_shuffle.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_channel_shuffle_other_dtypes(dtype):
+    # specs/nn.yaml:230: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.channel_shuffle",
+        dtype,
+        overloads=["channel_shuffle", "channel_shuffle.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_multi_margin_loss(dtype):
+    # specs/nn.yaml:249
+    check_opinfo(
+        "nn.functional.multi_margin_loss",
+        dtype,
+        overloads=["multi_margin_loss", "multi_margin_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_multi_margin_loss_compiled():
+    # specs/nn.yaml:249: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.multi_margin_loss",
+        overloads=["multi_margin_loss", "multi_margin_loss.out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_multi_margin_loss_other_dtypes(dtype):
+    # specs/nn.yaml:249: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.multi_margin_loss",
+        dtype,
+        overloads=["multi_margin_loss", "multi_margin_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_multilabel_margin_loss_forward(dtype):
+    # specs/nn.yaml:262
+    check_opinfo(
+        "nn.functional.multilabel_margin_loss",
+        dtype,
+        overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test_multilabel_margin_loss_forward_compiled():
+    # specs/nn.yaml:262: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.multilabel_margin_loss",
+        overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_multilabel_margin_loss_forward_other_dtypes(dtype):
+    # specs/nn.yaml:262: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.multilabel_margin_loss",
+        dtype,
+        overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1.3e-06,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_native_layer_norm(dtype):
     # specs/normalization.yaml:7
     check_opinfo(
@@ -8017,6 +8202,1116 @@ def test_logspace_compiled():
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_polygamma(dtype):
+    # specs/special.yaml:244
+    check_opinfo(
+        "polygamma.polygamma_n_1",
+        dtype,
+        overloads=["polygamma", "polygamma.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_polygamma_compiled():
+    # specs/special.yaml:244: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "polygamma.polygamma_n_1",
+        overloads=["polygamma", "polygamma.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_polygamma_other_dtypes(dtype):
+    # specs/special.yaml:244: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "polygamma.polygamma_n_1",
+        dtype,
+        overloads=["polygamma", "polygamma.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_igamma(dtype):
+    # specs/special.yaml:260
+    check_opinfo(
+        "igamma",
+        dtype,
+        overloads=["igamma", "igamma_", "igamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_igamma_compiled():
+    # specs/special.yaml:260: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "igamma",
+        overloads=["igamma", "igamma_", "igamma.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_igamma_other_dtypes(dtype):
+    # specs/special.yaml:260: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "igamma",
+        dtype,
+        overloads=["igamma", "igamma_", "igamma.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_igammac(dtype):
+    # specs/special.yaml:266
+    check_opinfo(
+        "igammac",
+        dtype,
+        overloads=["igammac", "igammac_", "igammac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_igammac_compiled():
+    # specs/special.yaml:266: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "igammac",
+        overloads=["igammac", "igammac_", "igammac.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_igammac_other_dtypes(dtype):
+    # specs/special.yaml:266: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "igammac",
+        dtype,
+        overloads=["igammac", "igammac_", "igammac.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_erfcx(dtype):
+    # specs/special.yaml:274
+    check_opinfo(
+        "special.erfcx",
+        dtype,
+        overloads=["special_erfcx", "special_erfcx.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_erfcx_compiled():
+    # specs/special.yaml:274: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.erfcx",
+        overloads=["special_erfcx", "special_erfcx.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_erfcx_other_dtypes(dtype):
+    # specs/special.yaml:274: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.erfcx",
+        dtype,
+        overloads=["special_erfcx", "special_erfcx.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_i0(dtype):
+    # specs/special.yaml:299
+    check_opinfo(
+        "i0",
+        dtype,
+        overloads=["i0", "i0_", "i0.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_i0_compiled():
+    # specs/special.yaml:299: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "i0",
+        overloads=["i0", "i0_", "i0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_i0_other_dtypes(dtype):
+    # specs/special.yaml:299: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "i0",
+        dtype,
+        overloads=["i0", "i0_", "i0.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_i0e(dtype):
+    # specs/special.yaml:305
+    check_opinfo(
+        "special.i0e",
+        dtype,
+        overloads=["special_i0e", "special_i0e.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_i0e_compiled():
+    # specs/special.yaml:305: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.i0e",
+        overloads=["special_i0e", "special_i0e.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_i0e_other_dtypes(dtype):
+    # specs/special.yaml:305: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.i0e",
+        dtype,
+        overloads=["special_i0e", "special_i0e.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_i0(dtype):
+    # specs/special.yaml:311
+    check_opinfo(
+        "special.modified_bessel_i0",
+        dtype,
+        overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_i0_compiled():
+    # specs/special.yaml:311: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_i0",
+        overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_i0_other_dtypes(dtype):
+    # specs/special.yaml:311: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_i0",
+        dtype,
+        overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_i1(dtype):
+    # specs/special.yaml:317
+    check_opinfo(
+        "special.modified_bessel_i1",
+        dtype,
+        overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_i1_compiled():
+    # specs/special.yaml:317: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_i1",
+        overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_i1_other_dtypes(dtype):
+    # specs/special.yaml:317: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_i1",
+        dtype,
+        overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_t(dtype):
+    # specs/special.yaml:326
+    check_opinfo(
+        "special.chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_t_compiled():
+    # specs/special.yaml:326: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_t",
+        overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_t_other_dtypes(dtype):
+    # specs/special.yaml:326: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_u(dtype):
+    # specs/special.yaml:342
+    check_opinfo(
+        "special.chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_u_compiled():
+    # specs/special.yaml:342: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_u",
+        overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_u_other_dtypes(dtype):
+    # specs/special.yaml:342: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_v(dtype):
+    # specs/special.yaml:358
+    check_opinfo(
+        "special.chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_v_compiled():
+    # specs/special.yaml:358: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_v",
+        overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_v_other_dtypes(dtype):
+    # specs/special.yaml:358: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_chebyshev_polynomial_w(dtype):
+    # specs/special.yaml:374
+    check_opinfo(
+        "special.chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_chebyshev_polynomial_w_compiled():
+    # specs/special.yaml:374: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.chebyshev_polynomial_w",
+        overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_chebyshev_polynomial_w_other_dtypes(dtype):
+    # specs/special.yaml:374: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_t(dtype):
+    # specs/special.yaml:390
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_t_compiled():
+    # specs/special.yaml:390: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_t",
+        overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_t_other_dtypes(dtype):
+    # specs/special.yaml:390: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_t",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_u(dtype):
+    # specs/special.yaml:406
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_u_compiled():
+    # specs/special.yaml:406: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_u",
+        overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_u_other_dtypes(dtype):
+    # specs/special.yaml:406: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_u",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_v(dtype):
+    # specs/special.yaml:422
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_v_compiled():
+    # specs/special.yaml:422: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_v",
+        overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_v_other_dtypes(dtype):
+    # specs/special.yaml:422: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_v",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_shifted_chebyshev_polynomial_w(dtype):
+    # specs/special.yaml:438
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_shifted_chebyshev_polynomial_w_compiled():
+    # specs/special.yaml:438: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.shifted_chebyshev_polynomial_w",
+        overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_shifted_chebyshev_polynomial_w_other_dtypes(dtype):
+    # specs/special.yaml:438: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.shifted_chebyshev_polynomial_w",
+        dtype,
+        overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_hermite_polynomial_h(dtype):
+    # specs/special.yaml:454
+    check_opinfo(
+        "special.hermite_polynomial_h",
+        dtype,
+        overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_hermite_polynomial_h_compiled():
+    # specs/special.yaml:454: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.hermite_polynomial_h",
+        overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_hermite_polynomial_h_other_dtypes(dtype):
+    # specs/special.yaml:454: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.hermite_polynomial_h",
+        dtype,
+        overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_hermite_polynomial_he(dtype):
+    # specs/special.yaml:470
+    check_opinfo(
+        "special.hermite_polynomial_he",
+        dtype,
+        overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_hermite_polynomial_he_compiled():
+    # specs/special.yaml:470: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.hermite_polynomial_he",
+        overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_hermite_polynomial_he_other_dtypes(dtype):
+    # specs/special.yaml:470: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.hermite_polynomial_he",
+        dtype,
+        overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_laguerre_polynomial_l(dtype):
+    # specs/special.yaml:486
+    check_opinfo(
+        "special.laguerre_polynomial_l",
+        dtype,
+        overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_laguerre_polynomial_l_compiled():
+    # specs/special.yaml:486: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.laguerre_polynomial_l",
+        overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_laguerre_polynomial_l_other_dtypes(dtype):
+    # specs/special.yaml:486: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.laguerre_polynomial_l",
+        dtype,
+        overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_legendre_polynomial_p(dtype):
+    # specs/special.yaml:502
+    check_opinfo(
+        "special.legendre_polynomial_p",
+        dtype,
+        overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def test_special_legendre_polynomial_p_compiled():
+    # specs/special.yaml:502: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.legendre_polynomial_p",
+        overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_legendre_polynomial_p_other_dtypes(dtype):
+    # specs/special.yaml:502: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.legendre_polynomial_p",
+        dtype,
+        overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_spherical_bessel_j0(dtype):
+    # specs/special.yaml:519
+    check_opinfo(
+        "special.spherical_bessel_j0",
+        dtype,
+        overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_spherical_bessel_j0_compiled():
+    # specs/special.yaml:519: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.spherical_bessel_j0",
+        overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_spherical_bessel_j0_other_dtypes(dtype):
+    # specs/special.yaml:519: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.spherical_bessel_j0",
+        dtype,
+        overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_j0(dtype):
+    # specs/special.yaml:531
+    check_opinfo(
+        "special.bessel_j0",
+        dtype,
+        overloads=["special_bessel_j0", "special_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_j0_compiled():
+    # specs/special.yaml:531: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_j0",
+        overloads=["special_bessel_j0", "special_bessel_j0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_j0_other_dtypes(dtype):
+    # specs/special.yaml:531: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_j0",
+        dtype,
+        overloads=["special_bessel_j0", "special_bessel_j0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_j1(dtype):
+    # specs/special.yaml:537
+    check_opinfo(
+        "special.bessel_j1",
+        dtype,
+        overloads=["special_bessel_j1", "special_bessel_j1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_j1_compiled():
+    # specs/special.yaml:537: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_j1",
+        overloads=["special_bessel_j1", "special_bessel_j1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_j1_other_dtypes(dtype):
+    # specs/special.yaml:537: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_j1",
+        dtype,
+        overloads=["special_bessel_j1", "special_bessel_j1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_y0(dtype):
+    # specs/special.yaml:543
+    check_opinfo(
+        "special.bessel_y0",
+        dtype,
+        overloads=["special_bessel_y0", "special_bessel_y0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_y0_compiled():
+    # specs/special.yaml:543: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_y0",
+        overloads=["special_bessel_y0", "special_bessel_y0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_y0_other_dtypes(dtype):
+    # specs/special.yaml:543: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_y0",
+        dtype,
+        overloads=["special_bessel_y0", "special_bessel_y0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_bessel_y1(dtype):
+    # specs/special.yaml:549
+    check_opinfo(
+        "special.bessel_y1",
+        dtype,
+        overloads=["special_bessel_y1", "special_bessel_y1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_bessel_y1_compiled():
+    # specs/special.yaml:549: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.bessel_y1",
+        overloads=["special_bessel_y1", "special_bessel_y1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_bessel_y1_other_dtypes(dtype):
+    # specs/special.yaml:549: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.bessel_y1",
+        dtype,
+        overloads=["special_bessel_y1", "special_bessel_y1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_k0(dtype):
+    # specs/special.yaml:555
+    check_opinfo(
+        "special.modified_bessel_k0",
+        dtype,
+        overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_k0_compiled():
+    # specs/special.yaml:555: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_k0",
+        overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_k0_other_dtypes(dtype):
+    # specs/special.yaml:555: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_k0",
+        dtype,
+        overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_modified_bessel_k1(dtype):
+    # specs/special.yaml:561
+    check_opinfo(
+        "special.modified_bessel_k1",
+        dtype,
+        overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_modified_bessel_k1_compiled():
+    # specs/special.yaml:561: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.modified_bessel_k1",
+        overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_modified_bessel_k1_other_dtypes(dtype):
+    # specs/special.yaml:561: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.modified_bessel_k1",
+        dtype,
+        overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_scaled_modified_bessel_k0(dtype):
+    # specs/special.yaml:567
+    check_opinfo(
+        "special.scaled_modified_bessel_k0",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_scaled_modified_bessel_k0_compiled():
+    # specs/special.yaml:567: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.scaled_modified_bessel_k0",
+        overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_scaled_modified_bessel_k0_other_dtypes(dtype):
+    # specs/special.yaml:567: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.scaled_modified_bessel_k0",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_scaled_modified_bessel_k1(dtype):
+    # specs/special.yaml:573
+    check_opinfo(
+        "special.scaled_modified_bessel_k1",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_scaled_modified_bessel_k1_compiled():
+    # specs/special.yaml:573: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.scaled_modified_bessel_k1",
+        overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_scaled_modified_bessel_k1_other_dtypes(dtype):
+    # specs/special.yaml:573: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.scaled_modified_bessel_k1",
+        dtype,
+        overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_special_airy_ai(dtype):
+    # specs/special.yaml:579
+    check_opinfo(
+        "special.airy_ai",
+        dtype,
+        overloads=["special_airy_ai", "special_airy_ai.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_special_airy_ai_compiled():
+    # specs/special.yaml:579: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "special.airy_ai",
+        overloads=["special_airy_ai", "special_airy_ai.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_special_airy_ai_other_dtypes(dtype):
+    # specs/special.yaml:579: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "special.airy_ai",
+        dtype,
+        overloads=["special_airy_ai", "special_airy_ai.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_fill_Scalar(dtype):
     # specs/tensor.yaml:3
@@ -9638,6 +10933,80 @@ def test_clamp_max_Tensor_other_dtypes(dtype):
         "clamp_max",
         dtype,
         overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_frexp_Tensor(dtype):
+    # specs/unary.yaml:239
+    check_opinfo(
+        "frexp",
+        dtype,
+        overloads=["frexp.Tensor", "frexp.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_frexp_Tensor_compiled():
+    # specs/unary.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "frexp",
+        overloads=["frexp.Tensor", "frexp.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_frexp_Tensor_other_dtypes(dtype):
+    # specs/unary.yaml:239: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "frexp",
+        dtype,
+        overloads=["frexp.Tensor", "frexp.Tensor_out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_renorm(dtype):
+    # specs/unary.yaml:250
+    check_opinfo(
+        "renorm",
+        dtype,
+        overloads=["renorm", "renorm_", "renorm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_renorm_compiled():
+    # specs/unary.yaml:250: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "renorm",
+        overloads=["renorm", "renorm_", "renorm.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_renorm_other_dtypes(dtype):
+    # specs/unary.yaml:250: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "renorm",
+        dtype,
+        overloads=["renorm", "renorm_", "renorm.out"],
         variants=["Functional", "Inplace", "Out"],
         atol=None,
         rtol=None,

@@ -79,9 +79,6 @@ class Builder {
   Value gather_flat(const Value& flat, const Value& indices);
   Value scatter_flat(const Value& flat, const Value& indices, const Value& updates);
 
-  // CHLO's elementwise ops by name (special functions XLA expands into StableHLO); operands broadcast.
-  Value chlo_unary(const char* op, const Value& v);
-  Value chlo_binary(const char* op, const Value& a, const Value& b);
   // Per row along dim: the element at sorted (ascending, NaN last, stable) position k, a 0-d or a
   // keepdim-shaped integer Value; or (indices) its position in v.
   Value kth_along(const Value& v, const Value& k, int64_t dim, bool keepdim, bool indices);
@@ -177,6 +174,47 @@ class Builder {
   Value vector_norm(const Value& v, double ord, const std::vector<int64_t>& dims, bool keepdim);
   Value cumsum(const Value& v, int64_t dim);
   Value cumprod(const Value& v, int64_t dim);
+
+  // special-function primitives (specs/special.yaml): CHLO ops that XLA expands into StableHLO, and
+  // Chebyshev series (Cephes' published coefficients). Operands broadcast; floats only.
+  Value lgamma(const Value& v);
+  Value digamma(const Value& v);
+  Value polygamma(int64_t n, const Value& v);
+  Value zeta(const Value& x, const Value& q);  // Hurwitz zeta
+  Value erfc(const Value& v);
+  Value erfinv(const Value& v);
+  Value nextafter(const Value& a, const Value& b);
+  Value acosh(const Value& v);
+  Value asinh(const Value& v);
+  Value atanh(const Value& v);
+  Value bessel_i0e(const Value& v);  // exp(-|x|) I0(x)
+  Value bessel_i1e(const Value& v);  // exp(-|x|) I1(x)
+  // Bessel functions as CPU computes them (Cephes): kind "j0" "j1" "y0" "y1" (first and second kind),
+  // "k0" "k1" (modified, second kind), "k0e" "k1e" (those times exp(x)), and "airy_ai" (Airy's Ai).
+  Value bessel(const Value& v, const std::string& kind);
+  // Orthogonal polynomials of degree trunc(n) (n < 0: 0), CPU's recurrences and closed forms; kind
+  // "t" "u" "v" "w" (Chebyshev), "st" "su" "sv" "sw" (shifted Chebyshev), "h" "he" (Hermite),
+  // "l" (Laguerre), "p" (Legendre). The recurrence is unrolled to degree 24: higher degrees give NaN
+  // where CPU has no closed form for them.
+  Value orthogonal_polynomial(const Value& x, const Value& n, const std::string& kind);
+  // The regularized lower incomplete gamma function P(a, x), or (complement) Q(a, x) = 1 - P: Cephes'
+  // series and continued fraction, unrolled to 64 terms.
+  Value igamma(const Value& a, const Value& x, bool complement);
+  Value logit(const Value& v, std::optional<double> eps);  // eps: clamp to [eps, 1 - eps] first
+  // grad / (v (1 - v)); 0 outside [eps, 1 - eps], or without eps NaN outside [0, 1].
+  Value logit_backward(const Value& grad, const Value& v, std::optional<double> eps);
+  Value glu(const Value& v, int64_t dim);  // first half of dim times sigmoid of the second half
+  Value glu_backward(const Value& grad, const Value& v, int64_t dim);
+  Value channel_shuffle(const Value& v, int64_t groups);
+  // Margin losses over input [C] or [N, C] (classes along the last dim) and their input gradients.
+  // multi_margin: target holds one class per row; multilabel: target [N, C] holds each row's classes
+  // up to the first -1 (is_target: the [N, C] 0/1 mask of those classes instead of the loss).
+  Value multi_margin_loss(const Value& self, const Value& target, double p, double margin, const std::optional<Value>& weight, int64_t reduction);
+  Value multi_margin_loss_backward(const Value& grad_output, const Value& self, const Value& target, double p, double margin, const std::optional<Value>& weight, int64_t reduction);
+  Value multilabel_margin_loss(const Value& self, const Value& target, int64_t reduction, bool is_target);
+  Value multilabel_margin_loss_backward(const Value& grad_output, const Value& self, const Value& target, int64_t reduction);
+  // Each sub-tensor along dim with p-norm above maxnorm scaled to maxnorm / (norm + 1e-7).
+  Value renorm(const Value& v, double p, int64_t dim, double maxnorm);  // dim 1 viewed as [groups, C/groups], transposed
 
   // binary primitives (specs/binary.yaml)
   // `v` rounded through the op's nominal dtype (bfloat16/float16 ops compute in float32): what CPU's
@@ -344,18 +382,6 @@ class Builder {
   Value upsample_linear_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2);
 
   // special functions and op_db gap primitives (specs/special.yaml; runtime/hlo/special.cc)
-  Value lgamma(const Value& v) { return chlo_unary("lgamma", v); }
-  Value digamma(const Value& v) { return chlo_unary("digamma", v); }
-  Value erfinv(const Value& v) { return chlo_unary("erf_inv", v); }
-  Value erfc(const Value& v) { return chlo_unary("erfc", v); }
-  Value acosh(const Value& v) { return chlo_unary("acosh", v); }
-  Value asinh(const Value& v) { return chlo_unary("asinh", v); }
-  Value atanh(const Value& v) { return chlo_unary("atanh", v); }
-  Value bessel_i1e(const Value& v) { return chlo_unary("bessel_i1e", v); }
-  Value zeta(const Value& x, const Value& q) { return chlo_binary("zeta", x, q); }  // Hurwitz zeta
-  Value next_after(const Value& a, const Value& b) { return chlo_binary("next_after", a, b); }
-  Value logit(const Value& v, std::optional<double> eps);  // log(v / (1 - v)), v clamped to [eps, 1 - eps] first
-  Value logit_backward(const Value& grad, const Value& v, std::optional<double> eps);  // 0 outside [eps, 1 - eps]
   Value power_of(double base, const Value& exponent);  // base ** exponent (logspace)
   Value count_nonzero(const Value& v, const std::vector<int64_t>& dims);  // int64; empty dims = all
   Value logaddexp(const Value& a, const Value& b);  // log(exp(a) + exp(b)) without overflow
@@ -408,6 +434,8 @@ class Builder {
   std::vector<int64_t> broadcast_shape(const std::vector<const Value*>& operands, const char* op) const;
   // Max along one dim (may be negative), kept as size 1: the shift that keeps softmax stable.
   Value max_along(const Value& v, int64_t dim);
+  // A CHLO op (which XLA expands) over operands broadcast to one shape, of their element type.
+  Value chlo(const char* op, std::vector<Value> operands);
   std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;
 
   ElementType nominal_element_ = ElementType::F64;  // never narrower than a value: no rounding

@@ -1,5 +1,4 @@
-// Builder special-function and op_db-gap family: CHLO's special functions (lgamma, digamma, erf_inv,
-// erfc, inverse hyperbolics, zeta, next_after, i1e), logit, index_add-style index
+// Builder op_db-gap family (specs/special.yaml, indexing.yaml, reduction.yaml): index_add-style index
 // expansion, take/put, diagonal, cumulative max/min, logcumsumexp, kthvalue and median.
 #include "hlo/hlo_builder.h"
 
@@ -22,32 +21,6 @@ int64_t wrap(int64_t dim, int rank, const char* op) {
 }
 
 }  // namespace
-
-Value Builder::chlo_unary(const char* op, const Value& v) {
-  return emit("\"chlo." + std::string(op) + "\"(" + name(v) + ") : (" + v.type.mlir() + ") -> " + v.type.mlir(),
-              v.type);
-}
-
-Value Builder::chlo_binary(const char* op, const Value& a_in, const Value& b_in) {
-  const std::vector<int64_t> dims = broadcast_shape({&a_in, &b_in}, op);
-  const Value a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
-  return emit("\"chlo." + std::string(op) + "\"(" + name(a) + ", " + name(b) + ") : (" + a.type.mlir() + ", " +
-                  b.type.mlir() + ") -> " + a.type.mlir(),
-              a.type);
-}
-
-Value Builder::logit(const Value& v, std::optional<double> eps) {
-  Value x = v;
-  if (eps) x = minimum(maximum(v, scalar_like(*eps, v)), scalar_like(1.0 - *eps, v));
-  return log(div(x, sub(scalar_like(1, x), x)));
-}
-
-Value Builder::logit_backward(const Value& grad, const Value& v, std::optional<double> eps) {
-  const Value d = div(grad, mul(v, sub(scalar_like(1, v), v)));
-  if (!eps) return d;
-  const Value outside = bitwise_or(lt(v, scalar_like(*eps, v)), gt(v, scalar_like(1.0 - *eps, v)));
-  return select(outside, full(0, d.type), d);
-}
 
 Value Builder::count_nonzero(const Value& v, const std::vector<int64_t>& dims) {
   const Value set = v.element() == ElementType::Pred ? v : ne(v, full(0, v.type));
