@@ -198,7 +198,7 @@ class Builder {
   // where CPU has no closed form for them.
   Value orthogonal_polynomial(const Value& x, const Value& n, const std::string& kind);
   // The regularized lower incomplete gamma function P(a, x), or (complement) Q(a, x) = 1 - P: Cephes'
-  // series and continued fraction, unrolled to 64 terms.
+  // series and continued fraction, unrolled to 40 terms.
   Value igamma(const Value& a, const Value& x, bool complement);
   Value logit(const Value& v, std::optional<double> eps);  // eps: clamp to [eps, 1 - eps] first
   // grad / (v (1 - v)); 0 outside [eps, 1 - eps], or without eps NaN outside [0, 1].
