@@ -1,6 +1,7 @@
 // Helpers shared by the builder's op families (hlo/*.cc); internal to the builder, not part of its interface.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -49,6 +50,14 @@ inline const char* compare_type(ElementType e) {
 }
 
 [[noreturn]] inline void fail(const std::string& message) { throw std::invalid_argument("torchtpu builder: " + message); }
+
+// `dim` (negative: from the end) as an index into a rank-`rank` shape; a 0-d value, as in PyTorch,
+// takes dim 0 or -1.
+inline int64_t wrap_dim(int64_t dim, int rank, const char* op) {
+  const int64_t wrapped = dim < 0 ? dim + std::max(rank, 1) : dim;
+  if (wrapped < 0 || wrapped >= std::max(rank, 1)) fail(std::string(op) + ": dimension out of range");
+  return wrapped;
+}
 
 inline int bits_of(ElementType e) { return element_size(e) * 8; }
 

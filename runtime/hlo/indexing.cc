@@ -12,12 +12,6 @@ using namespace builder_internal;
 
 namespace {
 
-int64_t wrap_dim(int64_t dim, int rank, const char* op) {
-  const int64_t wrapped = dim < 0 ? dim + std::max(rank, 1) : dim;
-  if (wrapped < 0 || wrapped >= std::max(rank, 1)) fail(std::string(op) + ": dimension out of range");
-  return wrapped;
-}
-
 // The full coordinates of every element of `index` into a rank-`index.rank()` operand: the element
 // itself along `dim`, its own position along every other dim; shape index.dims + [rank], int64.
 Value full_coordinates(Builder& b, const Value& index, int64_t dim) {

@@ -12,16 +12,6 @@ namespace torchtpu::rt {
 
 using namespace builder_internal;
 
-namespace {
-
-int64_t wrap(int64_t dim, int rank, const char* op) {
-  const int64_t wrapped = dim < 0 ? dim + std::max(rank, 1) : dim;
-  if (wrapped < 0 || wrapped >= std::max(rank, 1)) fail(std::string(op) + ": dimension out of range");
-  return wrapped;
-}
-
-}  // namespace
-
 Value Builder::count_nonzero(const Value& v, const std::vector<int64_t>& dims) {
   const Value set = v.element() == ElementType::Pred ? v : ne(v, full(0, v.type));
   return sum(convert(set, ElementType::S64), dims, false);
@@ -31,7 +21,7 @@ Value Builder::power_of(double base, const Value& exponent) { return power(scala
 
 Value Builder::expand_index(const Value& index, int64_t dim_in, const Value& like) {
   if (like.rank() == 0) return reshape(index, {});
-  const int64_t dim = wrap(dim_in, like.rank(), "index_add");
+  const int64_t dim = wrap_dim(dim_in, like.rank(), "index_add");
   std::vector<int64_t> shape(like.rank(), 1);
   shape[dim] = index.type.numel();
   std::vector<int64_t> target = like.dims();
@@ -61,7 +51,7 @@ Value Builder::put(const Value& v, const Value& index, const Value& source, bool
 }
 
 Value Builder::diagonal(const Value& v, int64_t offset, int64_t dim1_in, int64_t dim2_in) {
-  const int64_t dim1 = wrap(dim1_in, v.rank(), "diagonal"), dim2 = wrap(dim2_in, v.rank(), "diagonal");
+  const int64_t dim1 = wrap_dim(dim1_in, v.rank(), "diagonal"), dim2 = wrap_dim(dim2_in, v.rank(), "diagonal");
   if (dim1 == dim2) fail("diagonal: dimensions cannot be identical");
   std::vector<int64_t> perm, batch;
   for (int d = 0; d < v.rank(); ++d) {
@@ -92,7 +82,7 @@ Value Builder::diagonal(const Value& v, int64_t offset, int64_t dim1_in, int64_t
 Value Builder::cumulative_extreme(const Value& v, int64_t dim_in, bool max, bool indices) {
   const TensorType index_type{ElementType::S64, v.dims()};
   if (v.rank() == 0) return indices ? constant_int(0, ElementType::S64) : v;
-  const int64_t dim = wrap(dim_in, v.rank(), "cummax");
+  const int64_t dim = wrap_dim(dim_in, v.rank(), "cummax");
   const int64_t n = v.dims()[dim];
   Value x = v, idx = iota(index_type, dim);
   if (v.type.numel() == 0) return indices ? full(0, index_type) : v;
@@ -116,7 +106,7 @@ Value Builder::cumulative_extreme(const Value& v, int64_t dim_in, bool max, bool
 
 Value Builder::logcumsumexp(const Value& v, int64_t dim_in) {
   if (v.rank() == 0) return v;
-  const int64_t dim = wrap(dim_in, v.rank(), "logcumsumexp");
+  const int64_t dim = wrap_dim(dim_in, v.rank(), "logcumsumexp");
   const int64_t n = v.dims()[dim];
   Value x = v;
   for (int64_t k = 1; k < n; k *= 2) {
@@ -139,7 +129,7 @@ Value Builder::logaddexp(const Value& a, const Value& b) {
 Value Builder::kth_along(const Value& v, const Value& k, int64_t dim_in, bool keepdim, bool indices) {
   // The sorted position `k` (a 0-d or a keepdim-shaped int64 tensor) of each row along dim.
   if (v.rank() == 0) return indices ? constant_int(0, ElementType::S64) : v;
-  const int64_t dim = wrap(dim_in, v.rank(), "kthvalue");
+  const int64_t dim = wrap_dim(dim_in, v.rank(), "kthvalue");
   Value sorted = sort_along(v, dim, false, indices);
   std::vector<int64_t> one = v.dims();
   one[dim] = 1;
@@ -160,7 +150,7 @@ Value Builder::kthvalue(const Value& v, int64_t k, int64_t dim, bool keepdim, bo
 Value Builder::median(const Value& v_in, int64_t dim_in, bool all_dims, bool keepdim, bool ignore_nan, bool indices) {
   Value v = all_dims ? reshape(v_in, {v_in.type.numel()}) : v_in;
   if (v.rank() == 0) return indices ? constant_int(0, ElementType::S64) : v;
-  const int64_t dim = all_dims ? 0 : wrap(dim_in, v.rank(), "median");
+  const int64_t dim = all_dims ? 0 : wrap_dim(dim_in, v.rank(), "median");
   const int64_t n = v.dims()[dim];
   // Sorted ascending, NaNs last: the lower median of the non-NaN values is position (count - 1) / 2.
   // median: a row with a NaN gives its first NaN (position count); nanmedian ignores NaNs (an all-NaN
