@@ -255,3 +255,91 @@ def set_stream(stream) -> None:
 @contextlib.contextmanager
 def stream(stream=None):
     yield
+
+
+# Whole-step graphs, shaped like torch.cuda.CUDAGraph / torch.cuda.graph: everything a block of eager
+# code does on tpu (forward, loss.backward(), clipping, the optimizer step) is captured into ONE module,
+# and each replay runs that module as one executable on the tensors the block used, by identity: it
+# reads their storages' current contents (copy new data into the static inputs before replaying) and
+# writes every storage the block wrote (parameters, gradients, optimizer state, outputs it returned).
+class TPUGraph:
+    """A block of tpu work captured once and replayed as one executable.
+
+    Capturing does not run the block's work: tensors it wrote keep their contents until the first
+    `replay()`. What the block did on the host (Python numbers, CPU tensors) is frozen into the
+    graph: an optimizer must be `capturable=True` (its step counts then live on tpu), as for CUDA
+    graphs. A host read (`.item()`, `.cpu()`, `print`) or an op that falls back to the CPU inside the
+    block raises. Random ops draw new numbers from the tpu generator on every replay."""
+
+    def __init__(self):
+        self._id = 0
+
+    def capture_begin(self) -> None:
+        if self._id:
+            raise RuntimeError("this TPUGraph holds a captured graph already: reset() it before capturing again")
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        _capturing_optimizers.append(register_optimizer_step_pre_hook(_check_capturable))
+        try:
+            _C()._step_capture_begin()
+        except BaseException:
+            _capturing_optimizers.pop().remove()
+            raise
+
+    def capture_end(self) -> None:
+        _capturing_optimizers.pop().remove()
+        self._id = _C()._step_capture_end()
+
+    def _capture_abort(self) -> None:
+        _capturing_optimizers.pop().remove()
+        _C()._step_capture_abort()
+
+    def replay(self) -> None:
+        if not self._id:
+            raise RuntimeError("this TPUGraph has not captured anything: use it in `with torch.tpu.graph(g):` first")
+        _C()._step_graph_replay(self._id)
+
+    def reset(self) -> None:
+        if self._id:
+            _C()._step_graph_release(self._id)
+            self._id = 0
+
+    def __del__(self):
+        if self._id and torchtpu._ext is not None:
+            self.reset()
+
+
+_capturing_optimizers: list = []
+
+
+def _check_capturable(optimizer, args, kwargs) -> None:
+    for group in optimizer.param_groups:
+        on_tpu = any(p.device.type == "tpu" for p in group["params"])
+        if on_tpu and "capturable" in group and not group["capturable"] and not group.get("fused"):
+            raise RuntimeError(
+                f"Attempting torch.tpu.graph capture of step() for an instance of {type(optimizer).__name__} "
+                "but param_groups' capturable is False: its step counts would stay on the host and be frozen "
+                "into the graph. Construct it with capturable=True.")
+
+
+def is_current_stream_capturing() -> bool:
+    return torchtpu._ext is not None and torchtpu._ext._step_capturing()
+
+
+class graph:
+    """`with torch.tpu.graph(g): ...` captures the block into the TPUGraph `g` (see TPUGraph)."""
+
+    def __init__(self, tpu_graph: TPUGraph):
+        self.tpu_graph = tpu_graph
+
+    def __enter__(self):
+        synchronize()
+        self.tpu_graph.capture_begin()
+        return self.tpu_graph
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.tpu_graph.capture_end()
+        else:
+            self.tpu_graph._capture_abort()
+        return False

@@ -30,8 +30,8 @@ constexpr const char* kRefusal = "torchtpu-graph-split: ";
 
 // Where a compiled graph's module parameters come from on each call.
 struct GraphParam {
-  enum Kind : uint8_t { Input, InputScalar, Constant, Random } kind;
-  int input = -1;              // Input, InputScalar: the graph input
+  enum Kind : uint8_t { Input, InputScalar, Constant, Random, Storage } kind;
+  int input = -1;              // Input, InputScalar: the graph input; Storage: the graph's storage
   rt::ElementType element{};   // InputScalar: the value's type in the module
   rt::BufferPtr constant;      // Constant: a tpu tensor the graph reads that is not an input
   uint64_t random_words = 0;   // Random: counter values one call consumes
@@ -55,6 +55,9 @@ struct CompiledGraph {
   std::vector<std::pair<int, int>> aliases;         // (parameter, module result) that may share a buffer
   std::vector<GraphOutput> outputs;
   int device = 0;
+  // A whole-step graph (torch.tpu.graph) reads and writes storages by identity, not inputs.
+  std::vector<c10::Storage> storages;
+  std::vector<std::pair<int, int>> written_storages;  // (storage, module result): its new contents
 };
 
 std::mutex g_graphs_mutex;
@@ -96,7 +99,10 @@ rt::Value constant_scalar(rt::Builder& b, const c10::Scalar& s, rt::ElementType 
 
 class Capture final : public GraphCapture {
  public:
-  Capture(std::string key, int device) : key_(std::move(key)), device_(device) {}
+  // by_storage: a whole-step capture, whose inputs and outputs are the storages it reads and writes
+  // (made before it began, or alive after it ended); otherwise the graph's inputs are given to begin().
+  Capture(std::string key, int device, bool by_storage = false)
+      : key_(std::move(key)), device_(device), by_storage_(by_storage), first_serial_(next_storage_serial()) {}
 
   // Registers the real inputs; returns tensors over the same storages (with their own version
   // counters and no autograd history) for the graph to run on.
@@ -117,8 +123,7 @@ class Capture final : public GraphCapture {
         bool lazy = false;
         const rt::TensorType type = storage_type(t, &lazy);
         if (!lazy) graph_.params.push_back(GraphParam{GraphParam::Input, static_cast<int>(i)});
-        storages_.emplace(&s, Slot{t.storage(), lazy ? builder_.full(0, type) : builder_.parameter(type),
-                                   static_cast<int>(i), false});
+        add_slot(t.storage(), lazy ? builder_.full(0, type) : builder_.parameter(type), static_cast<int>(i));
       }
       aliases.push_back(std::move(alias));
     }
@@ -128,6 +133,7 @@ class Capture final : public GraphCapture {
   // Module results: the new contents of every written input storage, then every output storage.
   std::shared_ptr<CompiledGraph> finish(const std::vector<at::Tensor>& outputs) {
     std::vector<rt::Value> results;
+    if (by_storage_) return finish_by_storage();
     std::vector<const Slot*> written;
     for (const auto& entry : storages_) {
       if (entry.second.input >= 0 && entry.second.written) written.push_back(&entry.second);
@@ -167,15 +173,50 @@ class Capture final : public GraphCapture {
       }
       graph_.outputs.push_back(std::move(out));
     }
-    // A written input's new contents may take its buffer's place (donation).
-    for (const auto& [input, result] : graph_.written_inputs) {
+    add_aliases(graph_.written_inputs, GraphParam::Input, results);
+    return compiled(results);
+  }
+
+  // A whole-step graph's results: the new contents of every storage it wrote that is still alive
+  // (parameters, gradients, optimizer state, the tensors the block kept), in the order they were
+  // first met, so the same block always prints the same module text.
+  std::shared_ptr<CompiledGraph> finish_by_storage() {
+    std::vector<const Slot*> written;
+    for (const auto& entry : storages_) {
+      const Slot& slot = entry.second;
+      // Alive: someone besides this capture (and the graph's own list of read storages) holds it.
+      const size_t own = 1 + (slot.input >= 0 ? 1 : 0);
+      if (slot.written && slot.keep.use_count() > own) written.push_back(&slot);
+    }
+    std::sort(written.begin(), written.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
+    std::vector<rt::Value> results;
+    for (const Slot* slot : written) {
+      int storage = slot->input;
+      if (storage < 0) {
+        storage = static_cast<int>(graph_.storages.size());
+        graph_.storages.push_back(slot->keep);
+      }
+      graph_.written_storages.emplace_back(storage, static_cast<int>(results.size()));
+      results.push_back(slot->value);
+    }
+    add_aliases(graph_.written_storages, GraphParam::Storage, results);
+    return compiled(results);
+  }
+
+  // A written input's new contents may take its buffer's place (donation).
+  void add_aliases(const std::vector<std::pair<int, int>>& written, GraphParam::Kind kind,
+                   const std::vector<rt::Value>& results) {
+    for (const auto& [input, result] : written) {
       for (size_t p = 0; p < graph_.params.size(); ++p) {
-        if (graph_.params[p].kind == GraphParam::Input && graph_.params[p].input == input &&
+        if (graph_.params[p].kind == kind && graph_.params[p].input == input &&
             builder_.parameter_type(static_cast<int>(p)) == results[result].type) {
           graph_.aliases.emplace_back(static_cast<int>(p), result);
         }
       }
     }
+  }
+
+  std::shared_ptr<CompiledGraph> compiled(const std::vector<rt::Value>& results) {
     std::vector<rt::TensorType> types;
     for (const rt::Value& r : results) types.push_back(r.type);
     graph_.exe = runtime().compile(builder_.finish(results, graph_.aliases), types);
@@ -229,6 +270,7 @@ class Capture final : public GraphCapture {
   }
 
   [[noreturn]] void refuse(const std::string& what) override {
+    if (by_storage_) TORCH_CHECK(false, "torch.tpu.graph cannot capture a block that ", what);
     TORCH_CHECK(false, kRefusal, what);
   }
 
@@ -238,9 +280,15 @@ class Capture final : public GraphCapture {
   struct Slot {
     c10::Storage keep;  // keeps the storage (and so its address, the map's key) alive while capturing
     rt::Value value;
-    int input = -1;     // the graph input whose storage this is, or -1
+    int input = -1;     // the graph input whose storage this is (by_storage: the graph's storage), or -1
     bool written = false;
+    int64_t order = 0;  // when the capture met it
   };
+
+  Slot& add_slot(const c10::Storage& storage, const rt::Value& value, int input = -1) {
+    const TpuStorage* s = &storage_of(storage);
+    return storages_.emplace(s, Slot{storage, value, input, false, next_order_++}).first->second;
+  }
 
   // A graph's inputs: storages hold their values so far; a tpu tensor that is no input (a constant
   // the graph reads) becomes a parameter fed its buffer; scalars are constants of the module,
@@ -287,29 +335,51 @@ class Capture final : public GraphCapture {
   }
 
   std::optional<rt::Value> contents(const at::Tensor& t) {
-    const TpuStorage& s = storage_of(t);
+    TpuStorage& s = storage_of(t);
     const auto it = storages_.find(&s);
     if (it != storages_.end()) return it->second.value;
+    if (by_storage_ && s.serial < first_serial_) return storage_parameter(t, s);
     if (!s.buffer) return std::nullopt;  // lazy: never written
     TORCH_CHECK(s.device == device_, kRefusal, "reads a tensor on another tpu device");
     graph_.params.push_back(GraphParam{GraphParam::Constant});
     graph_.params.back().constant = s.buffer;
     bool lazy = false;
     rt::Value v = builder_.parameter(storage_type(t, &lazy));
-    storages_.emplace(&s, Slot{t.storage(), v});
+    add_slot(t.storage(), v);
+    return v;
+  }
+
+  // A storage made before a whole-step capture began: a parameter fed its contents on each replay.
+  rt::Value storage_parameter(const at::Tensor& t, TpuStorage& s) {
+    TORCH_CHECK(s.device == device_, "torch.tpu.graph: the captured block reads a tensor on tpu:", s.device,
+                " while capturing on tpu:", device_);
+    bool lazy = false;
+    const rt::TensorType type = storage_type(t, &lazy);
+    if (lazy) {  // never written: reads as zeros, and a replay reads what the last one wrote
+      const std::vector<uint8_t> zeros(s.nbytes, 0);
+      s.buffer = runtime().to_device(zeros.data(), type.element, type.dims, device_);
+    }
+    const int storage = static_cast<int>(graph_.storages.size());
+    graph_.storages.push_back(t.storage());
+    graph_.params.push_back(GraphParam{GraphParam::Storage, storage});
+    rt::Value v = builder_.parameter(type);
+    add_slot(t.storage(), v, storage);
     return v;
   }
 
   void set_value(const at::Tensor& t, const rt::Value& v) {
     const TpuStorage* s = &storage_of(t);
     auto it = storages_.find(s);
-    if (it == storages_.end()) it = storages_.emplace(s, Slot{t.storage(), v}).first;
-    it->second.value = v;
-    it->second.written = true;
+    Slot& slot = it == storages_.end() ? add_slot(t.storage(), v) : it->second;
+    slot.value = v;
+    slot.written = true;
   }
 
   std::string key_;
   int device_;
+  bool by_storage_;
+  uint64_t first_serial_;  // storages with a smaller serial were made before the capture began
+  int64_t next_order_ = 0;
   rt::Builder builder_;
   CompiledGraph graph_;
   std::unordered_map<const TpuStorage*, Slot> storages_;
@@ -318,10 +388,17 @@ class Capture final : public GraphCapture {
 
 // This thread's capture while one is active (outside begin(), which must not be captured).
 thread_local std::unique_ptr<Capture> g_capture;
+// A whole-step capture (torch.tpu.graph) is seen by every thread: loss.backward() runs the tpu
+// backward on the autograd engine's device thread while the capturing thread waits for it.
+std::unique_ptr<Capture> g_step_capture_owner;
+std::atomic<Capture*> g_step_capture{nullptr};
+std::mutex g_step_graphs_mutex;
+std::unordered_map<int64_t, std::shared_ptr<CompiledGraph>> g_step_graphs;  // id -> whole-step graph
+std::atomic<int64_t> g_next_graph_id{1};
 
 // torchtpu::graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]
 std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
-  TORCH_CHECK(!g_capture, "torchtpu: a graph is already being captured on this thread");
+  TORCH_CHECK(!g_capture && !g_step_capture.load(), "torchtpu: a graph is already being captured");
   const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
   std::string key = input_key(family, inputs, device);
@@ -341,8 +418,7 @@ int64_t capture_end(const std::vector<at::Tensor>& outputs) {
   std::unique_ptr<Capture> capture = std::move(g_capture);  // compiling and storing run outside the capture
   TracedCall traced("graph", capture->device());
   std::shared_ptr<CompiledGraph> graph = TracedCall::compile([&] { return capture->finish(outputs); });
-  static std::atomic<int64_t> next_id{1};
-  graph->id = next_id++;
+  graph->id = g_next_graph_id++;
   const int64_t id = graph->id;
   if (traced.recording()) {
     traced.record("graph " + std::to_string(id) + " (captured)", std::to_string(graph->params.size()) + " inputs");
@@ -354,11 +430,60 @@ int64_t capture_end(const std::vector<at::Tensor>& outputs) {
 
 void capture_abort() { g_capture.reset(); }
 
+std::vector<rt::BufferPtr> execute_graph(const CompiledGraph& graph, const std::vector<at::Tensor>& inputs, int device);
+
+// torch.tpu.graph: a whole-step capture on the current device, seen by every thread.
+void step_capture_begin() {
+  TORCH_CHECK(!g_capture && !g_step_capture.load(), "torch.tpu.graph: a graph is already being captured");
+  g_step_capture_owner = std::make_unique<Capture>(std::string(), current_device(), /*by_storage=*/true);
+  g_step_capture.store(g_step_capture_owner.get());
+}
+
+int64_t step_capture_end() {
+  TORCH_CHECK(g_step_capture.load(), "torch.tpu.graph: no graph is being captured");
+  g_step_capture.store(nullptr);  // compiling runs outside the capture
+  std::unique_ptr<Capture> capture = std::move(g_step_capture_owner);
+  TracedCall traced("graph", capture->device());
+  std::shared_ptr<CompiledGraph> graph = TracedCall::compile([&] { return capture->finish({}); });
+  graph->id = g_next_graph_id++;
+  if (traced.recording()) {
+    traced.record("graph " + std::to_string(graph->id) + " (captured)", std::to_string(graph->params.size()) + " inputs");
+  }
+  std::lock_guard<std::mutex> lock(g_step_graphs_mutex);
+  g_step_graphs[graph->id] = graph;
+  return graph->id;
+}
+
+void step_capture_abort() {
+  g_step_capture.store(nullptr);
+  g_step_capture_owner.reset();
+}
+
+// Runs a whole-step graph once: its storages get the new contents it wrote.
+void step_graph_replay(int64_t id) {
+  std::shared_ptr<CompiledGraph> graph;
+  {
+    std::lock_guard<std::mutex> lock(g_step_graphs_mutex);
+    const auto it = g_step_graphs.find(id);
+    TORCH_CHECK(it != g_step_graphs.end(), "torch.tpu.graph: graph ", id, " was reset");
+    graph = it->second;
+  }
+  TORCH_CHECK(!g_capture && !g_step_capture.load(), "torch.tpu.graph: a graph cannot be replayed while one is captured");
+  const std::vector<rt::BufferPtr> results = execute_graph(*graph, {}, graph->device);
+  for (const auto& [storage, result] : graph->written_storages) storage_of(graph->storages[storage]).buffer = results[result];
+}
+
+void step_graph_release(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_step_graphs_mutex);
+  g_step_graphs.erase(id);
+}
+
 // torchtpu._C._graph_run(family, inputs: list[Tensor | None]) -> (int, list[Tensor]): the id of the
 // graph captured for this layout of the inputs and its tensor outputs, or 0 where none was. A plain
 // binding, not a torch op: it runs on every compiled call, and the dispatcher's boxing of ~100
 // tensors each way cost twice what the call itself does.
 std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
+  TORCH_CHECK(!g_step_capture.load(), "torch.tpu.graph cannot capture a torch.compile'd function: capture the eager code");
   const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
   const std::string key = input_key(family, inputs, device);
@@ -369,34 +494,7 @@ std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std
     if (it == g_graphs.end()) return {0, {}};
     graph = it->second;
   }
-  TracedCall traced("graph", device);
-  traced.set_cache("hit");
-  std::vector<rt::BufferPtr> keep;
-  std::vector<PJRT_Buffer*> raw;
-  keep.reserve(graph->params.size());
-  for (const GraphParam& p : graph->params) {
-    switch (p.kind) {
-      case GraphParam::Input:
-        keep.push_back(storage_of(inputs[p.input]).buffer);
-        break;
-      case GraphParam::InputScalar:
-        keep.push_back(scalar_buffer(inputs[p.input].item(), p.element, device));
-        break;
-      case GraphParam::Constant:
-        keep.push_back(p.constant);
-        break;
-      case GraphParam::Random: {
-        const auto [seed, offset] = reserve_random(std::nullopt, device, p.random_words);
-        const uint64_t state[2] = {seed, offset};
-        keep.push_back(runtime().to_device(state, rt::ElementType::U64, {2}, device));
-        break;
-      }
-    }
-    raw.push_back(keep.back()->raw());
-  }
-  std::vector<rt::BufferPtr> results;
-  traced.execute("tpu::graph", [&] { results = runtime().execute(*graph->exe, raw, device, donatable(graph->aliases, keep)); });
-  if (traced.recording()) traced.record("graph " + std::to_string(graph->id), std::to_string(raw.size()) + " inputs");
+  const std::vector<rt::BufferPtr> results = execute_graph(*graph, inputs, device);
   for (const auto& [input, result] : graph->written_inputs) storage_of(inputs[input]).buffer = results[result];
 
   std::vector<at::Tensor> outputs;
@@ -422,6 +520,44 @@ std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std
   return {graph->id, std::move(outputs)};
 }
 
+// Runs a compiled graph's executable on its parameters for this call: the inputs' buffers (or, for a
+// whole-step graph, its storages' current buffers), host scalars, constants and random state.
+std::vector<rt::BufferPtr> execute_graph(const CompiledGraph& graph, const std::vector<at::Tensor>& inputs, int device) {
+  TracedCall traced("graph", device);
+  traced.set_cache("hit");
+  std::vector<rt::BufferPtr> keep;
+  std::vector<PJRT_Buffer*> raw;
+  keep.reserve(graph.params.size());
+  for (const GraphParam& p : graph.params) {
+    switch (p.kind) {
+      case GraphParam::Input:
+        keep.push_back(storage_of(inputs[p.input]).buffer);
+        break;
+      case GraphParam::Storage:
+        keep.push_back(storage_of(graph.storages[p.input]).buffer);
+        TORCH_CHECK(keep.back(), "torch.tpu.graph: a storage the graph reads has no contents (it was resized away)");
+        break;
+      case GraphParam::InputScalar:
+        keep.push_back(scalar_buffer(inputs[p.input].item(), p.element, device));
+        break;
+      case GraphParam::Constant:
+        keep.push_back(p.constant);
+        break;
+      case GraphParam::Random: {
+        const auto [seed, offset] = reserve_random(std::nullopt, device, p.random_words);
+        const uint64_t state[2] = {seed, offset};
+        keep.push_back(runtime().to_device(state, rt::ElementType::U64, {2}, device));
+        break;
+      }
+    }
+    raw.push_back(keep.back()->raw());
+  }
+  std::vector<rt::BufferPtr> results;
+  traced.execute("tpu::graph", [&] { results = runtime().execute(*graph.exe, raw, device, donatable(graph.aliases, keep)); });
+  if (traced.recording()) traced.record("graph " + std::to_string(graph.id), std::to_string(raw.size()) + " inputs");
+  return results;
+}
+
 int64_t compiled_graph_count() {
   std::lock_guard<std::mutex> lock(g_graphs_mutex);
   return static_cast<int64_t>(g_graphs.size());
@@ -444,7 +580,7 @@ int64_t device_address(const at::Tensor& t) {
 
 }  // namespace
 
-GraphCapture* GraphCapture::active() { return g_capture.get(); }
+GraphCapture* GraphCapture::active() { return g_capture ? g_capture.get() : g_step_capture.load(std::memory_order_acquire); }
 
 int64_t compiled_graphs() { return compiled_graph_count(); }
 
@@ -464,6 +600,12 @@ TORCH_LIBRARY(torchtpu, m) {
 
 void bind_graph(pybind11::module& m) {
   m.def("_graph_run", &graph_run, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("_step_capture_begin", &step_capture_begin);
+  m.def("_step_capture_end", &step_capture_end);
+  m.def("_step_capture_abort", &step_capture_abort);
+  m.def("_step_capturing", [] { return g_step_capture.load() != nullptr; });
+  m.def("_step_graph_replay", &step_graph_replay, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("_step_graph_release", &step_graph_release);
 }
 
 }  // namespace torchtpu

@@ -12,6 +12,7 @@
 #include <torch/library.h>
 #include <ATen/ops/set_native.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -234,6 +235,18 @@ TpuStorage& storage_of(const at::Tensor& t) {
   TORCH_CHECK(ctx != nullptr && t.device().type() == c10::DeviceType::PrivateUse1,
               "torchtpu: expected a tpu tensor, got one on ", t.device());
   return *ctx;
+}
+
+TpuStorage& storage_of(const c10::Storage& s) {
+  auto* ctx = static_cast<TpuStorage*>(s.data_ptr().get_context());
+  TORCH_CHECK(ctx != nullptr && s.device_type() == c10::DeviceType::PrivateUse1,
+              "torchtpu: expected a tpu storage, got one on ", s.device());
+  return *ctx;
+}
+
+uint64_t next_storage_serial() {
+  static std::atomic<uint64_t> serial{1};
+  return serial.fetch_add(1, std::memory_order_relaxed);
 }
 
 at::Tensor wrap_buffer(rt::BufferPtr buffer, at::ScalarType dtype, at::IntArrayRef sizes, at::IntArrayRef strides,

@@ -12,15 +12,21 @@
 
 namespace torchtpu {
 
+uint64_t next_storage_serial();
+
 // The context of a tpu storage's DataPtr: a handle to one PJRT buffer holding the storage's
 // elements in row-major order. `buffer` is null until first written (empty is lazy).
 struct TpuStorage {
   size_t nbytes = 0;
   int device = 0;
   rt::BufferPtr buffer;
+  // Storages in the order they were made: a whole-step capture tells the storages it found from
+  // those made while it ran.
+  uint64_t serial = next_storage_serial();
 };
 
 TpuStorage& storage_of(const at::Tensor& t);
+TpuStorage& storage_of(const c10::Storage& s);
 
 rt::ElementType element_type(at::ScalarType dtype);
 at::ScalarType scalar_type(rt::ElementType element);
