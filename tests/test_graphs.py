@@ -183,3 +183,53 @@ def test_reset_frees_the_graph_and_allows_a_new_capture():
         x.mul_(2)
     graph.replay()
     torch.testing.assert_close(x.cpu(), torch.full((3,), 6.0))
+
+
+def test_an_unmodified_hugging_face_llama_train_step_is_one_replayed_module():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import common
+    import llama
+
+    vocab, *_, batch, length = llama.SIZES[True]
+    data = [ids for (ids,), _ in zip(common.token_batches(0, batch, length, vocab), range(5))]
+    cpu_model = llama.build(True, 0)
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+
+    def step_of(model, ids, capturable):
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, capturable=capturable)
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            return loss
+        return step
+
+    cpu_ids = data[0].clone()
+    cpu_step = step_of(cpu_model, cpu_ids, False)
+    static_ids = data[0].to("tpu")
+    tpu_step = step_of(tpu_model, static_ids, True)
+    cpu_losses, tpu_losses = [], []
+    for i, ids in enumerate(data):
+        cpu_ids.copy_(ids)
+        cpu_losses.append(cpu_step().item())
+        static_ids.copy_(ids)
+        if i < 2:
+            tpu_losses.append(tpu_step().item())
+            continue
+        if i == 2:
+            graph = torch.tpu.TPUGraph()
+            with torch.tpu.graph(graph):
+                static_loss = tpu_step()
+        torch.tpu.synchronize()
+        executions = metrics()["executions"]
+        graph.replay()
+        torch.tpu.synchronize()
+        assert metrics()["executions"] - executions == 1  # forward, backward, clipping and AdamW
+        tpu_losses.append(static_loss.item())
+    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-4)

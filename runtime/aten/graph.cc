@@ -231,7 +231,10 @@ class Capture final : public GraphCapture {
             torch::jit::Stack* stack) override {
     if (spec.data_dependent) refuse("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
     const CallPlan plan = plan_call(spec, meta, op, args);
-    if (!plan.resizes.empty()) refuse("resizes an out= argument");
+    if (!plan.resizes.empty()) {  // as eager: resize the outs (a storage the graph computes refuses), plan again
+      resize_outs(plan.resizes, args);
+      return call(spec, meta, op, args, stack);
+    }
     Inputs inputs(*this);
     EmittedCall call = emit_call(spec, builder_, plan, args, inputs);
 

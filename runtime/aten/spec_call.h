@@ -69,6 +69,9 @@ struct CallPlan {
 // unsupported dtype).
 CallPlan plan_call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, const c10::IValue* args);
 
+// Resizes the out= tensors as the Meta pass did (PyTorch's resize of a wrongly sized out=).
+void resize_outs(const std::vector<OutResize>& resizes, const c10::IValue* args);
+
 // Where an op's inputs come from while it is emitted: the eager kernel makes each storage a
 // parameter of a one-op module; a graph capture hands out what the graph computed for it so far.
 class InputSource {

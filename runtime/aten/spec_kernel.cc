@@ -156,13 +156,7 @@ class SpecKernel final : public c10::OperatorKernel {
       entry = cache_.emplace(key, std::move(built)).first->second;
     }
     if (!entry->plan.resizes.empty()) {
-      for (const OutResize& r : entry->plan.resizes) {
-        const at::Tensor& out = args[r.arg].toTensor();
-        out.resize_(r.sizes);
-        if (out.strides() != c10::IntArrayRef(r.strides)) {
-          out.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides);
-        }
-      }
+      resize_outs(entry->plan.resizes, args);
       return (*this)(op, c10::DispatchKeySet(), stack);
     }
     std::string shapes = traced.recording() ? describe_args(args) : std::string();  // before run() pops them

@@ -236,4 +236,14 @@ CallPlan plan_call(const OpSpec& spec, MetaCallFn meta_call, const c10::Operator
   return plan;
 }
 
+void resize_outs(const std::vector<OutResize>& resizes, const c10::IValue* args) {
+  for (const OutResize& r : resizes) {
+    const at::Tensor& out = args[r.arg].toTensor();
+    out.resize_(r.sizes);
+    if (out.strides() != c10::IntArrayRef(r.strides)) {
+      out.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides);
+    }
+  }
+}
+
 }  // namespace torchtpu
