@@ -4,7 +4,7 @@ training loop with its progress bar (loss and throughput), and the report at the
 An example module defines
 
     build(tiny, seed) -> nn.Module              the model, initialised on the CPU from `seed`
-    train(device, steps, tiny=True, seed=0, model=None, progress=False, compile=False) -> list[float]
+    train(device, steps, tiny=True, seed=0, model=None, progress=False, compile=False, graph=False) -> list[float]
     infer(model, device, tiny, seed) -> None     prints generations or predictions
 
 and ends with `common.main(__doc__, build, train, infer)`. An example whose `train` also takes
@@ -13,7 +13,8 @@ and ends with `common.main(__doc__, build, train, infer)`. An example whose `tra
 example trains the same way: the model is built on the CPU and then moved, and every batch is
 drawn on the CPU from a generator seeded by `seed`, so a tpu run and a CPU run with one seed see
 the same weights and the same data. With `compile`, `fit` runs each training step as compiled
-XLA graphs (`torch.compile(backend="tpu")`) instead of op by op.
+XLA graphs (`torch.compile(backend="tpu")`) instead of op by op; with `graph`, the whole step is
+captured once by `torch.tpu.graph` and replayed (one module per step).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def parse_args(doc: str, steps: int) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true",
                         help="run forward/backward and the optimizer step as compiled XLA graphs: "
                              "torch.compile(backend='tpu')")
+    parser.add_argument("--graph", action="store_true",
+                        help="capture the whole train step once (torch.tpu.graph) and replay it: one XLA module per step")
     parallel = parser.add_mutually_exclusive_group()
     for mode, what in PARALLEL_MODES.items():
         parallel.add_argument(f"--{mode}", dest="parallel", action="store_const", const=mode,
@@ -225,7 +228,7 @@ class Progress:
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Iterator[tuple],
         loss_fn: Callable[..., torch.Tensor], steps: int, device: str, unit: str,
         per_batch: Callable[[tuple], int], clip: float | None = None, progress: bool = False,
-        compile: bool = False, parallel: Parallel | None = None) -> list[float]:
+        compile: bool = False, graph: bool = False, parallel: Parallel | None = None) -> list[float]:
     """Trains `model` (already on `device`) for `steps` steps and returns the losses.
 
     `batches` yields tuples of CPU tensors; each is moved to `device` and given to
@@ -236,6 +239,9 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Itera
     With `compile`, `loss_fn` runs compiled with `torch.compile(backend="tpu")`: the model's
     forward and the loss are one graph, their backward another. The gradient clipping and the
     optimizer step are one more compiled function. The first step captures and compiles the graphs.
+
+    With `graph`, the whole step (forward, backward, clipping, optimizer step) is captured once by
+    `torch.tpu.graph` after two eager steps and replayed on every batch: one module per step.
 
     With `parallel`, `model` is already wrapped (`Parallel.wrap`) and this process is one rank:
     it trains on its part of each batch (`Parallel.shard`), the losses are the mean over the
@@ -261,6 +267,15 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Itera
     if parallel is not None:
         desc += f", {parallel.mode} over {parallel.world} ranks"
     bar = Progress(steps, desc, unit, enabled=progress and (parallel is None or parallel.main))
+    def step(*batch) -> torch.Tensor:
+        loss = loss_fn(model, *batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        update()
+        return loss
+
+    if graph:
+        step = GraphedStep(step, optimizer)
     losses = []
     try:
         for _, batch in zip(range(steps), batches):
@@ -268,15 +283,44 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: Itera
             if parallel is not None:
                 batch = parallel.shard(batch)
             batch = tuple(t.to(device) for t in batch)
-            loss = loss_fn(model, *batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            update()
+            loss = step(*batch)
             losses.append((loss if parallel is None else parallel.mean(loss)).item())
             bar.update(losses[-1], count)
     finally:
         bar.close()
     return losses
+
+
+class GraphedStep:
+    """A train step run eagerly on its first two batches (the optimizer makes its state), then
+    captured by torch.tpu.graph and replayed on each batch of the captured shapes: the batch is
+    copied into the graph's static inputs and the returned loss is the captured one, rewritten by
+    the replay. A batch of other shapes runs eagerly."""
+
+    def __init__(self, step: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer):
+        # A graph replays what ran on tpu only: the optimizer's step counts must live there.
+        for group in optimizer.param_groups:
+            if "capturable" in group:
+                group["capturable"] = True
+        self.step, self.eager_steps = step, 2
+        self.graph, self.static_batch, self.static_loss = None, (), None
+
+    def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
+        if self.eager_steps:
+            self.eager_steps -= 1
+            return self.step(*batch)
+        if self.graph is None:
+            self.static_batch = batch  # this step's tensors: later batches are copied into them
+            self.graph = torch.tpu.TPUGraph()
+            with torch.tpu.graph(self.graph):
+                self.static_loss = self.step(*self.static_batch)
+        if any(s.shape != t.shape or s.dtype != t.dtype for s, t in zip(self.static_batch, batch)):
+            return self.step(*batch)
+        for static, t in zip(self.static_batch, batch):
+            if static is not t:
+                static.copy_(t)
+        self.graph.replay()
+        return self.static_loss
 
 
 def main(doc: str, build: Callable, train: Callable, infer: Callable, steps: int = 100) -> None:
@@ -287,6 +331,9 @@ def main(doc: str, build: Callable, train: Callable, infer: Callable, steps: int
         raise SystemExit(f"torchtpu could not start: {torchtpu.init_error()}")
     if args.compile and args.device != "tpu":
         raise SystemExit("--compile compiles for tpu (torch.compile(backend='tpu')); drop it with --device cpu")
+    if args.graph and (args.device != "tpu" or args.compile or args.parallel):
+        raise SystemExit("--graph captures tpu work of one process: not with --device cpu, --compile or "
+                         "--ddp/--fsdp/--tp (their collectives run on the host)")
     if args.parallel is None:
         parallel, device, extra = None, args.device, {}
     else:
@@ -300,7 +347,7 @@ def main(doc: str, build: Callable, train: Callable, infer: Callable, steps: int
     try:
         model = build(args.tiny, args.seed)
         losses = train(device, args.steps, tiny=args.tiny, seed=args.seed, model=model, progress=True,
-                       compile=args.compile, **extra)
+                       compile=args.compile, graph=args.graph, **extra)
         if parallel is None or parallel.main:
             if losses:
                 print(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f}"
@@ -376,7 +423,7 @@ def decoder_tp_plan() -> dict[str, object]:
 
 
 def train_causal_lm(model: torch.nn.Module, device: str, steps: int, seed: int, batch: int, length: int,
-                    vocab: int, progress: bool, compile: bool = False,
+                    vocab: int, progress: bool, compile: bool = False, graph: bool = False,
                     parallel: Parallel | None = None) -> list[float]:
     """Trains a transformers causal LM (`model(input_ids=, labels=).loss`) on token progressions
     with AdamW and gradient clipping; returns the losses. With `parallel`, `batch` is the global
@@ -393,7 +440,7 @@ def train_causal_lm(model: torch.nn.Module, device: str, steps: int, seed: int, 
                                   foreach=None if parallel is None else parallel.foreach)
     return fit(model, optimizer, token_batches(seed, batch, length, vocab),
                lambda m, ids: m(input_ids=ids, labels=ids).loss, steps, device, "tokens",
-               lambda b: b[0].numel(), clip=1.0, progress=progress, compile=compile, parallel=parallel)
+               lambda b: b[0].numel(), clip=1.0, progress=progress, compile=compile, graph=graph, parallel=parallel)
 
 
 def generate_greedily(model: torch.nn.Module, device: str, vocab: int, seed: int) -> float:

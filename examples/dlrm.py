@@ -4,7 +4,7 @@ feature, pairwise dot-product interaction of all feature vectors (bmm, then the 
 triangle), and a top MLP giving a click logit; BCEWithLogits loss, AdamW. Then it
 predicts clicks for unseen samples.
 
-    python examples/dlrm.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+    python examples/dlrm.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile | --graph]
 """
 
 from __future__ import annotations
@@ -78,13 +78,13 @@ def build(tiny: bool, seed: int) -> DLRM:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: DLRM | None = None,
-          progress: bool = False, compile: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False, graph: bool = False) -> list[float]:
     rows, *_, batch = SIZES[tiny]
     model = (build(tiny, seed) if model is None else model).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     return common.fit(model, optimizer, click_batches(seed, rows, batch),
                       lambda m, dense, ids, offsets, y: F.binary_cross_entropy_with_logits(m(dense, ids, offsets), y),
-                      steps, device, "samples", lambda b: b[0].shape[0], progress=progress, compile=compile)
+                      steps, device, "samples", lambda b: b[0].shape[0], progress=progress, compile=compile, graph=graph)
 
 
 def infer(model: DLRM, device: str, tiny: bool, seed: int) -> None:

@@ -1,7 +1,7 @@
 """Trains a small randomly initialised Llama (transformers' LlamaForCausalLM, nothing downloaded)
 on synthetic token sequences with AdamW and gradient clipping, then generates greedily.
 
-    python examples/llama.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+    python examples/llama.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile | --graph]
 
 Distributed, one process per device (rank 0 prints; the loss is the mean over the ranks):
 
@@ -35,10 +35,10 @@ def build(tiny: bool, seed: int) -> LlamaForCausalLM:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: LlamaForCausalLM | None = None,
-          progress: bool = False, compile: bool = False, parallel: common.Parallel | None = None) -> list[float]:
+          progress: bool = False, compile: bool = False, graph: bool = False, parallel: common.Parallel | None = None) -> list[float]:
     vocab, *_, batch, length = SIZES[tiny]
     return common.train_causal_lm(build(tiny, seed) if model is None else model, device, steps, seed, batch, length,
-                                  vocab, progress, compile, parallel=parallel)
+                                  vocab, progress, compile, graph, parallel=parallel)
 
 
 def infer(model: LlamaForCausalLM, device: str, tiny: bool, seed: int) -> None:

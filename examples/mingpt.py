@@ -2,7 +2,7 @@
 self-attention through F.scaled_dot_product_attention, GELU MLP, LayerNorm, dropout) on synthetic
 token sequences with AdamW, then generates greedily and by sampling.
 
-    python examples/mingpt.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+    python examples/mingpt.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile | --graph]
 
 Distributed, one process per device (rank 0 prints; the loss is the mean over the ranks):
 
@@ -134,7 +134,7 @@ def build(tiny: bool, seed: int) -> GPT:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: GPT | None = None,
-          progress: bool = False, compile: bool = False, parallel: common.Parallel | None = None) -> list[float]:
+          progress: bool = False, compile: bool = False, graph: bool = False, parallel: common.Parallel | None = None) -> list[float]:
     cfg = SIZES[tiny]
     model = (build(tiny, seed) if model is None else model).to(device)
     if parallel is not None:  # BATCH is then the global batch
@@ -146,7 +146,7 @@ def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: GPT 
     # block + 1 tokens: the model reads the first `block` and predicts the last `block`
     return common.fit(model, optimizer, common.token_batches(seed, BATCH[tiny], cfg.block + 1, cfg.vocab),
                       next_token_loss, steps, device, "tokens",
-                      lambda b: b[0][:, 1:].numel(), clip=1.0, progress=progress, compile=compile, parallel=parallel)
+                      lambda b: b[0][:, 1:].numel(), clip=1.0, progress=progress, compile=compile, graph=graph, parallel=parallel)
 
 
 def infer(model: GPT, device: str, tiny: bool, seed: int) -> None:

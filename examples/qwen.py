@@ -2,7 +2,7 @@
 attention with RMS-normed queries and keys, tied embeddings; nothing downloaded) on synthetic token
 sequences with AdamW and gradient clipping, then generates greedily.
 
-    python examples/qwen.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+    python examples/qwen.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile | --graph]
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ def build(tiny: bool, seed: int) -> Qwen3ForCausalLM:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: Qwen3ForCausalLM | None = None,
-          progress: bool = False, compile: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False, graph: bool = False) -> list[float]:
     vocab, *_, batch, length = SIZES[tiny]
     return common.train_causal_lm(build(tiny, seed) if model is None else model, device, steps, seed, batch, length,
-                                  vocab, progress, compile)
+                                  vocab, progress, compile, graph)
 
 
 def infer(model: Qwen3ForCausalLM, device: str, tiny: bool, seed: int) -> None:

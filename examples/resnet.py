@@ -2,7 +2,7 @@
 AdaptiveAvgPool2d(1) head) on synthetic images with SGD (momentum, weight decay), then predicts the
 classes of unseen images.
 
-    python examples/resnet.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+    python examples/resnet.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile | --graph]
 """
 
 from __future__ import annotations
@@ -71,13 +71,13 @@ def build(tiny: bool, seed: int) -> ResNet:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: ResNet | None = None,
-          progress: bool = False, compile: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False, graph: bool = False) -> list[float]:
     *_, size, batch = SIZES[tiny]
     model = (build(tiny, seed) if model is None else model).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     return common.fit(model, optimizer, image_batches(seed, batch, size),
                       lambda m, x, y: F.cross_entropy(m(x), y), steps, device, "images",
-                      lambda b: b[0].shape[0], progress=progress, compile=compile)
+                      lambda b: b[0].shape[0], progress=progress, compile=compile, graph=graph)
 
 
 def infer(model: ResNet, device: str, tiny: bool, seed: int) -> None:

@@ -2,7 +2,7 @@
 nearest Upsample(scale_factor=2) up, skip connections concatenated) to predict the noise added to
 synthetic smooth images (MSE, AdamW), then denoises unseen images.
 
-    python examples/unet.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile]
+    python examples/unet.py [--steps N] [--device tpu|cpu] [--tiny] [--seed S] [--compile | --graph]
 """
 
 from __future__ import annotations
@@ -65,13 +65,13 @@ def build(tiny: bool, seed: int) -> UNet:
 
 
 def train(device: str, steps: int, tiny: bool = True, seed: int = 0, model: UNet | None = None,
-          progress: bool = False, compile: bool = False) -> list[float]:
+          progress: bool = False, compile: bool = False, graph: bool = False) -> list[float]:
     _, size, batch = SIZES[tiny]
     model = (build(tiny, seed) if model is None else model).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     return common.fit(model, optimizer, noisy_batches(seed, batch, size),
                       lambda m, noisy, noise: F.mse_loss(m(noisy), noise), steps, device, "images",
-                      lambda b: b[0].shape[0], progress=progress, compile=compile)
+                      lambda b: b[0].shape[0], progress=progress, compile=compile, graph=graph)
 
 
 def infer(model: UNet, device: str, tiny: bool, seed: int) -> None:

@@ -2,7 +2,8 @@
 same initial weights, same batches) with TORCHTPU_FALLBACK=error, so nothing runs on the CPU
 behind the tpu run's back; then runs its inference on tpu, also without fallback. The same again
 compiled (`train(..., compile=True)`, what `--compile` runs), which must also run each training
-step as a few graphs instead of op by op.
+step as a few graphs instead of op by op; and with the whole step captured by torch.tpu.graph
+(`train(..., graph=True)`, what `--graph` runs): its last step is one replayed module.
 
 One interpreter per example runs everything (imports and CPU losses are shared): eager tpu, CPU,
 then compiled tpu, each printing its results as a JSON line as soon as it has them, so an eager
@@ -42,11 +43,11 @@ def counting_update(bar, loss, count):
     advance(bar, loss, count)
 common.Progress.update = counting_update
 
-def train_on_tpu(compile):
+def train_on_tpu(compile, graph=False):
     model = example.build(True, 0)
     fallbacks = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
     step_ends[:] = [executions()]
-    losses = example.train("tpu", {steps}, tiny=True, seed=0, model=model, compile=compile)
+    losses = example.train("tpu", {steps}, tiny=True, seed=0, model=model, compile=compile, graph=graph)
     per_step = [b - a for a, b in zip(step_ends, step_ends[1:])]
     with torch.no_grad():  # inference on tpu, with fallback still forbidden; compiled as main() does
         example.infer((torch.compile(model, backend="tpu") if compile else model).eval(), "tpu", True, 0)
@@ -63,6 +64,10 @@ try:
     print(json.dumps({{"compiled": compiled}}), flush=True)
 except Exception:
     print(json.dumps({{"compiled_error": traceback.format_exc()[-4000:]}}), flush=True)
+try:
+    print(json.dumps({{"graphed": train_on_tpu(compile=False, graph=True)}}), flush=True)
+except Exception:
+    print(json.dumps({{"graphed_error": traceback.format_exc()[-4000:]}}), flush=True)
 """
 
 
@@ -125,3 +130,15 @@ def test_llama_trains_under_torchrun_like_single_process_cpu(flags):
     cpu = run_example("llama")["cpu"]
     assert abs(first - cpu[0]) <= 2e-4 and abs(last - cpu[-1]) <= 2e-4, (line, cpu)
     assert "ops that ran on the CPU (rank 0): 0" in proc.stdout
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_graphed_trains_like_cpu_replaying_one_module(name):
+    out = run_example(name)
+    assert "graphed_error" not in out, out["graphed_error"]
+    assert "graphed" in out and out["returncode"] == 0, out["stderr"]
+    graphed = out["graphed"]
+    assert graphed["fallbacks"] == {}
+    assert_losses_match(graphed["losses"], out["cpu"])
+    # The last step captures the graph on its batch and replays it: one execution for the whole step.
+    assert graphed["executions"][-1] == 1, graphed["executions"]
