@@ -41,11 +41,7 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::string shapes;
   if (traced.recording()) {
     const size_t n = op.schema().arguments().size();
-    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
-      const c10::IValue& arg = (*stack)[i];
-      if (!arg.isTensor() || !arg.toTensor().defined()) continue;
-      shapes += (shapes.empty() ? "" : ", ") + describe_tensor(arg.toTensor());
-    }
+    shapes = describe_args(stack->data() + (stack->size() - n), n);
   }
   traced.execute("tpu::cpu_fallback", [&] { at::native::cpu_fallback(op, stack); });
   if (traced.recording()) traced.record(full, std::move(shapes));

@@ -66,6 +66,22 @@ std::string describe_tensor(const at::Tensor& t) {
   return s.str();
 }
 
+std::string describe_args(const c10::IValue* args, size_t n) {
+  std::string out;
+  const auto add = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (!out.empty()) out += ", ";
+    out += describe_tensor(t);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (args[i].isTensor()) add(args[i].toTensor());
+    if (args[i].isTensorList()) {
+      for (const at::Tensor& t : args[i].toTensorList()) add(t);
+    }
+  }
+  return out;
+}
+
 void TracedCall::wait_if_measuring(bool profiling) {
   bool synchronize = profiling;
   if (recording()) {

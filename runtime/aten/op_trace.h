@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 
 #include <atomic>
@@ -41,6 +42,8 @@ int64_t trace_now_ns();
 
 // "f32[4, 8]" for a tensor, "" for an undefined one.
 std::string describe_tensor(const at::Tensor& t);
+// The defined tensors among n arguments (tensor lists included): "f32[4, 8], i64[4]".
+std::string describe_args(const c10::IValue* args, size_t n);
 
 // One recorded step: made where a kernel starts, given the compile and execute phases, recorded
 // when finished. Each phase is also a torch.profiler range; under the profiler a phase waits for

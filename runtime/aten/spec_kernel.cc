@@ -159,7 +159,7 @@ class SpecKernel final : public c10::OperatorKernel {
       resize_outs(entry->plan.resizes, args);
       return (*this)(op, c10::DispatchKeySet(), stack);
     }
-    std::string shapes = traced.recording() ? describe_args(args) : std::string();  // before run() pops them
+    std::string shapes = traced.recording() ? describe_args(args, spec_.args.size()) : std::string();  // before run() pops them
     traced.execute("tpu::execute", [&] { run(*entry, args, n, device, stack); });
     if (traced.recording()) traced.record(std::string("aten::") + spec_.overload, std::move(shapes));
   }
@@ -230,22 +230,6 @@ class SpecKernel final : public c10::OperatorKernel {
   }
 
   // The tensor arguments as the tracer shows them.
-  std::string describe_args(const c10::IValue* args) const {
-    std::string out;
-    const auto add = [&](const at::Tensor& t) {
-      if (!t.defined()) return;
-      if (!out.empty()) out += ", ";
-      out += describe_tensor(t);
-    };
-    for (size_t i = 0; i < spec_.args.size(); ++i) {
-      if (args[i].isTensor()) add(args[i].toTensor());
-      if (args[i].isTensorList()) {
-        for (const at::Tensor& t : args[i].toTensorList()) add(t);
-      }
-    }
-    return out;
-  }
-
   const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {
     if (index < 0) {
       holder = args[arg].toTensor();
