@@ -233,3 +233,35 @@ def test_an_unmodified_hugging_face_llama_train_step_is_one_replayed_module():
         assert metrics()["executions"] - executions == 1  # forward, backward, clipping and AdamW
         tpu_losses.append(static_loss.item())
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-4)
+
+
+def test_a_second_process_loads_the_captured_step_from_the_disk_cache(tmp_path):
+    from conftest import last_json, run_python
+
+    program = """
+import json, torch, torchtpu
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to("tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+x = torch.randn(4, 8).to("tpu")
+def step():
+    opt.zero_grad(set_to_none=True)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    return loss
+step(); step()
+torch.tpu.synchronize()
+before = torchtpu.debug.metrics()["compiles"]
+graph = torch.tpu.TPUGraph()
+with torch.tpu.graph(graph):
+    loss = step()
+graph.replay()
+print(json.dumps({"compiles": torchtpu.debug.metrics()["compiles"] - before, "loss": loss.item()}))
+"""
+    env = {"TORCHTPU_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [run_python(program, env, timeout=300) for _ in range(2)]
+    first, second = (last_json(r.stdout) if r.returncode == 0 else r.stderr[-3000:] for r in runs)
+    assert first["compiles"] == 1, first  # the whole step: one module
+    assert second["compiles"] == 0, second
+    assert second["loss"] == first["loss"]
