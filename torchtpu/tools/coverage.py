@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import runpy
 import sys
 
 
 import torchtpu
+from torchtpu.tools import run_as_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -68,19 +68,15 @@ def main(argv=None) -> int:
                 json.dump([r.to_json() for r in results], f, indent=1)
     if args.workload:
         before = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
-        # as `python x.py args...` would: its own argv, its directory first on sys.path
-        saved_argv, saved_path = sys.argv, list(sys.path)
-        sys.argv = [args.workload, *args.workload_args]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args.workload)))
-        try:
-            runpy.run_path(args.workload, run_name="__main__")
-        finally:
-            sys.argv, sys.path[:] = saved_argv, saved_path
+        status, error = run_as_main(args.workload, args.workload_args)
+        if error:
+            print(f"{args.workload} {error}", file=sys.stderr)
         after = torchtpu.debug.metrics()["cpu_fallbacks"]
         fell_back = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
         print(f"ops {args.workload} ran on the CPU: {len(fell_back)}")
         for op, n in sorted(fell_back.items(), key=lambda kv: -kv[1]):
             print(f"  {op}: {n} calls")
+        return status
     return 0
 
 

@@ -32,14 +32,13 @@ import dataclasses
 import datetime
 import html
 import os
-import runpy
 import shlex
 import statistics
 import sys
 import time
-import traceback
 
 import torchtpu
+from torchtpu.tools import run_as_main
 
 CHARTS = {  # key: (file, heading)
     "split": ("time_split.png", "Where the time went"),
@@ -76,32 +75,10 @@ def run_program(program: str, args: list[str], sync: bool = True) -> Run:
     memory_before = {d: torchtpu.device.memory_allocated(d) for d in range(torchtpu.device.device_count())}
     metrics_before = torchtpu.debug.metrics()
     trace = torchtpu.debug.trace(sync=sync, print_table=False)
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [program, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(program)))
-    status, error = 0, None
     start = time.perf_counter()
-    try:
-        with trace:
-            runpy.run_path(program, run_name="__main__")
-    except SystemExit as stop:  # sys.exit(...) in the program: Python's own rules for its status
-        code = stop.code
-        if code is None or code == 0:
-            status = 0
-        elif isinstance(code, int):
-            status, error = code, f"exited with status {code}"
-        else:
-            print(code, file=sys.stderr)
-            status, error = 1, f"exited: {code}"
-    except KeyboardInterrupt:
-        status, error = 130, "interrupted (KeyboardInterrupt)"
-    except BaseException as raised:  # noqa: BLE001 - the program's failure is reported, not ours
-        traceback.print_exc()
-        status, error = 1, f"raised {type(raised).__name__}: {raised}".strip()
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
+    with trace:
+        status, error = run_as_main(program, args)
     wall_s = time.perf_counter() - start
-    sys.stdout.flush()
     return Run(program, list(args), sync, trace, status, error, wall_s, metrics_before,
                torchtpu.debug.metrics(), memory_before)
 
