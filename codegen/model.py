@@ -11,6 +11,7 @@ A spec entry (see README "Adding an op"):
       dtypes: all                     # a group (all, floating, integral, numeric) or a list of torch dtype names
       variants: [inplace, out]        # which of ATen's in-place / out= / mutable overloads to derive (default: all)
       writes: [running_mean]          # arguments the op updates though its schema does not say so
+      divisor: other                  # must hold no zero where the op computes in integers (ZeroDivisionError)
       runtime: [lr]                   # float arguments passed at run time (default: compile-time)
       foreach: true                   # the lowering is per element of the list arguments (_foreach_*)
       generator: implicit             # draws from the default generator, named `generator` in the lowering
@@ -48,7 +49,7 @@ SWEEP_SAMPLES = 3
 COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
 VARIANTS = {"inplace": "Inplace", "out": "Out", "mutable": "Inplace"}  # mutable variants write args, as in-place ones do
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "writes", "runtime", "foreach",
-        "generator", "data_dependent", "test", "__line__"}
+        "generator", "data_dependent", "divisor", "test", "__line__"}
 TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
@@ -136,6 +137,7 @@ class Overload:
     emit_expression: str  # C++ returning std::vector<rt::Value>
     function: str  # the emitter's C++ name
     meta: "MetaCall | None" = None  # the direct call of its C++ Meta kernel, where ATen has one
+    divisor: int = -1  # the argument that must hold no zero where the op computes in integers
 
 
 @dataclasses.dataclass
@@ -597,6 +599,11 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         if data_dependent and (compute == "output" or entry.get("variants") != []):
             raise SpecError(display_path, line, "a data_dependent spec has no Meta output dtype and no variants: "
                                                 "use compute common/common_float and variants: []")
+        divisor = entry.get("divisor")
+        if divisor is not None and (divisor not in names or
+                                    str(schema_args[names.index(divisor)].type) not in ("Tensor", "Scalar")):
+            raise SpecError(display_path, line, f"divisor names {divisor!r}, which is not a Tensor or Scalar argument "
+                                                f"of {op}")
         group = groups.get(op)
         variants = entry.get("variants", [v for v in VARIANTS if group is not None and getattr(group, v, None)])
         for v in variants:
@@ -636,8 +643,10 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
                 list_args = [i for i, a in enumerate(arguments) if a.kind in ("TensorList", "ScalarList")]
                 expression = (f"foreach_results(a, {{{', '.join(map(str, list_args))}}}, "
                               f"[&b](const EmitArgs& a) -> std::vector<Value> {{ return {expression}; }})")
+            divisor_index = next((i for i, a in enumerate(fargs) if a.name == divisor), -1) if divisor else -1
             overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, returns, foreach,
-                                      bool(generator), expression, _cpp_name(str(f.func.name)), _meta_call(f)))
+                                      bool(generator), expression, _cpp_name(str(f.func.name)), _meta_call(f),
+                                      divisor_index))
 
         test = entry.get("test", {}) or {}
         if not isinstance(test, dict) or set(test) - TEST_KEYS:

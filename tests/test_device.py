@@ -219,3 +219,26 @@ def test_module_transfer_keeps_parameter_objects_and_ties():
         assert model["embedding"].weight is shared and model["head"].weight is shared
     model.to("tpu")
     assert shared.device.type == "tpu" and list(model.parameters()) == [shared]
+
+
+def test_pinned_memory_and_non_blocking_copies():
+    # tpu's pinned-memory hooks: pin_memory() and pin_memory=True give host memory is_pinned() knows,
+    # and a non_blocking copy to the CPU (which stages through it) gives the values.
+    x = torch.randn(4, 5)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not x.is_pinned()
+    assert torch.equal(pinned, x)
+    assert torch.empty(3, pin_memory=True).is_pinned()
+    on_tpu = pinned.to("tpu", non_blocking=True)
+    back = on_tpu.to("cpu", non_blocking=True)
+    torch.tpu.synchronize()
+    assert torch.equal(back, x)
+    assert torch.equal(on_tpu.to("cpu", torch.float64, non_blocking=True), x.double())
+
+
+def test_equal_matches_cpu():
+    a = torch.tensor([[1.0, 2.0], [3.0, float("nan")]])
+    cases = [(a[:, 0], a[:, 0].clone()), (a[0], a[1]), (a, a), (a[0], a[0, :1]), (a[0], a[0].long()),
+             (torch.empty(0), torch.empty(0))]
+    for x, y in cases:
+        assert torch.equal(x.to("tpu"), y.to("tpu")) == torch.equal(x, y), (x, y)

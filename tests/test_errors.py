@@ -204,3 +204,32 @@ def test_mixed_devices_raise():
 def test_invalid_device_index():
     with pytest.raises(RuntimeError):
         torch.ones(2, device="tpu:99")
+
+
+@pytest.mark.parametrize("op", [
+    lambda a, b: a // b,
+    lambda a, b: a % b,
+    lambda a, b: torch.fmod(a, b),
+    lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    lambda a, b: torch.remainder(a, 0),
+    lambda a, b: torch.remainder(5, b),
+])
+def test_integer_division_by_zero_raises_like_cpu(op):
+    # CPU raises a RuntimeError reading "ZeroDivisionError" for integer division by zero; so does tpu
+    # (the divisor is checked on the device, which synchronizes).
+    a, b = torch.tensor([5, 3, -7]), torch.tensor([2, 0, 1])
+    cpu_err = _raises(lambda: op(a, b))
+    tpu_err = _raises(lambda: op(a.to("tpu"), b.to("tpu")))
+    assert cpu_err is not None and tpu_err is not None, (cpu_err, tpu_err)
+    assert type(tpu_err) is type(cpu_err) and str(tpu_err) == str(cpu_err) == "ZeroDivisionError", repr(tpu_err)
+
+
+def test_integer_division_without_zero_and_float_division_by_zero_run():
+    a, b = torch.tensor([5, 3, -7]), torch.tensor([2, -2, 1])
+    assert_equal_cpu(a.to("tpu") // b.to("tpu"), a // b, exact=True)
+    assert_equal_cpu(a.to("tpu") % b.to("tpu"), a % b, exact=True)
+    # True division of integers gives floats, and float division by zero gives inf/NaN as on CPU.
+    zero = torch.tensor([0, 0, 0])
+    assert_equal_cpu(a.to("tpu") / zero.to("tpu"), a / zero)
+    assert_equal_cpu(a.double().to("tpu") // zero.double().to("tpu"), a.double() // zero.double())

@@ -170,3 +170,14 @@ def test_batch_norm_without_running_stats(no_fallback):
         if device == "cpu":
             expected = y
     torch.testing.assert_close(y.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", [torch.native_batch_norm, torch.ops.aten._native_batch_norm_legit])
+def test_eval_batch_norm_saves_nothing_like_cpu(op, no_fallback):
+    # In eval mode CPU returns empty save_mean/save_invstd (Meta sizes them [C]); so does tpu.
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(3))
+    mean, var = torch.rand(3), torch.rand(3) + 0.5
+    expected = op(x, None, None, mean.clone(), var.clone(), False, 0.1, 1e-5)
+    actual = op(x.to("tpu"), None, None, mean.to("tpu"), var.to("tpu"), False, 0.1, 1e-5)
+    assert [tuple(t.shape) for t in actual] == [tuple(t.shape) for t in expected] == [(2, 3, 4), (0,), (0,)]
+    torch.testing.assert_close(actual[0].cpu(), expected[0], atol=1e-5, rtol=1e-5)

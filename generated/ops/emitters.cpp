@@ -110,225 +110,263 @@ std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { retu
 // remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:72)
 std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:77)
+// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
 std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:77)
+// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
 std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:77)
+// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
 std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
+// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:83)
 std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
+// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:83)
 std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:86)
+// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
 std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:86)
+// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
 std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:86)
+// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
 std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:91)
+// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
 std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:91)
+// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
 std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:91)
+// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
 std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:95)
+// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
 std::vector<Value> emit_floor_divide(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:95)
+// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
 std::vector<Value> emit_floor_divide___Tensor(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:95)
+// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
 std::vector<Value> emit_floor_divide__out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
+// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
 std::vector<Value> emit_floor_divide__Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
+// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
 std::vector<Value> emit_floor_divide___Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
+// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
 std::vector<Value> emit_floor_divide__Scalar_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:105)
+// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:112)
 std::vector<Value> emit_div__Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:105)
+// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:112)
 std::vector<Value> emit_div___Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:105)
+// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:112)
 std::vector<Value> emit_div__out_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:111)
+// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:119)
 std::vector<Value> emit_div__Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:111)
+// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:119)
 std::vector<Value> emit_div___Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:111)
+// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:119)
 std::vector<Value> emit_div__Scalar_mode_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:119)
+// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:128)
 std::vector<Value> emit_logical_and(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:119)
+// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:128)
 std::vector<Value> emit_logical_and_(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:119)
+// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:128)
 std::vector<Value> emit_logical_and__out(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:123)
+// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:132)
 std::vector<Value> emit_logical_or(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:123)
+// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:132)
 std::vector<Value> emit_logical_or_(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:123)
+// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:132)
 std::vector<Value> emit_logical_or__out(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:127)
+// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
 std::vector<Value> emit_logical_xor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:127)
+// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
 std::vector<Value> emit_logical_xor_(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:127)
+// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
 std::vector<Value> emit_logical_xor__out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:131)
+// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:140)
 std::vector<Value> emit_bitwise_and__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:131)
+// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:140)
 std::vector<Value> emit_bitwise_and___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:131)
+// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:140)
 std::vector<Value> emit_bitwise_and__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:136)
+// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:145)
 std::vector<Value> emit_bitwise_and__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:136)
+// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:145)
 std::vector<Value> emit_bitwise_and___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:136)
+// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:145)
 std::vector<Value> emit_bitwise_and__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:140)
+// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:149)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:140)
+// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:149)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:144)
+// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_or__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:144)
+// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_or___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:144)
+// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_or__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:149)
+// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:158)
 std::vector<Value> emit_bitwise_or__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:149)
+// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:158)
 std::vector<Value> emit_bitwise_or___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:149)
+// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:158)
 std::vector<Value> emit_bitwise_or__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:153)
+// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:162)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:153)
+// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:162)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:157)
+// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_xor__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:157)
+// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_xor___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:157)
+// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_xor__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:162)
+// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:171)
 std::vector<Value> emit_bitwise_xor__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:162)
+// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:171)
 std::vector<Value> emit_bitwise_xor___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:162)
+// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:171)
 std::vector<Value> emit_bitwise_xor__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:166)
+// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:175)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:166)
+// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:175)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:172)
+// bitwise_left_shift.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:180)
+std::vector<Value> emit_bitwise_left_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// bitwise_left_shift_.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:180)
+std::vector<Value> emit_bitwise_left_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// bitwise_left_shift.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:180)
+std::vector<Value> emit_bitwise_left_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+
+// bitwise_left_shift.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:185)
+std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// bitwise_left_shift_.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:185)
+std::vector<Value> emit_bitwise_left_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// bitwise_left_shift.Tensor_Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:185)
+std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+
+// bitwise_left_shift.Scalar_Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:189)
+std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// bitwise_left_shift.Scalar_Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:189)
+std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+
+// bitwise_right_shift.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:193)
+std::vector<Value> emit_bitwise_right_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// bitwise_right_shift_.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:193)
+std::vector<Value> emit_bitwise_right_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// bitwise_right_shift.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:193)
+std::vector<Value> emit_bitwise_right_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+
+// bitwise_right_shift.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:198)
+std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// bitwise_right_shift_.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:198)
+std::vector<Value> emit_bitwise_right_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// bitwise_right_shift.Tensor_Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:198)
+std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+
+// bitwise_right_shift.Scalar_Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:202)
+std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:202)
+std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+
+// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:208)
 std::vector<Value> emit_masked_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:172)
+// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:208)
 std::vector<Value> emit_masked_fill___Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:172)
+// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:208)
 std::vector<Value> emit_masked_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:178)
+// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:214)
 std::vector<Value> emit_masked_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:178)
+// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:214)
 std::vector<Value> emit_masked_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:178)
+// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:214)
 std::vector<Value> emit_masked_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:185)
+// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:221)
 std::vector<Value> emit_lerp__Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:185)
+// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:221)
 std::vector<Value> emit_lerp___Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:185)
+// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:221)
 std::vector<Value> emit_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:190)
+// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:226)
 std::vector<Value> emit_lerp__Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:190)
+// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:226)
 std::vector<Value> emit_lerp___Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:190)
+// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:226)
 std::vector<Value> emit_lerp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:194)
+// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:230)
 std::vector<Value> emit_addcmul(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:194)
+// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:230)
 std::vector<Value> emit_addcmul_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:194)
+// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:230)
 std::vector<Value> emit_addcmul__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:199)
+// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:235)
 std::vector<Value> emit_addcdiv(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:199)
+// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:235)
 std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:199)
+// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:235)
 std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:206)
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:242)
 std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:206)
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:242)
 std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:206)
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:242)
 std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:212)
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:248)
 std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:212)
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:248)
 std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:212)
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:248)
 std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:217)
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:253)
 std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:217)
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:253)
 std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:217)
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:253)
 std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:223)
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:259)
 std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:223)
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:259)
 std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:223)
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:259)
 std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:228)
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:264)
 std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:228)
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:264)
 std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:228)
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:264)
 std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:234)
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:270)
 std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:234)
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:270)
 std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:239)
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
 std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:239)
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
 std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:239)
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
 // convolution_overrideable = conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)  (specs/conv.yaml:10)
@@ -356,6 +394,16 @@ std::vector<Value> emit_eye__out(Builder& b, const EmitArgs& a) { return {b.eye(
 std::vector<Value> emit_eye__m(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(1))}; }
 // eye.m_out = eye(n, m)  (specs/creation.yaml:31)
 std::vector<Value> emit_eye__m_out(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(1))}; }
+
+// tril_indices = tri_indices(row, col, offset, False)  (specs/creation.yaml:36)
+std::vector<Value> emit_tril_indices(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), false)}; }
+// tril_indices.out = tri_indices(row, col, offset, False)  (specs/creation.yaml:36)
+std::vector<Value> emit_tril_indices__out(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), false)}; }
+
+// triu_indices = tri_indices(row, col, offset, True)  (specs/creation.yaml:41)
+std::vector<Value> emit_triu_indices(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), true)}; }
+// triu_indices.out = tri_indices(row, col, offset, True)  (specs/creation.yaml:41)
+std::vector<Value> emit_triu_indices__out(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), true)}; }
 
 // add.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
 std::vector<Value> emit_add__Tensor(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
@@ -596,66 +644,85 @@ std::vector<Value> emit_isin__Tensor_Scalar(Builder& b, const EmitArgs& a) { ret
 // isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:130)
 std::vector<Value> emit_isin__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
 
-// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:138)
+// nonzero_static = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:134)
+std::vector<Value> emit_nonzero_static(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
+// nonzero_static.out = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:134)
+std::vector<Value> emit_nonzero_static__out(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
+
+// searchsorted.Tensor = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:142)
+std::vector<Value> emit_searchsorted__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
+
+// searchsorted.Scalar = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:149)
+std::vector<Value> emit_searchsorted__Scalar(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
+
+// bucketize.Tensor = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:155)
+std::vector<Value> emit_bucketize__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
+
+// histc = histc(self, bins, min, max)  (specs/indexing.yaml:162)
+std::vector<Value> emit_histc(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
+// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:162)
+std::vector<Value> emit_histc__out(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
+
+// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:172)
 std::vector<Value> emit__embedding_bag(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:145)
+// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:179)
 std::vector<Value> emit__embedding_bag_forward_only(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:152)
+// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:186)
 std::vector<Value> emit__embedding_bag_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_backward(a.value(0), a.value(1), a.value(3), a.value(4), a.value(5), a.integer(6), a.boolean(7), a.integer(8), a.boolean(9), a.optional_value(10), a.integer(11))}; }
 
-// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:158)
+// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:192)
 std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_dense_backward(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.integer(5), a.boolean(6), a.integer(7), a.optional_value(8), a.integer(9))}; }
 
-// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:164)
+// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:198)
 std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
 
-// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:172)
+// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:206)
 std::vector<Value> emit_index_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:172)
+// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:206)
 std::vector<Value> emit_index_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:172)
+// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:206)
 std::vector<Value> emit_index_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
 
-// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:178)
+// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:212)
 std::vector<Value> emit_index_copy(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:178)
+// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:212)
 std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:178)
+// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:212)
 std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:184)
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:218)
 std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:184)
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:218)
 std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:184)
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:218)
 std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
 
-// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:190)
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:224)
 std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:190)
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:224)
 std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:190)
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:224)
 std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
 
-// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:196)
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:230)
 std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:196)
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:230)
 std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:196)
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:230)
 std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
 
-// take = take(self, index)  (specs/indexing.yaml:203)
+// take = take(self, index)  (specs/indexing.yaml:237)
 std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
-// take.out = take(self, index)  (specs/indexing.yaml:203)
+// take.out = take(self, index)  (specs/indexing.yaml:237)
 std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
 
-// put = put(self, index, source, accumulate)  (specs/indexing.yaml:208)
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:242)
 std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:208)
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:242)
 std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:208)
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:242)
 std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -816,131 +883,143 @@ std::vector<Value> emit_threshold_backward(Builder& b, const EmitArgs& a) { retu
 // threshold_backward.grad_input = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:97)
 std::vector<Value> emit_threshold_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
 
-// mse_loss = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:102)
+// _cdist_forward = cdist(x1, x2, p)  (specs/nn.yaml:103)
+std::vector<Value> emit__cdist_forward(Builder& b, const EmitArgs& a) { return {b.cdist(a.value(0), a.value(1), a.real(2))}; }
+
+// _cdist_backward = cdist_backward(grad, x1, x2, p, cdist)  (specs/nn.yaml:109)
+std::vector<Value> emit__cdist_backward(Builder& b, const EmitArgs& a) { return {b.cdist_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.value(4))}; }
+
+// _pdist_forward = pdist(self, p)  (specs/nn.yaml:114)
+std::vector<Value> emit__pdist_forward(Builder& b, const EmitArgs& a) { return {b.pdist(a.value(0), a.real(1))}; }
+
+// _pdist_backward = pdist_backward(grad, self, p, pdist)  (specs/nn.yaml:120)
+std::vector<Value> emit__pdist_backward(Builder& b, const EmitArgs& a) { return {b.pdist_backward(a.value(0), a.value(1), a.real(2), a.value(3))}; }
+
+// mse_loss = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:125)
 std::vector<Value> emit_mse_loss(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
-// mse_loss.out = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:102)
+// mse_loss.out = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:125)
 std::vector<Value> emit_mse_loss__out(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
 
-// mse_loss_backward = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:107)
+// mse_loss_backward = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:130)
 std::vector<Value> emit_mse_loss_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
-// mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:107)
+// mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:130)
 std::vector<Value> emit_mse_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
 
-// native_dropout = (dropout(generator, input, p) if is_none(train) or train else identity(input), dropout_mask(generator, input, p) if is_none(train) or train else fill(input, 1))   (specs/nn.yaml:114)
+// native_dropout = (dropout(generator, input, p) if is_none(train) or train else identity(input), dropout_mask(generator, input, p) if is_none(train) or train else fill(input, 1))   (specs/nn.yaml:137)
 std::vector<Value> emit_native_dropout(Builder& b, const EmitArgs& a) { return {((a.is_none(2) || a.boolean(2)) ? b.dropout(a.value(3), a.value(0), a.real(1)) : b.identity(a.value(0))), ((a.is_none(2) || a.boolean(2)) ? b.dropout_mask(a.value(3), a.value(0), a.real(1)) : [&] { const Value anchor = a.value(0); return b.fill(anchor, b.scalar_like(1.0, anchor)); }())}; }
 
-// native_dropout_backward = mul(mul(grad_output, mask), scale)  (specs/nn.yaml:121)
+// native_dropout_backward = mul(mul(grad_output, mask), scale)  (specs/nn.yaml:144)
 std::vector<Value> emit_native_dropout_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), a.value(1)), a.value(2))}; }
 
-// log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:129)
+// log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:152)
 std::vector<Value> emit_log_sigmoid_forward(Builder& b, const EmitArgs& a) { return {b.sub([&] { const Value anchor = a.value(0); return b.minimum(anchor, b.scalar_like(0.0, anchor)); }(), b.log1p(b.exp(b.neg(b.abs(a.value(0)))))), b.exp(b.neg(b.abs(a.value(0))))}; }
 
-// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:136)
+// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:159)
 std::vector<Value> emit_log_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
-// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:136)
+// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:159)
 std::vector<Value> emit_log_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
 
-// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:142)
+// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:165)
 std::vector<Value> emit_smooth_l1_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
-// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:142)
+// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:165)
 std::vector<Value> emit_smooth_l1_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
 
-// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:150)
+// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:173)
 std::vector<Value> emit_smooth_l1_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:150)
+// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:173)
 std::vector<Value> emit_smooth_l1_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:158)
+// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:181)
 std::vector<Value> emit_huber_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
-// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:158)
+// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:181)
 std::vector<Value> emit_huber_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
 
-// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:166)
+// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:189)
 std::vector<Value> emit_huber_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:166)
+// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:189)
 std::vector<Value> emit_huber_loss_backward__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:175)
+// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:198)
 std::vector<Value> emit_binary_cross_entropy(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
-// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:175)
+// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:198)
 std::vector<Value> emit_binary_cross_entropy__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
 
-// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:182)
+// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:205)
 std::vector<Value> emit_binary_cross_entropy_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
-// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:182)
+// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:205)
 std::vector<Value> emit_binary_cross_entropy_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
 
-// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:189)
+// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:212)
 std::vector<Value> emit_hardswish(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:189)
+// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:212)
 std::vector<Value> emit_hardswish_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:189)
+// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:212)
 std::vector<Value> emit_hardswish__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
 
-// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:194)
+// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:217)
 std::vector<Value> emit_hardswish_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
-// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:194)
+// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:217)
 std::vector<Value> emit_hardswish_backward__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
 
-// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:198)
+// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:221)
 std::vector<Value> emit_mish(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:198)
+// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:221)
 std::vector<Value> emit_mish_(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:198)
+// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:221)
 std::vector<Value> emit_mish__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
 
-// mish_backward = t = tanh(log1p(exp(self))) mul(grad_output, add(t, mul(mul(self, sigmoid(self)), sub(1, mul(t, t)))))   (specs/nn.yaml:204)
+// mish_backward = t = tanh(log1p(exp(self))) mul(grad_output, add(t, mul(mul(self, sigmoid(self)), sub(1, mul(t, t)))))   (specs/nn.yaml:227)
 std::vector<Value> emit_mish_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.tanh(b.log1p(b.exp(a.value(1)))); return {b.mul(a.value(0), b.add(l_t, b.mul(b.mul(a.value(1), b.sigmoid(a.value(1))), [&] { const Value anchor = b.mul(l_t, l_t); return b.sub(b.scalar_like(1.0, anchor), anchor); }())))}; }(); }
 
-// glu = glu(self, dim)  (specs/nn.yaml:210)
+// glu = glu(self, dim)  (specs/nn.yaml:233)
 std::vector<Value> emit_glu(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
-// glu.out = glu(self, dim)  (specs/nn.yaml:210)
+// glu.out = glu(self, dim)  (specs/nn.yaml:233)
 std::vector<Value> emit_glu__out(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
 
-// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:215)
+// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:238)
 std::vector<Value> emit_glu_backward(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
-// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:215)
+// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:238)
 std::vector<Value> emit_glu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
 
-// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:221)
+// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:244)
 std::vector<Value> emit__prelu_kernel(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(1), a.value(0)))}; }
 
-// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:226)
+// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:249)
 std::vector<Value> emit__prelu_kernel_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(2), a.value(0))), b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(1), a.value(0)))}; }
 
-// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:230)
+// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:253)
 std::vector<Value> emit_channel_shuffle(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
-// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:230)
+// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:253)
 std::vector<Value> emit_channel_shuffle__out(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
 
-// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:236)
+// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:259)
 std::vector<Value> emit_rrelu_with_noise_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
-// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:236)
+// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:259)
 std::vector<Value> emit_rrelu_with_noise(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
 
-// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:244)
+// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:267)
 std::vector<Value> emit_rrelu_with_noise_backward(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
-// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:244)
+// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:267)
 std::vector<Value> emit_rrelu_with_noise_backward__out(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
 
-// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:249)
+// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:272)
 std::vector<Value> emit_multi_margin_loss(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
-// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:249)
+// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:272)
 std::vector<Value> emit_multi_margin_loss__out(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
 
-// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:256)
+// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:279)
 std::vector<Value> emit_multi_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
-// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:256)
+// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:279)
 std::vector<Value> emit_multi_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
 
-// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:262)
+// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:285)
 std::vector<Value> emit_multilabel_margin_loss_forward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
-// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:262)
+// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:285)
 std::vector<Value> emit_multilabel_margin_loss_forward__output(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
 
-// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:268)
+// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:291)
 std::vector<Value> emit_multilabel_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
-// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:268)
+// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:291)
 std::vector<Value> emit_multilabel_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
 
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
@@ -955,20 +1034,20 @@ std::vector<Value> emit_native_group_norm(Builder& b, const EmitArgs& a) { retur
 // native_group_norm_backward = (group_norm_grad_input(grad_out, input, mean, rstd, weight, N, C, HxW, group), group_norm_grad_weight(grad_out, input, mean, rstd, N, C, HxW, group), group_norm_grad_bias(grad_out, N, C, HxW))  (specs/normalization.yaml:24)
 std::vector<Value> emit_native_group_norm_backward(Builder& b, const EmitArgs& a) { return {b.group_norm_grad_input(a.value(0), a.value(1), a.value(2), a.value(3), a.optional_value(4), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_weight(a.value(0), a.value(1), a.value(2), a.value(3), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_bias(a.value(0), a.integer(5), a.integer(6), a.integer(7))}; }
 
-// native_batch_norm = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) out = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training and not is_none(running_mean) else batch_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training and not is_none(running_var) else batch_var (out, batch_mean, invstd, new_mean, new_var)   (specs/normalization.yaml:32)
-std::vector<Value> emit_native_batch_norm(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_out = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = ((a.boolean(5) && !a.is_none(3)) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : l_batch_mean); const Value l_new_var = ((a.boolean(5) && !a.is_none(4)) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : l_batch_var); return {l_out, l_batch_mean, l_invstd, l_new_mean, l_new_var}; }(); }
+// native_batch_norm = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) out = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training and not is_none(running_mean) else batch_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training and not is_none(running_var) else batch_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (out, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:32)
+std::vector<Value> emit_native_batch_norm(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_out = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = ((a.boolean(5) && !a.is_none(3)) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : l_batch_mean); const Value l_new_var = ((a.boolean(5) && !a.is_none(4)) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : l_batch_var); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_out, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
 
-// _native_batch_norm_legit_functional = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) result = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var (result, batch_mean, invstd, new_mean, new_var)   (specs/normalization.yaml:52)
-std::vector<Value> emit__native_batch_norm_legit_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_result = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); return {l_result, l_batch_mean, l_invstd, l_new_mean, l_new_var}; }(); }
-// _native_batch_norm_legit.out = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) result = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var (result, batch_mean, invstd, new_mean, new_var)   (specs/normalization.yaml:52)
-std::vector<Value> emit__native_batch_norm_legit__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_result = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); return {l_result, l_batch_mean, l_invstd, l_new_mean, l_new_var}; }(); }
-// _native_batch_norm_legit = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) result = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var (result, batch_mean, invstd, new_mean, new_var)   (specs/normalization.yaml:52)
-std::vector<Value> emit__native_batch_norm_legit(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_result = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); return {l_result, l_batch_mean, l_invstd, l_new_mean, l_new_var}; }(); }
+// _native_batch_norm_legit_functional = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) result = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:54)
+std::vector<Value> emit__native_batch_norm_legit_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_result = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_result, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
+// _native_batch_norm_legit.out = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) result = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:54)
+std::vector<Value> emit__native_batch_norm_legit__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_result = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_result, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
+// _native_batch_norm_legit = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) normalized = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) result = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:54)
+std::vector<Value> emit__native_batch_norm_legit(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(l_batch_mean, a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_result = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_result, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
 
-// _native_batch_norm_legit_no_training = invstd = rsqrt(add(running_var, eps)) normalized = mul(sub(input, per_channel(running_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) out = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) (out, running_mean, invstd)   (specs/normalization.yaml:68)
+// _native_batch_norm_legit_no_training = invstd = rsqrt(add(running_var, eps)) normalized = mul(sub(input, per_channel(running_mean, input)), per_channel(invstd, input)) scaled = normalized if is_none(weight) else mul(normalized, per_channel(weight, input)) out = scaled if is_none(bias) else add(scaled, per_channel(bias, input)) (out, running_mean, invstd)   (specs/normalization.yaml:72)
 std::vector<Value> emit__native_batch_norm_legit_no_training(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_invstd = b.rsqrt(b.add(a.value(4), a.value(6))); const Value l_normalized = b.mul(b.sub(a.value(0), b.per_channel(a.value(3), a.value(0))), b.per_channel(l_invstd, a.value(0))); const Value l_scaled = (a.is_none(1) ? l_normalized : b.mul(l_normalized, b.per_channel(a.value(1), a.value(0)))); const Value l_out = (a.is_none(2) ? l_scaled : b.add(l_scaled, b.per_channel(a.value(2), a.value(0)))); return {l_out, a.value(3), l_invstd}; }(); }
 
-// native_batch_norm_backward = batch_mean = save_mean if train else running_mean invstd = save_invstd if train else rsqrt(add(running_var, eps)) x_hat = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) g = grad_out if is_none(weight) else mul(grad_out, per_channel(weight, input)) centered_g = sub(sub(g, per_channel(channel_mean(g), input)), mul(x_hat, per_channel(channel_mean(mul(g, x_hat)), input))) grad_input = mul(centered_g if train else g, per_channel(invstd, input)) (grad_input, sum_except(mul(grad_out, x_hat), 1), sum_except(grad_out, 1))   (specs/normalization.yaml:79)
+// native_batch_norm_backward = batch_mean = save_mean if train else running_mean invstd = save_invstd if train else rsqrt(add(running_var, eps)) x_hat = mul(sub(input, per_channel(batch_mean, input)), per_channel(invstd, input)) g = grad_out if is_none(weight) else mul(grad_out, per_channel(weight, input)) centered_g = sub(sub(g, per_channel(channel_mean(g), input)), mul(x_hat, per_channel(channel_mean(mul(g, x_hat)), input))) grad_input = mul(centered_g if train else g, per_channel(invstd, input)) (grad_input, sum_except(mul(grad_out, x_hat), 1), sum_except(grad_out, 1))   (specs/normalization.yaml:83)
 std::vector<Value> emit_native_batch_norm_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(7) ? a.value(5) : a.value(3)); const Value l_invstd = (a.boolean(7) ? a.value(6) : b.rsqrt(b.add(a.value(4), a.value(8)))); const Value l_x_hat = b.mul(b.sub(a.value(1), b.per_channel(l_batch_mean, a.value(1))), b.per_channel(l_invstd, a.value(1))); const Value l_g = (a.is_none(2) ? a.value(0) : b.mul(a.value(0), b.per_channel(a.value(2), a.value(1)))); const Value l_centered_g = b.sub(b.sub(l_g, b.per_channel(b.channel_mean(l_g), a.value(1))), b.mul(l_x_hat, b.per_channel(b.channel_mean(b.mul(l_g, l_x_hat)), a.value(1)))); const Value l_grad_input = b.mul((a.boolean(7) ? l_centered_g : l_g), b.per_channel(l_invstd, a.value(1))); return {l_grad_input, b.sum_except(b.mul(a.value(0), l_x_hat), 1), b.sum_except(a.value(0), 1)}; }(); }
 
 // _foreach_add.List = add(self, mul(other, alpha))  (specs/optim.yaml:8)
@@ -1466,150 +1545,180 @@ std::vector<Value> emit_max_pool3d_with_indices_backward(Builder& b, const EmitA
 // max_pool3d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:27)
 std::vector<Value> emit_max_pool3d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
 
-// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:33)
+// max_unpool2d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:34)
+std::vector<Value> emit_max_unpool2d(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
+// max_unpool2d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:34)
+std::vector<Value> emit_max_unpool2d__out(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
+
+// max_unpool3d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:40)
+std::vector<Value> emit_max_unpool3d(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
+// max_unpool3d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:40)
+std::vector<Value> emit_max_unpool3d__out(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
+
+// im2col = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:48)
+std::vector<Value> emit_im2col(Builder& b, const EmitArgs& a) { return {b.im2col(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4))}; }
+// im2col.out = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:48)
+std::vector<Value> emit_im2col__out(Builder& b, const EmitArgs& a) { return {b.im2col(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4))}; }
+
+// col2im = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:53)
+std::vector<Value> emit_col2im(Builder& b, const EmitArgs& a) { return {b.col2im(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.ints(5))}; }
+// col2im.out = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:53)
+std::vector<Value> emit_col2im__out(Builder& b, const EmitArgs& a) { return {b.col2im(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.ints(5))}; }
+
+// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:59)
 std::vector<Value> emit_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
-// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:33)
+// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:59)
 std::vector<Value> emit_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
 
-// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:38)
+// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:64)
 std::vector<Value> emit_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
-// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:38)
+// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:64)
 std::vector<Value> emit_avg_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
 
-// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:43)
+// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:69)
 std::vector<Value> emit_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
-// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:43)
+// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:69)
 std::vector<Value> emit_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
 
-// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:48)
+// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:74)
 std::vector<Value> emit_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
-// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:48)
+// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:74)
 std::vector<Value> emit_avg_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
 
-// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:52)
+// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:78)
 std::vector<Value> emit__adaptive_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
-// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:52)
+// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:78)
 std::vector<Value> emit__adaptive_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
 
-// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:57)
+// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:83)
 std::vector<Value> emit__adaptive_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
-// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:57)
+// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:83)
 std::vector<Value> emit__adaptive_avg_pool2d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
 
-// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:64)
+// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:90)
 std::vector<Value> emit__adaptive_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
-// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:64)
+// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:90)
 std::vector<Value> emit__adaptive_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
 
-// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:69)
+// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:95)
 std::vector<Value> emit__adaptive_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
-// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:69)
+// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:95)
 std::vector<Value> emit__adaptive_avg_pool3d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
 
-// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:73)
+// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:99)
 std::vector<Value> emit_adaptive_max_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
 
-// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:79)
+// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:105)
 std::vector<Value> emit_adaptive_max_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
-// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:79)
+// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:105)
 std::vector<Value> emit_adaptive_max_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
 
-// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:85)
+// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:111)
 std::vector<Value> emit_adaptive_max_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
 
-// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:91)
+// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:117)
 std::vector<Value> emit_adaptive_max_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
-// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:91)
+// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:117)
 std::vector<Value> emit_adaptive_max_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
 
-// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:98)
+// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:124)
 std::vector<Value> emit_upsample_nearest1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
-// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:98)
+// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:124)
 std::vector<Value> emit_upsample_nearest1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
 
-// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:103)
+// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:129)
 std::vector<Value> emit_upsample_nearest1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
-// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:103)
+// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:129)
 std::vector<Value> emit_upsample_nearest1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
 
-// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:107)
+// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:133)
 std::vector<Value> emit_upsample_nearest2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
-// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:107)
+// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:133)
 std::vector<Value> emit_upsample_nearest2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
 
-// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:112)
+// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:138)
 std::vector<Value> emit_upsample_nearest2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
-// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:112)
+// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:138)
 std::vector<Value> emit_upsample_nearest2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
 
-// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:116)
+// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
 std::vector<Value> emit_upsample_nearest3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
-// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:116)
+// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
 std::vector<Value> emit_upsample_nearest3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
 
-// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:120)
+// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:146)
 std::vector<Value> emit_upsample_nearest3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
-// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:120)
+// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:146)
 std::vector<Value> emit_upsample_nearest3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
 
-// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:124)
+// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:150)
 std::vector<Value> emit__upsample_nearest_exact1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
-// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:124)
+// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:150)
 std::vector<Value> emit__upsample_nearest_exact1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
 
-// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:129)
+// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:155)
 std::vector<Value> emit__upsample_nearest_exact1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
-// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:129)
+// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:155)
 std::vector<Value> emit__upsample_nearest_exact1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
 
-// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:133)
+// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
 std::vector<Value> emit__upsample_nearest_exact2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
-// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:133)
+// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
 std::vector<Value> emit__upsample_nearest_exact2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
 
-// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:137)
+// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:163)
 std::vector<Value> emit__upsample_nearest_exact2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
-// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:137)
+// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:163)
 std::vector<Value> emit__upsample_nearest_exact2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
 
-// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:141)
+// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
 std::vector<Value> emit__upsample_nearest_exact3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
-// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:141)
+// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
 std::vector<Value> emit__upsample_nearest_exact3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
 
-// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:145)
+// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:171)
 std::vector<Value> emit__upsample_nearest_exact3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
-// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:145)
+// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:171)
 std::vector<Value> emit__upsample_nearest_exact3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
 
-// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:153)
+// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:179)
 std::vector<Value> emit_upsample_linear1d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
-// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:153)
+// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:179)
 std::vector<Value> emit_upsample_linear1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
 
-// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:158)
+// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:184)
 std::vector<Value> emit_upsample_linear1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
-// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:158)
+// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:184)
 std::vector<Value> emit_upsample_linear1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
 
-// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:162)
+// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:188)
 std::vector<Value> emit_upsample_bilinear2d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
-// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:162)
+// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:188)
 std::vector<Value> emit_upsample_bilinear2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
 
-// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:167)
+// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:193)
 std::vector<Value> emit_upsample_bilinear2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
-// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:167)
+// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:193)
 std::vector<Value> emit_upsample_bilinear2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
 
-// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:172)
+// upsample_bicubic2d = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:199)
+std::vector<Value> emit_upsample_bicubic2d(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4))}; }
+// upsample_bicubic2d.out = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:199)
+std::vector<Value> emit_upsample_bicubic2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4))}; }
+
+// upsample_bicubic2d_backward = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:204)
+std::vector<Value> emit_upsample_bicubic2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5))}; }
+// upsample_bicubic2d_backward.grad_input = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:204)
+std::vector<Value> emit_upsample_bicubic2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5))}; }
+
+// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:208)
 std::vector<Value> emit_upsample_trilinear3d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
-// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:172)
+// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:208)
 std::vector<Value> emit_upsample_trilinear3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
 
-// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:177)
+// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:213)
 std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
-// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:177)
+// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:213)
 std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
 
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -3019,483 +3128,563 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor},
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor, false, 1},
       {"remainder_.Tensor", "specs/binary.yaml:72", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Tensor},
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Tensor, false, 1},
       {"remainder.Tensor_out", "specs/binary.yaml:72", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor_out},
-      {"remainder.Scalar", "specs/binary.yaml:77", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor_out, false, 1},
+      {"remainder.Scalar", "specs/binary.yaml:78", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar},
-      {"remainder_.Scalar", "specs/binary.yaml:77", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar, false, 1},
+      {"remainder_.Scalar", "specs/binary.yaml:78", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Scalar},
-      {"remainder.Scalar_out", "specs/binary.yaml:77", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Scalar, false, 1},
+      {"remainder.Scalar_out", "specs/binary.yaml:78", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_out},
-      {"remainder.Scalar_Tensor", "specs/binary.yaml:81", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_out, false, 1},
+      {"remainder.Scalar_Tensor", "specs/binary.yaml:83", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor},
-      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:81", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor, false, 1},
+      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:83", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor_out},
-      {"fmod.Tensor", "specs/binary.yaml:86", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor_out, false, 1},
+      {"fmod.Tensor", "specs/binary.yaml:89", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor},
-      {"fmod_.Tensor", "specs/binary.yaml:86", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor, false, 1},
+      {"fmod_.Tensor", "specs/binary.yaml:89", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Tensor},
-      {"fmod.Tensor_out", "specs/binary.yaml:86", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Tensor, false, 1},
+      {"fmod.Tensor_out", "specs/binary.yaml:89", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor_out},
-      {"fmod.Scalar", "specs/binary.yaml:91", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor_out, false, 1},
+      {"fmod.Scalar", "specs/binary.yaml:95", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar},
-      {"fmod_.Scalar", "specs/binary.yaml:91", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar, false, 1},
+      {"fmod_.Scalar", "specs/binary.yaml:95", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Scalar},
-      {"fmod.Scalar_out", "specs/binary.yaml:91", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Scalar, false, 1},
+      {"fmod.Scalar_out", "specs/binary.yaml:95", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar_out},
-      {"floor_divide", "specs/binary.yaml:95", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar_out, false, 1},
+      {"floor_divide", "specs/binary.yaml:100", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide},
-      {"floor_divide_.Tensor", "specs/binary.yaml:95", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide, false, 1},
+      {"floor_divide_.Tensor", "specs/binary.yaml:100", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Tensor},
-      {"floor_divide.out", "specs/binary.yaml:95", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Tensor, false, 1},
+      {"floor_divide.out", "specs/binary.yaml:100", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__out},
-      {"floor_divide.Scalar", "specs/binary.yaml:100", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__out, false, 1},
+      {"floor_divide.Scalar", "specs/binary.yaml:106", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar},
-      {"floor_divide_.Scalar", "specs/binary.yaml:100", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar, false, 1},
+      {"floor_divide_.Scalar", "specs/binary.yaml:106", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Scalar},
-      {"floor_divide.Scalar_out", "specs/binary.yaml:100", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Scalar, false, 1},
+      {"floor_divide.Scalar_out", "specs/binary.yaml:106", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar_out},
-      {"div.Tensor_mode", "specs/binary.yaml:105", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar_out, false, 1},
+      {"div.Tensor_mode", "specs/binary.yaml:112", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor_mode},
-      {"div_.Tensor_mode", "specs/binary.yaml:105", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor_mode, false, 1},
+      {"div_.Tensor_mode", "specs/binary.yaml:112", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor_mode},
-      {"div.out_mode", "specs/binary.yaml:105", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor_mode, false, 1},
+      {"div.out_mode", "specs/binary.yaml:112", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__out_mode},
-      {"div.Scalar_mode", "specs/binary.yaml:111", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__out_mode, false, 1},
+      {"div.Scalar_mode", "specs/binary.yaml:119", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode},
-      {"div_.Scalar_mode", "specs/binary.yaml:111", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode, false, 1},
+      {"div_.Scalar_mode", "specs/binary.yaml:119", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar_mode},
-      {"div.Scalar_mode_out", "specs/binary.yaml:111", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar_mode, false, 1},
+      {"div.Scalar_mode_out", "specs/binary.yaml:119", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode_out},
-      {"logical_and", "specs/binary.yaml:119", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode_out, false, 1},
+      {"logical_and", "specs/binary.yaml:128", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and},
-      {"logical_and_", "specs/binary.yaml:119", Variant::Inplace,
+      {"logical_and_", "specs/binary.yaml:128", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and_},
-      {"logical_and.out", "specs/binary.yaml:119", Variant::Out,
+      {"logical_and.out", "specs/binary.yaml:128", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and__out},
-      {"logical_or", "specs/binary.yaml:123", Variant::Functional,
+      {"logical_or", "specs/binary.yaml:132", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or},
-      {"logical_or_", "specs/binary.yaml:123", Variant::Inplace,
+      {"logical_or_", "specs/binary.yaml:132", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or_},
-      {"logical_or.out", "specs/binary.yaml:123", Variant::Out,
+      {"logical_or.out", "specs/binary.yaml:132", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or__out},
-      {"logical_xor", "specs/binary.yaml:127", Variant::Functional,
+      {"logical_xor", "specs/binary.yaml:136", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor},
-      {"logical_xor_", "specs/binary.yaml:127", Variant::Inplace,
+      {"logical_xor_", "specs/binary.yaml:136", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor_},
-      {"logical_xor.out", "specs/binary.yaml:127", Variant::Out,
+      {"logical_xor.out", "specs/binary.yaml:136", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor__out},
-      {"bitwise_and.Tensor", "specs/binary.yaml:131", Variant::Functional,
+      {"bitwise_and.Tensor", "specs/binary.yaml:140", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor},
-      {"bitwise_and_.Tensor", "specs/binary.yaml:131", Variant::Inplace,
+      {"bitwise_and_.Tensor", "specs/binary.yaml:140", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Tensor},
-      {"bitwise_and.Tensor_out", "specs/binary.yaml:131", Variant::Out,
+      {"bitwise_and.Tensor_out", "specs/binary.yaml:140", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor_out},
-      {"bitwise_and.Scalar", "specs/binary.yaml:136", Variant::Functional,
+      {"bitwise_and.Scalar", "specs/binary.yaml:145", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar},
-      {"bitwise_and_.Scalar", "specs/binary.yaml:136", Variant::Inplace,
+      {"bitwise_and_.Scalar", "specs/binary.yaml:145", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Scalar},
-      {"bitwise_and.Scalar_out", "specs/binary.yaml:136", Variant::Out,
+      {"bitwise_and.Scalar_out", "specs/binary.yaml:145", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_out},
-      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:140", Variant::Functional,
+      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:149", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor},
-      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:140", Variant::Out,
+      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:149", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor_out},
-      {"bitwise_or.Tensor", "specs/binary.yaml:144", Variant::Functional,
+      {"bitwise_or.Tensor", "specs/binary.yaml:153", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor},
-      {"bitwise_or_.Tensor", "specs/binary.yaml:144", Variant::Inplace,
+      {"bitwise_or_.Tensor", "specs/binary.yaml:153", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Tensor},
-      {"bitwise_or.Tensor_out", "specs/binary.yaml:144", Variant::Out,
+      {"bitwise_or.Tensor_out", "specs/binary.yaml:153", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor_out},
-      {"bitwise_or.Scalar", "specs/binary.yaml:149", Variant::Functional,
+      {"bitwise_or.Scalar", "specs/binary.yaml:158", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar},
-      {"bitwise_or_.Scalar", "specs/binary.yaml:149", Variant::Inplace,
+      {"bitwise_or_.Scalar", "specs/binary.yaml:158", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Scalar},
-      {"bitwise_or.Scalar_out", "specs/binary.yaml:149", Variant::Out,
+      {"bitwise_or.Scalar_out", "specs/binary.yaml:158", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_out},
-      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:153", Variant::Functional,
+      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:162", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor},
-      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:153", Variant::Out,
+      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:162", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor_out},
-      {"bitwise_xor.Tensor", "specs/binary.yaml:157", Variant::Functional,
+      {"bitwise_xor.Tensor", "specs/binary.yaml:166", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor},
-      {"bitwise_xor_.Tensor", "specs/binary.yaml:157", Variant::Inplace,
+      {"bitwise_xor_.Tensor", "specs/binary.yaml:166", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Tensor},
-      {"bitwise_xor.Tensor_out", "specs/binary.yaml:157", Variant::Out,
+      {"bitwise_xor.Tensor_out", "specs/binary.yaml:166", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor_out},
-      {"bitwise_xor.Scalar", "specs/binary.yaml:162", Variant::Functional,
+      {"bitwise_xor.Scalar", "specs/binary.yaml:171", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar},
-      {"bitwise_xor_.Scalar", "specs/binary.yaml:162", Variant::Inplace,
+      {"bitwise_xor_.Scalar", "specs/binary.yaml:171", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Scalar},
-      {"bitwise_xor.Scalar_out", "specs/binary.yaml:162", Variant::Out,
+      {"bitwise_xor.Scalar_out", "specs/binary.yaml:171", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_out},
-      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:166", Variant::Functional,
+      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:175", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor},
-      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:166", Variant::Out,
+      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:175", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor_out},
-      {"masked_fill.Scalar", "specs/binary.yaml:172", Variant::Functional,
+      {"bitwise_left_shift.Tensor", "specs/binary.yaml:180", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor},
+      {"bitwise_left_shift_.Tensor", "specs/binary.yaml:180", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor},
+      {"bitwise_left_shift.Tensor_out", "specs/binary.yaml:180", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_out},
+      {"bitwise_left_shift.Tensor_Scalar", "specs/binary.yaml:185", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar},
+      {"bitwise_left_shift_.Tensor_Scalar", "specs/binary.yaml:185", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor_Scalar},
+      {"bitwise_left_shift.Tensor_Scalar_out", "specs/binary.yaml:185", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar_out},
+      {"bitwise_left_shift.Scalar_Tensor", "specs/binary.yaml:189", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor},
+      {"bitwise_left_shift.Scalar_Tensor_out", "specs/binary.yaml:189", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor_out},
+      {"bitwise_right_shift.Tensor", "specs/binary.yaml:193", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor},
+      {"bitwise_right_shift_.Tensor", "specs/binary.yaml:193", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor},
+      {"bitwise_right_shift.Tensor_out", "specs/binary.yaml:193", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_out},
+      {"bitwise_right_shift.Tensor_Scalar", "specs/binary.yaml:198", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar},
+      {"bitwise_right_shift_.Tensor_Scalar", "specs/binary.yaml:198", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor_Scalar},
+      {"bitwise_right_shift.Tensor_Scalar_out", "specs/binary.yaml:198", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar_out},
+      {"bitwise_right_shift.Scalar_Tensor", "specs/binary.yaml:202", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor},
+      {"bitwise_right_shift.Scalar_Tensor_out", "specs/binary.yaml:202", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor_out},
+      {"masked_fill.Scalar", "specs/binary.yaml:208", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar},
-      {"masked_fill_.Scalar", "specs/binary.yaml:172", Variant::Inplace,
+      {"masked_fill_.Scalar", "specs/binary.yaml:208", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Scalar},
-      {"masked_fill.Scalar_out", "specs/binary.yaml:172", Variant::Out,
+      {"masked_fill.Scalar_out", "specs/binary.yaml:208", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar_out},
-      {"masked_fill.Tensor", "specs/binary.yaml:178", Variant::Functional,
+      {"masked_fill.Tensor", "specs/binary.yaml:214", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor},
-      {"masked_fill_.Tensor", "specs/binary.yaml:178", Variant::Inplace,
+      {"masked_fill_.Tensor", "specs/binary.yaml:214", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Tensor},
-      {"masked_fill.Tensor_out", "specs/binary.yaml:178", Variant::Out,
+      {"masked_fill.Tensor_out", "specs/binary.yaml:214", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor_out},
-      {"lerp.Scalar", "specs/binary.yaml:185", Variant::Functional,
+      {"lerp.Scalar", "specs/binary.yaml:221", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar},
-      {"lerp_.Scalar", "specs/binary.yaml:185", Variant::Inplace,
+      {"lerp_.Scalar", "specs/binary.yaml:221", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Scalar},
-      {"lerp.Scalar_out", "specs/binary.yaml:185", Variant::Out,
+      {"lerp.Scalar_out", "specs/binary.yaml:221", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar_out},
-      {"lerp.Tensor", "specs/binary.yaml:190", Variant::Functional,
+      {"lerp.Tensor", "specs/binary.yaml:226", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor},
-      {"lerp_.Tensor", "specs/binary.yaml:190", Variant::Inplace,
+      {"lerp_.Tensor", "specs/binary.yaml:226", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Tensor},
-      {"lerp.Tensor_out", "specs/binary.yaml:190", Variant::Out,
+      {"lerp.Tensor_out", "specs/binary.yaml:226", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor_out},
-      {"addcmul", "specs/binary.yaml:194", Variant::Functional,
+      {"addcmul", "specs/binary.yaml:230", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul},
-      {"addcmul_", "specs/binary.yaml:194", Variant::Inplace,
+      {"addcmul_", "specs/binary.yaml:230", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul_},
-      {"addcmul.out", "specs/binary.yaml:194", Variant::Out,
+      {"addcmul.out", "specs/binary.yaml:230", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul__out},
-      {"addcdiv", "specs/binary.yaml:199", Variant::Functional,
+      {"addcdiv", "specs/binary.yaml:235", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv},
-      {"addcdiv_", "specs/binary.yaml:199", Variant::Inplace,
+      {"addcdiv_", "specs/binary.yaml:235", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv_},
-      {"addcdiv.out", "specs/binary.yaml:199", Variant::Out,
+      {"addcdiv.out", "specs/binary.yaml:235", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv__out},
-      {"atan2", "specs/binary.yaml:206", Variant::Functional,
+      {"atan2", "specs/binary.yaml:242", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2},
-      {"atan2_", "specs/binary.yaml:206", Variant::Inplace,
+      {"atan2_", "specs/binary.yaml:242", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2_},
-      {"atan2.out", "specs/binary.yaml:206", Variant::Out,
+      {"atan2.out", "specs/binary.yaml:242", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2__out},
-      {"hypot", "specs/binary.yaml:212", Variant::Functional,
+      {"hypot", "specs/binary.yaml:248", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot},
-      {"hypot_", "specs/binary.yaml:212", Variant::Inplace,
+      {"hypot_", "specs/binary.yaml:248", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot_},
-      {"hypot.out", "specs/binary.yaml:212", Variant::Out,
+      {"hypot.out", "specs/binary.yaml:248", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot__out},
-      {"copysign.Tensor", "specs/binary.yaml:217", Variant::Functional,
+      {"copysign.Tensor", "specs/binary.yaml:253", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Tensor},
-      {"copysign_.Tensor", "specs/binary.yaml:217", Variant::Inplace,
+      {"copysign_.Tensor", "specs/binary.yaml:253", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Tensor},
-      {"copysign.out", "specs/binary.yaml:217", Variant::Out,
+      {"copysign.out", "specs/binary.yaml:253", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__out},
-      {"copysign.Scalar", "specs/binary.yaml:223", Variant::Functional,
+      {"copysign.Scalar", "specs/binary.yaml:259", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar},
-      {"copysign_.Scalar", "specs/binary.yaml:223", Variant::Inplace,
+      {"copysign_.Scalar", "specs/binary.yaml:259", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Scalar},
-      {"copysign.Scalar_out", "specs/binary.yaml:223", Variant::Out,
+      {"copysign.Scalar_out", "specs/binary.yaml:259", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar_out},
-      {"xlogy.Tensor", "specs/binary.yaml:228", Variant::Functional,
+      {"xlogy.Tensor", "specs/binary.yaml:264", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Tensor},
-      {"xlogy_.Tensor", "specs/binary.yaml:228", Variant::Inplace,
+      {"xlogy_.Tensor", "specs/binary.yaml:264", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Tensor},
-      {"xlogy.OutTensor", "specs/binary.yaml:228", Variant::Out,
+      {"xlogy.OutTensor", "specs/binary.yaml:264", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutTensor},
-      {"xlogy.Scalar_Self", "specs/binary.yaml:234", Variant::Functional,
+      {"xlogy.Scalar_Self", "specs/binary.yaml:270", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Self},
-      {"xlogy.OutScalar_Self", "specs/binary.yaml:234", Variant::Out,
+      {"xlogy.OutScalar_Self", "specs/binary.yaml:270", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Self},
-      {"xlogy.Scalar_Other", "specs/binary.yaml:239", Variant::Functional,
+      {"xlogy.Scalar_Other", "specs/binary.yaml:275", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Other},
-      {"xlogy_.Scalar_Other", "specs/binary.yaml:239", Variant::Inplace,
+      {"xlogy_.Scalar_Other", "specs/binary.yaml:275", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Scalar_Other},
-      {"xlogy.OutScalar_Other", "specs/binary.yaml:239", Variant::Out,
+      {"xlogy.OutScalar_Other", "specs/binary.yaml:275", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
@@ -3550,6 +3739,26 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye__m_out},
+      {"tril_indices", "specs/creation.yaml:36", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril_indices},
+      {"tril_indices.out", "specs/creation.yaml:36", Variant::Out,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {3},
+       {3}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril_indices__out},
+      {"triu_indices", "specs/creation.yaml:41", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu_indices},
+      {"triu_indices.out", "specs/creation.yaml:41", Variant::Out,
+       {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {3},
+       {3}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu_indices__out},
       {"add.Tensor", "specs/elementwise.yaml:4", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
@@ -4050,127 +4259,162 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar_out},
-      {"_embedding_bag", "specs/indexing.yaml:138", Variant::Functional,
+      {"nonzero_static", "specs/indexing.yaml:134", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"int64"}, &emit_nonzero_static},
+      {"nonzero_static.out", "specs/indexing.yaml:134", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {3},
+       {3}, false, false,
+       {"int64"}, &emit_nonzero_static__out},
+      {"searchsorted.Tensor", "specs/indexing.yaml:142", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Tensor},
+      {"searchsorted.Scalar", "specs/indexing.yaml:149", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Scalar},
+      {"bucketize.Tensor", "specs/indexing.yaml:155", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Tensor},
+      {"histc", "specs/indexing.yaml:162", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 2, 3}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_histc},
+      {"histc.out", "specs/indexing.yaml:162", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 2, 3}, Compute::Common, {4},
+       {4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_histc__out},
+      {"_embedding_bag", "specs/indexing.yaml:172", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag},
-      {"_embedding_bag_forward_only", "specs/indexing.yaml:145", Variant::Functional,
+      {"_embedding_bag_forward_only", "specs/indexing.yaml:179", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_forward_only},
-      {"_embedding_bag_backward", "specs/indexing.yaml:152", Variant::Functional,
+      {"_embedding_bag_backward", "specs/indexing.yaml:186", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 10}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_backward},
-      {"_embedding_bag_dense_backward", "specs/indexing.yaml:158", Variant::Functional,
+      {"_embedding_bag_dense_backward", "specs/indexing.yaml:192", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 8}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_dense_backward},
-      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:164", Variant::Functional,
+      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:198", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward},
-      {"index_add", "specs/indexing.yaml:172", Variant::Functional,
+      {"index_add", "specs/indexing.yaml:206", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add},
-      {"index_add_", "specs/indexing.yaml:172", Variant::Inplace,
+      {"index_add_", "specs/indexing.yaml:206", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add_},
-      {"index_add.out", "specs/indexing.yaml:172", Variant::Out,
+      {"index_add.out", "specs/indexing.yaml:206", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3, 4}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add__out},
-      {"index_copy", "specs/indexing.yaml:178", Variant::Functional,
+      {"index_copy", "specs/indexing.yaml:212", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy},
-      {"index_copy_", "specs/indexing.yaml:178", Variant::Inplace,
+      {"index_copy_", "specs/indexing.yaml:212", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy_},
-      {"index_copy.out", "specs/indexing.yaml:178", Variant::Out,
+      {"index_copy.out", "specs/indexing.yaml:212", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out},
-      {"index_fill.int_Scalar", "specs/indexing.yaml:184", Variant::Functional,
+      {"index_fill.int_Scalar", "specs/indexing.yaml:218", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar},
-      {"index_fill_.int_Scalar", "specs/indexing.yaml:184", Variant::Inplace,
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:218", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar},
-      {"index_fill.int_Scalar_out", "specs/indexing.yaml:184", Variant::Out,
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:218", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out},
-      {"index_fill.int_Tensor", "specs/indexing.yaml:190", Variant::Functional,
+      {"index_fill.int_Tensor", "specs/indexing.yaml:224", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor},
-      {"index_fill_.int_Tensor", "specs/indexing.yaml:190", Variant::Inplace,
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:224", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor},
-      {"index_fill.int_Tensor_out", "specs/indexing.yaml:190", Variant::Out,
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:224", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out},
-      {"index_reduce", "specs/indexing.yaml:196", Variant::Functional,
+      {"index_reduce", "specs/indexing.yaml:230", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce},
-      {"index_reduce_", "specs/indexing.yaml:196", Variant::Inplace,
+      {"index_reduce_", "specs/indexing.yaml:230", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_},
-      {"index_reduce.out", "specs/indexing.yaml:196", Variant::Out,
+      {"index_reduce.out", "specs/indexing.yaml:230", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out},
-      {"take", "specs/indexing.yaml:203", Variant::Functional,
+      {"take", "specs/indexing.yaml:237", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take},
-      {"take.out", "specs/indexing.yaml:203", Variant::Out,
+      {"take.out", "specs/indexing.yaml:237", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out},
-      {"put", "specs/indexing.yaml:208", Variant::Functional,
+      {"put", "specs/indexing.yaml:242", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put},
-      {"put_", "specs/indexing.yaml:208", Variant::Inplace,
+      {"put_", "specs/indexing.yaml:242", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_},
-      {"put.out", "specs/indexing.yaml:208", Variant::Out,
+      {"put.out", "specs/indexing.yaml:242", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
@@ -4500,252 +4744,272 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward__grad_input},
-      {"mse_loss", "specs/nn.yaml:102", Variant::Functional,
+      {"_cdist_forward", "specs/nn.yaml:103", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__cdist_forward},
+      {"_cdist_backward", "specs/nn.yaml:109", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2, 4}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__cdist_backward},
+      {"_pdist_forward", "specs/nn.yaml:114", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__pdist_forward},
+      {"_pdist_backward", "specs/nn.yaml:120", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 3}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__pdist_backward},
+      {"mse_loss", "specs/nn.yaml:125", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss},
-      {"mse_loss.out", "specs/nn.yaml:102", Variant::Out,
+      {"mse_loss.out", "specs/nn.yaml:125", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss__out},
-      {"mse_loss_backward", "specs/nn.yaml:107", Variant::Functional,
+      {"mse_loss_backward", "specs/nn.yaml:130", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward},
-      {"mse_loss_backward.grad_input", "specs/nn.yaml:107", Variant::Out,
+      {"mse_loss_backward.grad_input", "specs/nn.yaml:130", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward__grad_input},
-      {"native_dropout", "specs/nn.yaml:114", Variant::Functional,
+      {"native_dropout", "specs/nn.yaml:137", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, true,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_dropout},
-      {"native_dropout_backward", "specs/nn.yaml:121", Variant::Functional,
+      {"native_dropout_backward", "specs/nn.yaml:144", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_dropout_backward},
-      {"log_sigmoid_forward", "specs/nn.yaml:129", Variant::Functional,
+      {"log_sigmoid_forward", "specs/nn.yaml:152", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_forward},
-      {"log_sigmoid_backward", "specs/nn.yaml:136", Variant::Functional,
+      {"log_sigmoid_backward", "specs/nn.yaml:159", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward},
-      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:136", Variant::Out,
+      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:159", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward__grad_input},
-      {"smooth_l1_loss", "specs/nn.yaml:142", Variant::Functional,
+      {"smooth_l1_loss", "specs/nn.yaml:165", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss},
-      {"smooth_l1_loss.out", "specs/nn.yaml:142", Variant::Out,
+      {"smooth_l1_loss.out", "specs/nn.yaml:165", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss__out},
-      {"smooth_l1_loss_backward", "specs/nn.yaml:150", Variant::Functional,
+      {"smooth_l1_loss_backward", "specs/nn.yaml:173", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward},
-      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:150", Variant::Out,
+      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:173", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward__grad_input},
-      {"huber_loss", "specs/nn.yaml:158", Variant::Functional,
+      {"huber_loss", "specs/nn.yaml:181", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss},
-      {"huber_loss.out", "specs/nn.yaml:158", Variant::Out,
+      {"huber_loss.out", "specs/nn.yaml:181", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss__out},
-      {"huber_loss_backward", "specs/nn.yaml:166", Variant::Functional,
+      {"huber_loss_backward", "specs/nn.yaml:189", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward},
-      {"huber_loss_backward.out", "specs/nn.yaml:166", Variant::Out,
+      {"huber_loss_backward.out", "specs/nn.yaml:189", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward__out},
-      {"binary_cross_entropy", "specs/nn.yaml:175", Variant::Functional,
+      {"binary_cross_entropy", "specs/nn.yaml:198", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy},
-      {"binary_cross_entropy.out", "specs/nn.yaml:175", Variant::Out,
+      {"binary_cross_entropy.out", "specs/nn.yaml:198", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy__out},
-      {"binary_cross_entropy_backward", "specs/nn.yaml:182", Variant::Functional,
+      {"binary_cross_entropy_backward", "specs/nn.yaml:205", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward},
-      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:182", Variant::Out,
+      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:205", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward__grad_input},
-      {"hardswish", "specs/nn.yaml:189", Variant::Functional,
+      {"hardswish", "specs/nn.yaml:212", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish},
-      {"hardswish_", "specs/nn.yaml:189", Variant::Inplace,
+      {"hardswish_", "specs/nn.yaml:212", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_},
-      {"hardswish.out", "specs/nn.yaml:189", Variant::Out,
+      {"hardswish.out", "specs/nn.yaml:212", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish__out},
-      {"hardswish_backward", "specs/nn.yaml:194", Variant::Functional,
+      {"hardswish_backward", "specs/nn.yaml:217", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward},
-      {"hardswish_backward.out", "specs/nn.yaml:194", Variant::Out,
+      {"hardswish_backward.out", "specs/nn.yaml:217", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward__out},
-      {"mish", "specs/nn.yaml:198", Variant::Functional,
+      {"mish", "specs/nn.yaml:221", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish},
-      {"mish_", "specs/nn.yaml:198", Variant::Inplace,
+      {"mish_", "specs/nn.yaml:221", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish_},
-      {"mish.out", "specs/nn.yaml:198", Variant::Out,
+      {"mish.out", "specs/nn.yaml:221", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish__out},
-      {"mish_backward", "specs/nn.yaml:204", Variant::Functional,
+      {"mish_backward", "specs/nn.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish_backward},
-      {"glu", "specs/nn.yaml:210", Variant::Functional,
+      {"glu", "specs/nn.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu},
-      {"glu.out", "specs/nn.yaml:210", Variant::Out,
+      {"glu.out", "specs/nn.yaml:233", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu__out},
-      {"glu_backward", "specs/nn.yaml:215", Variant::Functional,
+      {"glu_backward", "specs/nn.yaml:238", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward},
-      {"glu_backward.grad_input", "specs/nn.yaml:215", Variant::Out,
+      {"glu_backward.grad_input", "specs/nn.yaml:238", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward__grad_input},
-      {"_prelu_kernel", "specs/nn.yaml:221", Variant::Functional,
+      {"_prelu_kernel", "specs/nn.yaml:244", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel},
-      {"_prelu_kernel_backward", "specs/nn.yaml:226", Variant::Functional,
+      {"_prelu_kernel_backward", "specs/nn.yaml:249", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel_backward},
-      {"channel_shuffle", "specs/nn.yaml:230", Variant::Functional,
+      {"channel_shuffle", "specs/nn.yaml:253", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle},
-      {"channel_shuffle.out", "specs/nn.yaml:230", Variant::Out,
+      {"channel_shuffle.out", "specs/nn.yaml:253", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle__out},
-      {"rrelu_with_noise_functional", "specs/nn.yaml:236", Variant::Functional,
+      {"rrelu_with_noise_functional", "specs/nn.yaml:259", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_functional},
-      {"rrelu_with_noise", "specs/nn.yaml:236", Variant::Inplace,
+      {"rrelu_with_noise", "specs/nn.yaml:259", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {1},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise},
-      {"rrelu_with_noise_backward", "specs/nn.yaml:244", Variant::Functional,
+      {"rrelu_with_noise_backward", "specs/nn.yaml:267", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward},
-      {"rrelu_with_noise_backward.out", "specs/nn.yaml:244", Variant::Out,
+      {"rrelu_with_noise_backward.out", "specs/nn.yaml:267", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward__out},
-      {"multi_margin_loss", "specs/nn.yaml:249", Variant::Functional,
+      {"multi_margin_loss", "specs/nn.yaml:272", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss},
-      {"multi_margin_loss.out", "specs/nn.yaml:249", Variant::Out,
+      {"multi_margin_loss.out", "specs/nn.yaml:272", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 4}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss__out},
-      {"multi_margin_loss_backward", "specs/nn.yaml:256", Variant::Functional,
+      {"multi_margin_loss_backward", "specs/nn.yaml:279", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 5}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward},
-      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:256", Variant::Out,
+      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:279", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 5}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward__grad_input},
-      {"multilabel_margin_loss_forward", "specs/nn.yaml:262", Variant::Functional,
+      {"multilabel_margin_loss_forward", "specs/nn.yaml:285", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward},
-      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:262", Variant::Out,
+      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:285", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward__output},
-      {"multilabel_margin_loss_backward", "specs/nn.yaml:268", Variant::Functional,
+      {"multilabel_margin_loss_backward", "specs/nn.yaml:291", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_backward},
-      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:268", Variant::Out,
+      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:291", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
@@ -4775,27 +5039,27 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {3, 4},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_batch_norm},
-      {"_native_batch_norm_legit_functional", "specs/normalization.yaml:52", Variant::Functional,
+      {"_native_batch_norm_legit_functional", "specs/normalization.yaml:54", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {},
        {-1, -1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit_functional},
-      {"_native_batch_norm_legit.out", "specs/normalization.yaml:52", Variant::Out,
+      {"_native_batch_norm_legit.out", "specs/normalization.yaml:54", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {8, 9, 10, 3, 4},
        {8, 9, 10}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit__out},
-      {"_native_batch_norm_legit", "specs/normalization.yaml:52", Variant::Inplace,
+      {"_native_batch_norm_legit", "specs/normalization.yaml:54", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {3, 4},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit},
-      {"_native_batch_norm_legit_no_training", "specs/normalization.yaml:68", Variant::Functional,
+      {"_native_batch_norm_legit_no_training", "specs/normalization.yaml:72", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 5, 6}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit_no_training},
-      {"native_batch_norm_backward", "specs/normalization.yaml:79", Variant::Functional,
+      {"native_batch_norm_backward", "specs/normalization.yaml:83", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Attr},
        {0, 1, 2, 3, 4, 5, 6, 8}, Compute::Common, {},
        {-1, -1, -1}, false, false,
@@ -5855,292 +6119,352 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward__grad_input},
-      {"avg_pool2d", "specs/pooling.yaml:33", Variant::Functional,
+      {"max_unpool2d", "specs/pooling.yaml:34", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool2d},
+      {"max_unpool2d.out", "specs/pooling.yaml:34", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {3},
+       {3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool2d__out},
+      {"max_unpool3d", "specs/pooling.yaml:40", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool3d},
+      {"max_unpool3d.out", "specs/pooling.yaml:40", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool3d__out},
+      {"im2col", "specs/pooling.yaml:48", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_im2col},
+      {"im2col.out", "specs/pooling.yaml:48", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_im2col__out},
+      {"col2im", "specs/pooling.yaml:53", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_col2im},
+      {"col2im.out", "specs/pooling.yaml:53", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_col2im__out},
+      {"avg_pool2d", "specs/pooling.yaml:59", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d},
-      {"avg_pool2d.out", "specs/pooling.yaml:33", Variant::Out,
+      {"avg_pool2d.out", "specs/pooling.yaml:59", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d__out},
-      {"avg_pool2d_backward", "specs/pooling.yaml:38", Variant::Functional,
+      {"avg_pool2d_backward", "specs/pooling.yaml:64", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward},
-      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:38", Variant::Out,
+      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:64", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward__grad_input},
-      {"avg_pool3d", "specs/pooling.yaml:43", Variant::Functional,
+      {"avg_pool3d", "specs/pooling.yaml:69", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d},
-      {"avg_pool3d.out", "specs/pooling.yaml:43", Variant::Out,
+      {"avg_pool3d.out", "specs/pooling.yaml:69", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d__out},
-      {"avg_pool3d_backward", "specs/pooling.yaml:48", Variant::Functional,
+      {"avg_pool3d_backward", "specs/pooling.yaml:74", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward},
-      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:48", Variant::Out,
+      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:74", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward__grad_input},
-      {"_adaptive_avg_pool2d", "specs/pooling.yaml:52", Variant::Functional,
+      {"_adaptive_avg_pool2d", "specs/pooling.yaml:78", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d},
-      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:52", Variant::Out,
+      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:78", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d__out},
-      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:57", Variant::Functional,
+      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:83", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward},
-      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:57", Variant::Out,
+      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:83", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward__out},
-      {"_adaptive_avg_pool3d", "specs/pooling.yaml:64", Variant::Functional,
+      {"_adaptive_avg_pool3d", "specs/pooling.yaml:90", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d},
-      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:64", Variant::Out,
+      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:90", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d__out},
-      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:69", Variant::Functional,
+      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:95", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward},
-      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:69", Variant::Out,
+      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:95", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward__out},
-      {"adaptive_max_pool2d", "specs/pooling.yaml:73", Variant::Functional,
+      {"adaptive_max_pool2d", "specs/pooling.yaml:99", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d},
-      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:79", Variant::Functional,
+      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:105", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward},
-      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:79", Variant::Out,
+      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:105", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward__grad_input},
-      {"adaptive_max_pool3d", "specs/pooling.yaml:85", Variant::Functional,
+      {"adaptive_max_pool3d", "specs/pooling.yaml:111", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d},
-      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:91", Variant::Functional,
+      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:117", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward},
-      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:91", Variant::Out,
+      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:117", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward__grad_input},
-      {"upsample_nearest1d", "specs/pooling.yaml:98", Variant::Functional,
+      {"upsample_nearest1d", "specs/pooling.yaml:124", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d},
-      {"upsample_nearest1d.out", "specs/pooling.yaml:98", Variant::Out,
+      {"upsample_nearest1d.out", "specs/pooling.yaml:124", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d__out},
-      {"upsample_nearest1d_backward", "specs/pooling.yaml:103", Variant::Functional,
+      {"upsample_nearest1d_backward", "specs/pooling.yaml:129", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward},
-      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:103", Variant::Out,
+      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:129", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward__grad_input},
-      {"upsample_nearest2d", "specs/pooling.yaml:107", Variant::Functional,
+      {"upsample_nearest2d", "specs/pooling.yaml:133", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d},
-      {"upsample_nearest2d.out", "specs/pooling.yaml:107", Variant::Out,
+      {"upsample_nearest2d.out", "specs/pooling.yaml:133", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d__out},
-      {"upsample_nearest2d_backward", "specs/pooling.yaml:112", Variant::Functional,
+      {"upsample_nearest2d_backward", "specs/pooling.yaml:138", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward},
-      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:112", Variant::Out,
+      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:138", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward__grad_input},
-      {"upsample_nearest3d", "specs/pooling.yaml:116", Variant::Functional,
+      {"upsample_nearest3d", "specs/pooling.yaml:142", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d},
-      {"upsample_nearest3d.out", "specs/pooling.yaml:116", Variant::Out,
+      {"upsample_nearest3d.out", "specs/pooling.yaml:142", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d__out},
-      {"upsample_nearest3d_backward", "specs/pooling.yaml:120", Variant::Functional,
+      {"upsample_nearest3d_backward", "specs/pooling.yaml:146", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward},
-      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:120", Variant::Out,
+      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:146", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward__grad_input},
-      {"_upsample_nearest_exact1d", "specs/pooling.yaml:124", Variant::Functional,
+      {"_upsample_nearest_exact1d", "specs/pooling.yaml:150", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d},
-      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:124", Variant::Out,
+      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:150", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d__out},
-      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:129", Variant::Functional,
+      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:155", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward},
-      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:129", Variant::Out,
+      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:155", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward__grad_input},
-      {"_upsample_nearest_exact2d", "specs/pooling.yaml:133", Variant::Functional,
+      {"_upsample_nearest_exact2d", "specs/pooling.yaml:159", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d},
-      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:133", Variant::Out,
+      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:159", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d__out},
-      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:137", Variant::Functional,
+      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:163", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward},
-      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:137", Variant::Out,
+      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:163", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward__grad_input},
-      {"_upsample_nearest_exact3d", "specs/pooling.yaml:141", Variant::Functional,
+      {"_upsample_nearest_exact3d", "specs/pooling.yaml:167", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d},
-      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:141", Variant::Out,
+      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:167", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d__out},
-      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:145", Variant::Functional,
+      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:171", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward},
-      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:145", Variant::Out,
+      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:171", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward__grad_input},
-      {"upsample_linear1d", "specs/pooling.yaml:153", Variant::Functional,
+      {"upsample_linear1d", "specs/pooling.yaml:179", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d},
-      {"upsample_linear1d.out", "specs/pooling.yaml:153", Variant::Out,
+      {"upsample_linear1d.out", "specs/pooling.yaml:179", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d__out},
-      {"upsample_linear1d_backward", "specs/pooling.yaml:158", Variant::Functional,
+      {"upsample_linear1d_backward", "specs/pooling.yaml:184", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward},
-      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:158", Variant::Out,
+      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:184", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward__grad_input},
-      {"upsample_bilinear2d", "specs/pooling.yaml:162", Variant::Functional,
+      {"upsample_bilinear2d", "specs/pooling.yaml:188", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d},
-      {"upsample_bilinear2d.out", "specs/pooling.yaml:162", Variant::Out,
+      {"upsample_bilinear2d.out", "specs/pooling.yaml:188", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d__out},
-      {"upsample_bilinear2d_backward", "specs/pooling.yaml:167", Variant::Functional,
+      {"upsample_bilinear2d_backward", "specs/pooling.yaml:193", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward},
-      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:167", Variant::Out,
+      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:193", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward__grad_input},
-      {"upsample_trilinear3d", "specs/pooling.yaml:172", Variant::Functional,
+      {"upsample_bicubic2d", "specs/pooling.yaml:199", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_upsample_bicubic2d},
+      {"upsample_bicubic2d.out", "specs/pooling.yaml:199", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"float32", "float64"}, &emit_upsample_bicubic2d__out},
+      {"upsample_bicubic2d_backward", "specs/pooling.yaml:204", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_upsample_bicubic2d_backward},
+      {"upsample_bicubic2d_backward.grad_input", "specs/pooling.yaml:204", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"float32", "float64"}, &emit_upsample_bicubic2d_backward__grad_input},
+      {"upsample_trilinear3d", "specs/pooling.yaml:208", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d},
-      {"upsample_trilinear3d.out", "specs/pooling.yaml:172", Variant::Out,
+      {"upsample_trilinear3d.out", "specs/pooling.yaml:208", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d__out},
-      {"upsample_trilinear3d_backward", "specs/pooling.yaml:177", Variant::Functional,
+      {"upsample_trilinear3d_backward", "specs/pooling.yaml:213", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward},
-      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:177", Variant::Out,
+      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:213", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,

@@ -30,8 +30,10 @@
 #include <ATen/ops/atanh_meta_dispatch.h>
 #include <ATen/ops/baddbmm_meta_dispatch.h>
 #include <ATen/ops/bitwise_and_meta_dispatch.h>
+#include <ATen/ops/bitwise_left_shift_meta_dispatch.h>
 #include <ATen/ops/bitwise_not_meta_dispatch.h>
 #include <ATen/ops/bitwise_or_meta_dispatch.h>
+#include <ATen/ops/bitwise_right_shift_meta_dispatch.h>
 #include <ATen/ops/bitwise_xor_meta_dispatch.h>
 #include <ATen/ops/bmm_meta_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
@@ -577,6 +579,46 @@ void meta_emit_bitwise_xor___Tensor(torch::jit::Stack& s) {
 void meta_emit_bitwise_xor__Tensor_out(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::bitwise_xor_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_left_shift__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::bitwise_left_shift(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_left_shift___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::bitwise_left_shift_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_left_shift__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::bitwise_left_shift_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_right_shift__Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::bitwise_right_shift(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_right_shift___Tensor(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::bitwise_right_shift_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_bitwise_right_shift__Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::bitwise_right_shift_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -3648,6 +3690,22 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // bitwise_xor.Scalar_out
       nullptr,  // bitwise_xor.Scalar_Tensor
       nullptr,  // bitwise_xor.Scalar_Tensor_out
+      &meta_emit_bitwise_left_shift__Tensor,  // bitwise_left_shift.Tensor
+      &meta_emit_bitwise_left_shift___Tensor,  // bitwise_left_shift_.Tensor
+      &meta_emit_bitwise_left_shift__Tensor_out,  // bitwise_left_shift.Tensor_out
+      nullptr,  // bitwise_left_shift.Tensor_Scalar
+      nullptr,  // bitwise_left_shift_.Tensor_Scalar
+      nullptr,  // bitwise_left_shift.Tensor_Scalar_out
+      nullptr,  // bitwise_left_shift.Scalar_Tensor
+      nullptr,  // bitwise_left_shift.Scalar_Tensor_out
+      &meta_emit_bitwise_right_shift__Tensor,  // bitwise_right_shift.Tensor
+      &meta_emit_bitwise_right_shift___Tensor,  // bitwise_right_shift_.Tensor
+      &meta_emit_bitwise_right_shift__Tensor_out,  // bitwise_right_shift.Tensor_out
+      nullptr,  // bitwise_right_shift.Tensor_Scalar
+      nullptr,  // bitwise_right_shift_.Tensor_Scalar
+      nullptr,  // bitwise_right_shift.Tensor_Scalar_out
+      nullptr,  // bitwise_right_shift.Scalar_Tensor
+      nullptr,  // bitwise_right_shift.Scalar_Tensor_out
       nullptr,  // masked_fill.Scalar
       nullptr,  // masked_fill_.Scalar
       nullptr,  // masked_fill.Scalar_out
@@ -3696,6 +3754,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_eye__out,  // eye.out
       nullptr,  // eye.m
       &meta_emit_eye__m_out,  // eye.m_out
+      nullptr,  // tril_indices
+      nullptr,  // tril_indices.out
+      nullptr,  // triu_indices
+      nullptr,  // triu_indices.out
       &meta_emit_add__Tensor,  // add.Tensor
       &meta_emit_add___Tensor,  // add_.Tensor
       &meta_emit_add__out,  // add.out
@@ -3796,6 +3858,13 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_isin__Tensor_Tensor_out,  // isin.Tensor_Tensor_out
       &meta_emit_isin__Tensor_Scalar,  // isin.Tensor_Scalar
       &meta_emit_isin__Tensor_Scalar_out,  // isin.Tensor_Scalar_out
+      nullptr,  // nonzero_static
+      nullptr,  // nonzero_static.out
+      nullptr,  // searchsorted.Tensor
+      nullptr,  // searchsorted.Scalar
+      nullptr,  // bucketize.Tensor
+      nullptr,  // histc
+      nullptr,  // histc.out
       nullptr,  // _embedding_bag
       nullptr,  // _embedding_bag_forward_only
       nullptr,  // _embedding_bag_backward
@@ -3886,6 +3955,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_threshold__out,  // threshold.out
       &meta_emit_threshold_backward,  // threshold_backward
       &meta_emit_threshold_backward__grad_input,  // threshold_backward.grad_input
+      nullptr,  // _cdist_forward
+      nullptr,  // _cdist_backward
+      nullptr,  // _pdist_forward
+      nullptr,  // _pdist_backward
       &meta_emit_mse_loss,  // mse_loss
       &meta_emit_mse_loss__out,  // mse_loss.out
       nullptr,  // mse_loss_backward
@@ -4157,6 +4230,14 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // max_pool3d_with_indices
       nullptr,  // max_pool3d_with_indices_backward
       nullptr,  // max_pool3d_with_indices_backward.grad_input
+      nullptr,  // max_unpool2d
+      nullptr,  // max_unpool2d.out
+      nullptr,  // max_unpool3d
+      nullptr,  // max_unpool3d.out
+      nullptr,  // im2col
+      nullptr,  // im2col.out
+      nullptr,  // col2im
+      nullptr,  // col2im.out
       nullptr,  // avg_pool2d
       nullptr,  // avg_pool2d.out
       nullptr,  // avg_pool2d_backward
@@ -4211,6 +4292,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // upsample_bilinear2d.out
       nullptr,  // upsample_bilinear2d_backward
       nullptr,  // upsample_bilinear2d_backward.grad_input
+      nullptr,  // upsample_bicubic2d
+      nullptr,  // upsample_bicubic2d.out
+      nullptr,  // upsample_bicubic2d_backward
+      nullptr,  // upsample_bicubic2d_backward.grad_input
       nullptr,  // upsample_trilinear3d
       nullptr,  // upsample_trilinear3d.out
       nullptr,  // upsample_trilinear3d_backward

@@ -390,7 +390,7 @@ def test_remainder_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_remainder_Scalar_Tensor(dtype):
-    # specs/binary.yaml:81
+    # specs/binary.yaml:83
     check_opinfo(
         "__rmod__",
         dtype,
@@ -402,7 +402,7 @@ def test_remainder_Scalar_Tensor(dtype):
 
 
 def test_remainder_Scalar_Tensor_compiled():
-    # specs/binary.yaml:81: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:83: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rmod__",
         overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
@@ -413,7 +413,7 @@ def test_remainder_Scalar_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_remainder_Scalar_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:81: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:83: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rmod__",
         dtype,
@@ -427,7 +427,7 @@ def test_remainder_Scalar_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_fmod_Tensor(dtype):
-    # specs/binary.yaml:86
+    # specs/binary.yaml:89
     check_opinfo(
         "fmod",
         dtype,
@@ -439,7 +439,7 @@ def test_fmod_Tensor(dtype):
 
 
 def test_fmod_Tensor_compiled():
-    # specs/binary.yaml:86: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:89: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fmod",
         overloads=["fmod.Tensor", "fmod_.Tensor", "fmod.Tensor_out"],
@@ -450,7 +450,7 @@ def test_fmod_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_floor_divide(dtype):
-    # specs/binary.yaml:95
+    # specs/binary.yaml:100
     check_opinfo(
         "floor_divide",
         dtype,
@@ -462,7 +462,7 @@ def test_floor_divide(dtype):
 
 
 def test_floor_divide_compiled():
-    # specs/binary.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:100: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "floor_divide",
         overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
@@ -473,7 +473,7 @@ def test_floor_divide_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Tensor_mode(dtype):
-    # specs/binary.yaml:105
+    # specs/binary.yaml:112
     check_opinfo(
         "div.floor_rounding",
         dtype,
@@ -485,7 +485,7 @@ def test_div_Tensor_mode(dtype):
 
 
 def test_div_Tensor_mode_compiled():
-    # specs/binary.yaml:105: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:112: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.floor_rounding",
         overloads=["div.Tensor_mode", "div_.Tensor_mode", "div.out_mode"],
@@ -496,7 +496,7 @@ def test_div_Tensor_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Scalar_mode(dtype):
-    # specs/binary.yaml:111
+    # specs/binary.yaml:119
     check_opinfo(
         "div.trunc_rounding",
         dtype,
@@ -508,7 +508,7 @@ def test_div_Scalar_mode(dtype):
 
 
 def test_div_Scalar_mode_compiled():
-    # specs/binary.yaml:111: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:119: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.trunc_rounding",
         overloads=["div.Scalar_mode", "div_.Scalar_mode", "div.Scalar_mode_out"],
@@ -519,7 +519,7 @@ def test_div_Scalar_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_and(dtype):
-    # specs/binary.yaml:119
+    # specs/binary.yaml:128
     check_opinfo(
         "logical_and",
         dtype,
@@ -531,7 +531,7 @@ def test_logical_and(dtype):
 
 
 def test_logical_and_compiled():
-    # specs/binary.yaml:119: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:128: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_and",
         overloads=["logical_and", "logical_and_", "logical_and.out"],
@@ -542,7 +542,7 @@ def test_logical_and_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_and_other_dtypes(dtype):
-    # specs/binary.yaml:119: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:128: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_and",
         dtype,
@@ -556,7 +556,7 @@ def test_logical_and_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_or(dtype):
-    # specs/binary.yaml:123
+    # specs/binary.yaml:132
     check_opinfo(
         "logical_or",
         dtype,
@@ -568,7 +568,7 @@ def test_logical_or(dtype):
 
 
 def test_logical_or_compiled():
-    # specs/binary.yaml:123: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:132: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_or",
         overloads=["logical_or", "logical_or_", "logical_or.out"],
@@ -579,7 +579,7 @@ def test_logical_or_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_or_other_dtypes(dtype):
-    # specs/binary.yaml:123: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:132: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_or",
         dtype,
@@ -593,7 +593,7 @@ def test_logical_or_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_xor(dtype):
-    # specs/binary.yaml:127
+    # specs/binary.yaml:136
     check_opinfo(
         "logical_xor",
         dtype,
@@ -605,7 +605,7 @@ def test_logical_xor(dtype):
 
 
 def test_logical_xor_compiled():
-    # specs/binary.yaml:127: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:136: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_xor",
         overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
@@ -616,7 +616,7 @@ def test_logical_xor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_xor_other_dtypes(dtype):
-    # specs/binary.yaml:127: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:136: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_xor",
         dtype,
@@ -630,7 +630,7 @@ def test_logical_xor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_and_Tensor(dtype):
-    # specs/binary.yaml:131
+    # specs/binary.yaml:140
     check_opinfo(
         "bitwise_and",
         dtype,
@@ -642,7 +642,7 @@ def test_bitwise_and_Tensor(dtype):
 
 
 def test_bitwise_and_Tensor_compiled():
-    # specs/binary.yaml:131: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:140: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_and",
         overloads=["bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"],
@@ -653,7 +653,7 @@ def test_bitwise_and_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_or_Tensor(dtype):
-    # specs/binary.yaml:144
+    # specs/binary.yaml:153
     check_opinfo(
         "bitwise_or",
         dtype,
@@ -665,7 +665,7 @@ def test_bitwise_or_Tensor(dtype):
 
 
 def test_bitwise_or_Tensor_compiled():
-    # specs/binary.yaml:144: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:153: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_or",
         overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
@@ -676,7 +676,7 @@ def test_bitwise_or_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_xor_Tensor(dtype):
-    # specs/binary.yaml:157
+    # specs/binary.yaml:166
     check_opinfo(
         "bitwise_xor",
         dtype,
@@ -688,7 +688,7 @@ def test_bitwise_xor_Tensor(dtype):
 
 
 def test_bitwise_xor_Tensor_compiled():
-    # specs/binary.yaml:157: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:166: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_xor",
         overloads=["bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"],
@@ -697,9 +697,55 @@ def test_bitwise_xor_Tensor_compiled():
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
+def test_bitwise_left_shift_Tensor(dtype):
+    # specs/binary.yaml:180
+    check_opinfo(
+        "bitwise_left_shift",
+        dtype,
+        overloads=["bitwise_left_shift.Tensor", "bitwise_left_shift_.Tensor", "bitwise_left_shift.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_bitwise_left_shift_Tensor_compiled():
+    # specs/binary.yaml:180: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bitwise_left_shift",
+        overloads=["bitwise_left_shift.Tensor", "bitwise_left_shift_.Tensor", "bitwise_left_shift.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
+def test_bitwise_right_shift_Tensor(dtype):
+    # specs/binary.yaml:193
+    check_opinfo(
+        "bitwise_right_shift",
+        dtype,
+        overloads=["bitwise_right_shift.Tensor", "bitwise_right_shift_.Tensor", "bitwise_right_shift.Tensor_out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_bitwise_right_shift_Tensor_compiled():
+    # specs/binary.yaml:193: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bitwise_right_shift",
+        overloads=["bitwise_right_shift.Tensor", "bitwise_right_shift_.Tensor", "bitwise_right_shift.Tensor_out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_fill_Scalar(dtype):
-    # specs/binary.yaml:172
+    # specs/binary.yaml:208
     check_opinfo(
         "masked_fill",
         dtype,
@@ -711,7 +757,7 @@ def test_masked_fill_Scalar(dtype):
 
 
 def test_masked_fill_Scalar_compiled():
-    # specs/binary.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:208: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_fill",
         overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
@@ -722,7 +768,7 @@ def test_masked_fill_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_fill_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:172: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:208: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_fill",
         dtype,
@@ -736,7 +782,7 @@ def test_masked_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lerp_Scalar(dtype):
-    # specs/binary.yaml:185
+    # specs/binary.yaml:221
     check_opinfo(
         "lerp",
         dtype,
@@ -748,7 +794,7 @@ def test_lerp_Scalar(dtype):
 
 
 def test_lerp_Scalar_compiled():
-    # specs/binary.yaml:185: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:221: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lerp",
         overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
@@ -759,7 +805,7 @@ def test_lerp_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_lerp_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:185: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:221: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lerp",
         dtype,
@@ -773,7 +819,7 @@ def test_lerp_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addcmul(dtype):
-    # specs/binary.yaml:194
+    # specs/binary.yaml:230
     check_opinfo(
         "addcmul",
         dtype,
@@ -785,7 +831,7 @@ def test_addcmul(dtype):
 
 
 def test_addcmul_compiled():
-    # specs/binary.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:230: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcmul",
         overloads=["addcmul", "addcmul_", "addcmul.out"],
@@ -796,7 +842,7 @@ def test_addcmul_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addcmul_other_dtypes(dtype):
-    # specs/binary.yaml:194: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:230: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcmul",
         dtype,
@@ -810,7 +856,7 @@ def test_addcmul_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_addcdiv(dtype):
-    # specs/binary.yaml:199
+    # specs/binary.yaml:235
     check_opinfo(
         "addcdiv",
         dtype,
@@ -822,7 +868,7 @@ def test_addcdiv(dtype):
 
 
 def test_addcdiv_compiled():
-    # specs/binary.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:235: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcdiv",
         overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
@@ -833,7 +879,7 @@ def test_addcdiv_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_addcdiv_other_dtypes(dtype):
-    # specs/binary.yaml:199: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:235: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcdiv",
         dtype,
@@ -847,7 +893,7 @@ def test_addcdiv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan2(dtype):
-    # specs/binary.yaml:206
+    # specs/binary.yaml:242
     check_opinfo(
         "atan2",
         dtype,
@@ -859,7 +905,7 @@ def test_atan2(dtype):
 
 
 def test_atan2_compiled():
-    # specs/binary.yaml:206: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:242: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan2",
         overloads=["atan2", "atan2_", "atan2.out"],
@@ -870,7 +916,7 @@ def test_atan2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan2_other_dtypes(dtype):
-    # specs/binary.yaml:206: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:242: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan2",
         dtype,
@@ -884,7 +930,7 @@ def test_atan2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hypot(dtype):
-    # specs/binary.yaml:212
+    # specs/binary.yaml:248
     check_opinfo(
         "hypot",
         dtype,
@@ -896,7 +942,7 @@ def test_hypot(dtype):
 
 
 def test_hypot_compiled():
-    # specs/binary.yaml:212: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:248: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "hypot",
         overloads=["hypot", "hypot_", "hypot.out"],
@@ -907,7 +953,7 @@ def test_hypot_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hypot_other_dtypes(dtype):
-    # specs/binary.yaml:212: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:248: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "hypot",
         dtype,
@@ -921,7 +967,7 @@ def test_hypot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_copysign_Tensor(dtype):
-    # specs/binary.yaml:217
+    # specs/binary.yaml:253
     check_opinfo(
         "copysign",
         dtype,
@@ -933,7 +979,7 @@ def test_copysign_Tensor(dtype):
 
 
 def test_copysign_Tensor_compiled():
-    # specs/binary.yaml:217: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:253: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "copysign",
         overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
@@ -944,7 +990,7 @@ def test_copysign_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_copysign_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:217: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:253: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "copysign",
         dtype,
@@ -958,7 +1004,7 @@ def test_copysign_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_xlogy_Tensor(dtype):
-    # specs/binary.yaml:228
+    # specs/binary.yaml:264
     check_opinfo(
         "xlogy",
         dtype,
@@ -970,7 +1016,7 @@ def test_xlogy_Tensor(dtype):
 
 
 def test_xlogy_Tensor_compiled():
-    # specs/binary.yaml:228: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:264: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "xlogy",
         overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
@@ -981,7 +1027,7 @@ def test_xlogy_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_xlogy_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:228: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:264: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "xlogy",
         dtype,
@@ -1092,6 +1138,80 @@ def test_eye_other_dtypes(dtype):
         "eye",
         dtype,
         overloads=["eye", "eye.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_tril_indices(dtype):
+    # specs/creation.yaml:36
+    check_opinfo(
+        "tril_indices",
+        dtype,
+        overloads=["tril_indices", "tril_indices.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_tril_indices_compiled():
+    # specs/creation.yaml:36: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "tril_indices",
+        overloads=["tril_indices", "tril_indices.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_tril_indices_other_dtypes(dtype):
+    # specs/creation.yaml:36: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "tril_indices",
+        dtype,
+        overloads=["tril_indices", "tril_indices.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_triu_indices(dtype):
+    # specs/creation.yaml:41
+    check_opinfo(
+        "triu_indices",
+        dtype,
+        overloads=["triu_indices", "triu_indices.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_triu_indices_compiled():
+    # specs/creation.yaml:41: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "triu_indices",
+        overloads=["triu_indices", "triu_indices.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_triu_indices_other_dtypes(dtype):
+    # specs/creation.yaml:41: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "triu_indices",
+        dtype,
+        overloads=["triu_indices", "triu_indices.out"],
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
@@ -2012,9 +2132,143 @@ def test_isin_Tensor_Tensor_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["int64"])
+def test_nonzero_static(dtype):
+    # specs/indexing.yaml:134
+    check_opinfo(
+        "nonzero_static",
+        dtype,
+        overloads=["nonzero_static", "nonzero_static.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_nonzero_static_compiled():
+    # specs/indexing.yaml:134: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nonzero_static",
+        overloads=["nonzero_static", "nonzero_static.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_searchsorted_Tensor(dtype):
+    # specs/indexing.yaml:142
+    check_opinfo(
+        "searchsorted",
+        dtype,
+        overloads=["searchsorted.Tensor"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_searchsorted_Tensor_compiled():
+    # specs/indexing.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "searchsorted",
+        overloads=["searchsorted.Tensor"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_searchsorted_Tensor_other_dtypes(dtype):
+    # specs/indexing.yaml:142: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "searchsorted",
+        dtype,
+        overloads=["searchsorted.Tensor"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_bucketize_Tensor(dtype):
+    # specs/indexing.yaml:155
+    check_opinfo(
+        "bucketize",
+        dtype,
+        overloads=["bucketize.Tensor"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_bucketize_Tensor_compiled():
+    # specs/indexing.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "bucketize",
+        overloads=["bucketize.Tensor"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_bucketize_Tensor_other_dtypes(dtype):
+    # specs/indexing.yaml:155: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "bucketize",
+        dtype,
+        overloads=["bucketize.Tensor"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_histc(dtype):
+    # specs/indexing.yaml:162
+    check_opinfo(
+        "histc",
+        dtype,
+        overloads=["histc", "histc.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_histc_compiled():
+    # specs/indexing.yaml:162: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "histc",
+        overloads=["histc", "histc.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_histc_other_dtypes(dtype):
+    # specs/indexing.yaml:162: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "histc",
+        dtype,
+        overloads=["histc", "histc.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__embedding_bag(dtype):
-    # specs/indexing.yaml:138
+    # specs/indexing.yaml:172
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2026,7 +2280,7 @@ def test__embedding_bag(dtype):
 
 
 def test__embedding_bag_compiled():
-    # specs/indexing.yaml:138: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.embedding_bag",
         overloads=["_embedding_bag"],
@@ -2037,7 +2291,7 @@ def test__embedding_bag_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__embedding_bag_other_dtypes(dtype):
-    # specs/indexing.yaml:138: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:172: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2051,7 +2305,7 @@ def test__embedding_bag_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_add(dtype):
-    # specs/indexing.yaml:172
+    # specs/indexing.yaml:206
     check_opinfo(
         "index_add",
         dtype,
@@ -2063,7 +2317,7 @@ def test_index_add(dtype):
 
 
 def test_index_add_compiled():
-    # specs/indexing.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:206: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_add",
         overloads=["index_add", "index_add_", "index_add.out"],
@@ -2074,7 +2328,7 @@ def test_index_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_add_other_dtypes(dtype):
-    # specs/indexing.yaml:172: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:206: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_add",
         dtype,
@@ -2088,7 +2342,7 @@ def test_index_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_copy(dtype):
-    # specs/indexing.yaml:178
+    # specs/indexing.yaml:212
     check_opinfo(
         "index_copy",
         dtype,
@@ -2100,7 +2354,7 @@ def test_index_copy(dtype):
 
 
 def test_index_copy_compiled():
-    # specs/indexing.yaml:178: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:212: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_copy",
         overloads=["index_copy", "index_copy_", "index_copy.out"],
@@ -2111,7 +2365,7 @@ def test_index_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_copy_other_dtypes(dtype):
-    # specs/indexing.yaml:178: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:212: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_copy",
         dtype,
@@ -2125,7 +2379,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:184
+    # specs/indexing.yaml:218
     check_opinfo(
         "index_fill",
         dtype,
@@ -2137,7 +2391,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:184: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:218: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2148,7 +2402,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:184: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:218: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2162,7 +2416,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:196
+    # specs/indexing.yaml:230
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2174,7 +2428,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:196: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:230: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2185,7 +2439,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:196: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:230: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2199,7 +2453,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:203
+    # specs/indexing.yaml:237
     check_opinfo(
         "take",
         dtype,
@@ -2211,7 +2465,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:203: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:237: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2222,7 +2476,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:203: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:237: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2236,7 +2490,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:208
+    # specs/indexing.yaml:242
     check_opinfo(
         "put",
         dtype,
@@ -2248,7 +2502,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:208: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:242: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2259,7 +2513,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:208: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:242: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,
@@ -2961,8 +3215,82 @@ def test_threshold_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__cdist_forward(dtype):
+    # specs/nn.yaml:103
+    check_opinfo(
+        "cdist",
+        dtype,
+        overloads=["_cdist_forward"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test__cdist_forward_compiled():
+    # specs/nn.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cdist",
+        overloads=["_cdist_forward"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__cdist_forward_other_dtypes(dtype):
+    # specs/nn.yaml:103: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cdist",
+        dtype,
+        overloads=["_cdist_forward"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__pdist_forward(dtype):
+    # specs/nn.yaml:114
+    check_opinfo(
+        "nn.functional.pdist",
+        dtype,
+        overloads=["_pdist_forward"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test__pdist_forward_compiled():
+    # specs/nn.yaml:114: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.pdist",
+        overloads=["_pdist_forward"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__pdist_forward_other_dtypes(dtype):
+    # specs/nn.yaml:114: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.pdist",
+        dtype,
+        overloads=["_pdist_forward"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mse_loss(dtype):
-    # specs/nn.yaml:102
+    # specs/nn.yaml:125
     check_opinfo(
         "nn.functional.mse_loss",
         dtype,
@@ -2974,7 +3302,7 @@ def test_mse_loss(dtype):
 
 
 def test_mse_loss_compiled():
-    # specs/nn.yaml:102: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:125: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.mse_loss",
         overloads=["mse_loss", "mse_loss.out"],
@@ -2985,7 +3313,7 @@ def test_mse_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mse_loss_other_dtypes(dtype):
-    # specs/nn.yaml:102: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:125: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.mse_loss",
         dtype,
@@ -2999,7 +3327,7 @@ def test_mse_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log_sigmoid_forward(dtype):
-    # specs/nn.yaml:129
+    # specs/nn.yaml:152
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
@@ -3011,7 +3339,7 @@ def test_log_sigmoid_forward(dtype):
 
 
 def test_log_sigmoid_forward_compiled():
-    # specs/nn.yaml:129: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:152: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.logsigmoid",
         overloads=["log_sigmoid_forward"],
@@ -3022,7 +3350,7 @@ def test_log_sigmoid_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log_sigmoid_forward_other_dtypes(dtype):
-    # specs/nn.yaml:129: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:152: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
@@ -3036,7 +3364,7 @@ def test_log_sigmoid_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_smooth_l1_loss(dtype):
-    # specs/nn.yaml:142
+    # specs/nn.yaml:165
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -3048,7 +3376,7 @@ def test_smooth_l1_loss(dtype):
 
 
 def test_smooth_l1_loss_compiled():
-    # specs/nn.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:165: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.smooth_l1_loss",
         overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
@@ -3059,7 +3387,7 @@ def test_smooth_l1_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_smooth_l1_loss_other_dtypes(dtype):
-    # specs/nn.yaml:142: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:165: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -3073,7 +3401,7 @@ def test_smooth_l1_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_huber_loss(dtype):
-    # specs/nn.yaml:158
+    # specs/nn.yaml:181
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -3085,7 +3413,7 @@ def test_huber_loss(dtype):
 
 
 def test_huber_loss_compiled():
-    # specs/nn.yaml:158: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:181: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.huber_loss",
         overloads=["huber_loss", "huber_loss.out"],
@@ -3096,7 +3424,7 @@ def test_huber_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_huber_loss_other_dtypes(dtype):
-    # specs/nn.yaml:158: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:181: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -3110,7 +3438,7 @@ def test_huber_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_binary_cross_entropy(dtype):
-    # specs/nn.yaml:175
+    # specs/nn.yaml:198
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -3122,7 +3450,7 @@ def test_binary_cross_entropy(dtype):
 
 
 def test_binary_cross_entropy_compiled():
-    # specs/nn.yaml:175: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:198: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.binary_cross_entropy",
         overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
@@ -3133,7 +3461,7 @@ def test_binary_cross_entropy_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_binary_cross_entropy_other_dtypes(dtype):
-    # specs/nn.yaml:175: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:198: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -3147,7 +3475,7 @@ def test_binary_cross_entropy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hardswish(dtype):
-    # specs/nn.yaml:189
+    # specs/nn.yaml:212
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -3159,7 +3487,7 @@ def test_hardswish(dtype):
 
 
 def test_hardswish_compiled():
-    # specs/nn.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:212: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardswish",
         overloads=["hardswish", "hardswish_", "hardswish.out"],
@@ -3170,7 +3498,7 @@ def test_hardswish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hardswish_other_dtypes(dtype):
-    # specs/nn.yaml:189: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:212: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -3184,7 +3512,7 @@ def test_hardswish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mish(dtype):
-    # specs/nn.yaml:198
+    # specs/nn.yaml:221
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -3196,7 +3524,7 @@ def test_mish(dtype):
 
 
 def test_mish_compiled():
-    # specs/nn.yaml:198: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:221: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.mish",
         overloads=["mish", "mish_", "mish.out"],
@@ -3207,7 +3535,7 @@ def test_mish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mish_other_dtypes(dtype):
-    # specs/nn.yaml:198: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:221: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -3221,7 +3549,7 @@ def test_mish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_glu(dtype):
-    # specs/nn.yaml:210
+    # specs/nn.yaml:233
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -3233,7 +3561,7 @@ def test_glu(dtype):
 
 
 def test_glu_compiled():
-    # specs/nn.yaml:210: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:233: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.glu",
         overloads=["glu", "glu.out"],
@@ -3244,7 +3572,7 @@ def test_glu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_glu_other_dtypes(dtype):
-    # specs/nn.yaml:210: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:233: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -3258,7 +3586,7 @@ def test_glu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__prelu_kernel(dtype):
-    # specs/nn.yaml:221
+    # specs/nn.yaml:244
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -3270,7 +3598,7 @@ def test__prelu_kernel(dtype):
 
 
 def test__prelu_kernel_compiled():
-    # specs/nn.yaml:221: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:244: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.prelu",
         overloads=["_prelu_kernel"],
@@ -3281,7 +3609,7 @@ def test__prelu_kernel_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__prelu_kernel_other_dtypes(dtype):
-    # specs/nn.yaml:221: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:244: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -3295,7 +3623,7 @@ def test__prelu_kernel_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_channel_shuffle(dtype):
-    # specs/nn.yaml:230
+    # specs/nn.yaml:253
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -3307,7 +3635,7 @@ def test_channel_shuffle(dtype):
 
 
 def test_channel_shuffle_compiled():
-    # specs/nn.yaml:230: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:253: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.channel_shuffle",
         overloads=["channel_shuffle", "channel_shuffle.out"],
@@ -3318,7 +3646,7 @@ def test_channel_shuffle_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_channel_shuffle_other_dtypes(dtype):
-    # specs/nn.yaml:230: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:253: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -3332,7 +3660,7 @@ def test_channel_shuffle_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multi_margin_loss(dtype):
-    # specs/nn.yaml:249
+    # specs/nn.yaml:272
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -3344,7 +3672,7 @@ def test_multi_margin_loss(dtype):
 
 
 def test_multi_margin_loss_compiled():
-    # specs/nn.yaml:249: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:272: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multi_margin_loss",
         overloads=["multi_margin_loss", "multi_margin_loss.out"],
@@ -3355,7 +3683,7 @@ def test_multi_margin_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multi_margin_loss_other_dtypes(dtype):
-    # specs/nn.yaml:249: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:272: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -3369,7 +3697,7 @@ def test_multi_margin_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multilabel_margin_loss_forward(dtype):
-    # specs/nn.yaml:262
+    # specs/nn.yaml:285
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -3381,7 +3709,7 @@ def test_multilabel_margin_loss_forward(dtype):
 
 
 def test_multilabel_margin_loss_forward_compiled():
-    # specs/nn.yaml:262: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:285: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multilabel_margin_loss",
         overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
@@ -3392,7 +3720,7 @@ def test_multilabel_margin_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multilabel_margin_loss_forward_other_dtypes(dtype):
-    # specs/nn.yaml:262: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:285: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -5105,9 +5433,157 @@ def test_max_pool3d_with_indices_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_max_unpool2d(dtype):
+    # specs/pooling.yaml:34
+    check_opinfo(
+        "nn.functional.max_unpool2d",
+        dtype,
+        overloads=["max_unpool2d", "max_unpool2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_max_unpool2d_compiled():
+    # specs/pooling.yaml:34: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.max_unpool2d",
+        overloads=["max_unpool2d", "max_unpool2d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_max_unpool2d_other_dtypes(dtype):
+    # specs/pooling.yaml:34: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.max_unpool2d",
+        dtype,
+        overloads=["max_unpool2d", "max_unpool2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_max_unpool3d(dtype):
+    # specs/pooling.yaml:40
+    check_opinfo(
+        "nn.functional.max_unpool3d",
+        dtype,
+        overloads=["max_unpool3d", "max_unpool3d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_max_unpool3d_compiled():
+    # specs/pooling.yaml:40: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.max_unpool3d",
+        overloads=["max_unpool3d", "max_unpool3d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_max_unpool3d_other_dtypes(dtype):
+    # specs/pooling.yaml:40: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.max_unpool3d",
+        dtype,
+        overloads=["max_unpool3d", "max_unpool3d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_im2col(dtype):
+    # specs/pooling.yaml:48
+    check_opinfo(
+        "nn.functional.unfold",
+        dtype,
+        overloads=["im2col", "im2col.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_im2col_compiled():
+    # specs/pooling.yaml:48: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.unfold",
+        overloads=["im2col", "im2col.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_im2col_other_dtypes(dtype):
+    # specs/pooling.yaml:48: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.unfold",
+        dtype,
+        overloads=["im2col", "im2col.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_col2im(dtype):
+    # specs/pooling.yaml:53
+    check_opinfo(
+        "nn.functional.fold",
+        dtype,
+        overloads=["col2im", "col2im.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_col2im_compiled():
+    # specs/pooling.yaml:53: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.fold",
+        overloads=["col2im", "col2im.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_col2im_other_dtypes(dtype):
+    # specs/pooling.yaml:53: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.fold",
+        dtype,
+        overloads=["col2im", "col2im.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d(dtype):
-    # specs/pooling.yaml:33
+    # specs/pooling.yaml:59
     check_opinfo(
         "nn.functional.avg_pool2d",
         dtype,
@@ -5119,7 +5595,7 @@ def test_avg_pool2d(dtype):
 
 
 def test_avg_pool2d_compiled():
-    # specs/pooling.yaml:33: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:59: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool2d",
         overloads=["avg_pool2d", "avg_pool2d.out"],
@@ -5130,7 +5606,7 @@ def test_avg_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:33: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:59: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool2d",
         dtype,
@@ -5144,7 +5620,7 @@ def test_avg_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d_backward(dtype):
-    # specs/pooling.yaml:38
+    # specs/pooling.yaml:64
     check_opinfo(
         "nn.functional.avg_pool1d",
         dtype,
@@ -5156,7 +5632,7 @@ def test_avg_pool2d_backward(dtype):
 
 
 def test_avg_pool2d_backward_compiled():
-    # specs/pooling.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:64: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool1d",
         overloads=["avg_pool2d_backward", "avg_pool2d_backward.grad_input"],
@@ -5167,7 +5643,7 @@ def test_avg_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:38: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:64: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool1d",
         dtype,
@@ -5181,7 +5657,7 @@ def test_avg_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool3d(dtype):
-    # specs/pooling.yaml:43
+    # specs/pooling.yaml:69
     check_opinfo(
         "nn.functional.avg_pool3d",
         dtype,
@@ -5193,7 +5669,7 @@ def test_avg_pool3d(dtype):
 
 
 def test_avg_pool3d_compiled():
-    # specs/pooling.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:69: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool3d",
         overloads=["avg_pool3d", "avg_pool3d.out"],
@@ -5204,7 +5680,7 @@ def test_avg_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:43: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:69: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool3d",
         dtype,
@@ -5218,7 +5694,7 @@ def test_avg_pool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d(dtype):
-    # specs/pooling.yaml:52
+    # specs/pooling.yaml:78
     check_opinfo(
         "nn.functional.adaptive_avg_pool2d",
         dtype,
@@ -5230,7 +5706,7 @@ def test__adaptive_avg_pool2d(dtype):
 
 
 def test__adaptive_avg_pool2d_compiled():
-    # specs/pooling.yaml:52: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:78: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool2d",
         overloads=["_adaptive_avg_pool2d", "_adaptive_avg_pool2d.out"],
@@ -5241,7 +5717,7 @@ def test__adaptive_avg_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__adaptive_avg_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:52: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:78: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_avg_pool2d",
         dtype,
@@ -5255,7 +5731,7 @@ def test__adaptive_avg_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d_backward(dtype):
-    # specs/pooling.yaml:57
+    # specs/pooling.yaml:83
     check_opinfo(
         "nn.functional.adaptive_avg_pool1d",
         dtype,
@@ -5267,7 +5743,7 @@ def test__adaptive_avg_pool2d_backward(dtype):
 
 
 def test__adaptive_avg_pool2d_backward_compiled():
-    # specs/pooling.yaml:57: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:83: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool1d",
         overloads=["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward.out"],
@@ -5278,7 +5754,7 @@ def test__adaptive_avg_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__adaptive_avg_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:57: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:83: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_avg_pool1d",
         dtype,
@@ -5292,7 +5768,7 @@ def test__adaptive_avg_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__adaptive_avg_pool3d(dtype):
-    # specs/pooling.yaml:64
+    # specs/pooling.yaml:90
     check_opinfo(
         "nn.functional.adaptive_avg_pool3d",
         dtype,
@@ -5304,7 +5780,7 @@ def test__adaptive_avg_pool3d(dtype):
 
 
 def test__adaptive_avg_pool3d_compiled():
-    # specs/pooling.yaml:64: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:90: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool3d",
         overloads=["_adaptive_avg_pool3d", "_adaptive_avg_pool3d.out"],
@@ -5315,7 +5791,7 @@ def test__adaptive_avg_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d(dtype):
-    # specs/pooling.yaml:73
+    # specs/pooling.yaml:99
     check_opinfo(
         "nn.functional.adaptive_max_pool2d",
         dtype,
@@ -5327,7 +5803,7 @@ def test_adaptive_max_pool2d(dtype):
 
 
 def test_adaptive_max_pool2d_compiled():
-    # specs/pooling.yaml:73: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:99: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool2d",
         overloads=["adaptive_max_pool2d"],
@@ -5338,7 +5814,7 @@ def test_adaptive_max_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:73: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:99: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool2d",
         dtype,
@@ -5352,7 +5828,7 @@ def test_adaptive_max_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d_backward(dtype):
-    # specs/pooling.yaml:79
+    # specs/pooling.yaml:105
     check_opinfo(
         "nn.functional.adaptive_max_pool1d",
         dtype,
@@ -5364,7 +5840,7 @@ def test_adaptive_max_pool2d_backward(dtype):
 
 
 def test_adaptive_max_pool2d_backward_compiled():
-    # specs/pooling.yaml:79: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:105: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool1d",
         overloads=["adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward.grad_input"],
@@ -5375,7 +5851,7 @@ def test_adaptive_max_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:79: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:105: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool1d",
         dtype,
@@ -5389,7 +5865,7 @@ def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool3d(dtype):
-    # specs/pooling.yaml:85
+    # specs/pooling.yaml:111
     check_opinfo(
         "nn.functional.adaptive_max_pool3d",
         dtype,
@@ -5401,7 +5877,7 @@ def test_adaptive_max_pool3d(dtype):
 
 
 def test_adaptive_max_pool3d_compiled():
-    # specs/pooling.yaml:85: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:111: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool3d",
         overloads=["adaptive_max_pool3d"],
@@ -5412,7 +5888,7 @@ def test_adaptive_max_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:85: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:111: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool3d",
         dtype,
@@ -5426,7 +5902,7 @@ def test_adaptive_max_pool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest1d(dtype):
-    # specs/pooling.yaml:98
+    # specs/pooling.yaml:124
     check_opinfo(
         "nn.functional.interpolate.nearest",
         dtype,
@@ -5438,7 +5914,7 @@ def test_upsample_nearest1d(dtype):
 
 
 def test_upsample_nearest1d_compiled():
-    # specs/pooling.yaml:98: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:124: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.nearest",
         overloads=["upsample_nearest1d", "upsample_nearest1d.out"],
@@ -5449,7 +5925,7 @@ def test_upsample_nearest1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test_upsample_nearest1d_other_dtypes(dtype):
-    # specs/pooling.yaml:98: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:124: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.nearest",
         dtype,
@@ -5463,7 +5939,7 @@ def test_upsample_nearest1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest2d(dtype):
-    # specs/pooling.yaml:107
+    # specs/pooling.yaml:133
     check_opinfo(
         "nn.functional.upsample_nearest",
         dtype,
@@ -5475,7 +5951,7 @@ def test_upsample_nearest2d(dtype):
 
 
 def test_upsample_nearest2d_compiled():
-    # specs/pooling.yaml:107: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:133: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.upsample_nearest",
         overloads=["upsample_nearest2d", "upsample_nearest2d.out"],
@@ -5486,7 +5962,7 @@ def test_upsample_nearest2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test_upsample_nearest2d_other_dtypes(dtype):
-    # specs/pooling.yaml:107: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:133: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.upsample_nearest",
         dtype,
@@ -5500,7 +5976,7 @@ def test_upsample_nearest2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__upsample_nearest_exact1d(dtype):
-    # specs/pooling.yaml:124
+    # specs/pooling.yaml:150
     check_opinfo(
         "nn.functional.interpolate.nearest-exact",
         dtype,
@@ -5512,7 +5988,7 @@ def test__upsample_nearest_exact1d(dtype):
 
 
 def test__upsample_nearest_exact1d_compiled():
-    # specs/pooling.yaml:124: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:150: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.nearest-exact",
         overloads=["_upsample_nearest_exact1d", "_upsample_nearest_exact1d.out"],
@@ -5523,7 +5999,7 @@ def test__upsample_nearest_exact1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test__upsample_nearest_exact1d_other_dtypes(dtype):
-    # specs/pooling.yaml:124: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:150: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.nearest-exact",
         dtype,
@@ -5537,7 +6013,7 @@ def test__upsample_nearest_exact1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_linear1d(dtype):
-    # specs/pooling.yaml:153
+    # specs/pooling.yaml:179
     check_opinfo(
         "nn.functional.interpolate.linear",
         dtype,
@@ -5549,7 +6025,7 @@ def test_upsample_linear1d(dtype):
 
 
 def test_upsample_linear1d_compiled():
-    # specs/pooling.yaml:153: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:179: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.linear",
         overloads=["upsample_linear1d", "upsample_linear1d.out"],
@@ -5560,7 +6036,7 @@ def test_upsample_linear1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d(dtype):
-    # specs/pooling.yaml:162
+    # specs/pooling.yaml:188
     check_opinfo(
         "nn.functional.interpolate.bilinear",
         dtype,
@@ -5572,7 +6048,7 @@ def test_upsample_bilinear2d(dtype):
 
 
 def test_upsample_bilinear2d_compiled():
-    # specs/pooling.yaml:162: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:188: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.bilinear",
         overloads=["upsample_bilinear2d", "upsample_bilinear2d.out"],
@@ -5583,7 +6059,7 @@ def test_upsample_bilinear2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_upsample_bilinear2d_other_dtypes(dtype):
-    # specs/pooling.yaml:162: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:188: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.bilinear",
         dtype,
@@ -5597,7 +6073,7 @@ def test_upsample_bilinear2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d_backward(dtype):
-    # specs/pooling.yaml:167
+    # specs/pooling.yaml:193
     check_opinfo(
         "nn.functional.upsample_bilinear",
         dtype,
@@ -5609,7 +6085,7 @@ def test_upsample_bilinear2d_backward(dtype):
 
 
 def test_upsample_bilinear2d_backward_compiled():
-    # specs/pooling.yaml:167: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:193: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.upsample_bilinear",
         overloads=["upsample_bilinear2d_backward", "upsample_bilinear2d_backward.grad_input"],
@@ -5620,7 +6096,7 @@ def test_upsample_bilinear2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_upsample_bilinear2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:167: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:193: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.upsample_bilinear",
         dtype,
@@ -5633,8 +6109,31 @@ def test_upsample_bilinear2d_backward_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_upsample_bicubic2d(dtype):
+    # specs/pooling.yaml:199
+    check_opinfo(
+        "nn.functional.interpolate.bicubic",
+        dtype,
+        overloads=["upsample_bicubic2d", "upsample_bicubic2d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_upsample_bicubic2d_compiled():
+    # specs/pooling.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.interpolate.bicubic",
+        overloads=["upsample_bicubic2d", "upsample_bicubic2d.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_trilinear3d(dtype):
-    # specs/pooling.yaml:172
+    # specs/pooling.yaml:208
     check_opinfo(
         "nn.functional.interpolate.trilinear",
         dtype,
@@ -5646,7 +6145,7 @@ def test_upsample_trilinear3d(dtype):
 
 
 def test_upsample_trilinear3d_compiled():
-    # specs/pooling.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:208: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.trilinear",
         overloads=["upsample_trilinear3d", "upsample_trilinear3d.out"],

@@ -134,6 +134,10 @@ struct OpSpec {
   // compute element) and then a 0-d integer count; the kernel synchronizes to read the count and
   // returns the outputs cut to `count` rows (a view of the padded storage).
   bool data_dependent = false;
+  // The argument (Tensor or Scalar) that must hold no zero where the op computes in an integer dtype:
+  // CPU raises "ZeroDivisionError" there (integer div/remainder/fmod), so the kernel checks it,
+  // synchronizing, before it runs. -1: none.
+  int divisor = -1;
 };
 
 // The generated table (generated/ops/emitters.cpp).

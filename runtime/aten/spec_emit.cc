@@ -192,8 +192,15 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
     TORCH_CHECK(call.fresh[j].size() == per_slot, "torchtpu: aten::", spec.overload, " returns ", call.fresh[j].size(),
                 " tensors where its lowering gives ", per_slot);
     for (size_t e = 0; e < per_slot; ++e) {
-      const OutputPlan& out = call.fresh[j][e];
+      OutputPlan& out = call.fresh[j][e];
       if (!out.defined) continue;
+      // A lowering that returns an empty 1-D value (empty_1d) where Meta sized a result makes that
+      // result empty: what CPU returns for eval batch norm's save_mean/save_invstd, which Meta sizes [C].
+      const rt::Value& lowered = results[j * per_slot + e];
+      if (!spec.data_dependent && lowered.dims() == std::vector<int64_t>{0} && c10::multiply_integers(out.sizes) != 0) {
+        out.sizes = {0};
+        out.strides = {1};
+      }
       // An empty output has no elements to compute (eval batch norm's save_mean is [0]).
       const rt::TensorType out_type{element_type(out.dtype), out.sizes};
       rt::Value v = out_type.numel() == 0

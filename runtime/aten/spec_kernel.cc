@@ -3,6 +3,10 @@
 // graph is captured, calls are emitted into the graph's module instead (graph.cc).
 #include "aten/torch_kernel.h"
 
+#include <ATen/ops/any.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/item.h>
+
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -159,6 +163,9 @@ class SpecKernel final : public c10::OperatorKernel {
       resize_outs(entry->plan.resizes, args);
       return (*this)(op, c10::DispatchKeySet(), stack);
     }
+    if (spec_.divisor >= 0 && c10::isIntegralType(entry->plan.compute, /*includeBool=*/true)) {
+      check_divisor(args[spec_.divisor]);
+    }
     std::string shapes = traced.recording() ? describe_args(args, spec_.args.size()) : std::string();  // before run() pops them
     traced.execute("tpu::execute", [&] { run(*entry, args, n, device, stack); });
     if (traced.recording()) traced.record(std::string("aten::") + spec_.overload, std::move(shapes));
@@ -176,6 +183,18 @@ class SpecKernel final : public c10::OperatorKernel {
   }
 
  private:
+  // Integer division by zero raises, as on CPU (whose message is just "ZeroDivisionError"). Reading
+  // whether a tpu divisor holds a zero synchronizes.
+  static void check_divisor(const c10::IValue& divisor) {
+    bool zero = false;
+    if (divisor.isScalar()) {
+      zero = divisor.toScalar().equal(0);
+    } else if (divisor.isTensor() && divisor.toTensor().defined() && divisor.toTensor().numel() > 0) {
+      zero = at::eq(divisor.toTensor(), 0).any().item<bool>();
+    }
+    TORCH_CHECK(!zero, "ZeroDivisionError");
+  }
+
   // The op, every argument's view and storage metadata and the compile-time attributes. Sets
   // `device` from the tensors (the current device where there are none).
   std::string call_key(const c10::IValue* args, int& device) const {

@@ -13,6 +13,8 @@
 #include <ATen/ops/set_native.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -116,6 +118,59 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
 
 void resize_storage(const c10::Storage& handle, size_t nbytes);
 
+// Host memory for `pin_memory=True` and the staging of `non_blocking` copies to the CPU. PJRT
+// copies between host and device from any host address (the CPU plugin has nothing to pin), so
+// "pinned" here means only what PyTorch asks of it: page-aligned host memory this allocator made,
+// which is_pinned() recognises by address. Copies from it are no faster than from other memory.
+struct PinnedHostAllocator final : c10::Allocator {
+  static constexpr size_t kAlignment = 4096;
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (nbytes == 0) return {nullptr, nullptr, &release, c10::Device(c10::DeviceType::CPU)};
+    void* data = std::aligned_alloc(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
+    TORCH_CHECK(data != nullptr, "torchtpu: could not allocate ", nbytes, " bytes of pinned host memory");
+    {
+      const std::lock_guard<std::mutex> lock(mutex());
+      blocks()[reinterpret_cast<uintptr_t>(data)] = nbytes;
+    }
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  // Whether `data` lies inside a block this allocator made.
+  static bool owns(const void* data) {
+    const auto address = reinterpret_cast<uintptr_t>(data);
+    const std::lock_guard<std::mutex> lock(mutex());
+    auto it = blocks().upper_bound(address);
+    if (it == blocks().begin()) return false;
+    --it;
+    return address < it->first + std::max<size_t>(it->second, 1);
+  }
+
+ private:
+  static void release(void* data) {
+    if (data == nullptr) return;
+    {
+      const std::lock_guard<std::mutex> lock(mutex());
+      blocks().erase(reinterpret_cast<uintptr_t>(data));
+    }
+    std::free(data);
+  }
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<uintptr_t, size_t>& blocks() {  // start address -> size
+    static std::map<uintptr_t, size_t> b;
+    return b;
+  }
+};
+
+PinnedHostAllocator g_pinned_allocator;
+
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return rt::Runtime::get_if_installed() != nullptr; }
@@ -127,6 +182,8 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     return c10::Device(c10::DeviceType::PrivateUse1, static_cast<TpuStorage*>(data)->device);
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  bool isPinnedPtr(const void* data) const override { return PinnedHostAllocator::owns(data); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     resize_storage(storage, newsize);
   }

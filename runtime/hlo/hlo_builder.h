@@ -402,6 +402,36 @@ class Builder {
   // unless ignore_nan (nanmedian); indices: its position.
   Value median(const Value& v, int64_t dim, bool all_dims, bool keepdim, bool ignore_nan, bool indices);
 
+  // op_db leftovers (specs: binary, creation, reduction, pooling, nn, indexing, normalization;
+  // runtime/hlo/opdb_leftovers.cc)
+  Value empty_1d(const Value& like);  // [0] of like's element type: a result CPU leaves empty
+  // a << b or a >> b (arithmetic for signed types); a shift by a negative amount or by the width or
+  // more gives 0, or for a signed >> the sign, as on CPU.
+  Value bitwise_shift(const Value& a, const Value& b, bool left);
+  Value tri_indices(int64_t row, int64_t col, int64_t offset, bool upper);  // [2, n] int64, row-major
+  // int64 insertion points of values in the last dim of sorted (1-D: shared by every value; else
+  // matching leading dims); right or side "right": after equal elements; sorter: sorted's order.
+  Value search_sorted(const Value& sorted, const Value& values, bool right, const std::string& side, const std::optional<Value>& sorter);
+  // bins equal-width counts over [min, max] (min == max: the data's extremes), of v's element type.
+  Value histc(const Value& v, int64_t bins, const Value& min, const Value& max);
+  // self's elements placed at their flat per-plane indices in zeros of [..., *output_size].
+  Value max_unpool(const Value& self, const Value& indices, const std::vector<int64_t>& output_size);
+  // nn.functional.unfold / fold: [N, C, H, W] <-> [N, C * kh * kw, L] (overlaps summed by col2im).
+  Value im2col(const Value& self, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& dilation, const std::vector<int64_t>& padding, const std::vector<int64_t>& stride);
+  Value col2im(const Value& self, const std::vector<int64_t>& output_size, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& dilation, const std::vector<int64_t>& padding, const std::vector<int64_t>& stride);
+  // p-norm distances between the rows of x1 [..., P, M] and x2 [..., R, M]; pdist: between the rows
+  // i < j of v [N, M]. The backward ops give the gradient with respect to x1 / v.
+  Value cdist(const Value& x1, const Value& x2, double p);
+  Value cdist_backward(const Value& grad, const Value& x1, const Value& x2, double p, const Value& dist);
+  Value pdist(const Value& v, double p);
+  Value pdist_backward(const Value& grad, const Value& v, double p, const Value& dist);
+  // [size, rank] int64: nonzero's rows, cut to size or filled with fill_value.
+  Value nonzero_static(const Value& v, int64_t size, int64_t fill_value);
+  // Bicubic upsampling of [N, C, H, W] (A = -0.75, edges clamped, CPU's source-index rule) and its
+  // gradient, as an interpolation matrix per spatial dim.
+  Value upsample_bicubic(const Value& self, const std::vector<int64_t>& output_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
+  Value upsample_bicubic_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);

@@ -215,7 +215,21 @@ Value Builder::polygamma(int64_t n, const Value& v) {
 }
 Value Builder::zeta(const Value& x, const Value& q) { return chlo("zeta", {x, q}); }
 Value Builder::erfc(const Value& v) { return chlo("erfc", {v}); }
-Value Builder::erfinv(const Value& v) { return chlo("erf_inv", {v}); }
+// XLA's erf_inv is a few ulp off near +-1, which exp(y^2) in its gradient multiplies: one Newton step
+// on erf(y) = x brings it to CPU's accuracy. In the tails the residual is taken on erfc(|y|) = 1 - |x|
+// (both sides exact there) instead of erf(y) - x, which cancels.
+Value Builder::erfinv(const Value& v) {
+  const Value y = chlo("erf_inv", {v});
+  if (!is_float(v.element())) return y;
+  const Value magnitude = abs(y);
+  const Value slope = mul(scalar_like(1.1283791670955126, y), exp(neg(mul(y, y))));  // erf'(y) = 2/sqrt(pi) e^-y^2
+  const Value tail = gt(abs(v), scalar_like(0.5, v));
+  const Value tail_step = div(sub(erfc(magnitude), sub(scalar_like(1, v), abs(v))), slope);  // erfc' = -erf'
+  const Value refined_tail = mul(sign(y), add(magnitude, tail_step));
+  const Value refined_centre = sub(y, div(sub(erf(y), v), slope));
+  const Value refined = select(tail, refined_tail, refined_centre);
+  return select(isinf(y), y, select(isnan(y), y, refined));
+}
 Value Builder::nextafter(const Value& a, const Value& b) { return chlo("next_after", {a, b}); }
 Value Builder::acosh(const Value& v) { return chlo("acosh", {v}); }
 Value Builder::asinh(const Value& v) { return chlo("asinh", {v}); }
