@@ -781,6 +781,90 @@ std::vector<Value> emit_vdot(Builder& b, const EmitArgs& a) { return {b.dot(a.va
 // vdot.out = dot(self, other)  (specs/linalg.yaml:66)
 std::vector<Value> emit_vdot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
+// linalg_cholesky_ex = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:85)
+std::vector<Value> emit_linalg_cholesky_ex(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0), b.cholesky(a.value(0), a.boolean(1), 1)}; }
+
+// cholesky = cholesky(self, upper, 0)  (specs/linalg.yaml:91)
+std::vector<Value> emit_cholesky(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
+// cholesky.out = cholesky(self, upper, 0)  (specs/linalg.yaml:91)
+std::vector<Value> emit_cholesky__out(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
+
+// _cholesky_solve_helper = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:97)
+std::vector<Value> emit__cholesky_solve_helper(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
+// _cholesky_solve_helper.out = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:97)
+std::vector<Value> emit__cholesky_solve_helper__out(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
+
+// cholesky_inverse = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:103)
+std::vector<Value> emit_cholesky_inverse(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
+// cholesky_inverse.out = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:103)
+std::vector<Value> emit_cholesky_inverse__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
+
+// triangular_solve = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:111)
+std::vector<Value> emit_triangular_solve(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(1), a.value(0), true, !a.boolean(2), a.boolean(3), a.boolean(4)), a.value(1)}; }
+
+// linalg_solve_triangular = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
+std::vector<Value> emit_linalg_solve_triangular(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
+// linalg_solve_triangular.out = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
+std::vector<Value> emit_linalg_solve_triangular__out(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
+
+// linalg_lu_factor_ex = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:122)
+std::vector<Value> emit_linalg_lu_factor_ex(Builder& b, const EmitArgs& a) { return {b.lu_factor(a.value(0), a.boolean(1), 0), b.lu_factor(a.value(0), a.boolean(1), 1), b.lu_factor(a.value(0), a.boolean(1), 2)}; }
+
+// linalg_lu = lu = lu_factor(A, pivot, 0) pivots = lu_factor(A, pivot, 1) (lu_unpack(lu, pivots, True, pivot, 0), lu_unpack(lu, pivots, True, True, 1), lu_unpack(lu, pivots, True, True, 2))   (specs/linalg.yaml:128)
+std::vector<Value> emit_linalg_lu(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_pivots = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_pivots, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_pivots, true, true, 1), b.lu_unpack(l_lu, l_pivots, true, true, 2)}; }(); }
+
+// lu_unpack = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:137)
+std::vector<Value> emit_lu_unpack(Builder& b, const EmitArgs& a) { return {b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 0), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 1), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 2)}; }
+
+// linalg_lu_solve = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:144)
+std::vector<Value> emit_linalg_lu_solve(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
+// linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:144)
+std::vector<Value> emit_linalg_lu_solve__out(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
+
+// _linalg_solve_ex = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) x = lu_solve(lu, pivots, solve_rhs(A, B, left), left, True) (solve_result(A, B, x, left), lu, pivots, lu_factor(at, True, 2))   (specs/linalg.yaml:150)
+std::vector<Value> emit__linalg_solve_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); const Value l_x = b.lu_solve(l_lu, l_pivots, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), true); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_pivots, b.lu_factor(l_at, true, 2)}; }(); }
+
+// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:161)
+std::vector<Value> emit_linalg_inv_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
+
+// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 0), lu, pivots)   (specs/linalg.yaml:169)
+std::vector<Value> emit__linalg_det(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_pivots, 0), l_lu, l_pivots}; }(); }
+
+// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 1), lu_det(lu, pivots, 2), lu, pivots)   (specs/linalg.yaml:179)
+std::vector<Value> emit__linalg_slogdet(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_pivots, 1), b.lu_det(l_lu, l_pivots, 2), l_lu, l_pivots}; }(); }
+
+// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:189)
+std::vector<Value> emit_geqrf(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
+
+// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:195)
+std::vector<Value> emit_linalg_householder_product(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
+// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:195)
+std::vector<Value> emit_linalg_householder_product__out(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
+
+// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:200)
+std::vector<Value> emit_ormqr(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
+// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:200)
+std::vector<Value> emit_ormqr__out(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
+
+// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:205)
+std::vector<Value> emit_linalg_qr(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
+
+// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:211)
+std::vector<Value> emit__linalg_eigh(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
+
+// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:217)
+std::vector<Value> emit__linalg_svd(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
+
+// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:223)
+std::vector<Value> emit_linalg_matrix_exp(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
+// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:223)
+std::vector<Value> emit_linalg_matrix_exp__out(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
+
+// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:228)
+std::vector<Value> emit_linalg_cross(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
+// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:228)
+std::vector<Value> emit_linalg_cross__out(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
+
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
 std::vector<Value> emit__softmax(Builder& b, const EmitArgs& a) { return {b.softmax(a.value(0), a.integer(1))}; }
 // _softmax.out = softmax(self, dim)  (specs/nn.yaml:5)
@@ -4534,6 +4618,161 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot__out},
+      {"linalg_cholesky_ex", "specs/linalg.yaml:85", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_linalg_cholesky_ex},
+      {"cholesky", "specs/linalg.yaml:91", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_cholesky},
+      {"cholesky.out", "specs/linalg.yaml:91", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"float32", "float64"}, &emit_cholesky__out},
+      {"_cholesky_solve_helper", "specs/linalg.yaml:97", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit__cholesky_solve_helper},
+      {"_cholesky_solve_helper.out", "specs/linalg.yaml:97", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"float32", "float64"}, &emit__cholesky_solve_helper__out},
+      {"cholesky_inverse", "specs/linalg.yaml:103", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_cholesky_inverse},
+      {"cholesky_inverse.out", "specs/linalg.yaml:103", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {2},
+       {2}, false, false,
+       {"float32", "float64"}, &emit_cholesky_inverse__out},
+      {"triangular_solve", "specs/linalg.yaml:111", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_triangular_solve},
+      {"linalg_solve_triangular", "specs/linalg.yaml:117", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_linalg_solve_triangular},
+      {"linalg_solve_triangular.out", "specs/linalg.yaml:117", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {5},
+       {5}, false, false,
+       {"float32", "float64"}, &emit_linalg_solve_triangular__out},
+      {"linalg_lu_factor_ex", "specs/linalg.yaml:122", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1, -1}, false, false,
+       {"float32", "float64"}, &emit_linalg_lu_factor_ex},
+      {"linalg_lu", "specs/linalg.yaml:128", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1, -1}, false, false,
+       {"float32", "float64"}, &emit_linalg_lu},
+      {"lu_unpack", "specs/linalg.yaml:137", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1, -1}, false, false,
+       {"float32", "float64"}, &emit_lu_unpack},
+      {"linalg_lu_solve", "specs/linalg.yaml:144", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_linalg_lu_solve},
+      {"linalg_lu_solve.out", "specs/linalg.yaml:144", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {5},
+       {5}, false, false,
+       {"float32", "float64"}, &emit_linalg_lu_solve__out},
+      {"_linalg_solve_ex", "specs/linalg.yaml:150", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1, -1, -1, -1}, false, false,
+       {"float32", "float64"}, &emit__linalg_solve_ex},
+      {"linalg_inv_ex", "specs/linalg.yaml:161", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_linalg_inv_ex},
+      {"_linalg_det", "specs/linalg.yaml:169", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1, -1, -1}, false, false,
+       {"float32", "float64"}, &emit__linalg_det},
+      {"_linalg_slogdet", "specs/linalg.yaml:179", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1, -1, -1, -1}, false, false,
+       {"float32", "float64"}, &emit__linalg_slogdet},
+      {"geqrf", "specs/linalg.yaml:189", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_geqrf},
+      {"linalg_householder_product", "specs/linalg.yaml:195", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_linalg_householder_product},
+      {"linalg_householder_product.out", "specs/linalg.yaml:195", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"float32", "float64"}, &emit_linalg_householder_product__out},
+      {"ormqr", "specs/linalg.yaml:200", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_ormqr},
+      {"ormqr.out", "specs/linalg.yaml:200", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {5},
+       {5}, false, false,
+       {"float32", "float64"}, &emit_ormqr__out},
+      {"linalg_qr", "specs/linalg.yaml:205", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_linalg_qr},
+      {"_linalg_eigh", "specs/linalg.yaml:211", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit__linalg_eigh},
+      {"_linalg_svd", "specs/linalg.yaml:217", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1, -1, -1}, false, false,
+       {"float32", "float64"}, &emit__linalg_svd},
+      {"linalg_matrix_exp", "specs/linalg.yaml:223", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit_linalg_matrix_exp},
+      {"linalg_matrix_exp.out", "specs/linalg.yaml:223", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1},
+       {1}, false, false,
+       {"float32", "float64"}, &emit_linalg_matrix_exp__out},
+      {"linalg_cross", "specs/linalg.yaml:228", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross},
+      {"linalg_cross.out", "specs/linalg.yaml:228", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3},
+       {3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross__out},
       {"_softmax", "specs/nn.yaml:5", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},

@@ -5,6 +5,10 @@
 #include <ATen/core/stack.h>
 
 #include <ATen/ops/_addmm_activation_meta_dispatch.h>
+#include <ATen/ops/_linalg_det_meta_dispatch.h>
+#include <ATen/ops/_linalg_slogdet_meta_dispatch.h>
+#include <ATen/ops/_linalg_solve_ex_meta_dispatch.h>
+#include <ATen/ops/_linalg_svd_meta_dispatch.h>
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/acos_meta_dispatch.h>
@@ -87,6 +91,12 @@
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
 #include <ATen/ops/lerp_meta_dispatch.h>
 #include <ATen/ops/lgamma_meta_dispatch.h>
+#include <ATen/ops/linalg_cholesky_ex_meta_dispatch.h>
+#include <ATen/ops/linalg_cross_meta_dispatch.h>
+#include <ATen/ops/linalg_inv_ex_meta_dispatch.h>
+#include <ATen/ops/linalg_lu_factor_ex_meta_dispatch.h>
+#include <ATen/ops/linalg_lu_meta_dispatch.h>
+#include <ATen/ops/linalg_lu_solve_meta_dispatch.h>
 #include <ATen/ops/linalg_vector_norm_meta_dispatch.h>
 #include <ATen/ops/linspace_meta_dispatch.h>
 #include <ATen/ops/log10_meta_dispatch.h>
@@ -97,6 +107,7 @@
 #include <ATen/ops/logaddexp_meta_dispatch.h>
 #include <ATen/ops/logspace_meta_dispatch.h>
 #include <ATen/ops/lt_meta_dispatch.h>
+#include <ATen/ops/lu_unpack_meta_dispatch.h>
 #include <ATen/ops/max_meta_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_backward_meta_dispatch.h>
 #include <ATen/ops/max_pool2d_with_indices_meta_dispatch.h>
@@ -187,6 +198,7 @@
 #include <ATen/ops/threshold_backward_meta_dispatch.h>
 #include <ATen/ops/threshold_meta_dispatch.h>
 #include <ATen/ops/topk_meta_dispatch.h>
+#include <ATen/ops/triangular_solve_meta_dispatch.h>
 #include <ATen/ops/tril_meta_dispatch.h>
 #include <ATen/ops/triu_meta_dispatch.h>
 #include <ATen/ops/trunc_meta_dispatch.h>
@@ -1304,6 +1316,92 @@ void meta_emit_addmv_(torch::jit::Stack& s) {
 void meta_emit_addmv__out(torch::jit::Stack& s) {
   at::Tensor a5 = s[5].toTensor();
   auto result = at::meta::addmv_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toScalar(), s[4].toScalar(), a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_cholesky_ex(torch::jit::Stack& s) {
+  auto result = at::meta::linalg_cholesky_ex(s[0].toTensor(), s[1].toBool(), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_triangular_solve(torch::jit::Stack& s) {
+  auto result = at::meta::triangular_solve(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), s[4].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_lu_factor_ex(torch::jit::Stack& s) {
+  auto result = at::meta::linalg_lu_factor_ex(s[0].toTensor(), s[1].toBool(), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_lu(torch::jit::Stack& s) {
+  auto result = at::meta::linalg_lu(s[0].toTensor(), s[1].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lu_unpack(torch::jit::Stack& s) {
+  auto result = at::meta::lu_unpack(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_lu_solve(torch::jit::Stack& s) {
+  auto result = at::meta::linalg_lu_solve(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toBool(), s[4].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_lu_solve__out(torch::jit::Stack& s) {
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::linalg_lu_solve_outf(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toBool(), s[4].toBool(), a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__linalg_solve_ex(torch::jit::Stack& s) {
+  auto result = at::meta::_linalg_solve_ex(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_inv_ex(torch::jit::Stack& s) {
+  auto result = at::meta::linalg_inv_ex(s[0].toTensor(), s[1].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__linalg_det(torch::jit::Stack& s) {
+  auto result = at::meta::_linalg_det(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__linalg_slogdet(torch::jit::Stack& s) {
+  auto result = at::meta::_linalg_slogdet(s[0].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__linalg_svd(torch::jit::Stack& s) {
+  auto result = at::meta::_linalg_svd(s[0].toTensor(), s[1].toBool(), s[2].toBool(), s[3].toOptional<c10::string_view>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_cross(torch::jit::Stack& s) {
+  auto result = at::meta::linalg_cross(s[0].toTensor(), s[1].toTensor(), s[2].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_cross__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::linalg_cross_outf(s[0].toTensor(), s[1].toTensor(), s[2].toInt(), a3);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -3913,6 +4011,37 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // dot.out
       nullptr,  // vdot
       nullptr,  // vdot.out
+      &meta_emit_linalg_cholesky_ex,  // linalg_cholesky_ex
+      nullptr,  // cholesky
+      nullptr,  // cholesky.out
+      nullptr,  // _cholesky_solve_helper
+      nullptr,  // _cholesky_solve_helper.out
+      nullptr,  // cholesky_inverse
+      nullptr,  // cholesky_inverse.out
+      &meta_emit_triangular_solve,  // triangular_solve
+      nullptr,  // linalg_solve_triangular
+      nullptr,  // linalg_solve_triangular.out
+      &meta_emit_linalg_lu_factor_ex,  // linalg_lu_factor_ex
+      &meta_emit_linalg_lu,  // linalg_lu
+      &meta_emit_lu_unpack,  // lu_unpack
+      &meta_emit_linalg_lu_solve,  // linalg_lu_solve
+      &meta_emit_linalg_lu_solve__out,  // linalg_lu_solve.out
+      &meta_emit__linalg_solve_ex,  // _linalg_solve_ex
+      &meta_emit_linalg_inv_ex,  // linalg_inv_ex
+      &meta_emit__linalg_det,  // _linalg_det
+      &meta_emit__linalg_slogdet,  // _linalg_slogdet
+      nullptr,  // geqrf
+      nullptr,  // linalg_householder_product
+      nullptr,  // linalg_householder_product.out
+      nullptr,  // ormqr
+      nullptr,  // ormqr.out
+      nullptr,  // linalg_qr
+      nullptr,  // _linalg_eigh
+      &meta_emit__linalg_svd,  // _linalg_svd
+      nullptr,  // linalg_matrix_exp
+      nullptr,  // linalg_matrix_exp.out
+      &meta_emit_linalg_cross,  // linalg_cross
+      &meta_emit_linalg_cross__out,  // linalg_cross.out
       &meta_emit__softmax,  // _softmax
       &meta_emit__softmax__out,  // _softmax.out
       &meta_emit__log_softmax,  // _log_softmax

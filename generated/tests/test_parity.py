@@ -2858,6 +2858,820 @@ def test_vdot_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_cholesky_ex(dtype):
+    # specs/linalg.yaml:85
+    check_opinfo(
+        "linalg.cholesky_ex",
+        dtype,
+        overloads=["linalg_cholesky_ex"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_linalg_cholesky_ex_compiled():
+    # specs/linalg.yaml:85: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.cholesky_ex",
+        overloads=["linalg_cholesky_ex"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_cholesky_ex_other_dtypes(dtype):
+    # specs/linalg.yaml:85: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.cholesky_ex",
+        dtype,
+        overloads=["linalg_cholesky_ex"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_cholesky(dtype):
+    # specs/linalg.yaml:91
+    check_opinfo(
+        "cholesky",
+        dtype,
+        overloads=["cholesky", "cholesky.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_cholesky_compiled():
+    # specs/linalg.yaml:91: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cholesky",
+        overloads=["cholesky", "cholesky.out"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_cholesky_other_dtypes(dtype):
+    # specs/linalg.yaml:91: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cholesky",
+        dtype,
+        overloads=["cholesky", "cholesky.out"],
+        variants=["Functional", "Out"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test__cholesky_solve_helper(dtype):
+    # specs/linalg.yaml:97
+    check_opinfo(
+        "cholesky_solve",
+        dtype,
+        overloads=["_cholesky_solve_helper", "_cholesky_solve_helper.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__cholesky_solve_helper_compiled():
+    # specs/linalg.yaml:97: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cholesky_solve",
+        overloads=["_cholesky_solve_helper", "_cholesky_solve_helper.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test__cholesky_solve_helper_other_dtypes(dtype):
+    # specs/linalg.yaml:97: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cholesky_solve",
+        dtype,
+        overloads=["_cholesky_solve_helper", "_cholesky_solve_helper.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_cholesky_inverse(dtype):
+    # specs/linalg.yaml:103
+    check_opinfo(
+        "cholesky_inverse",
+        dtype,
+        overloads=["cholesky_inverse", "cholesky_inverse.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_cholesky_inverse_compiled():
+    # specs/linalg.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "cholesky_inverse",
+        overloads=["cholesky_inverse", "cholesky_inverse.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_cholesky_inverse_other_dtypes(dtype):
+    # specs/linalg.yaml:103: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "cholesky_inverse",
+        dtype,
+        overloads=["cholesky_inverse", "cholesky_inverse.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_triangular_solve(dtype):
+    # specs/linalg.yaml:111
+    check_opinfo(
+        "triangular_solve",
+        dtype,
+        overloads=["triangular_solve"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_triangular_solve_compiled():
+    # specs/linalg.yaml:111: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "triangular_solve",
+        overloads=["triangular_solve"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_triangular_solve_other_dtypes(dtype):
+    # specs/linalg.yaml:111: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "triangular_solve",
+        dtype,
+        overloads=["triangular_solve"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_solve_triangular(dtype):
+    # specs/linalg.yaml:117
+    check_opinfo(
+        "linalg.solve_triangular",
+        dtype,
+        overloads=["linalg_solve_triangular", "linalg_solve_triangular.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_linalg_solve_triangular_compiled():
+    # specs/linalg.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.solve_triangular",
+        overloads=["linalg_solve_triangular", "linalg_solve_triangular.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_solve_triangular_other_dtypes(dtype):
+    # specs/linalg.yaml:117: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.solve_triangular",
+        dtype,
+        overloads=["linalg_solve_triangular", "linalg_solve_triangular.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_lu_factor_ex(dtype):
+    # specs/linalg.yaml:122
+    check_opinfo(
+        "linalg.lu_factor_ex",
+        dtype,
+        overloads=["linalg_lu_factor_ex"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_linalg_lu_factor_ex_compiled():
+    # specs/linalg.yaml:122: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.lu_factor_ex",
+        overloads=["linalg_lu_factor_ex"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_lu_factor_ex_other_dtypes(dtype):
+    # specs/linalg.yaml:122: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.lu_factor_ex",
+        dtype,
+        overloads=["linalg_lu_factor_ex"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_lu(dtype):
+    # specs/linalg.yaml:128
+    check_opinfo(
+        "linalg.lu",
+        dtype,
+        overloads=["linalg_lu"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_linalg_lu_compiled():
+    # specs/linalg.yaml:128: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.lu",
+        overloads=["linalg_lu"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_lu_other_dtypes(dtype):
+    # specs/linalg.yaml:128: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.lu",
+        dtype,
+        overloads=["linalg_lu"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_lu_unpack(dtype):
+    # specs/linalg.yaml:137
+    check_opinfo(
+        "lu_unpack",
+        dtype,
+        overloads=["lu_unpack"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+def test_lu_unpack_compiled():
+    # specs/linalg.yaml:137: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "lu_unpack",
+        overloads=["lu_unpack"],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_lu_unpack_other_dtypes(dtype):
+    # specs/linalg.yaml:137: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "lu_unpack",
+        dtype,
+        overloads=["lu_unpack"],
+        variants=["Functional"],
+        atol=1e-5,
+        rtol=1e-5,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_lu_solve(dtype):
+    # specs/linalg.yaml:144
+    check_opinfo(
+        "linalg.lu_solve",
+        dtype,
+        overloads=["linalg_lu_solve", "linalg_lu_solve.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_linalg_lu_solve_compiled():
+    # specs/linalg.yaml:144: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.lu_solve",
+        overloads=["linalg_lu_solve", "linalg_lu_solve.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_lu_solve_other_dtypes(dtype):
+    # specs/linalg.yaml:144: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.lu_solve",
+        dtype,
+        overloads=["linalg_lu_solve", "linalg_lu_solve.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test__linalg_solve_ex(dtype):
+    # specs/linalg.yaml:150
+    check_opinfo(
+        "linalg.solve",
+        dtype,
+        overloads=["_linalg_solve_ex"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__linalg_solve_ex_compiled():
+    # specs/linalg.yaml:150: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.solve",
+        overloads=["_linalg_solve_ex"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test__linalg_solve_ex_other_dtypes(dtype):
+    # specs/linalg.yaml:150: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.solve",
+        dtype,
+        overloads=["_linalg_solve_ex"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_inv_ex(dtype):
+    # specs/linalg.yaml:161
+    check_opinfo(
+        "linalg.inv_ex",
+        dtype,
+        overloads=["linalg_inv_ex"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_linalg_inv_ex_compiled():
+    # specs/linalg.yaml:161: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.inv_ex",
+        overloads=["linalg_inv_ex"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_inv_ex_other_dtypes(dtype):
+    # specs/linalg.yaml:161: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.inv_ex",
+        dtype,
+        overloads=["linalg_inv_ex"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test__linalg_det(dtype):
+    # specs/linalg.yaml:169
+    check_opinfo(
+        "linalg.det",
+        dtype,
+        overloads=["_linalg_det"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__linalg_det_compiled():
+    # specs/linalg.yaml:169: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.det",
+        overloads=["_linalg_det"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test__linalg_det_other_dtypes(dtype):
+    # specs/linalg.yaml:169: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.det",
+        dtype,
+        overloads=["_linalg_det"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test__linalg_slogdet(dtype):
+    # specs/linalg.yaml:179
+    check_opinfo(
+        "linalg.slogdet",
+        dtype,
+        overloads=["_linalg_slogdet"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__linalg_slogdet_compiled():
+    # specs/linalg.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.slogdet",
+        overloads=["_linalg_slogdet"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test__linalg_slogdet_other_dtypes(dtype):
+    # specs/linalg.yaml:179: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.slogdet",
+        dtype,
+        overloads=["_linalg_slogdet"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_geqrf(dtype):
+    # specs/linalg.yaml:189
+    check_opinfo(
+        "geqrf",
+        dtype,
+        overloads=["geqrf"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_geqrf_compiled():
+    # specs/linalg.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "geqrf",
+        overloads=["geqrf"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_geqrf_other_dtypes(dtype):
+    # specs/linalg.yaml:189: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "geqrf",
+        dtype,
+        overloads=["geqrf"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_householder_product(dtype):
+    # specs/linalg.yaml:195
+    check_opinfo(
+        "linalg.householder_product",
+        dtype,
+        overloads=["linalg_householder_product", "linalg_householder_product.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_linalg_householder_product_compiled():
+    # specs/linalg.yaml:195: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.householder_product",
+        overloads=["linalg_householder_product", "linalg_householder_product.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_householder_product_other_dtypes(dtype):
+    # specs/linalg.yaml:195: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.householder_product",
+        dtype,
+        overloads=["linalg_householder_product", "linalg_householder_product.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_ormqr(dtype):
+    # specs/linalg.yaml:200
+    check_opinfo(
+        "ormqr",
+        dtype,
+        overloads=["ormqr", "ormqr.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_ormqr_compiled():
+    # specs/linalg.yaml:200: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "ormqr",
+        overloads=["ormqr", "ormqr.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_ormqr_other_dtypes(dtype):
+    # specs/linalg.yaml:200: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "ormqr",
+        dtype,
+        overloads=["ormqr", "ormqr.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_qr(dtype):
+    # specs/linalg.yaml:205
+    check_opinfo(
+        "linalg.qr",
+        dtype,
+        overloads=["linalg_qr"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_linalg_qr_compiled():
+    # specs/linalg.yaml:205: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.qr",
+        overloads=["linalg_qr"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_qr_other_dtypes(dtype):
+    # specs/linalg.yaml:205: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.qr",
+        dtype,
+        overloads=["linalg_qr"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test__linalg_eigh(dtype):
+    # specs/linalg.yaml:211
+    check_opinfo(
+        "linalg.eigvalsh",
+        dtype,
+        overloads=["_linalg_eigh"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__linalg_eigh_compiled():
+    # specs/linalg.yaml:211: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.eigvalsh",
+        overloads=["_linalg_eigh"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test__linalg_eigh_other_dtypes(dtype):
+    # specs/linalg.yaml:211: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.eigvalsh",
+        dtype,
+        overloads=["_linalg_eigh"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test__linalg_svd(dtype):
+    # specs/linalg.yaml:217
+    check_opinfo(
+        "linalg.svdvals",
+        dtype,
+        overloads=["_linalg_svd"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__linalg_svd_compiled():
+    # specs/linalg.yaml:217: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.svdvals",
+        overloads=["_linalg_svd"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test__linalg_svd_other_dtypes(dtype):
+    # specs/linalg.yaml:217: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.svdvals",
+        dtype,
+        overloads=["_linalg_svd"],
+        variants=["Functional"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_linalg_matrix_exp(dtype):
+    # specs/linalg.yaml:223
+    check_opinfo(
+        "matrix_exp",
+        dtype,
+        overloads=["linalg_matrix_exp", "linalg_matrix_exp.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_linalg_matrix_exp_compiled():
+    # specs/linalg.yaml:223: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "matrix_exp",
+        overloads=["linalg_matrix_exp", "linalg_matrix_exp.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_linalg_matrix_exp_other_dtypes(dtype):
+    # specs/linalg.yaml:223: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "matrix_exp",
+        dtype,
+        overloads=["linalg_matrix_exp", "linalg_matrix_exp.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
+def test_linalg_cross(dtype):
+    # specs/linalg.yaml:228
+    check_opinfo(
+        "linalg.cross",
+        dtype,
+        overloads=["linalg_cross", "linalg_cross.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_linalg_cross_compiled():
+    # specs/linalg.yaml:228: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "linalg.cross",
+        overloads=["linalg_cross", "linalg_cross.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_linalg_cross_other_dtypes(dtype):
+    # specs/linalg.yaml:228: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "linalg.cross",
+        dtype,
+        overloads=["linalg_cross", "linalg_cross.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__softmax(dtype):
     # specs/nn.yaml:5

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -431,6 +432,46 @@ class Builder {
   // gradient, as an interpolation matrix per spatial dim.
   Value upsample_bicubic(const Value& self, const std::vector<int64_t>& output_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
   Value upsample_bicubic_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
+
+  // linalg decompositions and solvers (specs/linalg.yaml; runtime/hlo/linalg_decomp.cc). Matrices are
+  // the last two dims; leading dims are batch dims (broadcast between operands as in PyTorch). Loops
+  // are stablehlo.while loops over one matrix step, so module size does not grow with the matrix.
+  // A general loop: `init` are the loop-carried values; `condition` builds the 0-d i1 that keeps it
+  // going and `body` the next values (same types), each from the region's own block arguments.
+  std::vector<Value> while_loop(const std::vector<Value>& init, const std::function<Value(Builder&, const std::vector<Value>&)>& condition, const std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>& body);
+  Value identity_like(const Value& a);  // the identity in a's shape (batch dims too) and element type
+  Value matrix_transpose(const Value& a);  // a.mT: the last two dims swapped
+  // op(A) X = B (left) or X op(A) = B, A triangular (lower or upper; op: transposed where transpose_a).
+  Value triangular_solve(const Value& a, const Value& b, bool left, bool lower, bool transpose_a, bool unit_diagonal);
+  // Cholesky factor of the triangle `upper` names: L (A = L L^T) or U (A = U^T U); which 1: LAPACK's
+  // info (int32: the order of the first leading minor that is not positive definite, else 0).
+  Value cholesky(const Value& a, bool upper, int64_t which);
+  // LU with partial pivoting (LAPACK getrf; Gaussian elimination where not pivot): which 0 the packed
+  // LU, 1 the int32 1-based pivots, 2 info.
+  Value lu_factor(const Value& a, bool pivot, int64_t which);
+  // lu_unpack: which 0 the permutation matrix P, 1 L (unit lower), 2 U; an output not unpacked is empty.
+  Value lu_unpack(const Value& lu, const Value& pivots, bool unpack_data, bool unpack_pivots, int64_t which);
+  // X with A X = B (left) or X A = B, A^T where adjoint, from A's packed LU and pivots.
+  Value lu_solve(const Value& lu, const Value& pivots, const Value& b, bool left, bool adjoint);
+  // From a packed LU and pivots: which 0 det, 1 the sign of det, 2 log|det|.
+  Value lu_det(const Value& lu, const Value& pivots, int64_t which);
+  // linalg.solve's B where it is a (batch of) vector(s): B as a column, and the column back.
+  Value solve_rhs(const Value& a, const Value& b, bool left);
+  Value solve_result(const Value& a, const Value& b, const Value& x, bool left);
+  // Householder QR (LAPACK geqrf): which 0 the packed reflectors and R, 1 tau.
+  Value geqrf(const Value& a, int64_t which);
+  // C multiplied by Q = H_0 ... H_{k-1} from reflectors (LAPACK ormqr): Q C, Q^T C, C Q or C Q^T.
+  Value ormqr(const Value& reflectors, const Value& tau, const Value& c, bool left, bool transpose);
+  Value householder_product(const Value& reflectors, const Value& tau);  // LAPACK orgqr: Q's first n columns
+  // linalg.qr: which 0 Q, 1 R; mode "reduced" | "complete" | "r" (Q empty).
+  Value qr(const Value& a, const std::string& mode, int64_t which);
+  // Symmetric eigendecomposition from the triangle uplo ("L" | "U") names, by cyclic Jacobi:
+  // which 0 eigenvalues ascending, 1 eigenvectors as columns (empty unless compute_v).
+  Value eigh(const Value& a, const std::string& uplo, bool compute_v, int64_t which);
+  // SVD by one-sided Jacobi: which 0 U, 1 S (descending), 2 Vh; U and Vh empty unless compute_uv.
+  Value svd(const Value& a, bool full_matrices, bool compute_uv, int64_t which);
+  Value matrix_exp(const Value& a);  // scaling and squaring with a [13/13] Pade approximant
+  Value cross(const Value& a, const Value& b, int64_t dim);  // a x b along dim (size 3), broadcast
 
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
