@@ -993,6 +993,144 @@ def test_xlogy_Tensor_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_complex(dtype):
+    # specs/complex.yaml:7
+    check_opinfo(
+        "complex",
+        dtype,
+        overloads=["complex", "complex.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_complex_compiled():
+    # specs/complex.yaml:7: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "complex",
+        overloads=["complex", "complex.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_polar(dtype):
+    # specs/complex.yaml:14
+    check_opinfo(
+        "polar",
+        dtype,
+        overloads=["polar", "polar.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_polar_compiled():
+    # specs/complex.yaml:14: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "polar",
+        overloads=["polar", "polar.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "complex64", "complex128"])
+def test_conj_physical(dtype):
+    # specs/complex.yaml:21
+    check_opinfo(
+        "conj_physical",
+        dtype,
+        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_conj_physical_compiled():
+    # specs/complex.yaml:21: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "conj_physical",
+        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test__fft_c2c(dtype):
+    # specs/complex.yaml:28
+    check_opinfo(
+        "fft.fft",
+        dtype,
+        overloads=["_fft_c2c", "_fft_c2c.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__fft_c2c_compiled():
+    # specs/complex.yaml:28: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fft.fft",
+        overloads=["_fft_c2c", "_fft_c2c.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__fft_r2c(dtype):
+    # specs/complex.yaml:35
+    check_opinfo(
+        "fft.rfft",
+        dtype,
+        overloads=["_fft_r2c", "_fft_r2c.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__fft_r2c_compiled():
+    # specs/complex.yaml:35: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fft.rfft",
+        overloads=["_fft_r2c", "_fft_r2c.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+def test__fft_c2r(dtype):
+    # specs/complex.yaml:42
+    check_opinfo(
+        "fft.irfft",
+        dtype,
+        overloads=["_fft_c2r", "_fft_c2r.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__fft_c2r_compiled():
+    # specs/complex.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fft.irfft",
+        overloads=["_fft_c2r", "_fft_c2r.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
 def test_convolution_overrideable(dtype):
     # specs/conv.yaml:10
@@ -1122,7 +1260,7 @@ def test_add_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_add_Tensor_other_dtypes(dtype):
     # specs/elementwise.yaml:4: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -1138,7 +1276,7 @@ def test_add_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_sub_Tensor(dtype):
-    # specs/elementwise.yaml:11
+    # specs/elementwise.yaml:13
     check_opinfo(
         "sub",
         dtype,
@@ -1150,7 +1288,7 @@ def test_sub_Tensor(dtype):
 
 
 def test_sub_Tensor_compiled():
-    # specs/elementwise.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:13: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sub",
         overloads=["sub.Tensor", "sub_.Tensor", "sub.out"],
@@ -1159,9 +1297,9 @@ def test_sub_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_sub_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:11: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:13: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sub",
         dtype,
@@ -1175,7 +1313,7 @@ def test_sub_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_mul_Tensor(dtype):
-    # specs/elementwise.yaml:20
+    # specs/elementwise.yaml:22
     check_opinfo(
         "mul",
         dtype,
@@ -1187,7 +1325,7 @@ def test_mul_Tensor(dtype):
 
 
 def test_mul_Tensor_compiled():
-    # specs/elementwise.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:22: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "mul",
         overloads=["mul.Tensor", "mul_.Tensor", "mul.out"],
@@ -1196,9 +1334,9 @@ def test_mul_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_mul_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:20: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:22: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "mul",
         dtype,
@@ -1212,7 +1350,7 @@ def test_mul_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_div_Tensor(dtype):
-    # specs/elementwise.yaml:27
+    # specs/elementwise.yaml:31
     check_opinfo(
         "div.no_rounding_mode",
         dtype,
@@ -1224,7 +1362,7 @@ def test_div_Tensor(dtype):
 
 
 def test_div_Tensor_compiled():
-    # specs/elementwise.yaml:27: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:31: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.no_rounding_mode",
         overloads=["div.Tensor", "div_.Tensor", "div.out"],
@@ -1233,9 +1371,9 @@ def test_div_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_div_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:27: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:31: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "div.no_rounding_mode",
         dtype,
@@ -1249,7 +1387,7 @@ def test_div_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_neg(dtype):
-    # specs/elementwise.yaml:38
+    # specs/elementwise.yaml:42
     check_opinfo(
         "neg",
         dtype,
@@ -1261,7 +1399,7 @@ def test_neg(dtype):
 
 
 def test_neg_compiled():
-    # specs/elementwise.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:42: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "neg",
         overloads=["neg", "neg_", "neg.out"],
@@ -1270,9 +1408,9 @@ def test_neg_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_neg_other_dtypes(dtype):
-    # specs/elementwise.yaml:38: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:42: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "neg",
         dtype,
@@ -1286,7 +1424,7 @@ def test_neg_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_exp(dtype):
-    # specs/elementwise.yaml:43
+    # specs/elementwise.yaml:47
     check_opinfo(
         "exp",
         dtype,
@@ -1298,7 +1436,7 @@ def test_exp(dtype):
 
 
 def test_exp_compiled():
-    # specs/elementwise.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:47: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "exp",
         overloads=["exp", "exp_", "exp.out"],
@@ -1307,9 +1445,9 @@ def test_exp_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_exp_other_dtypes(dtype):
-    # specs/elementwise.yaml:43: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:47: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "exp",
         dtype,
@@ -1323,7 +1461,7 @@ def test_exp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log(dtype):
-    # specs/elementwise.yaml:49
+    # specs/elementwise.yaml:53
     check_opinfo(
         "log",
         dtype,
@@ -1335,7 +1473,7 @@ def test_log(dtype):
 
 
 def test_log_compiled():
-    # specs/elementwise.yaml:49: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:53: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log",
         overloads=["log", "log_", "log.out"],
@@ -1346,7 +1484,7 @@ def test_log_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log_other_dtypes(dtype):
-    # specs/elementwise.yaml:49: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:53: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log",
         dtype,
@@ -1360,7 +1498,7 @@ def test_log_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sqrt(dtype):
-    # specs/elementwise.yaml:55
+    # specs/elementwise.yaml:59
     check_opinfo(
         "sqrt",
         dtype,
@@ -1372,7 +1510,7 @@ def test_sqrt(dtype):
 
 
 def test_sqrt_compiled():
-    # specs/elementwise.yaml:55: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:59: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sqrt",
         overloads=["sqrt", "sqrt_", "sqrt.out"],
@@ -1383,7 +1521,7 @@ def test_sqrt_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sqrt_other_dtypes(dtype):
-    # specs/elementwise.yaml:55: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:59: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sqrt",
         dtype,
@@ -1397,7 +1535,7 @@ def test_sqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_relu(dtype):
-    # specs/elementwise.yaml:61
+    # specs/elementwise.yaml:65
     check_opinfo(
         "nn.functional.relu",
         dtype,
@@ -1409,7 +1547,7 @@ def test_relu(dtype):
 
 
 def test_relu_compiled():
-    # specs/elementwise.yaml:61: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.relu",
         overloads=["relu", "relu_", "relu.out"],
@@ -1420,7 +1558,7 @@ def test_relu_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_relu_other_dtypes(dtype):
-    # specs/elementwise.yaml:61: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.relu",
         dtype,
@@ -1434,7 +1572,7 @@ def test_relu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_where_self(dtype):
-    # specs/elementwise.yaml:66
+    # specs/elementwise.yaml:70
     check_opinfo(
         "where",
         dtype,
@@ -1446,7 +1584,7 @@ def test_where_self(dtype):
 
 
 def test_where_self_compiled():
-    # specs/elementwise.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:70: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "where",
         overloads=["where.self", "where.self_out"],
@@ -1455,9 +1593,9 @@ def test_where_self_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_where_self_other_dtypes(dtype):
-    # specs/elementwise.yaml:66: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:70: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "where",
         dtype,
@@ -1471,7 +1609,7 @@ def test_where_self_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_eq_Tensor(dtype):
-    # specs/elementwise.yaml:71
+    # specs/elementwise.yaml:76
     check_opinfo(
         "eq",
         dtype,
@@ -1483,7 +1621,7 @@ def test_eq_Tensor(dtype):
 
 
 def test_eq_Tensor_compiled():
-    # specs/elementwise.yaml:71: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:76: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "eq",
         overloads=["eq.Tensor", "eq_.Tensor", "eq.Tensor_out"],
@@ -1494,7 +1632,7 @@ def test_eq_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_eq_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:71: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:76: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "eq",
         dtype,
@@ -1508,7 +1646,7 @@ def test_eq_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_lt_Tensor(dtype):
-    # specs/elementwise.yaml:78
+    # specs/elementwise.yaml:83
     check_opinfo(
         "lt",
         dtype,
@@ -1520,7 +1658,7 @@ def test_lt_Tensor(dtype):
 
 
 def test_lt_Tensor_compiled():
-    # specs/elementwise.yaml:78: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:83: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lt",
         overloads=["lt.Tensor", "lt_.Tensor", "lt.Tensor_out"],
@@ -1531,7 +1669,7 @@ def test_lt_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_lt_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:78: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:83: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lt",
         dtype,
@@ -5678,7 +5816,7 @@ def test_sum_dim_IntList_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_sum_dim_IntList_other_dtypes(dtype):
     # specs/reduction.yaml:3: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -5694,7 +5832,7 @@ def test_sum_dim_IntList_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mean_dim(dtype):
-    # specs/reduction.yaml:15
+    # specs/reduction.yaml:16
     check_opinfo(
         "mean",
         dtype,
@@ -5706,7 +5844,7 @@ def test_mean_dim(dtype):
 
 
 def test_mean_dim_compiled():
-    # specs/reduction.yaml:15: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:16: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "mean",
         overloads=["mean.dim", "mean.out"],
@@ -5715,9 +5853,9 @@ def test_mean_dim_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_mean_dim_other_dtypes(dtype):
-    # specs/reduction.yaml:15: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:16: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "mean",
         dtype,
@@ -5731,7 +5869,7 @@ def test_mean_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_prod_dim_int(dtype):
-    # specs/reduction.yaml:29
+    # specs/reduction.yaml:30
     check_opinfo(
         "prod",
         dtype,
@@ -5743,7 +5881,7 @@ def test_prod_dim_int(dtype):
 
 
 def test_prod_dim_int_compiled():
-    # specs/reduction.yaml:29: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:30: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "prod",
         overloads=["prod.dim_int", "prod.int_out"],
@@ -5754,7 +5892,7 @@ def test_prod_dim_int_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_prod_dim_int_other_dtypes(dtype):
-    # specs/reduction.yaml:29: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:30: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "prod",
         dtype,
@@ -5768,7 +5906,7 @@ def test_prod_dim_int_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_amax(dtype):
-    # specs/reduction.yaml:41
+    # specs/reduction.yaml:42
     check_opinfo(
         "amax",
         dtype,
@@ -5780,7 +5918,7 @@ def test_amax(dtype):
 
 
 def test_amax_compiled():
-    # specs/reduction.yaml:41: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:42: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "amax",
         overloads=["amax", "amax.out"],
@@ -5791,7 +5929,7 @@ def test_amax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_amax_other_dtypes(dtype):
-    # specs/reduction.yaml:41: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:42: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "amax",
         dtype,
@@ -5805,7 +5943,7 @@ def test_amax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_amin(dtype):
-    # specs/reduction.yaml:48
+    # specs/reduction.yaml:49
     check_opinfo(
         "amin",
         dtype,
@@ -5817,7 +5955,7 @@ def test_amin(dtype):
 
 
 def test_amin_compiled():
-    # specs/reduction.yaml:48: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:49: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "amin",
         overloads=["amin", "amin.out"],
@@ -5828,7 +5966,7 @@ def test_amin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_amin_other_dtypes(dtype):
-    # specs/reduction.yaml:48: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:49: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "amin",
         dtype,
@@ -5842,7 +5980,7 @@ def test_amin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_max(dtype):
-    # specs/reduction.yaml:56
+    # specs/reduction.yaml:57
     check_opinfo(
         "max.reduction_no_dim",
         dtype,
@@ -5854,7 +5992,7 @@ def test_max(dtype):
 
 
 def test_max_compiled():
-    # specs/reduction.yaml:56: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:57: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "max.reduction_no_dim",
         overloads=["max", "max.unary_out"],
@@ -5865,7 +6003,7 @@ def test_max_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_other_dtypes(dtype):
-    # specs/reduction.yaml:56: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:57: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "max.reduction_no_dim",
         dtype,
@@ -5879,7 +6017,7 @@ def test_max_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_min(dtype):
-    # specs/reduction.yaml:62
+    # specs/reduction.yaml:63
     check_opinfo(
         "min.reduction_no_dim",
         dtype,
@@ -5891,7 +6029,7 @@ def test_min(dtype):
 
 
 def test_min_compiled():
-    # specs/reduction.yaml:62: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:63: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "min.reduction_no_dim",
         overloads=["min", "min.unary_out"],
@@ -5902,7 +6040,7 @@ def test_min_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_min_other_dtypes(dtype):
-    # specs/reduction.yaml:62: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:63: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "min.reduction_no_dim",
         dtype,
@@ -5916,7 +6054,7 @@ def test_min_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_max_dim(dtype):
-    # specs/reduction.yaml:69
+    # specs/reduction.yaml:70
     check_opinfo(
         "max.reduction_with_dim",
         dtype,
@@ -5928,7 +6066,7 @@ def test_max_dim(dtype):
 
 
 def test_max_dim_compiled():
-    # specs/reduction.yaml:69: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:70: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "max.reduction_with_dim",
         overloads=["max.dim"],
@@ -5939,7 +6077,7 @@ def test_max_dim_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_dim_other_dtypes(dtype):
-    # specs/reduction.yaml:69: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:70: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "max.reduction_with_dim",
         dtype,
@@ -5953,7 +6091,7 @@ def test_max_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_min_dim(dtype):
-    # specs/reduction.yaml:76
+    # specs/reduction.yaml:77
     check_opinfo(
         "min.reduction_with_dim",
         dtype,
@@ -5965,7 +6103,7 @@ def test_min_dim(dtype):
 
 
 def test_min_dim_compiled():
-    # specs/reduction.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:77: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "min.reduction_with_dim",
         overloads=["min.dim"],
@@ -5976,7 +6114,7 @@ def test_min_dim_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_min_dim_other_dtypes(dtype):
-    # specs/reduction.yaml:76: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:77: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "min.reduction_with_dim",
         dtype,
@@ -5990,7 +6128,7 @@ def test_min_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_argmax(dtype):
-    # specs/reduction.yaml:84
+    # specs/reduction.yaml:85
     check_opinfo(
         "argmax",
         dtype,
@@ -6002,7 +6140,7 @@ def test_argmax(dtype):
 
 
 def test_argmax_compiled():
-    # specs/reduction.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:85: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "argmax",
         overloads=["argmax", "argmax.out"],
@@ -6013,7 +6151,7 @@ def test_argmax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_argmax_other_dtypes(dtype):
-    # specs/reduction.yaml:84: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:85: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "argmax",
         dtype,
@@ -6027,7 +6165,7 @@ def test_argmax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_argmin(dtype):
-    # specs/reduction.yaml:92
+    # specs/reduction.yaml:93
     check_opinfo(
         "argmin",
         dtype,
@@ -6039,7 +6177,7 @@ def test_argmin(dtype):
 
 
 def test_argmin_compiled():
-    # specs/reduction.yaml:92: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:93: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "argmin",
         overloads=["argmin", "argmin.out"],
@@ -6050,7 +6188,7 @@ def test_argmin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_argmin_other_dtypes(dtype):
-    # specs/reduction.yaml:92: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:93: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "argmin",
         dtype,
@@ -6064,7 +6202,7 @@ def test_argmin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_any_dims(dtype):
-    # specs/reduction.yaml:116
+    # specs/reduction.yaml:117
     check_opinfo(
         "any",
         dtype,
@@ -6076,7 +6214,7 @@ def test_any_dims(dtype):
 
 
 def test_any_dims_compiled():
-    # specs/reduction.yaml:116: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:117: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "any",
         overloads=["any.dims", "any.dims_out"],
@@ -6087,7 +6225,7 @@ def test_any_dims_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_any_dims_other_dtypes(dtype):
-    # specs/reduction.yaml:116: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:117: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "any",
         dtype,
@@ -6101,7 +6239,7 @@ def test_any_dims_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_all_dims(dtype):
-    # specs/reduction.yaml:138
+    # specs/reduction.yaml:139
     check_opinfo(
         "all",
         dtype,
@@ -6113,7 +6251,7 @@ def test_all_dims(dtype):
 
 
 def test_all_dims_compiled():
-    # specs/reduction.yaml:138: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:139: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "all",
         overloads=["all.dims", "all.dims_out"],
@@ -6124,7 +6262,7 @@ def test_all_dims_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_all_dims_other_dtypes(dtype):
-    # specs/reduction.yaml:138: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:139: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "all",
         dtype,
@@ -6138,7 +6276,7 @@ def test_all_dims_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_correction(dtype):
-    # specs/reduction.yaml:147
+    # specs/reduction.yaml:148
     check_opinfo(
         "var",
         dtype,
@@ -6150,7 +6288,7 @@ def test_var_correction(dtype):
 
 
 def test_var_correction_compiled():
-    # specs/reduction.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var",
         overloads=["var.correction", "var.correction_out"],
@@ -6161,7 +6299,7 @@ def test_var_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:147: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:148: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var",
         dtype,
@@ -6175,7 +6313,7 @@ def test_var_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_correction(dtype):
-    # specs/reduction.yaml:155
+    # specs/reduction.yaml:156
     check_opinfo(
         "std",
         dtype,
@@ -6187,7 +6325,7 @@ def test_std_correction(dtype):
 
 
 def test_std_correction_compiled():
-    # specs/reduction.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:156: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std",
         overloads=["std.correction", "std.correction_out"],
@@ -6198,7 +6336,7 @@ def test_std_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:155: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:156: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std",
         dtype,
@@ -6212,7 +6350,7 @@ def test_std_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_mean_correction(dtype):
-    # specs/reduction.yaml:163
+    # specs/reduction.yaml:164
     check_opinfo(
         "var_mean",
         dtype,
@@ -6224,7 +6362,7 @@ def test_var_mean_correction(dtype):
 
 
 def test_var_mean_correction_compiled():
-    # specs/reduction.yaml:163: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:164: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var_mean",
         overloads=["var_mean.correction"],
@@ -6235,7 +6373,7 @@ def test_var_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:163: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:164: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var_mean",
         dtype,
@@ -6249,7 +6387,7 @@ def test_var_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_mean_correction(dtype):
-    # specs/reduction.yaml:171
+    # specs/reduction.yaml:172
     check_opinfo(
         "std_mean",
         dtype,
@@ -6261,7 +6399,7 @@ def test_std_mean_correction(dtype):
 
 
 def test_std_mean_correction_compiled():
-    # specs/reduction.yaml:171: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std_mean",
         overloads=["std_mean.correction"],
@@ -6272,7 +6410,7 @@ def test_std_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:171: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:172: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std_mean",
         dtype,
@@ -6286,7 +6424,7 @@ def test_std_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_logsumexp(dtype):
-    # specs/reduction.yaml:180
+    # specs/reduction.yaml:181
     check_opinfo(
         "logsumexp",
         dtype,
@@ -6298,7 +6436,7 @@ def test_logsumexp(dtype):
 
 
 def test_logsumexp_compiled():
-    # specs/reduction.yaml:180: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:181: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logsumexp",
         overloads=["logsumexp", "logsumexp.out"],
@@ -6309,7 +6447,7 @@ def test_logsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_linalg_vector_norm(dtype):
-    # specs/reduction.yaml:188
+    # specs/reduction.yaml:189
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -6321,7 +6459,7 @@ def test_linalg_vector_norm(dtype):
 
 
 def test_linalg_vector_norm_compiled():
-    # specs/reduction.yaml:188: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:189: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.vector_norm",
         overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
@@ -6332,7 +6470,7 @@ def test_linalg_vector_norm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_linalg_vector_norm_other_dtypes(dtype):
-    # specs/reduction.yaml:188: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:189: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -6346,7 +6484,7 @@ def test_linalg_vector_norm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumsum(dtype):
-    # specs/reduction.yaml:197
+    # specs/reduction.yaml:198
     check_opinfo(
         "cumsum",
         dtype,
@@ -6358,7 +6496,7 @@ def test_cumsum(dtype):
 
 
 def test_cumsum_compiled():
-    # specs/reduction.yaml:197: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:198: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumsum",
         overloads=["cumsum", "cumsum_", "cumsum.out"],
@@ -6369,7 +6507,7 @@ def test_cumsum_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumsum_other_dtypes(dtype):
-    # specs/reduction.yaml:197: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:198: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumsum",
         dtype,
@@ -6383,7 +6521,7 @@ def test_cumsum_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumprod(dtype):
-    # specs/reduction.yaml:203
+    # specs/reduction.yaml:204
     check_opinfo(
         "cumprod",
         dtype,
@@ -6395,7 +6533,7 @@ def test_cumprod(dtype):
 
 
 def test_cumprod_compiled():
-    # specs/reduction.yaml:203: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:204: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumprod",
         overloads=["cumprod", "cumprod_", "cumprod.out"],
@@ -6406,7 +6544,7 @@ def test_cumprod_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumprod_other_dtypes(dtype):
-    # specs/reduction.yaml:203: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:204: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumprod",
         dtype,
@@ -6420,7 +6558,7 @@ def test_cumprod_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "float32"])
 def test_sort_stable(dtype):
-    # specs/reduction.yaml:215
+    # specs/reduction.yaml:216
     check_opinfo(
         "sort",
         dtype,
@@ -6432,7 +6570,7 @@ def test_sort_stable(dtype):
 
 
 def test_sort_stable_compiled():
-    # specs/reduction.yaml:215: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:216: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sort",
         overloads=["sort.stable"],
@@ -6443,7 +6581,7 @@ def test_sort_stable_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_topk(dtype):
-    # specs/reduction.yaml:222
+    # specs/reduction.yaml:223
     check_opinfo(
         "topk",
         dtype,
@@ -6455,7 +6593,7 @@ def test_topk(dtype):
 
 
 def test_topk_compiled():
-    # specs/reduction.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:223: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "topk",
         overloads=["topk"],
@@ -6466,7 +6604,7 @@ def test_topk_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummax(dtype):
-    # specs/reduction.yaml:232
+    # specs/reduction.yaml:233
     check_opinfo(
         "cummax",
         dtype,
@@ -6478,7 +6616,7 @@ def test_cummax(dtype):
 
 
 def test_cummax_compiled():
-    # specs/reduction.yaml:232: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:233: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummax",
         overloads=["cummax"],
@@ -6489,7 +6627,7 @@ def test_cummax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummax_other_dtypes(dtype):
-    # specs/reduction.yaml:232: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:233: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummax",
         dtype,
@@ -6503,7 +6641,7 @@ def test_cummax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummin(dtype):
-    # specs/reduction.yaml:239
+    # specs/reduction.yaml:240
     check_opinfo(
         "cummin",
         dtype,
@@ -6515,7 +6653,7 @@ def test_cummin(dtype):
 
 
 def test_cummin_compiled():
-    # specs/reduction.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:240: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummin",
         overloads=["cummin"],
@@ -6526,7 +6664,7 @@ def test_cummin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummin_other_dtypes(dtype):
-    # specs/reduction.yaml:239: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:240: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummin",
         dtype,
@@ -6540,7 +6678,7 @@ def test_cummin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__logcumsumexp(dtype):
-    # specs/reduction.yaml:247
+    # specs/reduction.yaml:248
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -6554,7 +6692,7 @@ def test__logcumsumexp(dtype):
 
 
 def test__logcumsumexp_compiled():
-    # specs/reduction.yaml:247: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:248: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logcumsumexp",
         overloads=["_logcumsumexp", "_logcumsumexp.out"],
@@ -6565,7 +6703,7 @@ def test__logcumsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__logcumsumexp_other_dtypes(dtype):
-    # specs/reduction.yaml:247: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:248: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -6581,7 +6719,7 @@ def test__logcumsumexp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_kthvalue(dtype):
-    # specs/reduction.yaml:256
+    # specs/reduction.yaml:257
     check_opinfo(
         "kthvalue",
         dtype,
@@ -6593,7 +6731,7 @@ def test_kthvalue(dtype):
 
 
 def test_kthvalue_compiled():
-    # specs/reduction.yaml:256: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:257: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "kthvalue",
         overloads=["kthvalue"],
@@ -6604,7 +6742,7 @@ def test_kthvalue_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_median(dtype):
-    # specs/reduction.yaml:263
+    # specs/reduction.yaml:264
     check_opinfo(
         "median",
         dtype,
@@ -6616,7 +6754,7 @@ def test_median(dtype):
 
 
 def test_median_compiled():
-    # specs/reduction.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:264: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "median",
         overloads=["median", "median.out"],
@@ -6627,7 +6765,7 @@ def test_median_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_median_other_dtypes(dtype):
-    # specs/reduction.yaml:263: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:264: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "median",
         dtype,
@@ -6641,7 +6779,7 @@ def test_median_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_nanmedian(dtype):
-    # specs/reduction.yaml:275
+    # specs/reduction.yaml:276
     check_opinfo(
         "nanmedian",
         dtype,
@@ -6653,7 +6791,7 @@ def test_nanmedian(dtype):
 
 
 def test_nanmedian_compiled():
-    # specs/reduction.yaml:275: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:276: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nanmedian",
         overloads=["nanmedian", "nanmedian.out"],
@@ -6664,7 +6802,7 @@ def test_nanmedian_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nanmedian_other_dtypes(dtype):
-    # specs/reduction.yaml:275: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:276: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nanmedian",
         dtype,
@@ -6678,7 +6816,7 @@ def test_nanmedian_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_trace(dtype):
-    # specs/reduction.yaml:288
+    # specs/reduction.yaml:289
     check_opinfo(
         "trace",
         dtype,
@@ -6690,7 +6828,7 @@ def test_trace(dtype):
 
 
 def test_trace_compiled():
-    # specs/reduction.yaml:288: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:289: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "trace",
         overloads=["trace", "trace.out"],
@@ -6701,7 +6839,7 @@ def test_trace_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_trace_other_dtypes(dtype):
-    # specs/reduction.yaml:288: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:289: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "trace",
         dtype,
@@ -6736,7 +6874,7 @@ def test_flip_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_flip_other_dtypes(dtype):
     # specs/shape.yaml:4: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -6752,7 +6890,7 @@ def test_flip_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_roll(dtype):
-    # specs/shape.yaml:11
+    # specs/shape.yaml:12
     check_opinfo(
         "roll",
         dtype,
@@ -6764,7 +6902,7 @@ def test_roll(dtype):
 
 
 def test_roll_compiled():
-    # specs/shape.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:12: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "roll",
         overloads=["roll", "roll.out"],
@@ -6775,7 +6913,7 @@ def test_roll_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_roll_other_dtypes(dtype):
-    # specs/shape.yaml:11: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:12: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "roll",
         dtype,
@@ -6789,7 +6927,7 @@ def test_roll_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_repeat(dtype):
-    # specs/shape.yaml:17
+    # specs/shape.yaml:18
     check_opinfo(
         "repeat",
         dtype,
@@ -6801,7 +6939,7 @@ def test_repeat(dtype):
 
 
 def test_repeat_compiled():
-    # specs/shape.yaml:17: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:18: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "repeat",
         overloads=["repeat", "repeat.out"],
@@ -6812,7 +6950,7 @@ def test_repeat_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_repeat_other_dtypes(dtype):
-    # specs/shape.yaml:17: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:18: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "repeat",
         dtype,
@@ -6826,7 +6964,7 @@ def test_repeat_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_tril(dtype):
-    # specs/shape.yaml:23
+    # specs/shape.yaml:24
     check_opinfo(
         "tril",
         dtype,
@@ -6838,7 +6976,7 @@ def test_tril(dtype):
 
 
 def test_tril_compiled():
-    # specs/shape.yaml:23: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:24: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "tril",
         overloads=["tril", "tril_", "tril.out"],
@@ -6849,7 +6987,7 @@ def test_tril_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_tril_other_dtypes(dtype):
-    # specs/shape.yaml:23: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:24: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "tril",
         dtype,
@@ -6863,7 +7001,7 @@ def test_tril_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_triu(dtype):
-    # specs/shape.yaml:29
+    # specs/shape.yaml:30
     check_opinfo(
         "triu",
         dtype,
@@ -6875,7 +7013,7 @@ def test_triu(dtype):
 
 
 def test_triu_compiled():
-    # specs/shape.yaml:29: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:30: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "triu",
         overloads=["triu", "triu_", "triu.out"],
@@ -6886,7 +7024,7 @@ def test_triu_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_triu_other_dtypes(dtype):
-    # specs/shape.yaml:29: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:30: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "triu",
         dtype,
@@ -6900,7 +7038,7 @@ def test_triu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_slice_scatter(dtype):
-    # specs/shape.yaml:37
+    # specs/shape.yaml:38
     check_opinfo(
         "slice_scatter",
         dtype,
@@ -6912,7 +7050,7 @@ def test_slice_scatter(dtype):
 
 
 def test_slice_scatter_compiled():
-    # specs/shape.yaml:37: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:38: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "slice_scatter",
         overloads=["slice_scatter", "slice_scatter.out"],
@@ -6921,9 +7059,9 @@ def test_slice_scatter_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_slice_scatter_other_dtypes(dtype):
-    # specs/shape.yaml:37: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:38: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "slice_scatter",
         dtype,
@@ -6937,7 +7075,7 @@ def test_slice_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_select_scatter(dtype):
-    # specs/shape.yaml:43
+    # specs/shape.yaml:45
     check_opinfo(
         "select_scatter",
         dtype,
@@ -6949,7 +7087,7 @@ def test_select_scatter(dtype):
 
 
 def test_select_scatter_compiled():
-    # specs/shape.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:45: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "select_scatter",
         overloads=["select_scatter", "select_scatter.out"],
@@ -6958,9 +7096,9 @@ def test_select_scatter_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_select_scatter_other_dtypes(dtype):
-    # specs/shape.yaml:43: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:45: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "select_scatter",
         dtype,
@@ -6974,7 +7112,7 @@ def test_select_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_constant_pad_nd(dtype):
-    # specs/shape.yaml:60
+    # specs/shape.yaml:63
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -6986,7 +7124,7 @@ def test_constant_pad_nd(dtype):
 
 
 def test_constant_pad_nd_compiled():
-    # specs/shape.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:63: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.constant",
         overloads=["constant_pad_nd", "constant_pad_nd.out"],
@@ -6995,9 +7133,9 @@ def test_constant_pad_nd_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_constant_pad_nd_other_dtypes(dtype):
-    # specs/shape.yaml:60: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:63: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -7011,7 +7149,7 @@ def test_constant_pad_nd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_reflection_pad1d(dtype):
-    # specs/shape.yaml:67
+    # specs/shape.yaml:71
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -7023,7 +7161,7 @@ def test_reflection_pad1d(dtype):
 
 
 def test_reflection_pad1d_compiled():
-    # specs/shape.yaml:67: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:71: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.reflect",
         overloads=["reflection_pad1d", "reflection_pad1d.out"],
@@ -7034,7 +7172,7 @@ def test_reflection_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_reflection_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:67: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:71: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -7048,7 +7186,7 @@ def test_reflection_pad1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_replication_pad1d(dtype):
-    # specs/shape.yaml:80
+    # specs/shape.yaml:84
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -7060,7 +7198,7 @@ def test_replication_pad1d(dtype):
 
 
 def test_replication_pad1d_compiled():
-    # specs/shape.yaml:80: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:84: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.replicate",
         overloads=["replication_pad1d", "replication_pad1d.out"],
@@ -7071,7 +7209,7 @@ def test_replication_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_replication_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:80: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:84: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -7735,7 +7873,7 @@ def test_angle_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_angle_other_dtypes(dtype):
     # specs/special.yaml:123: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -9307,7 +9445,7 @@ def test_fill_Scalar_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_fill_Scalar_other_dtypes(dtype):
     # specs/tensor.yaml:3: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -9323,7 +9461,7 @@ def test_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_zero(dtype):
-    # specs/tensor.yaml:14
+    # specs/tensor.yaml:15
     check_opinfo(
         "zero_",
         dtype,
@@ -9335,7 +9473,7 @@ def test_zero(dtype):
 
 
 def test_zero_compiled():
-    # specs/tensor.yaml:14: the first float32 sample through torch.compile(backend="tpu")
+    # specs/tensor.yaml:15: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "zero_",
         overloads=["zero", "zero_", "zero.out"],
@@ -9344,9 +9482,9 @@ def test_zero_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_zero_other_dtypes(dtype):
-    # specs/tensor.yaml:14: every other dtype it supports, over the first 3 samples
+    # specs/tensor.yaml:15: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "zero_",
         dtype,
@@ -9360,7 +9498,7 @@ def test_zero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cat(dtype):
-    # specs/tensor.yaml:20
+    # specs/tensor.yaml:22
     check_opinfo(
         "cat",
         dtype,
@@ -9372,7 +9510,7 @@ def test_cat(dtype):
 
 
 def test_cat_compiled():
-    # specs/tensor.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    # specs/tensor.yaml:22: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cat",
         overloads=["cat", "cat.out"],
@@ -9381,9 +9519,9 @@ def test_cat_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_cat_other_dtypes(dtype):
-    # specs/tensor.yaml:20: every other dtype it supports, over the first 3 samples
+    # specs/tensor.yaml:22: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cat",
         dtype,
@@ -9397,7 +9535,7 @@ def test_cat_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clone(dtype):
-    # specs/tensor.yaml:25
+    # specs/tensor.yaml:28
     check_opinfo(
         "clone",
         dtype,
@@ -9409,7 +9547,7 @@ def test_clone(dtype):
 
 
 def test_clone_compiled():
-    # specs/tensor.yaml:25: the first float32 sample through torch.compile(backend="tpu")
+    # specs/tensor.yaml:28: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clone",
         overloads=["clone", "clone.out"],
@@ -9418,9 +9556,9 @@ def test_clone_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_clone_other_dtypes(dtype):
-    # specs/tensor.yaml:25: every other dtype it supports, over the first 3 samples
+    # specs/tensor.yaml:28: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clone",
         dtype,
@@ -9455,7 +9593,7 @@ def test_abs_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_abs_other_dtypes(dtype):
     # specs/unary.yaml:5: every other dtype it supports, over the first 3 samples
     check_opinfo(
