@@ -215,6 +215,13 @@ void clear_kernel_caches() {
   g_modules.clear();
 }
 
+// PyTorch's Conjugate fallback would hand _copy_from a resolved clone of a conjugated dst (its
+// schema does not mark dst as written), and the copy would be lost: copy_eagerly handles the bits.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
