@@ -369,6 +369,38 @@ std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { re
 // xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
+// complex = complex_from(real, imag)  (specs/complex.yaml:7)
+std::vector<Value> emit_complex(Builder& b, const EmitArgs& a) { return {b.complex_from(a.value(0), a.value(1))}; }
+// complex.out = complex_from(real, imag)  (specs/complex.yaml:7)
+std::vector<Value> emit_complex__out(Builder& b, const EmitArgs& a) { return {b.complex_from(a.value(0), a.value(1))}; }
+
+// polar = complex_from(mul(abs, cos(angle)), mul(abs, sin(angle)))  (specs/complex.yaml:14)
+std::vector<Value> emit_polar(Builder& b, const EmitArgs& a) { return {b.complex_from(b.mul(a.value(0), b.cos(a.value(1))), b.mul(a.value(0), b.sin(a.value(1))))}; }
+// polar.out = complex_from(mul(abs, cos(angle)), mul(abs, sin(angle)))  (specs/complex.yaml:14)
+std::vector<Value> emit_polar__out(Builder& b, const EmitArgs& a) { return {b.complex_from(b.mul(a.value(0), b.cos(a.value(1))), b.mul(a.value(0), b.sin(a.value(1))))}; }
+
+// conj_physical = conj_of(self)  (specs/complex.yaml:21)
+std::vector<Value> emit_conj_physical(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
+// conj_physical_ = conj_of(self)  (specs/complex.yaml:21)
+std::vector<Value> emit_conj_physical_(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
+// conj_physical.out = conj_of(self)  (specs/complex.yaml:21)
+std::vector<Value> emit_conj_physical__out(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
+
+// _fft_c2c = fft_c2c(self, dim, normalization, forward)  (specs/complex.yaml:28)
+std::vector<Value> emit__fft_c2c(Builder& b, const EmitArgs& a) { return {b.fft_c2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
+// _fft_c2c.out = fft_c2c(self, dim, normalization, forward)  (specs/complex.yaml:28)
+std::vector<Value> emit__fft_c2c__out(Builder& b, const EmitArgs& a) { return {b.fft_c2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
+
+// _fft_r2c = fft_r2c(self, dim, normalization, onesided)  (specs/complex.yaml:35)
+std::vector<Value> emit__fft_r2c(Builder& b, const EmitArgs& a) { return {b.fft_r2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
+// _fft_r2c.out = fft_r2c(self, dim, normalization, onesided)  (specs/complex.yaml:35)
+std::vector<Value> emit__fft_r2c__out(Builder& b, const EmitArgs& a) { return {b.fft_r2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
+
+// _fft_c2r = fft_c2r(self, dim, normalization, last_dim_size)  (specs/complex.yaml:42)
+std::vector<Value> emit__fft_c2r(Builder& b, const EmitArgs& a) { return {b.fft_c2r(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
+// _fft_c2r.out = fft_c2r(self, dim, normalization, last_dim_size)  (specs/complex.yaml:42)
+std::vector<Value> emit__fft_c2r__out(Builder& b, const EmitArgs& a) { return {b.fft_c2r(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
+
 // convolution_overrideable = conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)  (specs/conv.yaml:10)
 std::vector<Value> emit_convolution_overrideable(Builder& b, const EmitArgs& a) { return {b.conv(a.value(0), a.value(1), a.optional_value(2), a.ints(3), a.ints(4), a.ints(5), a.boolean(6), a.ints(7), a.integer(8))}; }
 
@@ -412,121 +444,121 @@ std::vector<Value> emit_add___Tensor(Builder& b, const EmitArgs& a) { return {b.
 // add.out = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
 std::vector<Value> emit_add__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
 
-// add.Scalar = add(self, mul(other, alpha))  (specs/elementwise.yaml:8)
+// add.Scalar = add(self, mul(other, alpha))  (specs/elementwise.yaml:9)
 std::vector<Value> emit_add__Scalar(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
-// add_.Scalar = add(self, mul(other, alpha))  (specs/elementwise.yaml:8)
+// add_.Scalar = add(self, mul(other, alpha))  (specs/elementwise.yaml:9)
 std::vector<Value> emit_add___Scalar(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
-// add.Scalar_out = add(self, mul(other, alpha))  (specs/elementwise.yaml:8)
+// add.Scalar_out = add(self, mul(other, alpha))  (specs/elementwise.yaml:9)
 std::vector<Value> emit_add__Scalar_out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }
 
-// sub.Tensor = sub(self, mul(other, alpha))  (specs/elementwise.yaml:11)
+// sub.Tensor = sub(self, mul(other, alpha))  (specs/elementwise.yaml:13)
 std::vector<Value> emit_sub__Tensor(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }
-// sub_.Tensor = sub(self, mul(other, alpha))  (specs/elementwise.yaml:11)
+// sub_.Tensor = sub(self, mul(other, alpha))  (specs/elementwise.yaml:13)
 std::vector<Value> emit_sub___Tensor(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }
-// sub.out = sub(self, mul(other, alpha))  (specs/elementwise.yaml:11)
+// sub.out = sub(self, mul(other, alpha))  (specs/elementwise.yaml:13)
 std::vector<Value> emit_sub__out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }
 
-// sub.Scalar = sub(self, mul(other, alpha))  (specs/elementwise.yaml:16)
+// sub.Scalar = sub(self, mul(other, alpha))  (specs/elementwise.yaml:18)
 std::vector<Value> emit_sub__Scalar(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }
-// sub_.Scalar = sub(self, mul(other, alpha))  (specs/elementwise.yaml:16)
+// sub_.Scalar = sub(self, mul(other, alpha))  (specs/elementwise.yaml:18)
 std::vector<Value> emit_sub___Scalar(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }
-// sub.Scalar_out = sub(self, mul(other, alpha))  (specs/elementwise.yaml:16)
+// sub.Scalar_out = sub(self, mul(other, alpha))  (specs/elementwise.yaml:18)
 std::vector<Value> emit_sub__Scalar_out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }
 
-// mul.Tensor = mul(self, other)  (specs/elementwise.yaml:20)
+// mul.Tensor = mul(self, other)  (specs/elementwise.yaml:22)
 std::vector<Value> emit_mul__Tensor(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), a.value(1))}; }
-// mul_.Tensor = mul(self, other)  (specs/elementwise.yaml:20)
+// mul_.Tensor = mul(self, other)  (specs/elementwise.yaml:22)
 std::vector<Value> emit_mul___Tensor(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), a.value(1))}; }
-// mul.out = mul(self, other)  (specs/elementwise.yaml:20)
+// mul.out = mul(self, other)  (specs/elementwise.yaml:22)
 std::vector<Value> emit_mul__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), a.value(1))}; }
 
-// mul.Scalar = mul(self, other)  (specs/elementwise.yaml:24)
+// mul.Scalar = mul(self, other)  (specs/elementwise.yaml:27)
 std::vector<Value> emit_mul__Scalar(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), a.value(1))}; }
-// mul_.Scalar = mul(self, other)  (specs/elementwise.yaml:24)
+// mul_.Scalar = mul(self, other)  (specs/elementwise.yaml:27)
 std::vector<Value> emit_mul___Scalar(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), a.value(1))}; }
-// mul.Scalar_out = mul(self, other)  (specs/elementwise.yaml:24)
+// mul.Scalar_out = mul(self, other)  (specs/elementwise.yaml:27)
 std::vector<Value> emit_mul__Scalar_out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), a.value(1))}; }
 
-// div.Tensor = div(self, other)  (specs/elementwise.yaml:27)
+// div.Tensor = div(self, other)  (specs/elementwise.yaml:31)
 std::vector<Value> emit_div__Tensor(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), a.value(1))}; }
-// div_.Tensor = div(self, other)  (specs/elementwise.yaml:27)
+// div_.Tensor = div(self, other)  (specs/elementwise.yaml:31)
 std::vector<Value> emit_div___Tensor(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), a.value(1))}; }
-// div.out = div(self, other)  (specs/elementwise.yaml:27)
+// div.out = div(self, other)  (specs/elementwise.yaml:31)
 std::vector<Value> emit_div__out(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), a.value(1))}; }
 
-// div.Scalar = div(self, other)  (specs/elementwise.yaml:33)
+// div.Scalar = div(self, other)  (specs/elementwise.yaml:37)
 std::vector<Value> emit_div__Scalar(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), a.value(1))}; }
-// div_.Scalar = div(self, other)  (specs/elementwise.yaml:33)
+// div_.Scalar = div(self, other)  (specs/elementwise.yaml:37)
 std::vector<Value> emit_div___Scalar(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), a.value(1))}; }
-// div.Scalar_out = div(self, other)  (specs/elementwise.yaml:33)
+// div.Scalar_out = div(self, other)  (specs/elementwise.yaml:37)
 std::vector<Value> emit_div__Scalar_out(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), a.value(1))}; }
 
-// neg = neg(self)  (specs/elementwise.yaml:38)
+// neg = neg(self)  (specs/elementwise.yaml:42)
 std::vector<Value> emit_neg(Builder& b, const EmitArgs& a) { return {b.neg(a.value(0))}; }
-// neg_ = neg(self)  (specs/elementwise.yaml:38)
+// neg_ = neg(self)  (specs/elementwise.yaml:42)
 std::vector<Value> emit_neg_(Builder& b, const EmitArgs& a) { return {b.neg(a.value(0))}; }
-// neg.out = neg(self)  (specs/elementwise.yaml:38)
+// neg.out = neg(self)  (specs/elementwise.yaml:42)
 std::vector<Value> emit_neg__out(Builder& b, const EmitArgs& a) { return {b.neg(a.value(0))}; }
 
-// exp = exp(self)  (specs/elementwise.yaml:43)
+// exp = exp(self)  (specs/elementwise.yaml:47)
 std::vector<Value> emit_exp(Builder& b, const EmitArgs& a) { return {b.exp(a.value(0))}; }
-// exp_ = exp(self)  (specs/elementwise.yaml:43)
+// exp_ = exp(self)  (specs/elementwise.yaml:47)
 std::vector<Value> emit_exp_(Builder& b, const EmitArgs& a) { return {b.exp(a.value(0))}; }
-// exp.out = exp(self)  (specs/elementwise.yaml:43)
+// exp.out = exp(self)  (specs/elementwise.yaml:47)
 std::vector<Value> emit_exp__out(Builder& b, const EmitArgs& a) { return {b.exp(a.value(0))}; }
 
-// log = log(self)  (specs/elementwise.yaml:49)
+// log = log(self)  (specs/elementwise.yaml:53)
 std::vector<Value> emit_log(Builder& b, const EmitArgs& a) { return {b.log(a.value(0))}; }
-// log_ = log(self)  (specs/elementwise.yaml:49)
+// log_ = log(self)  (specs/elementwise.yaml:53)
 std::vector<Value> emit_log_(Builder& b, const EmitArgs& a) { return {b.log(a.value(0))}; }
-// log.out = log(self)  (specs/elementwise.yaml:49)
+// log.out = log(self)  (specs/elementwise.yaml:53)
 std::vector<Value> emit_log__out(Builder& b, const EmitArgs& a) { return {b.log(a.value(0))}; }
 
-// sqrt = sqrt(self)  (specs/elementwise.yaml:55)
+// sqrt = sqrt(self)  (specs/elementwise.yaml:59)
 std::vector<Value> emit_sqrt(Builder& b, const EmitArgs& a) { return {b.sqrt(a.value(0))}; }
-// sqrt_ = sqrt(self)  (specs/elementwise.yaml:55)
+// sqrt_ = sqrt(self)  (specs/elementwise.yaml:59)
 std::vector<Value> emit_sqrt_(Builder& b, const EmitArgs& a) { return {b.sqrt(a.value(0))}; }
-// sqrt.out = sqrt(self)  (specs/elementwise.yaml:55)
+// sqrt.out = sqrt(self)  (specs/elementwise.yaml:59)
 std::vector<Value> emit_sqrt__out(Builder& b, const EmitArgs& a) { return {b.sqrt(a.value(0))}; }
 
-// relu = relu(self)  (specs/elementwise.yaml:61)
+// relu = relu(self)  (specs/elementwise.yaml:65)
 std::vector<Value> emit_relu(Builder& b, const EmitArgs& a) { return {b.relu(a.value(0))}; }
-// relu_ = relu(self)  (specs/elementwise.yaml:61)
+// relu_ = relu(self)  (specs/elementwise.yaml:65)
 std::vector<Value> emit_relu_(Builder& b, const EmitArgs& a) { return {b.relu(a.value(0))}; }
-// relu.out = relu(self)  (specs/elementwise.yaml:61)
+// relu.out = relu(self)  (specs/elementwise.yaml:65)
 std::vector<Value> emit_relu__out(Builder& b, const EmitArgs& a) { return {b.relu(a.value(0))}; }
 
-// where.self = where(condition, self, other)  (specs/elementwise.yaml:66)
+// where.self = where(condition, self, other)  (specs/elementwise.yaml:70)
 std::vector<Value> emit_where__self(Builder& b, const EmitArgs& a) { return {b.where(a.value(0), a.value(1), a.value(2))}; }
-// where.self_out = where(condition, self, other)  (specs/elementwise.yaml:66)
+// where.self_out = where(condition, self, other)  (specs/elementwise.yaml:70)
 std::vector<Value> emit_where__self_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(0), a.value(1), a.value(2))}; }
 
-// eq.Tensor = eq(self, other)  (specs/elementwise.yaml:71)
+// eq.Tensor = eq(self, other)  (specs/elementwise.yaml:76)
 std::vector<Value> emit_eq__Tensor(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), a.value(1))}; }
-// eq_.Tensor = eq(self, other)  (specs/elementwise.yaml:71)
+// eq_.Tensor = eq(self, other)  (specs/elementwise.yaml:76)
 std::vector<Value> emit_eq___Tensor(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), a.value(1))}; }
-// eq.Tensor_out = eq(self, other)  (specs/elementwise.yaml:71)
+// eq.Tensor_out = eq(self, other)  (specs/elementwise.yaml:76)
 std::vector<Value> emit_eq__Tensor_out(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), a.value(1))}; }
 
-// eq.Scalar = eq(self, nominal(other))  (specs/elementwise.yaml:75)
+// eq.Scalar = eq(self, nominal(other))  (specs/elementwise.yaml:80)
 std::vector<Value> emit_eq__Scalar(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), b.nominal(a.value(1)))}; }
-// eq_.Scalar = eq(self, nominal(other))  (specs/elementwise.yaml:75)
+// eq_.Scalar = eq(self, nominal(other))  (specs/elementwise.yaml:80)
 std::vector<Value> emit_eq___Scalar(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), b.nominal(a.value(1)))}; }
-// eq.Scalar_out = eq(self, nominal(other))  (specs/elementwise.yaml:75)
+// eq.Scalar_out = eq(self, nominal(other))  (specs/elementwise.yaml:80)
 std::vector<Value> emit_eq__Scalar_out(Builder& b, const EmitArgs& a) { return {b.eq(a.value(0), b.nominal(a.value(1)))}; }
 
-// lt.Tensor = lt(self, other)  (specs/elementwise.yaml:78)
+// lt.Tensor = lt(self, other)  (specs/elementwise.yaml:83)
 std::vector<Value> emit_lt__Tensor(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
-// lt_.Tensor = lt(self, other)  (specs/elementwise.yaml:78)
+// lt_.Tensor = lt(self, other)  (specs/elementwise.yaml:83)
 std::vector<Value> emit_lt___Tensor(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
-// lt.Tensor_out = lt(self, other)  (specs/elementwise.yaml:78)
+// lt.Tensor_out = lt(self, other)  (specs/elementwise.yaml:83)
 std::vector<Value> emit_lt__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), a.value(1))}; }
 
-// lt.Scalar = lt(self, nominal(other))  (specs/elementwise.yaml:83)
+// lt.Scalar = lt(self, nominal(other))  (specs/elementwise.yaml:88)
 std::vector<Value> emit_lt__Scalar(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
-// lt_.Scalar = lt(self, nominal(other))  (specs/elementwise.yaml:83)
+// lt_.Scalar = lt(self, nominal(other))  (specs/elementwise.yaml:88)
 std::vector<Value> emit_lt___Scalar(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
-// lt.Scalar_out = lt(self, nominal(other))  (specs/elementwise.yaml:83)
+// lt.Scalar_out = lt(self, nominal(other))  (specs/elementwise.yaml:88)
 std::vector<Value> emit_lt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
 
 // index_select = index_select(self, dim, index)  (specs/indexing.yaml:4)
@@ -1910,171 +1942,171 @@ std::vector<Value> emit_sum(Builder& b, const EmitArgs& a) { return {b.sum(a.val
 // sum.out = sum(self, [], False)  (specs/reduction.yaml:10)
 std::vector<Value> emit_sum__out(Builder& b, const EmitArgs& a) { return {b.sum(a.value(0), std::vector<int64_t>{}, false)}; }
 
-// mean.dim = mean(self, dim, keepdim)  (specs/reduction.yaml:15)
+// mean.dim = mean(self, dim, keepdim)  (specs/reduction.yaml:16)
 std::vector<Value> emit_mean__dim(Builder& b, const EmitArgs& a) { return {b.mean(a.value(0), a.ints(1), a.boolean(2))}; }
-// mean.out = mean(self, dim, keepdim)  (specs/reduction.yaml:15)
+// mean.out = mean(self, dim, keepdim)  (specs/reduction.yaml:16)
 std::vector<Value> emit_mean__out(Builder& b, const EmitArgs& a) { return {b.mean(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// mean = mean(self, [], False)  (specs/reduction.yaml:22)
+// mean = mean(self, [], False)  (specs/reduction.yaml:23)
 std::vector<Value> emit_mean(Builder& b, const EmitArgs& a) { return {b.mean(a.value(0), std::vector<int64_t>{}, false)}; }
-// mean.dtype_out = mean(self, [], False)  (specs/reduction.yaml:22)
+// mean.dtype_out = mean(self, [], False)  (specs/reduction.yaml:23)
 std::vector<Value> emit_mean__dtype_out(Builder& b, const EmitArgs& a) { return {b.mean(a.value(0), std::vector<int64_t>{}, false)}; }
 
-// prod.dim_int = prod(self, dim, keepdim)  (specs/reduction.yaml:29)
+// prod.dim_int = prod(self, dim, keepdim)  (specs/reduction.yaml:30)
 std::vector<Value> emit_prod__dim_int(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), a.ints(1), a.boolean(2))}; }
-// prod.int_out = prod(self, dim, keepdim)  (specs/reduction.yaml:29)
+// prod.int_out = prod(self, dim, keepdim)  (specs/reduction.yaml:30)
 std::vector<Value> emit_prod__int_out(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// prod = prod(self, [], False)  (specs/reduction.yaml:36)
+// prod = prod(self, [], False)  (specs/reduction.yaml:37)
 std::vector<Value> emit_prod(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), std::vector<int64_t>{}, false)}; }
-// prod.out = prod(self, [], False)  (specs/reduction.yaml:36)
+// prod.out = prod(self, [], False)  (specs/reduction.yaml:37)
 std::vector<Value> emit_prod__out(Builder& b, const EmitArgs& a) { return {b.prod(a.value(0), std::vector<int64_t>{}, false)}; }
 
-// amax = amax(self, dim, keepdim)  (specs/reduction.yaml:41)
+// amax = amax(self, dim, keepdim)  (specs/reduction.yaml:42)
 std::vector<Value> emit_amax(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2))}; }
-// amax.out = amax(self, dim, keepdim)  (specs/reduction.yaml:41)
+// amax.out = amax(self, dim, keepdim)  (specs/reduction.yaml:42)
 std::vector<Value> emit_amax__out(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// amin = amin(self, dim, keepdim)  (specs/reduction.yaml:48)
+// amin = amin(self, dim, keepdim)  (specs/reduction.yaml:49)
 std::vector<Value> emit_amin(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2))}; }
-// amin.out = amin(self, dim, keepdim)  (specs/reduction.yaml:48)
+// amin.out = amin(self, dim, keepdim)  (specs/reduction.yaml:49)
 std::vector<Value> emit_amin__out(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// max = amax(self, [], False)  (specs/reduction.yaml:56)
+// max = amax(self, [], False)  (specs/reduction.yaml:57)
 std::vector<Value> emit_max(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }
-// max.unary_out = amax(self, [], False)  (specs/reduction.yaml:56)
+// max.unary_out = amax(self, [], False)  (specs/reduction.yaml:57)
 std::vector<Value> emit_max__unary_out(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }
 
-// min = amin(self, [], False)  (specs/reduction.yaml:62)
+// min = amin(self, [], False)  (specs/reduction.yaml:63)
 std::vector<Value> emit_min(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), std::vector<int64_t>{}, false)}; }
-// min.unary_out = amin(self, [], False)  (specs/reduction.yaml:62)
+// min.unary_out = amin(self, [], False)  (specs/reduction.yaml:63)
 std::vector<Value> emit_min__unary_out(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), std::vector<int64_t>{}, false)}; }
 
-// max.dim = (amax(self, dim, keepdim), argmax(self, dim, keepdim))  (specs/reduction.yaml:69)
+// max.dim = (amax(self, dim, keepdim), argmax(self, dim, keepdim))  (specs/reduction.yaml:70)
 std::vector<Value> emit_max__dim(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2)), b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// min.dim = (amin(self, dim, keepdim), argmin(self, dim, keepdim))  (specs/reduction.yaml:76)
+// min.dim = (amin(self, dim, keepdim), argmin(self, dim, keepdim))  (specs/reduction.yaml:77)
 std::vector<Value> emit_min__dim(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2)), b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// argmax = argmax(self, dim, keepdim)  (specs/reduction.yaml:84)
+// argmax = argmax(self, dim, keepdim)  (specs/reduction.yaml:85)
 std::vector<Value> emit_argmax(Builder& b, const EmitArgs& a) { return {b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
-// argmax.out = argmax(self, dim, keepdim)  (specs/reduction.yaml:84)
+// argmax.out = argmax(self, dim, keepdim)  (specs/reduction.yaml:85)
 std::vector<Value> emit_argmax__out(Builder& b, const EmitArgs& a) { return {b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// argmin = argmin(self, dim, keepdim)  (specs/reduction.yaml:92)
+// argmin = argmin(self, dim, keepdim)  (specs/reduction.yaml:93)
 std::vector<Value> emit_argmin(Builder& b, const EmitArgs& a) { return {b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
-// argmin.out = argmin(self, dim, keepdim)  (specs/reduction.yaml:92)
+// argmin.out = argmin(self, dim, keepdim)  (specs/reduction.yaml:93)
 std::vector<Value> emit_argmin__out(Builder& b, const EmitArgs& a) { return {b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// any = any(self, [], False, True)  (specs/reduction.yaml:101)
+// any = any(self, [], False, True)  (specs/reduction.yaml:102)
 std::vector<Value> emit_any(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), std::vector<int64_t>{}, false, true)}; }
-// any.all_out = any(self, [], False, True)  (specs/reduction.yaml:101)
+// any.all_out = any(self, [], False, True)  (specs/reduction.yaml:102)
 std::vector<Value> emit_any__all_out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), std::vector<int64_t>{}, false, true)}; }
 
-// any.dim = any(self, dim, keepdim, False)  (specs/reduction.yaml:108)
+// any.dim = any(self, dim, keepdim, False)  (specs/reduction.yaml:109)
 std::vector<Value> emit_any__dim(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), false)}; }
-// any.out = any(self, dim, keepdim, False)  (specs/reduction.yaml:108)
+// any.out = any(self, dim, keepdim, False)  (specs/reduction.yaml:109)
 std::vector<Value> emit_any__out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), false)}; }
 
-// any.dims = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:116)
+// any.dims = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:117)
 std::vector<Value> emit_any__dims(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
-// any.dims_out = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:116)
+// any.dims_out = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:117)
 std::vector<Value> emit_any__dims_out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
 
-// all = all(self, [], False, True)  (specs/reduction.yaml:124)
+// all = all(self, [], False, True)  (specs/reduction.yaml:125)
 std::vector<Value> emit_all(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), std::vector<int64_t>{}, false, true)}; }
-// all.all_out = all(self, [], False, True)  (specs/reduction.yaml:124)
+// all.all_out = all(self, [], False, True)  (specs/reduction.yaml:125)
 std::vector<Value> emit_all__all_out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), std::vector<int64_t>{}, false, true)}; }
 
-// all.dim = all(self, dim, keepdim, False)  (specs/reduction.yaml:131)
+// all.dim = all(self, dim, keepdim, False)  (specs/reduction.yaml:132)
 std::vector<Value> emit_all__dim(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), false)}; }
-// all.out = all(self, dim, keepdim, False)  (specs/reduction.yaml:131)
+// all.out = all(self, dim, keepdim, False)  (specs/reduction.yaml:132)
 std::vector<Value> emit_all__out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), false)}; }
 
-// all.dims = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:138)
+// all.dims = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:139)
 std::vector<Value> emit_all__dims(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
-// all.dims_out = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:138)
+// all.dims_out = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:139)
 std::vector<Value> emit_all__dims_out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
 
-// var.correction = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:147)
+// var.correction = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:148)
 std::vector<Value> emit_var__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
-// var.correction_out = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:147)
+// var.correction_out = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:148)
 std::vector<Value> emit_var__correction_out(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
 
-// std.correction = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:155)
+// std.correction = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:156)
 std::vector<Value> emit_std__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
-// std.correction_out = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:155)
+// std.correction_out = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:156)
 std::vector<Value> emit_std__correction_out(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
 
-// var_mean.correction = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:163)
+// var_mean.correction = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:164)
 std::vector<Value> emit_var_mean__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
 
-// std_mean.correction = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:171)
+// std_mean.correction = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:172)
 std::vector<Value> emit_std_mean__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
 
-// logsumexp = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:180)
+// logsumexp = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:181)
 std::vector<Value> emit_logsumexp(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
-// logsumexp.out = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:180)
+// logsumexp.out = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:181)
 std::vector<Value> emit_logsumexp__out(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// linalg_vector_norm = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:188)
+// linalg_vector_norm = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:189)
 std::vector<Value> emit_linalg_vector_norm(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
-// linalg_vector_norm.out = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:188)
+// linalg_vector_norm.out = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:189)
 std::vector<Value> emit_linalg_vector_norm__out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
 
-// cumsum = cumsum(self, dim)  (specs/reduction.yaml:197)
+// cumsum = cumsum(self, dim)  (specs/reduction.yaml:198)
 std::vector<Value> emit_cumsum(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
-// cumsum_ = cumsum(self, dim)  (specs/reduction.yaml:197)
+// cumsum_ = cumsum(self, dim)  (specs/reduction.yaml:198)
 std::vector<Value> emit_cumsum_(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
-// cumsum.out = cumsum(self, dim)  (specs/reduction.yaml:197)
+// cumsum.out = cumsum(self, dim)  (specs/reduction.yaml:198)
 std::vector<Value> emit_cumsum__out(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
 
-// cumprod = cumprod(self, dim)  (specs/reduction.yaml:203)
+// cumprod = cumprod(self, dim)  (specs/reduction.yaml:204)
 std::vector<Value> emit_cumprod(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
-// cumprod_ = cumprod(self, dim)  (specs/reduction.yaml:203)
+// cumprod_ = cumprod(self, dim)  (specs/reduction.yaml:204)
 std::vector<Value> emit_cumprod_(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
-// cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:203)
+// cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:204)
 std::vector<Value> emit_cumprod__out(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
 
-// sort.stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:215)
+// sort.stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:216)
 std::vector<Value> emit_sort__stable(Builder& b, const EmitArgs& a) { return {b.sort_along(a.value(0), a.integer(2), a.boolean(3), false), b.sort_along(a.value(0), a.integer(2), a.boolean(3), true)}; }
 
-// topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:222)
+// topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:223)
 std::vector<Value> emit_topk(Builder& b, const EmitArgs& a) { return {b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
 
-// cummax = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:232)
+// cummax = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:233)
 std::vector<Value> emit_cummax(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), true, false), b.cumulative_extreme(a.value(0), a.integer(1), true, true)}; }
 
-// cummin = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:239)
+// cummin = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:240)
 std::vector<Value> emit_cummin(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), false, false), b.cumulative_extreme(a.value(0), a.integer(1), false, true)}; }
 
-// _logcumsumexp = logcumsumexp(self, dim)  (specs/reduction.yaml:247)
+// _logcumsumexp = logcumsumexp(self, dim)  (specs/reduction.yaml:248)
 std::vector<Value> emit__logcumsumexp(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
-// _logcumsumexp.out = logcumsumexp(self, dim)  (specs/reduction.yaml:247)
+// _logcumsumexp.out = logcumsumexp(self, dim)  (specs/reduction.yaml:248)
 std::vector<Value> emit__logcumsumexp__out(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
 
-// kthvalue = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:256)
+// kthvalue = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:257)
 std::vector<Value> emit_kthvalue(Builder& b, const EmitArgs& a) { return {b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
 
-// median = median(self, 0, True, False, False, False)  (specs/reduction.yaml:263)
+// median = median(self, 0, True, False, False, False)  (specs/reduction.yaml:264)
 std::vector<Value> emit_median(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
-// median.out = median(self, 0, True, False, False, False)  (specs/reduction.yaml:263)
+// median.out = median(self, 0, True, False, False, False)  (specs/reduction.yaml:264)
 std::vector<Value> emit_median__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
 
-// median.dim = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:269)
+// median.dim = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:270)
 std::vector<Value> emit_median__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), false, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), false, true)}; }
 
-// nanmedian = median(self, 0, True, False, True, False)  (specs/reduction.yaml:275)
+// nanmedian = median(self, 0, True, False, True, False)  (specs/reduction.yaml:276)
 std::vector<Value> emit_nanmedian(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
-// nanmedian.out = median(self, 0, True, False, True, False)  (specs/reduction.yaml:275)
+// nanmedian.out = median(self, 0, True, False, True, False)  (specs/reduction.yaml:276)
 std::vector<Value> emit_nanmedian__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
 
-// nanmedian.dim = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:281)
+// nanmedian.dim = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:282)
 std::vector<Value> emit_nanmedian__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), true, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), true, true)}; }
 
-// trace = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:288)
+// trace = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:289)
 std::vector<Value> emit_trace(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
-// trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:288)
+// trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:289)
 std::vector<Value> emit_trace__out(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
 
 // flip = flip(self, dims)  (specs/shape.yaml:4)
@@ -2082,93 +2114,93 @@ std::vector<Value> emit_flip(Builder& b, const EmitArgs& a) { return {b.flip(a.v
 // flip.out = flip(self, dims)  (specs/shape.yaml:4)
 std::vector<Value> emit_flip__out(Builder& b, const EmitArgs& a) { return {b.flip(a.value(0), a.ints(1))}; }
 
-// roll = roll(self, shifts, dims)  (specs/shape.yaml:11)
+// roll = roll(self, shifts, dims)  (specs/shape.yaml:12)
 std::vector<Value> emit_roll(Builder& b, const EmitArgs& a) { return {b.roll(a.value(0), a.ints(1), a.ints(2))}; }
-// roll.out = roll(self, shifts, dims)  (specs/shape.yaml:11)
+// roll.out = roll(self, shifts, dims)  (specs/shape.yaml:12)
 std::vector<Value> emit_roll__out(Builder& b, const EmitArgs& a) { return {b.roll(a.value(0), a.ints(1), a.ints(2))}; }
 
-// repeat = repeat(self, repeats)  (specs/shape.yaml:17)
+// repeat = repeat(self, repeats)  (specs/shape.yaml:18)
 std::vector<Value> emit_repeat(Builder& b, const EmitArgs& a) { return {b.repeat(a.value(0), a.ints(1))}; }
-// repeat.out = repeat(self, repeats)  (specs/shape.yaml:17)
+// repeat.out = repeat(self, repeats)  (specs/shape.yaml:18)
 std::vector<Value> emit_repeat__out(Builder& b, const EmitArgs& a) { return {b.repeat(a.value(0), a.ints(1))}; }
 
-// tril = tril(self, diagonal)  (specs/shape.yaml:23)
+// tril = tril(self, diagonal)  (specs/shape.yaml:24)
 std::vector<Value> emit_tril(Builder& b, const EmitArgs& a) { return {b.tril(a.value(0), a.integer(1))}; }
-// tril_ = tril(self, diagonal)  (specs/shape.yaml:23)
+// tril_ = tril(self, diagonal)  (specs/shape.yaml:24)
 std::vector<Value> emit_tril_(Builder& b, const EmitArgs& a) { return {b.tril(a.value(0), a.integer(1))}; }
-// tril.out = tril(self, diagonal)  (specs/shape.yaml:23)
+// tril.out = tril(self, diagonal)  (specs/shape.yaml:24)
 std::vector<Value> emit_tril__out(Builder& b, const EmitArgs& a) { return {b.tril(a.value(0), a.integer(1))}; }
 
-// triu = triu(self, diagonal)  (specs/shape.yaml:29)
+// triu = triu(self, diagonal)  (specs/shape.yaml:30)
 std::vector<Value> emit_triu(Builder& b, const EmitArgs& a) { return {b.triu(a.value(0), a.integer(1))}; }
-// triu_ = triu(self, diagonal)  (specs/shape.yaml:29)
+// triu_ = triu(self, diagonal)  (specs/shape.yaml:30)
 std::vector<Value> emit_triu_(Builder& b, const EmitArgs& a) { return {b.triu(a.value(0), a.integer(1))}; }
-// triu.out = triu(self, diagonal)  (specs/shape.yaml:29)
+// triu.out = triu(self, diagonal)  (specs/shape.yaml:30)
 std::vector<Value> emit_triu__out(Builder& b, const EmitArgs& a) { return {b.triu(a.value(0), a.integer(1))}; }
 
-// slice_scatter = slice_scatter(self, src, dim, default(start, 0), default(end, 9223372036854775807), step)  (specs/shape.yaml:37)
+// slice_scatter = slice_scatter(self, src, dim, default(start, 0), default(end, 9223372036854775807), step)  (specs/shape.yaml:38)
 std::vector<Value> emit_slice_scatter(Builder& b, const EmitArgs& a) { return {b.slice_scatter(a.value(0), a.value(1), a.integer(2), (a.is_none(3) ? 0 : a.integer(3)), (a.is_none(4) ? 9223372036854775807 : a.integer(4)), a.integer(5))}; }
-// slice_scatter.out = slice_scatter(self, src, dim, default(start, 0), default(end, 9223372036854775807), step)  (specs/shape.yaml:37)
+// slice_scatter.out = slice_scatter(self, src, dim, default(start, 0), default(end, 9223372036854775807), step)  (specs/shape.yaml:38)
 std::vector<Value> emit_slice_scatter__out(Builder& b, const EmitArgs& a) { return {b.slice_scatter(a.value(0), a.value(1), a.integer(2), (a.is_none(3) ? 0 : a.integer(3)), (a.is_none(4) ? 9223372036854775807 : a.integer(4)), a.integer(5))}; }
 
-// select_scatter = select_scatter(self, src, dim, index)  (specs/shape.yaml:43)
+// select_scatter = select_scatter(self, src, dim, index)  (specs/shape.yaml:45)
 std::vector<Value> emit_select_scatter(Builder& b, const EmitArgs& a) { return {b.select_scatter(a.value(0), a.value(1), a.integer(2), a.integer(3))}; }
-// select_scatter.out = select_scatter(self, src, dim, index)  (specs/shape.yaml:43)
+// select_scatter.out = select_scatter(self, src, dim, index)  (specs/shape.yaml:45)
 std::vector<Value> emit_select_scatter__out(Builder& b, const EmitArgs& a) { return {b.select_scatter(a.value(0), a.value(1), a.integer(2), a.integer(3))}; }
 
-// slice_backward = slice_backward(grad_output, input_sizes, dim, start, end, step)  (specs/shape.yaml:49)
+// slice_backward = slice_backward(grad_output, input_sizes, dim, start, end, step)  (specs/shape.yaml:52)
 std::vector<Value> emit_slice_backward(Builder& b, const EmitArgs& a) { return {b.slice_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3), a.integer(4), a.integer(5))}; }
-// slice_backward.out = slice_backward(grad_output, input_sizes, dim, start, end, step)  (specs/shape.yaml:49)
+// slice_backward.out = slice_backward(grad_output, input_sizes, dim, start, end, step)  (specs/shape.yaml:52)
 std::vector<Value> emit_slice_backward__out(Builder& b, const EmitArgs& a) { return {b.slice_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3), a.integer(4), a.integer(5))}; }
 
-// select_backward = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:54)
+// select_backward = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:57)
 std::vector<Value> emit_select_backward(Builder& b, const EmitArgs& a) { return {b.select_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
-// select_backward.out = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:54)
+// select_backward.out = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:57)
 std::vector<Value> emit_select_backward__out(Builder& b, const EmitArgs& a) { return {b.select_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
 
-// constant_pad_nd = constant_pad(self, pad, value)  (specs/shape.yaml:60)
+// constant_pad_nd = constant_pad(self, pad, value)  (specs/shape.yaml:63)
 std::vector<Value> emit_constant_pad_nd(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
-// constant_pad_nd.out = constant_pad(self, pad, value)  (specs/shape.yaml:60)
+// constant_pad_nd.out = constant_pad(self, pad, value)  (specs/shape.yaml:63)
 std::vector<Value> emit_constant_pad_nd__out(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
 
-// reflection_pad1d = reflection_pad(self, padding)  (specs/shape.yaml:67)
+// reflection_pad1d = reflection_pad(self, padding)  (specs/shape.yaml:71)
 std::vector<Value> emit_reflection_pad1d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
-// reflection_pad1d.out = reflection_pad(self, padding)  (specs/shape.yaml:67)
+// reflection_pad1d.out = reflection_pad(self, padding)  (specs/shape.yaml:71)
 std::vector<Value> emit_reflection_pad1d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
 
-// reflection_pad2d = reflection_pad(self, padding)  (specs/shape.yaml:74)
+// reflection_pad2d = reflection_pad(self, padding)  (specs/shape.yaml:78)
 std::vector<Value> emit_reflection_pad2d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
-// reflection_pad2d.out = reflection_pad(self, padding)  (specs/shape.yaml:74)
+// reflection_pad2d.out = reflection_pad(self, padding)  (specs/shape.yaml:78)
 std::vector<Value> emit_reflection_pad2d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
 
-// replication_pad1d = replication_pad(self, padding)  (specs/shape.yaml:80)
+// replication_pad1d = replication_pad(self, padding)  (specs/shape.yaml:84)
 std::vector<Value> emit_replication_pad1d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
-// replication_pad1d.out = replication_pad(self, padding)  (specs/shape.yaml:80)
+// replication_pad1d.out = replication_pad(self, padding)  (specs/shape.yaml:84)
 std::vector<Value> emit_replication_pad1d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
 
-// replication_pad2d = replication_pad(self, padding)  (specs/shape.yaml:87)
+// replication_pad2d = replication_pad(self, padding)  (specs/shape.yaml:91)
 std::vector<Value> emit_replication_pad2d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
-// replication_pad2d.out = replication_pad(self, padding)  (specs/shape.yaml:87)
+// replication_pad2d.out = replication_pad(self, padding)  (specs/shape.yaml:91)
 std::vector<Value> emit_replication_pad2d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
 
-// reflection_pad1d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:93)
+// reflection_pad1d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
 std::vector<Value> emit_reflection_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// reflection_pad1d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:93)
+// reflection_pad1d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
 std::vector<Value> emit_reflection_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// reflection_pad2d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
+// reflection_pad2d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
 std::vector<Value> emit_reflection_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// reflection_pad2d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
+// reflection_pad2d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
 std::vector<Value> emit_reflection_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// replication_pad1d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
+// replication_pad1d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
 std::vector<Value> emit_replication_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// replication_pad1d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
+// replication_pad1d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
 std::vector<Value> emit_replication_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// replication_pad2d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
+// replication_pad2d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:109)
 std::vector<Value> emit_replication_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
+// replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:109)
 std::vector<Value> emit_replication_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
 // acosh = acosh(self)  (specs/special.yaml:8)
@@ -2276,10 +2308,10 @@ std::vector<Value> emit_nextafter_(Builder& b, const EmitArgs& a) { return {b.ne
 // nextafter.out = nextafter(self, other)  (specs/special.yaml:117)
 std::vector<Value> emit_nextafter__out(Builder& b, const EmitArgs& a) { return {b.nextafter(a.value(0), a.value(1))}; }
 
-// angle = where(isnan(self), self, where(lt(self, 0), fill(3.141592653589793, self), fill(0, self)))  (specs/special.yaml:123)
-std::vector<Value> emit_angle(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(3.141592653589793, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
-// angle.out = where(isnan(self), self, where(lt(self, 0), fill(3.141592653589793, self), fill(0, self)))  (specs/special.yaml:123)
-std::vector<Value> emit_angle__out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(3.141592653589793, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
+// angle = angle(self)  (specs/special.yaml:123)
+std::vector<Value> emit_angle(Builder& b, const EmitArgs& a) { return {b.angle(a.value(0))}; }
+// angle.out = angle(self)  (specs/special.yaml:123)
+std::vector<Value> emit_angle__out(Builder& b, const EmitArgs& a) { return {b.angle(a.value(0))}; }
 
 // heaviside = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:129)
 std::vector<Value> emit_heaviside(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), a.value(1), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
@@ -2683,33 +2715,33 @@ std::vector<Value> emit_fill___Scalar(Builder& b, const EmitArgs& a) { return {b
 // fill.Scalar_out = fill(value, self)  (specs/tensor.yaml:3)
 std::vector<Value> emit_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
 
-// fill.Tensor = fill(value, self)  (specs/tensor.yaml:9)
+// fill.Tensor = fill(value, self)  (specs/tensor.yaml:10)
 std::vector<Value> emit_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
-// fill_.Tensor = fill(value, self)  (specs/tensor.yaml:9)
+// fill_.Tensor = fill(value, self)  (specs/tensor.yaml:10)
 std::vector<Value> emit_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
-// fill.Tensor_out = fill(value, self)  (specs/tensor.yaml:9)
+// fill.Tensor_out = fill(value, self)  (specs/tensor.yaml:10)
 std::vector<Value> emit_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fill(a.value(1), a.value(0))}; }
 
-// zero = fill(0, self)  (specs/tensor.yaml:14)
+// zero = fill(0, self)  (specs/tensor.yaml:15)
 std::vector<Value> emit_zero(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()}; }
-// zero_ = fill(0, self)  (specs/tensor.yaml:14)
+// zero_ = fill(0, self)  (specs/tensor.yaml:15)
 std::vector<Value> emit_zero_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()}; }
-// zero.out = fill(0, self)  (specs/tensor.yaml:14)
+// zero.out = fill(0, self)  (specs/tensor.yaml:15)
 std::vector<Value> emit_zero__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()}; }
 
-// cat = cat(tensors, dim)  (specs/tensor.yaml:20)
+// cat = cat(tensors, dim)  (specs/tensor.yaml:22)
 std::vector<Value> emit_cat(Builder& b, const EmitArgs& a) { return {b.cat(a.values(0), a.integer(1))}; }
-// cat.out = cat(tensors, dim)  (specs/tensor.yaml:20)
+// cat.out = cat(tensors, dim)  (specs/tensor.yaml:22)
 std::vector<Value> emit_cat__out(Builder& b, const EmitArgs& a) { return {b.cat(a.values(0), a.integer(1))}; }
 
-// clone = identity(self)  (specs/tensor.yaml:25)
+// clone = identity(self)  (specs/tensor.yaml:28)
 std::vector<Value> emit_clone(Builder& b, const EmitArgs& a) { return {b.identity(a.value(0))}; }
-// clone.out = identity(self)  (specs/tensor.yaml:25)
+// clone.out = identity(self)  (specs/tensor.yaml:28)
 std::vector<Value> emit_clone__out(Builder& b, const EmitArgs& a) { return {b.identity(a.value(0))}; }
 
-// _to_copy = identity(self)  (specs/tensor.yaml:31)
+// _to_copy = identity(self)  (specs/tensor.yaml:35)
 std::vector<Value> emit__to_copy(Builder& b, const EmitArgs& a) { return {b.identity(a.value(0))}; }
-// _to_copy.out = identity(self)  (specs/tensor.yaml:31)
+// _to_copy.out = identity(self)  (specs/tensor.yaml:35)
 std::vector<Value> emit__to_copy__out(Builder& b, const EmitArgs& a) { return {b.identity(a.value(0))}; }
 
 // abs = abs(self)  (specs/unary.yaml:5)
@@ -3773,6 +3805,71 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other},
+      {"complex", "specs/complex.yaml:7", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"complex64", "complex128"}, &emit_complex},
+      {"complex.out", "specs/complex.yaml:7", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"complex64", "complex128"}, &emit_complex__out},
+      {"polar", "specs/complex.yaml:14", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"complex64", "complex128"}, &emit_polar},
+      {"polar.out", "specs/complex.yaml:14", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"complex64", "complex128"}, &emit_polar__out},
+      {"conj_physical", "specs/complex.yaml:21", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_conj_physical},
+      {"conj_physical_", "specs/complex.yaml:21", Variant::Inplace,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_conj_physical_},
+      {"conj_physical.out", "specs/complex.yaml:21", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1},
+       {1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_conj_physical__out},
+      {"_fft_c2c", "specs/complex.yaml:28", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"complex64", "complex128"}, &emit__fft_c2c},
+      {"_fft_c2c.out", "specs/complex.yaml:28", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {4},
+       {4}, false, false,
+       {"complex64", "complex128"}, &emit__fft_c2c__out},
+      {"_fft_r2c", "specs/complex.yaml:35", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"complex64", "complex128"}, &emit__fft_r2c},
+      {"_fft_r2c.out", "specs/complex.yaml:35", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {4},
+       {4}, false, false,
+       {"complex64", "complex128"}, &emit__fft_r2c__out},
+      {"_fft_c2r", "specs/complex.yaml:42", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit__fft_c2r},
+      {"_fft_c2r.out", "specs/complex.yaml:42", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {}, Compute::Output, {4},
+       {4}, false, false,
+       {"float32", "float64"}, &emit__fft_c2r__out},
       {"convolution_overrideable", "specs/conv.yaml:10", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
@@ -3847,263 +3944,263 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_add__Tensor},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_add__Tensor},
       {"add_.Tensor", "specs/elementwise.yaml:4", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_add___Tensor},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_add___Tensor},
       {"add.out", "specs/elementwise.yaml:4", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_add__out},
-      {"add.Scalar", "specs/elementwise.yaml:8", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_add__out},
+      {"add.Scalar", "specs/elementwise.yaml:9", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_add__Scalar},
-      {"add_.Scalar", "specs/elementwise.yaml:8", Variant::Inplace,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_add__Scalar},
+      {"add_.Scalar", "specs/elementwise.yaml:9", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_add___Scalar},
-      {"add.Scalar_out", "specs/elementwise.yaml:8", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_add___Scalar},
+      {"add.Scalar_out", "specs/elementwise.yaml:9", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_add__Scalar_out},
-      {"sub.Tensor", "specs/elementwise.yaml:11", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_add__Scalar_out},
+      {"sub.Tensor", "specs/elementwise.yaml:13", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sub__Tensor},
-      {"sub_.Tensor", "specs/elementwise.yaml:11", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sub__Tensor},
+      {"sub_.Tensor", "specs/elementwise.yaml:13", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sub___Tensor},
-      {"sub.out", "specs/elementwise.yaml:11", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sub___Tensor},
+      {"sub.out", "specs/elementwise.yaml:13", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sub__out},
-      {"sub.Scalar", "specs/elementwise.yaml:16", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sub__out},
+      {"sub.Scalar", "specs/elementwise.yaml:18", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sub__Scalar},
-      {"sub_.Scalar", "specs/elementwise.yaml:16", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sub__Scalar},
+      {"sub_.Scalar", "specs/elementwise.yaml:18", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sub___Scalar},
-      {"sub.Scalar_out", "specs/elementwise.yaml:16", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sub___Scalar},
+      {"sub.Scalar_out", "specs/elementwise.yaml:18", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sub__Scalar_out},
-      {"mul.Tensor", "specs/elementwise.yaml:20", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sub__Scalar_out},
+      {"mul.Tensor", "specs/elementwise.yaml:22", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mul__Tensor},
-      {"mul_.Tensor", "specs/elementwise.yaml:20", Variant::Inplace,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mul__Tensor},
+      {"mul_.Tensor", "specs/elementwise.yaml:22", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mul___Tensor},
-      {"mul.out", "specs/elementwise.yaml:20", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mul___Tensor},
+      {"mul.out", "specs/elementwise.yaml:22", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mul__out},
-      {"mul.Scalar", "specs/elementwise.yaml:24", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mul__out},
+      {"mul.Scalar", "specs/elementwise.yaml:27", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mul__Scalar},
-      {"mul_.Scalar", "specs/elementwise.yaml:24", Variant::Inplace,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mul__Scalar},
+      {"mul_.Scalar", "specs/elementwise.yaml:27", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mul___Scalar},
-      {"mul.Scalar_out", "specs/elementwise.yaml:24", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mul___Scalar},
+      {"mul.Scalar_out", "specs/elementwise.yaml:27", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mul__Scalar_out},
-      {"div.Tensor", "specs/elementwise.yaml:27", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mul__Scalar_out},
+      {"div.Tensor", "specs/elementwise.yaml:31", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor},
-      {"div_.Tensor", "specs/elementwise.yaml:27", Variant::Inplace,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_div__Tensor},
+      {"div_.Tensor", "specs/elementwise.yaml:31", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor},
-      {"div.out", "specs/elementwise.yaml:27", Variant::Out,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_div___Tensor},
+      {"div.out", "specs/elementwise.yaml:31", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_div__out},
-      {"div.Scalar", "specs/elementwise.yaml:33", Variant::Functional,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_div__out},
+      {"div.Scalar", "specs/elementwise.yaml:37", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar},
-      {"div_.Scalar", "specs/elementwise.yaml:33", Variant::Inplace,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_div__Scalar},
+      {"div_.Scalar", "specs/elementwise.yaml:37", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar},
-      {"div.Scalar_out", "specs/elementwise.yaml:33", Variant::Out,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_div___Scalar},
+      {"div.Scalar_out", "specs/elementwise.yaml:37", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_out},
-      {"neg", "specs/elementwise.yaml:38", Variant::Functional,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_div__Scalar_out},
+      {"neg", "specs/elementwise.yaml:42", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_neg},
-      {"neg_", "specs/elementwise.yaml:38", Variant::Inplace,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_neg},
+      {"neg_", "specs/elementwise.yaml:42", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_neg_},
-      {"neg.out", "specs/elementwise.yaml:38", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_neg_},
+      {"neg.out", "specs/elementwise.yaml:42", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_neg__out},
-      {"exp", "specs/elementwise.yaml:43", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_neg__out},
+      {"exp", "specs/elementwise.yaml:47", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_exp},
-      {"exp_", "specs/elementwise.yaml:43", Variant::Inplace,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_exp},
+      {"exp_", "specs/elementwise.yaml:47", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_exp_},
-      {"exp.out", "specs/elementwise.yaml:43", Variant::Out,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_exp_},
+      {"exp.out", "specs/elementwise.yaml:47", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_exp__out},
-      {"log", "specs/elementwise.yaml:49", Variant::Functional,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_exp__out},
+      {"log", "specs/elementwise.yaml:53", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log},
-      {"log_", "specs/elementwise.yaml:49", Variant::Inplace,
+      {"log_", "specs/elementwise.yaml:53", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_},
-      {"log.out", "specs/elementwise.yaml:49", Variant::Out,
+      {"log.out", "specs/elementwise.yaml:53", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log__out},
-      {"sqrt", "specs/elementwise.yaml:55", Variant::Functional,
+      {"sqrt", "specs/elementwise.yaml:59", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sqrt},
-      {"sqrt_", "specs/elementwise.yaml:55", Variant::Inplace,
+      {"sqrt_", "specs/elementwise.yaml:59", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sqrt_},
-      {"sqrt.out", "specs/elementwise.yaml:55", Variant::Out,
+      {"sqrt.out", "specs/elementwise.yaml:59", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sqrt__out},
-      {"relu", "specs/elementwise.yaml:61", Variant::Functional,
+      {"relu", "specs/elementwise.yaml:65", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_relu},
-      {"relu_", "specs/elementwise.yaml:61", Variant::Inplace,
+      {"relu_", "specs/elementwise.yaml:65", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_relu_},
-      {"relu.out", "specs/elementwise.yaml:61", Variant::Out,
+      {"relu.out", "specs/elementwise.yaml:65", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_relu__out},
-      {"where.self", "specs/elementwise.yaml:66", Variant::Functional,
+      {"where.self", "specs/elementwise.yaml:70", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {1, 2}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_where__self},
-      {"where.self_out", "specs/elementwise.yaml:66", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_where__self},
+      {"where.self_out", "specs/elementwise.yaml:70", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {1, 2}, Compute::Common, {3},
        {3}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_where__self_out},
-      {"eq.Tensor", "specs/elementwise.yaml:71", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_where__self_out},
+      {"eq.Tensor", "specs/elementwise.yaml:76", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eq__Tensor},
-      {"eq_.Tensor", "specs/elementwise.yaml:71", Variant::Inplace,
+      {"eq_.Tensor", "specs/elementwise.yaml:76", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eq___Tensor},
-      {"eq.Tensor_out", "specs/elementwise.yaml:71", Variant::Out,
+      {"eq.Tensor_out", "specs/elementwise.yaml:76", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eq__Tensor_out},
-      {"eq.Scalar", "specs/elementwise.yaml:75", Variant::Functional,
+      {"eq.Scalar", "specs/elementwise.yaml:80", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eq__Scalar},
-      {"eq_.Scalar", "specs/elementwise.yaml:75", Variant::Inplace,
+      {"eq_.Scalar", "specs/elementwise.yaml:80", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eq___Scalar},
-      {"eq.Scalar_out", "specs/elementwise.yaml:75", Variant::Out,
+      {"eq.Scalar_out", "specs/elementwise.yaml:80", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eq__Scalar_out},
-      {"lt.Tensor", "specs/elementwise.yaml:78", Variant::Functional,
+      {"lt.Tensor", "specs/elementwise.yaml:83", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt__Tensor},
-      {"lt_.Tensor", "specs/elementwise.yaml:78", Variant::Inplace,
+      {"lt_.Tensor", "specs/elementwise.yaml:83", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt___Tensor},
-      {"lt.Tensor_out", "specs/elementwise.yaml:78", Variant::Out,
+      {"lt.Tensor_out", "specs/elementwise.yaml:83", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt__Tensor_out},
-      {"lt.Scalar", "specs/elementwise.yaml:83", Variant::Functional,
+      {"lt.Scalar", "specs/elementwise.yaml:88", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt__Scalar},
-      {"lt_.Scalar", "specs/elementwise.yaml:83", Variant::Inplace,
+      {"lt_.Scalar", "specs/elementwise.yaml:88", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt___Scalar},
-      {"lt.Scalar_out", "specs/elementwise.yaml:83", Variant::Out,
+      {"lt.Scalar_out", "specs/elementwise.yaml:88", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
@@ -6912,343 +7009,343 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sum__dim_IntList},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sum__dim_IntList},
       {"sum.IntList_out", "specs/reduction.yaml:3", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {4},
        {4}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sum__IntList_out},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sum__IntList_out},
       {"sum", "specs/reduction.yaml:10", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sum},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sum},
       {"sum.out", "specs/reduction.yaml:10", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {2},
        {2}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sum__out},
-      {"mean.dim", "specs/reduction.yaml:15", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sum__out},
+      {"mean.dim", "specs/reduction.yaml:16", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_mean__dim},
-      {"mean.out", "specs/reduction.yaml:15", Variant::Out,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mean__dim},
+      {"mean.out", "specs/reduction.yaml:16", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {4},
        {4}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_mean__out},
-      {"mean", "specs/reduction.yaml:22", Variant::Functional,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mean__out},
+      {"mean", "specs/reduction.yaml:23", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_mean},
-      {"mean.dtype_out", "specs/reduction.yaml:22", Variant::Out,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mean},
+      {"mean.dtype_out", "specs/reduction.yaml:23", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {2},
        {2}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_mean__dtype_out},
-      {"prod.dim_int", "specs/reduction.yaml:29", Variant::Functional,
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_mean__dtype_out},
+      {"prod.dim_int", "specs/reduction.yaml:30", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod__dim_int},
-      {"prod.int_out", "specs/reduction.yaml:29", Variant::Out,
+      {"prod.int_out", "specs/reduction.yaml:30", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod__int_out},
-      {"prod", "specs/reduction.yaml:36", Variant::Functional,
+      {"prod", "specs/reduction.yaml:37", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod},
-      {"prod.out", "specs/reduction.yaml:36", Variant::Out,
+      {"prod.out", "specs/reduction.yaml:37", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_prod__out},
-      {"amax", "specs/reduction.yaml:41", Variant::Functional,
+      {"amax", "specs/reduction.yaml:42", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amax},
-      {"amax.out", "specs/reduction.yaml:41", Variant::Out,
+      {"amax.out", "specs/reduction.yaml:42", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amax__out},
-      {"amin", "specs/reduction.yaml:48", Variant::Functional,
+      {"amin", "specs/reduction.yaml:49", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amin},
-      {"amin.out", "specs/reduction.yaml:48", Variant::Out,
+      {"amin.out", "specs/reduction.yaml:49", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_amin__out},
-      {"max", "specs/reduction.yaml:56", Variant::Functional,
+      {"max", "specs/reduction.yaml:57", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max},
-      {"max.unary_out", "specs/reduction.yaml:56", Variant::Out,
+      {"max.unary_out", "specs/reduction.yaml:57", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max__unary_out},
-      {"min", "specs/reduction.yaml:62", Variant::Functional,
+      {"min", "specs/reduction.yaml:63", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min},
-      {"min.unary_out", "specs/reduction.yaml:62", Variant::Out,
+      {"min.unary_out", "specs/reduction.yaml:63", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min__unary_out},
-      {"max.dim", "specs/reduction.yaml:69", Variant::Functional,
+      {"max.dim", "specs/reduction.yaml:70", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max__dim},
-      {"min.dim", "specs/reduction.yaml:76", Variant::Functional,
+      {"min.dim", "specs/reduction.yaml:77", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min__dim},
-      {"argmax", "specs/reduction.yaml:84", Variant::Functional,
+      {"argmax", "specs/reduction.yaml:85", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmax},
-      {"argmax.out", "specs/reduction.yaml:84", Variant::Out,
+      {"argmax.out", "specs/reduction.yaml:85", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmax__out},
-      {"argmin", "specs/reduction.yaml:92", Variant::Functional,
+      {"argmin", "specs/reduction.yaml:93", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmin},
-      {"argmin.out", "specs/reduction.yaml:92", Variant::Out,
+      {"argmin.out", "specs/reduction.yaml:93", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmin__out},
-      {"any", "specs/reduction.yaml:101", Variant::Functional,
+      {"any", "specs/reduction.yaml:102", Variant::Functional,
        {ArgKind::Tensor},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any},
-      {"any.all_out", "specs/reduction.yaml:101", Variant::Out,
+      {"any.all_out", "specs/reduction.yaml:102", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__all_out},
-      {"any.dim", "specs/reduction.yaml:108", Variant::Functional,
+      {"any.dim", "specs/reduction.yaml:109", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dim},
-      {"any.out", "specs/reduction.yaml:108", Variant::Out,
+      {"any.out", "specs/reduction.yaml:109", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__out},
-      {"any.dims", "specs/reduction.yaml:116", Variant::Functional,
+      {"any.dims", "specs/reduction.yaml:117", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dims},
-      {"any.dims_out", "specs/reduction.yaml:116", Variant::Out,
+      {"any.dims_out", "specs/reduction.yaml:117", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dims_out},
-      {"all", "specs/reduction.yaml:124", Variant::Functional,
+      {"all", "specs/reduction.yaml:125", Variant::Functional,
        {ArgKind::Tensor},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all},
-      {"all.all_out", "specs/reduction.yaml:124", Variant::Out,
+      {"all.all_out", "specs/reduction.yaml:125", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__all_out},
-      {"all.dim", "specs/reduction.yaml:131", Variant::Functional,
+      {"all.dim", "specs/reduction.yaml:132", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dim},
-      {"all.out", "specs/reduction.yaml:131", Variant::Out,
+      {"all.out", "specs/reduction.yaml:132", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__out},
-      {"all.dims", "specs/reduction.yaml:138", Variant::Functional,
+      {"all.dims", "specs/reduction.yaml:139", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dims},
-      {"all.dims_out", "specs/reduction.yaml:138", Variant::Out,
+      {"all.dims_out", "specs/reduction.yaml:139", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dims_out},
-      {"var.correction", "specs/reduction.yaml:147", Variant::Functional,
+      {"var.correction", "specs/reduction.yaml:148", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction},
-      {"var.correction_out", "specs/reduction.yaml:147", Variant::Out,
+      {"var.correction_out", "specs/reduction.yaml:148", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction_out},
-      {"std.correction", "specs/reduction.yaml:155", Variant::Functional,
+      {"std.correction", "specs/reduction.yaml:156", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction},
-      {"std.correction_out", "specs/reduction.yaml:155", Variant::Out,
+      {"std.correction_out", "specs/reduction.yaml:156", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction_out},
-      {"var_mean.correction", "specs/reduction.yaml:163", Variant::Functional,
+      {"var_mean.correction", "specs/reduction.yaml:164", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var_mean__correction},
-      {"std_mean.correction", "specs/reduction.yaml:171", Variant::Functional,
+      {"std_mean.correction", "specs/reduction.yaml:172", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std_mean__correction},
-      {"logsumexp", "specs/reduction.yaml:180", Variant::Functional,
+      {"logsumexp", "specs/reduction.yaml:181", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp},
-      {"logsumexp.out", "specs/reduction.yaml:180", Variant::Out,
+      {"logsumexp.out", "specs/reduction.yaml:181", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp__out},
-      {"linalg_vector_norm", "specs/reduction.yaml:188", Variant::Functional,
+      {"linalg_vector_norm", "specs/reduction.yaml:189", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm},
-      {"linalg_vector_norm.out", "specs/reduction.yaml:188", Variant::Out,
+      {"linalg_vector_norm.out", "specs/reduction.yaml:189", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm__out},
-      {"cumsum", "specs/reduction.yaml:197", Variant::Functional,
+      {"cumsum", "specs/reduction.yaml:198", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum},
-      {"cumsum_", "specs/reduction.yaml:197", Variant::Inplace,
+      {"cumsum_", "specs/reduction.yaml:198", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum_},
-      {"cumsum.out", "specs/reduction.yaml:197", Variant::Out,
+      {"cumsum.out", "specs/reduction.yaml:198", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum__out},
-      {"cumprod", "specs/reduction.yaml:203", Variant::Functional,
+      {"cumprod", "specs/reduction.yaml:204", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod},
-      {"cumprod_", "specs/reduction.yaml:203", Variant::Inplace,
+      {"cumprod_", "specs/reduction.yaml:204", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod_},
-      {"cumprod.out", "specs/reduction.yaml:203", Variant::Out,
+      {"cumprod.out", "specs/reduction.yaml:204", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod__out},
-      {"sort.stable", "specs/reduction.yaml:215", Variant::Functional,
+      {"sort.stable", "specs/reduction.yaml:216", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sort__stable},
-      {"topk", "specs/reduction.yaml:222", Variant::Functional,
+      {"topk", "specs/reduction.yaml:223", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_topk},
-      {"cummax", "specs/reduction.yaml:232", Variant::Functional,
+      {"cummax", "specs/reduction.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummax},
-      {"cummin", "specs/reduction.yaml:239", Variant::Functional,
+      {"cummin", "specs/reduction.yaml:240", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummin},
-      {"_logcumsumexp", "specs/reduction.yaml:247", Variant::Functional,
+      {"_logcumsumexp", "specs/reduction.yaml:248", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp},
-      {"_logcumsumexp.out", "specs/reduction.yaml:247", Variant::Out,
+      {"_logcumsumexp.out", "specs/reduction.yaml:248", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp__out},
-      {"kthvalue", "specs/reduction.yaml:256", Variant::Functional,
+      {"kthvalue", "specs/reduction.yaml:257", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_kthvalue},
-      {"median", "specs/reduction.yaml:263", Variant::Functional,
+      {"median", "specs/reduction.yaml:264", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median},
-      {"median.out", "specs/reduction.yaml:263", Variant::Out,
+      {"median.out", "specs/reduction.yaml:264", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__out},
-      {"median.dim", "specs/reduction.yaml:269", Variant::Functional,
+      {"median.dim", "specs/reduction.yaml:270", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__dim},
-      {"nanmedian", "specs/reduction.yaml:275", Variant::Functional,
+      {"nanmedian", "specs/reduction.yaml:276", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian},
-      {"nanmedian.out", "specs/reduction.yaml:275", Variant::Out,
+      {"nanmedian.out", "specs/reduction.yaml:276", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__out},
-      {"nanmedian.dim", "specs/reduction.yaml:281", Variant::Functional,
+      {"nanmedian.dim", "specs/reduction.yaml:282", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__dim},
-      {"trace", "specs/reduction.yaml:288", Variant::Functional,
+      {"trace", "specs/reduction.yaml:289", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trace},
-      {"trace.out", "specs/reduction.yaml:288", Variant::Out,
+      {"trace.out", "specs/reduction.yaml:289", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
@@ -7257,188 +7354,188 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_flip},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_flip},
       {"flip.out", "specs/shape.yaml:4", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_flip__out},
-      {"roll", "specs/shape.yaml:11", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_flip__out},
+      {"roll", "specs/shape.yaml:12", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_roll},
-      {"roll.out", "specs/shape.yaml:11", Variant::Out,
+      {"roll.out", "specs/shape.yaml:12", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_roll__out},
-      {"repeat", "specs/shape.yaml:17", Variant::Functional,
+      {"repeat", "specs/shape.yaml:18", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_repeat},
-      {"repeat.out", "specs/shape.yaml:17", Variant::Out,
+      {"repeat.out", "specs/shape.yaml:18", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_repeat__out},
-      {"tril", "specs/shape.yaml:23", Variant::Functional,
+      {"tril", "specs/shape.yaml:24", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril},
-      {"tril_", "specs/shape.yaml:23", Variant::Inplace,
+      {"tril_", "specs/shape.yaml:24", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril_},
-      {"tril.out", "specs/shape.yaml:23", Variant::Out,
+      {"tril.out", "specs/shape.yaml:24", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril__out},
-      {"triu", "specs/shape.yaml:29", Variant::Functional,
+      {"triu", "specs/shape.yaml:30", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu},
-      {"triu_", "specs/shape.yaml:29", Variant::Inplace,
+      {"triu_", "specs/shape.yaml:30", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu_},
-      {"triu.out", "specs/shape.yaml:29", Variant::Out,
+      {"triu.out", "specs/shape.yaml:30", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu__out},
-      {"slice_scatter", "specs/shape.yaml:37", Variant::Functional,
+      {"slice_scatter", "specs/shape.yaml:38", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_scatter},
-      {"slice_scatter.out", "specs/shape.yaml:37", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_slice_scatter},
+      {"slice_scatter.out", "specs/shape.yaml:38", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {6},
        {6}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_scatter__out},
-      {"select_scatter", "specs/shape.yaml:43", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_slice_scatter__out},
+      {"select_scatter", "specs/shape.yaml:45", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_scatter},
-      {"select_scatter.out", "specs/shape.yaml:43", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_select_scatter},
+      {"select_scatter.out", "specs/shape.yaml:45", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {4},
        {4}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_scatter__out},
-      {"slice_backward", "specs/shape.yaml:49", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_select_scatter__out},
+      {"slice_backward", "specs/shape.yaml:52", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_backward},
-      {"slice_backward.out", "specs/shape.yaml:49", Variant::Out,
+      {"slice_backward.out", "specs/shape.yaml:52", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {6},
        {6}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_backward__out},
-      {"select_backward", "specs/shape.yaml:54", Variant::Functional,
+      {"select_backward", "specs/shape.yaml:57", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_backward},
-      {"select_backward.out", "specs/shape.yaml:54", Variant::Out,
+      {"select_backward.out", "specs/shape.yaml:57", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_backward__out},
-      {"constant_pad_nd", "specs/shape.yaml:60", Variant::Functional,
+      {"constant_pad_nd", "specs/shape.yaml:63", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_constant_pad_nd},
-      {"constant_pad_nd.out", "specs/shape.yaml:60", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_constant_pad_nd},
+      {"constant_pad_nd.out", "specs/shape.yaml:63", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_constant_pad_nd__out},
-      {"reflection_pad1d", "specs/shape.yaml:67", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_constant_pad_nd__out},
+      {"reflection_pad1d", "specs/shape.yaml:71", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d},
-      {"reflection_pad1d.out", "specs/shape.yaml:67", Variant::Out,
+      {"reflection_pad1d.out", "specs/shape.yaml:71", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d__out},
-      {"reflection_pad2d", "specs/shape.yaml:74", Variant::Functional,
+      {"reflection_pad2d", "specs/shape.yaml:78", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d},
-      {"reflection_pad2d.out", "specs/shape.yaml:74", Variant::Out,
+      {"reflection_pad2d.out", "specs/shape.yaml:78", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d__out},
-      {"replication_pad1d", "specs/shape.yaml:80", Variant::Functional,
+      {"replication_pad1d", "specs/shape.yaml:84", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d},
-      {"replication_pad1d.out", "specs/shape.yaml:80", Variant::Out,
+      {"replication_pad1d.out", "specs/shape.yaml:84", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d__out},
-      {"replication_pad2d", "specs/shape.yaml:87", Variant::Functional,
+      {"replication_pad2d", "specs/shape.yaml:91", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d},
-      {"replication_pad2d.out", "specs/shape.yaml:87", Variant::Out,
+      {"replication_pad2d.out", "specs/shape.yaml:91", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d__out},
-      {"reflection_pad1d_backward", "specs/shape.yaml:93", Variant::Functional,
+      {"reflection_pad1d_backward", "specs/shape.yaml:97", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward},
-      {"reflection_pad1d_backward.grad_input", "specs/shape.yaml:93", Variant::Out,
+      {"reflection_pad1d_backward.grad_input", "specs/shape.yaml:97", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward__grad_input},
-      {"reflection_pad2d_backward", "specs/shape.yaml:97", Variant::Functional,
+      {"reflection_pad2d_backward", "specs/shape.yaml:101", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward},
-      {"reflection_pad2d_backward.grad_input", "specs/shape.yaml:97", Variant::Out,
+      {"reflection_pad2d_backward.grad_input", "specs/shape.yaml:101", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward__grad_input},
-      {"replication_pad1d_backward", "specs/shape.yaml:101", Variant::Functional,
+      {"replication_pad1d_backward", "specs/shape.yaml:105", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward},
-      {"replication_pad1d_backward.grad_input", "specs/shape.yaml:101", Variant::Out,
+      {"replication_pad1d_backward.grad_input", "specs/shape.yaml:105", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward__grad_input},
-      {"replication_pad2d_backward", "specs/shape.yaml:105", Variant::Functional,
+      {"replication_pad2d_backward", "specs/shape.yaml:109", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d_backward},
-      {"replication_pad2d_backward.grad_input", "specs/shape.yaml:105", Variant::Out,
+      {"replication_pad2d_backward.grad_input", "specs/shape.yaml:109", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
@@ -7667,12 +7764,12 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_angle},
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_angle},
       {"angle.out", "specs/special.yaml:123", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_angle__out},
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_angle__out},
       {"heaviside", "specs/special.yaml:129", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
@@ -8472,92 +8569,92 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Scalar},
        {1}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fill__Scalar},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_fill__Scalar},
       {"fill_.Scalar", "specs/tensor.yaml:3", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {1}, Compute::Output, {0},
        {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fill___Scalar},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_fill___Scalar},
       {"fill.Scalar_out", "specs/tensor.yaml:3", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {1}, Compute::Output, {2},
        {2}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fill__Scalar_out},
-      {"fill.Tensor", "specs/tensor.yaml:9", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_fill__Scalar_out},
+      {"fill.Tensor", "specs/tensor.yaml:10", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {1}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fill__Tensor},
-      {"fill_.Tensor", "specs/tensor.yaml:9", Variant::Inplace,
+      {"fill_.Tensor", "specs/tensor.yaml:10", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {1}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fill___Tensor},
-      {"fill.Tensor_out", "specs/tensor.yaml:9", Variant::Out,
+      {"fill.Tensor_out", "specs/tensor.yaml:10", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {1}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fill__Tensor_out},
-      {"zero", "specs/tensor.yaml:14", Variant::Functional,
+      {"zero", "specs/tensor.yaml:15", Variant::Functional,
        {ArgKind::Tensor},
        {}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_zero},
-      {"zero_", "specs/tensor.yaml:14", Variant::Inplace,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_zero},
+      {"zero_", "specs/tensor.yaml:15", Variant::Inplace,
        {ArgKind::Tensor},
        {}, Compute::Output, {0},
        {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_zero_},
-      {"zero.out", "specs/tensor.yaml:14", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_zero_},
+      {"zero.out", "specs/tensor.yaml:15", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {1},
        {1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_zero__out},
-      {"cat", "specs/tensor.yaml:20", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_zero__out},
+      {"cat", "specs/tensor.yaml:22", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cat},
-      {"cat.out", "specs/tensor.yaml:20", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_cat},
+      {"cat.out", "specs/tensor.yaml:22", Variant::Out,
        {ArgKind::TensorList, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cat__out},
-      {"clone", "specs/tensor.yaml:25", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_cat__out},
+      {"clone", "specs/tensor.yaml:28", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clone},
-      {"clone.out", "specs/tensor.yaml:25", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_clone},
+      {"clone.out", "specs/tensor.yaml:28", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {2},
        {2}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clone__out},
-      {"_to_copy", "specs/tensor.yaml:31", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_clone__out},
+      {"_to_copy", "specs/tensor.yaml:35", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored, ArgKind::Ignored, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__to_copy},
-      {"_to_copy.out", "specs/tensor.yaml:31", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"}, &emit__to_copy},
+      {"_to_copy.out", "specs/tensor.yaml:35", Variant::Out,
        {ArgKind::Tensor, ArgKind::Ignored, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__to_copy__out},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"}, &emit__to_copy__out},
       {"abs", "specs/unary.yaml:5", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_abs},
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_abs},
       {"abs_", "specs/unary.yaml:5", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_abs_},
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_abs_},
       {"abs.out", "specs/unary.yaml:5", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_abs__out},
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_abs__out},
       {"sign", "specs/unary.yaml:10", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},

@@ -3842,6 +3842,19 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // xlogy.Scalar_Other
       nullptr,  // xlogy_.Scalar_Other
       nullptr,  // xlogy.OutScalar_Other
+      nullptr,  // complex
+      nullptr,  // complex.out
+      nullptr,  // polar
+      nullptr,  // polar.out
+      nullptr,  // conj_physical
+      nullptr,  // conj_physical_
+      nullptr,  // conj_physical.out
+      nullptr,  // _fft_c2c
+      nullptr,  // _fft_c2c.out
+      nullptr,  // _fft_r2c
+      nullptr,  // _fft_r2c.out
+      nullptr,  // _fft_c2r
+      nullptr,  // _fft_c2r.out
       nullptr,  // convolution_overrideable
       nullptr,  // convolution_backward_overrideable
       nullptr,  // arange.start_step

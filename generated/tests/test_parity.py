@@ -1039,6 +1039,144 @@ def test_xlogy_Tensor_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_complex(dtype):
+    # specs/complex.yaml:7
+    check_opinfo(
+        "complex",
+        dtype,
+        overloads=["complex", "complex.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_complex_compiled():
+    # specs/complex.yaml:7: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "complex",
+        overloads=["complex", "complex.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_polar(dtype):
+    # specs/complex.yaml:14
+    check_opinfo(
+        "polar",
+        dtype,
+        overloads=["polar", "polar.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_polar_compiled():
+    # specs/complex.yaml:14: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "polar",
+        overloads=["polar", "polar.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "complex64", "complex128"])
+def test_conj_physical(dtype):
+    # specs/complex.yaml:21
+    check_opinfo(
+        "conj_physical",
+        dtype,
+        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_conj_physical_compiled():
+    # specs/complex.yaml:21: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "conj_physical",
+        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test__fft_c2c(dtype):
+    # specs/complex.yaml:28
+    check_opinfo(
+        "fft.fft",
+        dtype,
+        overloads=["_fft_c2c", "_fft_c2c.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__fft_c2c_compiled():
+    # specs/complex.yaml:28: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fft.fft",
+        overloads=["_fft_c2c", "_fft_c2c.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__fft_r2c(dtype):
+    # specs/complex.yaml:35
+    check_opinfo(
+        "fft.rfft",
+        dtype,
+        overloads=["_fft_r2c", "_fft_r2c.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__fft_r2c_compiled():
+    # specs/complex.yaml:35: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fft.rfft",
+        overloads=["_fft_r2c", "_fft_r2c.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "complex64"])
+def test__fft_c2r(dtype):
+    # specs/complex.yaml:42
+    check_opinfo(
+        "fft.irfft",
+        dtype,
+        overloads=["_fft_c2r", "_fft_c2r.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__fft_c2r_compiled():
+    # specs/complex.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "fft.irfft",
+        overloads=["_fft_c2r", "_fft_c2r.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
 def test_convolution_overrideable(dtype):
     # specs/conv.yaml:10
@@ -1242,7 +1380,7 @@ def test_add_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_add_Tensor_other_dtypes(dtype):
     # specs/elementwise.yaml:4: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -1258,7 +1396,7 @@ def test_add_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_sub_Tensor(dtype):
-    # specs/elementwise.yaml:11
+    # specs/elementwise.yaml:13
     check_opinfo(
         "sub",
         dtype,
@@ -1270,7 +1408,7 @@ def test_sub_Tensor(dtype):
 
 
 def test_sub_Tensor_compiled():
-    # specs/elementwise.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:13: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sub",
         overloads=["sub.Tensor", "sub_.Tensor", "sub.out"],
@@ -1279,9 +1417,9 @@ def test_sub_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_sub_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:11: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:13: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sub",
         dtype,
@@ -1295,7 +1433,7 @@ def test_sub_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_mul_Tensor(dtype):
-    # specs/elementwise.yaml:20
+    # specs/elementwise.yaml:22
     check_opinfo(
         "mul",
         dtype,
@@ -1307,7 +1445,7 @@ def test_mul_Tensor(dtype):
 
 
 def test_mul_Tensor_compiled():
-    # specs/elementwise.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:22: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "mul",
         overloads=["mul.Tensor", "mul_.Tensor", "mul.out"],
@@ -1316,9 +1454,9 @@ def test_mul_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_mul_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:20: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:22: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "mul",
         dtype,
@@ -1332,7 +1470,7 @@ def test_mul_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_div_Tensor(dtype):
-    # specs/elementwise.yaml:27
+    # specs/elementwise.yaml:31
     check_opinfo(
         "div.no_rounding_mode",
         dtype,
@@ -1344,7 +1482,7 @@ def test_div_Tensor(dtype):
 
 
 def test_div_Tensor_compiled():
-    # specs/elementwise.yaml:27: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:31: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.no_rounding_mode",
         overloads=["div.Tensor", "div_.Tensor", "div.out"],
@@ -1353,9 +1491,9 @@ def test_div_Tensor_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_div_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:27: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:31: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "div.no_rounding_mode",
         dtype,
@@ -1369,7 +1507,7 @@ def test_div_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_neg(dtype):
-    # specs/elementwise.yaml:38
+    # specs/elementwise.yaml:42
     check_opinfo(
         "neg",
         dtype,
@@ -1381,7 +1519,7 @@ def test_neg(dtype):
 
 
 def test_neg_compiled():
-    # specs/elementwise.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:42: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "neg",
         overloads=["neg", "neg_", "neg.out"],
@@ -1390,9 +1528,9 @@ def test_neg_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_neg_other_dtypes(dtype):
-    # specs/elementwise.yaml:38: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:42: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "neg",
         dtype,
@@ -1406,7 +1544,7 @@ def test_neg_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_exp(dtype):
-    # specs/elementwise.yaml:43
+    # specs/elementwise.yaml:47
     check_opinfo(
         "exp",
         dtype,
@@ -1418,7 +1556,7 @@ def test_exp(dtype):
 
 
 def test_exp_compiled():
-    # specs/elementwise.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:47: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "exp",
         overloads=["exp", "exp_", "exp.out"],
@@ -1427,9 +1565,9 @@ def test_exp_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_exp_other_dtypes(dtype):
-    # specs/elementwise.yaml:43: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:47: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "exp",
         dtype,
@@ -1443,7 +1581,7 @@ def test_exp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log(dtype):
-    # specs/elementwise.yaml:49
+    # specs/elementwise.yaml:53
     check_opinfo(
         "log",
         dtype,
@@ -1455,7 +1593,7 @@ def test_log(dtype):
 
 
 def test_log_compiled():
-    # specs/elementwise.yaml:49: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:53: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log",
         overloads=["log", "log_", "log.out"],
@@ -1466,7 +1604,7 @@ def test_log_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log_other_dtypes(dtype):
-    # specs/elementwise.yaml:49: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:53: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log",
         dtype,
@@ -1480,7 +1618,7 @@ def test_log_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sqrt(dtype):
-    # specs/elementwise.yaml:55
+    # specs/elementwise.yaml:59
     check_opinfo(
         "sqrt",
         dtype,
@@ -1492,7 +1630,7 @@ def test_sqrt(dtype):
 
 
 def test_sqrt_compiled():
-    # specs/elementwise.yaml:55: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:59: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sqrt",
         overloads=["sqrt", "sqrt_", "sqrt.out"],
@@ -1503,7 +1641,7 @@ def test_sqrt_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sqrt_other_dtypes(dtype):
-    # specs/elementwise.yaml:55: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:59: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sqrt",
         dtype,
@@ -1517,7 +1655,7 @@ def test_sqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_relu(dtype):
-    # specs/elementwise.yaml:61
+    # specs/elementwise.yaml:65
     check_opinfo(
         "nn.functional.relu",
         dtype,
@@ -1529,7 +1667,7 @@ def test_relu(dtype):
 
 
 def test_relu_compiled():
-    # specs/elementwise.yaml:61: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.relu",
         overloads=["relu", "relu_", "relu.out"],
@@ -1540,7 +1678,7 @@ def test_relu_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_relu_other_dtypes(dtype):
-    # specs/elementwise.yaml:61: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.relu",
         dtype,
@@ -1554,7 +1692,7 @@ def test_relu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_where_self(dtype):
-    # specs/elementwise.yaml:66
+    # specs/elementwise.yaml:70
     check_opinfo(
         "where",
         dtype,
@@ -1566,7 +1704,7 @@ def test_where_self(dtype):
 
 
 def test_where_self_compiled():
-    # specs/elementwise.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:70: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "where",
         overloads=["where.self", "where.self_out"],
@@ -1575,9 +1713,9 @@ def test_where_self_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_where_self_other_dtypes(dtype):
-    # specs/elementwise.yaml:66: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:70: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "where",
         dtype,
@@ -1591,7 +1729,7 @@ def test_where_self_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_eq_Tensor(dtype):
-    # specs/elementwise.yaml:71
+    # specs/elementwise.yaml:76
     check_opinfo(
         "eq",
         dtype,
@@ -1603,7 +1741,7 @@ def test_eq_Tensor(dtype):
 
 
 def test_eq_Tensor_compiled():
-    # specs/elementwise.yaml:71: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:76: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "eq",
         overloads=["eq.Tensor", "eq_.Tensor", "eq.Tensor_out"],
@@ -1614,7 +1752,7 @@ def test_eq_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_eq_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:71: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:76: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "eq",
         dtype,
@@ -1628,7 +1766,7 @@ def test_eq_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_lt_Tensor(dtype):
-    # specs/elementwise.yaml:78
+    # specs/elementwise.yaml:83
     check_opinfo(
         "lt",
         dtype,
@@ -1640,7 +1778,7 @@ def test_lt_Tensor(dtype):
 
 
 def test_lt_Tensor_compiled():
-    # specs/elementwise.yaml:78: the first float32 sample through torch.compile(backend="tpu")
+    # specs/elementwise.yaml:83: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lt",
         overloads=["lt.Tensor", "lt_.Tensor", "lt.Tensor_out"],
@@ -1651,7 +1789,7 @@ def test_lt_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_lt_Tensor_other_dtypes(dtype):
-    # specs/elementwise.yaml:78: every other dtype it supports, over the first 3 samples
+    # specs/elementwise.yaml:83: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lt",
         dtype,
@@ -6991,7 +7129,7 @@ def test_sum_dim_IntList_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_sum_dim_IntList_other_dtypes(dtype):
     # specs/reduction.yaml:3: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -7007,7 +7145,7 @@ def test_sum_dim_IntList_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mean_dim(dtype):
-    # specs/reduction.yaml:15
+    # specs/reduction.yaml:16
     check_opinfo(
         "mean",
         dtype,
@@ -7019,7 +7157,7 @@ def test_mean_dim(dtype):
 
 
 def test_mean_dim_compiled():
-    # specs/reduction.yaml:15: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:16: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "mean",
         overloads=["mean.dim", "mean.out"],
@@ -7028,9 +7166,9 @@ def test_mean_dim_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_mean_dim_other_dtypes(dtype):
-    # specs/reduction.yaml:15: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:16: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "mean",
         dtype,
@@ -7044,7 +7182,7 @@ def test_mean_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_prod_dim_int(dtype):
-    # specs/reduction.yaml:29
+    # specs/reduction.yaml:30
     check_opinfo(
         "prod",
         dtype,
@@ -7056,7 +7194,7 @@ def test_prod_dim_int(dtype):
 
 
 def test_prod_dim_int_compiled():
-    # specs/reduction.yaml:29: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:30: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "prod",
         overloads=["prod.dim_int", "prod.int_out"],
@@ -7067,7 +7205,7 @@ def test_prod_dim_int_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_prod_dim_int_other_dtypes(dtype):
-    # specs/reduction.yaml:29: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:30: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "prod",
         dtype,
@@ -7081,7 +7219,7 @@ def test_prod_dim_int_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_amax(dtype):
-    # specs/reduction.yaml:41
+    # specs/reduction.yaml:42
     check_opinfo(
         "amax",
         dtype,
@@ -7093,7 +7231,7 @@ def test_amax(dtype):
 
 
 def test_amax_compiled():
-    # specs/reduction.yaml:41: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:42: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "amax",
         overloads=["amax", "amax.out"],
@@ -7104,7 +7242,7 @@ def test_amax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_amax_other_dtypes(dtype):
-    # specs/reduction.yaml:41: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:42: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "amax",
         dtype,
@@ -7118,7 +7256,7 @@ def test_amax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_amin(dtype):
-    # specs/reduction.yaml:48
+    # specs/reduction.yaml:49
     check_opinfo(
         "amin",
         dtype,
@@ -7130,7 +7268,7 @@ def test_amin(dtype):
 
 
 def test_amin_compiled():
-    # specs/reduction.yaml:48: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:49: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "amin",
         overloads=["amin", "amin.out"],
@@ -7141,7 +7279,7 @@ def test_amin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_amin_other_dtypes(dtype):
-    # specs/reduction.yaml:48: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:49: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "amin",
         dtype,
@@ -7155,7 +7293,7 @@ def test_amin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_max(dtype):
-    # specs/reduction.yaml:56
+    # specs/reduction.yaml:57
     check_opinfo(
         "max.reduction_no_dim",
         dtype,
@@ -7167,7 +7305,7 @@ def test_max(dtype):
 
 
 def test_max_compiled():
-    # specs/reduction.yaml:56: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:57: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "max.reduction_no_dim",
         overloads=["max", "max.unary_out"],
@@ -7178,7 +7316,7 @@ def test_max_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_other_dtypes(dtype):
-    # specs/reduction.yaml:56: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:57: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "max.reduction_no_dim",
         dtype,
@@ -7192,7 +7330,7 @@ def test_max_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_min(dtype):
-    # specs/reduction.yaml:62
+    # specs/reduction.yaml:63
     check_opinfo(
         "min.reduction_no_dim",
         dtype,
@@ -7204,7 +7342,7 @@ def test_min(dtype):
 
 
 def test_min_compiled():
-    # specs/reduction.yaml:62: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:63: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "min.reduction_no_dim",
         overloads=["min", "min.unary_out"],
@@ -7215,7 +7353,7 @@ def test_min_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_min_other_dtypes(dtype):
-    # specs/reduction.yaml:62: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:63: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "min.reduction_no_dim",
         dtype,
@@ -7229,7 +7367,7 @@ def test_min_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_max_dim(dtype):
-    # specs/reduction.yaml:69
+    # specs/reduction.yaml:70
     check_opinfo(
         "max.reduction_with_dim",
         dtype,
@@ -7241,7 +7379,7 @@ def test_max_dim(dtype):
 
 
 def test_max_dim_compiled():
-    # specs/reduction.yaml:69: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:70: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "max.reduction_with_dim",
         overloads=["max.dim"],
@@ -7252,7 +7390,7 @@ def test_max_dim_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_dim_other_dtypes(dtype):
-    # specs/reduction.yaml:69: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:70: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "max.reduction_with_dim",
         dtype,
@@ -7266,7 +7404,7 @@ def test_max_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_min_dim(dtype):
-    # specs/reduction.yaml:76
+    # specs/reduction.yaml:77
     check_opinfo(
         "min.reduction_with_dim",
         dtype,
@@ -7278,7 +7416,7 @@ def test_min_dim(dtype):
 
 
 def test_min_dim_compiled():
-    # specs/reduction.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:77: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "min.reduction_with_dim",
         overloads=["min.dim"],
@@ -7289,7 +7427,7 @@ def test_min_dim_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_min_dim_other_dtypes(dtype):
-    # specs/reduction.yaml:76: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:77: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "min.reduction_with_dim",
         dtype,
@@ -7303,7 +7441,7 @@ def test_min_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_argmax(dtype):
-    # specs/reduction.yaml:84
+    # specs/reduction.yaml:85
     check_opinfo(
         "argmax",
         dtype,
@@ -7315,7 +7453,7 @@ def test_argmax(dtype):
 
 
 def test_argmax_compiled():
-    # specs/reduction.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:85: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "argmax",
         overloads=["argmax", "argmax.out"],
@@ -7326,7 +7464,7 @@ def test_argmax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_argmax_other_dtypes(dtype):
-    # specs/reduction.yaml:84: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:85: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "argmax",
         dtype,
@@ -7340,7 +7478,7 @@ def test_argmax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_argmin(dtype):
-    # specs/reduction.yaml:92
+    # specs/reduction.yaml:93
     check_opinfo(
         "argmin",
         dtype,
@@ -7352,7 +7490,7 @@ def test_argmin(dtype):
 
 
 def test_argmin_compiled():
-    # specs/reduction.yaml:92: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:93: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "argmin",
         overloads=["argmin", "argmin.out"],
@@ -7363,7 +7501,7 @@ def test_argmin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_argmin_other_dtypes(dtype):
-    # specs/reduction.yaml:92: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:93: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "argmin",
         dtype,
@@ -7377,7 +7515,7 @@ def test_argmin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_any_dims(dtype):
-    # specs/reduction.yaml:116
+    # specs/reduction.yaml:117
     check_opinfo(
         "any",
         dtype,
@@ -7389,7 +7527,7 @@ def test_any_dims(dtype):
 
 
 def test_any_dims_compiled():
-    # specs/reduction.yaml:116: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:117: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "any",
         overloads=["any.dims", "any.dims_out"],
@@ -7400,7 +7538,7 @@ def test_any_dims_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_any_dims_other_dtypes(dtype):
-    # specs/reduction.yaml:116: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:117: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "any",
         dtype,
@@ -7414,7 +7552,7 @@ def test_any_dims_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_all_dims(dtype):
-    # specs/reduction.yaml:138
+    # specs/reduction.yaml:139
     check_opinfo(
         "all",
         dtype,
@@ -7426,7 +7564,7 @@ def test_all_dims(dtype):
 
 
 def test_all_dims_compiled():
-    # specs/reduction.yaml:138: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:139: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "all",
         overloads=["all.dims", "all.dims_out"],
@@ -7437,7 +7575,7 @@ def test_all_dims_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_all_dims_other_dtypes(dtype):
-    # specs/reduction.yaml:138: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:139: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "all",
         dtype,
@@ -7451,7 +7589,7 @@ def test_all_dims_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_correction(dtype):
-    # specs/reduction.yaml:147
+    # specs/reduction.yaml:148
     check_opinfo(
         "var",
         dtype,
@@ -7463,7 +7601,7 @@ def test_var_correction(dtype):
 
 
 def test_var_correction_compiled():
-    # specs/reduction.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var",
         overloads=["var.correction", "var.correction_out"],
@@ -7474,7 +7612,7 @@ def test_var_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:147: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:148: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var",
         dtype,
@@ -7488,7 +7626,7 @@ def test_var_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_correction(dtype):
-    # specs/reduction.yaml:155
+    # specs/reduction.yaml:156
     check_opinfo(
         "std",
         dtype,
@@ -7500,7 +7638,7 @@ def test_std_correction(dtype):
 
 
 def test_std_correction_compiled():
-    # specs/reduction.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:156: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std",
         overloads=["std.correction", "std.correction_out"],
@@ -7511,7 +7649,7 @@ def test_std_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:155: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:156: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std",
         dtype,
@@ -7525,7 +7663,7 @@ def test_std_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_mean_correction(dtype):
-    # specs/reduction.yaml:163
+    # specs/reduction.yaml:164
     check_opinfo(
         "var_mean",
         dtype,
@@ -7537,7 +7675,7 @@ def test_var_mean_correction(dtype):
 
 
 def test_var_mean_correction_compiled():
-    # specs/reduction.yaml:163: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:164: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var_mean",
         overloads=["var_mean.correction"],
@@ -7548,7 +7686,7 @@ def test_var_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:163: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:164: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var_mean",
         dtype,
@@ -7562,7 +7700,7 @@ def test_var_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_mean_correction(dtype):
-    # specs/reduction.yaml:171
+    # specs/reduction.yaml:172
     check_opinfo(
         "std_mean",
         dtype,
@@ -7574,7 +7712,7 @@ def test_std_mean_correction(dtype):
 
 
 def test_std_mean_correction_compiled():
-    # specs/reduction.yaml:171: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std_mean",
         overloads=["std_mean.correction"],
@@ -7585,7 +7723,7 @@ def test_std_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:171: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:172: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std_mean",
         dtype,
@@ -7599,7 +7737,7 @@ def test_std_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_logsumexp(dtype):
-    # specs/reduction.yaml:180
+    # specs/reduction.yaml:181
     check_opinfo(
         "logsumexp",
         dtype,
@@ -7611,7 +7749,7 @@ def test_logsumexp(dtype):
 
 
 def test_logsumexp_compiled():
-    # specs/reduction.yaml:180: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:181: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logsumexp",
         overloads=["logsumexp", "logsumexp.out"],
@@ -7622,7 +7760,7 @@ def test_logsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_linalg_vector_norm(dtype):
-    # specs/reduction.yaml:188
+    # specs/reduction.yaml:189
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -7634,7 +7772,7 @@ def test_linalg_vector_norm(dtype):
 
 
 def test_linalg_vector_norm_compiled():
-    # specs/reduction.yaml:188: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:189: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.vector_norm",
         overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
@@ -7645,7 +7783,7 @@ def test_linalg_vector_norm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_linalg_vector_norm_other_dtypes(dtype):
-    # specs/reduction.yaml:188: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:189: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -7659,7 +7797,7 @@ def test_linalg_vector_norm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumsum(dtype):
-    # specs/reduction.yaml:197
+    # specs/reduction.yaml:198
     check_opinfo(
         "cumsum",
         dtype,
@@ -7671,7 +7809,7 @@ def test_cumsum(dtype):
 
 
 def test_cumsum_compiled():
-    # specs/reduction.yaml:197: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:198: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumsum",
         overloads=["cumsum", "cumsum_", "cumsum.out"],
@@ -7682,7 +7820,7 @@ def test_cumsum_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumsum_other_dtypes(dtype):
-    # specs/reduction.yaml:197: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:198: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumsum",
         dtype,
@@ -7696,7 +7834,7 @@ def test_cumsum_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumprod(dtype):
-    # specs/reduction.yaml:203
+    # specs/reduction.yaml:204
     check_opinfo(
         "cumprod",
         dtype,
@@ -7708,7 +7846,7 @@ def test_cumprod(dtype):
 
 
 def test_cumprod_compiled():
-    # specs/reduction.yaml:203: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:204: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumprod",
         overloads=["cumprod", "cumprod_", "cumprod.out"],
@@ -7719,7 +7857,7 @@ def test_cumprod_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumprod_other_dtypes(dtype):
-    # specs/reduction.yaml:203: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:204: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumprod",
         dtype,
@@ -7733,7 +7871,7 @@ def test_cumprod_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "float32"])
 def test_sort_stable(dtype):
-    # specs/reduction.yaml:215
+    # specs/reduction.yaml:216
     check_opinfo(
         "sort",
         dtype,
@@ -7745,7 +7883,7 @@ def test_sort_stable(dtype):
 
 
 def test_sort_stable_compiled():
-    # specs/reduction.yaml:215: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:216: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sort",
         overloads=["sort.stable"],
@@ -7756,7 +7894,7 @@ def test_sort_stable_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_topk(dtype):
-    # specs/reduction.yaml:222
+    # specs/reduction.yaml:223
     check_opinfo(
         "topk",
         dtype,
@@ -7768,7 +7906,7 @@ def test_topk(dtype):
 
 
 def test_topk_compiled():
-    # specs/reduction.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:223: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "topk",
         overloads=["topk"],
@@ -7779,7 +7917,7 @@ def test_topk_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummax(dtype):
-    # specs/reduction.yaml:232
+    # specs/reduction.yaml:233
     check_opinfo(
         "cummax",
         dtype,
@@ -7791,7 +7929,7 @@ def test_cummax(dtype):
 
 
 def test_cummax_compiled():
-    # specs/reduction.yaml:232: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:233: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummax",
         overloads=["cummax"],
@@ -7802,7 +7940,7 @@ def test_cummax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummax_other_dtypes(dtype):
-    # specs/reduction.yaml:232: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:233: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummax",
         dtype,
@@ -7816,7 +7954,7 @@ def test_cummax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummin(dtype):
-    # specs/reduction.yaml:239
+    # specs/reduction.yaml:240
     check_opinfo(
         "cummin",
         dtype,
@@ -7828,7 +7966,7 @@ def test_cummin(dtype):
 
 
 def test_cummin_compiled():
-    # specs/reduction.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:240: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummin",
         overloads=["cummin"],
@@ -7839,7 +7977,7 @@ def test_cummin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummin_other_dtypes(dtype):
-    # specs/reduction.yaml:239: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:240: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummin",
         dtype,
@@ -7853,7 +7991,7 @@ def test_cummin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__logcumsumexp(dtype):
-    # specs/reduction.yaml:247
+    # specs/reduction.yaml:248
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -7867,7 +8005,7 @@ def test__logcumsumexp(dtype):
 
 
 def test__logcumsumexp_compiled():
-    # specs/reduction.yaml:247: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:248: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logcumsumexp",
         overloads=["_logcumsumexp", "_logcumsumexp.out"],
@@ -7878,7 +8016,7 @@ def test__logcumsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__logcumsumexp_other_dtypes(dtype):
-    # specs/reduction.yaml:247: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:248: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -7894,7 +8032,7 @@ def test__logcumsumexp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_kthvalue(dtype):
-    # specs/reduction.yaml:256
+    # specs/reduction.yaml:257
     check_opinfo(
         "kthvalue",
         dtype,
@@ -7906,7 +8044,7 @@ def test_kthvalue(dtype):
 
 
 def test_kthvalue_compiled():
-    # specs/reduction.yaml:256: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:257: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "kthvalue",
         overloads=["kthvalue"],
@@ -7917,7 +8055,7 @@ def test_kthvalue_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_median(dtype):
-    # specs/reduction.yaml:263
+    # specs/reduction.yaml:264
     check_opinfo(
         "median",
         dtype,
@@ -7929,7 +8067,7 @@ def test_median(dtype):
 
 
 def test_median_compiled():
-    # specs/reduction.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:264: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "median",
         overloads=["median", "median.out"],
@@ -7940,7 +8078,7 @@ def test_median_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_median_other_dtypes(dtype):
-    # specs/reduction.yaml:263: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:264: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "median",
         dtype,
@@ -7954,7 +8092,7 @@ def test_median_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_nanmedian(dtype):
-    # specs/reduction.yaml:275
+    # specs/reduction.yaml:276
     check_opinfo(
         "nanmedian",
         dtype,
@@ -7966,7 +8104,7 @@ def test_nanmedian(dtype):
 
 
 def test_nanmedian_compiled():
-    # specs/reduction.yaml:275: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:276: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nanmedian",
         overloads=["nanmedian", "nanmedian.out"],
@@ -7977,7 +8115,7 @@ def test_nanmedian_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nanmedian_other_dtypes(dtype):
-    # specs/reduction.yaml:275: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:276: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nanmedian",
         dtype,
@@ -7991,7 +8129,7 @@ def test_nanmedian_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_trace(dtype):
-    # specs/reduction.yaml:288
+    # specs/reduction.yaml:289
     check_opinfo(
         "trace",
         dtype,
@@ -8003,7 +8141,7 @@ def test_trace(dtype):
 
 
 def test_trace_compiled():
-    # specs/reduction.yaml:288: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:289: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "trace",
         overloads=["trace", "trace.out"],
@@ -8014,7 +8152,7 @@ def test_trace_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_trace_other_dtypes(dtype):
-    # specs/reduction.yaml:288: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:289: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "trace",
         dtype,
@@ -8049,7 +8187,7 @@ def test_flip_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_flip_other_dtypes(dtype):
     # specs/shape.yaml:4: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -8065,7 +8203,7 @@ def test_flip_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_roll(dtype):
-    # specs/shape.yaml:11
+    # specs/shape.yaml:12
     check_opinfo(
         "roll",
         dtype,
@@ -8077,7 +8215,7 @@ def test_roll(dtype):
 
 
 def test_roll_compiled():
-    # specs/shape.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:12: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "roll",
         overloads=["roll", "roll.out"],
@@ -8088,7 +8226,7 @@ def test_roll_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_roll_other_dtypes(dtype):
-    # specs/shape.yaml:11: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:12: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "roll",
         dtype,
@@ -8102,7 +8240,7 @@ def test_roll_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_repeat(dtype):
-    # specs/shape.yaml:17
+    # specs/shape.yaml:18
     check_opinfo(
         "repeat",
         dtype,
@@ -8114,7 +8252,7 @@ def test_repeat(dtype):
 
 
 def test_repeat_compiled():
-    # specs/shape.yaml:17: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:18: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "repeat",
         overloads=["repeat", "repeat.out"],
@@ -8125,7 +8263,7 @@ def test_repeat_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_repeat_other_dtypes(dtype):
-    # specs/shape.yaml:17: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:18: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "repeat",
         dtype,
@@ -8139,7 +8277,7 @@ def test_repeat_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_tril(dtype):
-    # specs/shape.yaml:23
+    # specs/shape.yaml:24
     check_opinfo(
         "tril",
         dtype,
@@ -8151,7 +8289,7 @@ def test_tril(dtype):
 
 
 def test_tril_compiled():
-    # specs/shape.yaml:23: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:24: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "tril",
         overloads=["tril", "tril_", "tril.out"],
@@ -8162,7 +8300,7 @@ def test_tril_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_tril_other_dtypes(dtype):
-    # specs/shape.yaml:23: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:24: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "tril",
         dtype,
@@ -8176,7 +8314,7 @@ def test_tril_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_triu(dtype):
-    # specs/shape.yaml:29
+    # specs/shape.yaml:30
     check_opinfo(
         "triu",
         dtype,
@@ -8188,7 +8326,7 @@ def test_triu(dtype):
 
 
 def test_triu_compiled():
-    # specs/shape.yaml:29: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:30: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "triu",
         overloads=["triu", "triu_", "triu.out"],
@@ -8199,7 +8337,7 @@ def test_triu_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_triu_other_dtypes(dtype):
-    # specs/shape.yaml:29: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:30: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "triu",
         dtype,
@@ -8213,7 +8351,7 @@ def test_triu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_slice_scatter(dtype):
-    # specs/shape.yaml:37
+    # specs/shape.yaml:38
     check_opinfo(
         "slice_scatter",
         dtype,
@@ -8225,7 +8363,7 @@ def test_slice_scatter(dtype):
 
 
 def test_slice_scatter_compiled():
-    # specs/shape.yaml:37: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:38: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "slice_scatter",
         overloads=["slice_scatter", "slice_scatter.out"],
@@ -8234,9 +8372,9 @@ def test_slice_scatter_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_slice_scatter_other_dtypes(dtype):
-    # specs/shape.yaml:37: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:38: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "slice_scatter",
         dtype,
@@ -8250,7 +8388,7 @@ def test_slice_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_select_scatter(dtype):
-    # specs/shape.yaml:43
+    # specs/shape.yaml:45
     check_opinfo(
         "select_scatter",
         dtype,
@@ -8262,7 +8400,7 @@ def test_select_scatter(dtype):
 
 
 def test_select_scatter_compiled():
-    # specs/shape.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:45: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "select_scatter",
         overloads=["select_scatter", "select_scatter.out"],
@@ -8271,9 +8409,9 @@ def test_select_scatter_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_select_scatter_other_dtypes(dtype):
-    # specs/shape.yaml:43: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:45: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "select_scatter",
         dtype,
@@ -8287,7 +8425,7 @@ def test_select_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_constant_pad_nd(dtype):
-    # specs/shape.yaml:60
+    # specs/shape.yaml:63
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -8299,7 +8437,7 @@ def test_constant_pad_nd(dtype):
 
 
 def test_constant_pad_nd_compiled():
-    # specs/shape.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:63: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.constant",
         overloads=["constant_pad_nd", "constant_pad_nd.out"],
@@ -8308,9 +8446,9 @@ def test_constant_pad_nd_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_constant_pad_nd_other_dtypes(dtype):
-    # specs/shape.yaml:60: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:63: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -8324,7 +8462,7 @@ def test_constant_pad_nd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_reflection_pad1d(dtype):
-    # specs/shape.yaml:67
+    # specs/shape.yaml:71
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -8336,7 +8474,7 @@ def test_reflection_pad1d(dtype):
 
 
 def test_reflection_pad1d_compiled():
-    # specs/shape.yaml:67: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:71: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.reflect",
         overloads=["reflection_pad1d", "reflection_pad1d.out"],
@@ -8347,7 +8485,7 @@ def test_reflection_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_reflection_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:67: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:71: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -8361,7 +8499,7 @@ def test_reflection_pad1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_replication_pad1d(dtype):
-    # specs/shape.yaml:80
+    # specs/shape.yaml:84
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -8373,7 +8511,7 @@ def test_replication_pad1d(dtype):
 
 
 def test_replication_pad1d_compiled():
-    # specs/shape.yaml:80: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:84: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.replicate",
         overloads=["replication_pad1d", "replication_pad1d.out"],
@@ -8384,7 +8522,7 @@ def test_replication_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_replication_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:80: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:84: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -9048,7 +9186,7 @@ def test_angle_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_angle_other_dtypes(dtype):
     # specs/special.yaml:123: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -10620,7 +10758,7 @@ def test_fill_Scalar_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_fill_Scalar_other_dtypes(dtype):
     # specs/tensor.yaml:3: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -10636,7 +10774,7 @@ def test_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_zero(dtype):
-    # specs/tensor.yaml:14
+    # specs/tensor.yaml:15
     check_opinfo(
         "zero_",
         dtype,
@@ -10648,7 +10786,7 @@ def test_zero(dtype):
 
 
 def test_zero_compiled():
-    # specs/tensor.yaml:14: the first float32 sample through torch.compile(backend="tpu")
+    # specs/tensor.yaml:15: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "zero_",
         overloads=["zero", "zero_", "zero.out"],
@@ -10657,9 +10795,9 @@ def test_zero_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_zero_other_dtypes(dtype):
-    # specs/tensor.yaml:14: every other dtype it supports, over the first 3 samples
+    # specs/tensor.yaml:15: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "zero_",
         dtype,
@@ -10673,7 +10811,7 @@ def test_zero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cat(dtype):
-    # specs/tensor.yaml:20
+    # specs/tensor.yaml:22
     check_opinfo(
         "cat",
         dtype,
@@ -10685,7 +10823,7 @@ def test_cat(dtype):
 
 
 def test_cat_compiled():
-    # specs/tensor.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    # specs/tensor.yaml:22: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cat",
         overloads=["cat", "cat.out"],
@@ -10694,9 +10832,9 @@ def test_cat_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_cat_other_dtypes(dtype):
-    # specs/tensor.yaml:20: every other dtype it supports, over the first 3 samples
+    # specs/tensor.yaml:22: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cat",
         dtype,
@@ -10710,7 +10848,7 @@ def test_cat_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clone(dtype):
-    # specs/tensor.yaml:25
+    # specs/tensor.yaml:28
     check_opinfo(
         "clone",
         dtype,
@@ -10722,7 +10860,7 @@ def test_clone(dtype):
 
 
 def test_clone_compiled():
-    # specs/tensor.yaml:25: the first float32 sample through torch.compile(backend="tpu")
+    # specs/tensor.yaml:28: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clone",
         overloads=["clone", "clone.out"],
@@ -10731,9 +10869,9 @@ def test_clone_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_clone_other_dtypes(dtype):
-    # specs/tensor.yaml:25: every other dtype it supports, over the first 3 samples
+    # specs/tensor.yaml:28: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clone",
         dtype,
@@ -10768,7 +10906,7 @@ def test_abs_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_abs_other_dtypes(dtype):
     # specs/unary.yaml:5: every other dtype it supports, over the first 3 samples
     check_opinfo(

@@ -61,6 +61,8 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
         "copy:" + geometry_key(self) + "->" + geometry_key(dst), inputs,
         [&](rt::Builder& b) {
           rt::Value src = read_tensor(b, stored(b, src_type, src_lazy), src_type, self);
+          // PyTorch's conj bit: a conjugated view's storage holds the unconjugated values.
+          if (self.is_conj() != dst.is_conj()) src = b.conj_of(src);
           return std::vector<rt::Value>{write_tensor(b, stored(b, dst_type, dst_lazy), dst_type, src, dst)};
         },
         dst.device().index());
@@ -68,7 +70,9 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
     return;
   }
   if (is_tpu(dst)) {
-    const at::Tensor host = self.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    // What dst's storage holds: the values, conjugated where dst carries the conj bit.
+    const at::Tensor values = (dst.is_conj() ? self.conj() : self).resolve_conj();
+    const at::Tensor host = values.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
     auto buffer = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()), dst.sizes().vec(),
                                       dst.device().index());
     write_into(dst, buffer);
@@ -78,7 +82,7 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
   auto buffer = read_contiguous(self, element_type(self.scalar_type()));
   at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
   runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
-  dst.copy_(host);
+  dst.copy_(self.is_conj() ? host.conj() : host);  // host holds the storage's (unconjugated) values
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
@@ -125,7 +129,7 @@ std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<
 }
 
 rt::BufferPtr scalar_buffer(const c10::Scalar& value, rt::ElementType element, int device) {
-  unsigned char bytes[8] = {0};
+  unsigned char bytes[16] = {0};
   switch (element) {
     case rt::ElementType::Pred: bytes[0] = value.toBool() ? 1 : 0; break;
     case rt::ElementType::S8: { int8_t v = value.toChar(); std::memcpy(bytes, &v, 1); break; }
@@ -140,8 +144,14 @@ rt::BufferPtr scalar_buffer(const c10::Scalar& value, rt::ElementType element, i
     case rt::ElementType::BF16: { c10::BFloat16 v = value.toBFloat16(); std::memcpy(bytes, &v, 2); break; }
     case rt::ElementType::F32: { float v = value.toFloat(); std::memcpy(bytes, &v, 4); break; }
     case rt::ElementType::F64: { double v = value.toDouble(); std::memcpy(bytes, &v, 8); break; }
+    case rt::ElementType::C64: { c10::complex<float> v = value.toComplexFloat(); std::memcpy(bytes, &v, 8); break; }
+    case rt::ElementType::C128: { c10::complex<double> v = value.toComplexDouble(); std::memcpy(bytes, &v, 16); break; }
+    case rt::ElementType::F8E4M3FN: { c10::Float8_e4m3fn v(value.toFloat()); std::memcpy(bytes, &v, 1); break; }
+    case rt::ElementType::F8E5M2: { c10::Float8_e5m2 v(value.toFloat()); std::memcpy(bytes, &v, 1); break; }
+    case rt::ElementType::F8E4M3FNUZ: { c10::Float8_e4m3fnuz v(value.toFloat()); std::memcpy(bytes, &v, 1); break; }
+    case rt::ElementType::F8E5M2FNUZ: { c10::Float8_e5m2fnuz v(value.toFloat()); std::memcpy(bytes, &v, 1); break; }
   }
-  std::string key(reinterpret_cast<const char*>(bytes), 8);
+  std::string key(reinterpret_cast<const char*>(bytes), 16);
   key.push_back(static_cast<char>(element));
   key.push_back(static_cast<char>(device));
   {
@@ -203,6 +213,13 @@ void clear_kernel_caches() {
   clear_compiled_graphs();
   std::lock_guard<std::mutex> lock(g_modules_mutex);
   g_modules.clear();
+}
+
+// PyTorch's Conjugate fallback would hand _copy_from a resolved clone of a conjugated dst (its
+// schema does not mark dst as written), and the copy would be lost: copy_eagerly handles the bits.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

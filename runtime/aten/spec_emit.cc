@@ -14,6 +14,7 @@ namespace {
 rt::ElementType natural_element(const c10::Scalar& s) {
   if (s.isBoolean()) return rt::ElementType::Pred;
   if (s.isIntegral(false)) return rt::ElementType::S64;
+  if (s.isComplex()) return rt::ElementType::C128;
   return rt::ElementType::F64;
 }
 
@@ -80,6 +81,7 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
       const std::optional<rt::Value> storage = source.storage(b, t, arg, index);
       if (is_written(arg)) written_storages.emplace(std::make_pair(arg, index), storage);
       v = read_tensor(b, storage, source.storage_type(t), t);
+      if (t.is_conj()) v = b.conj_of(v);  // the conj bit: the storage holds the unconjugated values
     }
     return promote ? b.convert(v, compute_element) : v;
   };

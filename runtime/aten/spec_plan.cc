@@ -49,7 +49,7 @@ void key_tensor(KeyWriter& k, const at::Tensor& t, int& device) {
   TORCH_CHECK(t.device().index() == device,
               "Expected all tensors to be on the same device, but found at least two devices, tpu:", device,
               " and ", t.device(), "!");
-  k.tag('T');
+  k.tag(t.is_conj() ? 'C' : 'T');  // a conjugated view reads its storage differently
   k.i(static_cast<int64_t>(t.scalar_type()));
   k.ints(t.sizes());
   k.ints(t.strides());
@@ -137,6 +137,12 @@ const char* dtype_name(at::ScalarType t) {
     case at::kBFloat16: return "bfloat16";
     case at::kFloat: return "float32";
     case at::kDouble: return "float64";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    case at::kFloat8_e4m3fn: return "float8_e4m3fn";
+    case at::kFloat8_e5m2: return "float8_e5m2";
+    case at::kFloat8_e4m3fnuz: return "float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz: return "float8_e5m2fnuz";
     default: return c10::toString(t);
   }
 }

@@ -5,6 +5,8 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -362,6 +364,16 @@ rt::ElementType element_type(at::ScalarType dtype) {
     case at::kBFloat16: return rt::ElementType::BF16;
     case at::kFloat: return rt::ElementType::F32;
     case at::kDouble: return rt::ElementType::F64;
+    case at::kComplexFloat: return rt::ElementType::C64;
+    case at::kComplexDouble: return rt::ElementType::C128;
+    case at::kFloat8_e4m3fn: return rt::ElementType::F8E4M3FN;
+    case at::kFloat8_e5m2: return rt::ElementType::F8E5M2;
+    case at::kFloat8_e4m3fnuz: return rt::ElementType::F8E4M3FNUZ;
+    case at::kFloat8_e5m2fnuz: return rt::ElementType::F8E5M2FNUZ;
+    case at::kComplexHalf:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: dtype ", dtype,
+                                  " (complex32) is not supported on tpu: XLA has no complex type with float16 parts; "
+                                  "use torch.complex64");
     default: TORCH_CHECK_NOT_IMPLEMENTED(false, "torchtpu: dtype ", dtype, " is not supported on tpu");
   }
 }
@@ -381,6 +393,12 @@ at::ScalarType scalar_type(rt::ElementType element) {
     case rt::ElementType::BF16: return at::kBFloat16;
     case rt::ElementType::F32: return at::kFloat;
     case rt::ElementType::F64: return at::kDouble;
+    case rt::ElementType::C64: return at::kComplexFloat;
+    case rt::ElementType::C128: return at::kComplexDouble;
+    case rt::ElementType::F8E4M3FN: return at::kFloat8_e4m3fn;
+    case rt::ElementType::F8E5M2: return at::kFloat8_e5m2;
+    case rt::ElementType::F8E4M3FNUZ: return at::kFloat8_e4m3fnuz;
+    case rt::ElementType::F8E5M2FNUZ: return at::kFloat8_e5m2fnuz;
   }
   return at::kFloat;
 }
@@ -428,7 +446,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   m.impl("view", TORCH_FN(at::native::view));
   m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
-  m.impl("unfold", TORCH_FN(at::native::unfold));  // a view (sizes and strides over the same storage)
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  // A complex tensor seen as (real, imaginary) float pairs and back: views over the same storage,
+  // read and written through the storage's bytes (spec_emit's read_tensor / write_tensor).
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));  // a view (sizes and strides over the same storage)
   m.impl("resize_", TORCH_FN(resize_));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Storage", TORCH_FN(at::native::set_));

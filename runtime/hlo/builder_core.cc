@@ -34,7 +34,11 @@ Value Builder::parameter(const TensorType& type) {
 }
 
 Value Builder::constant(double value, ElementType element) {
-  if (element == ElementType::F16 || element == ElementType::BF16) {
+  if (is_complex(element)) {  // (value, 0)
+    const ElementType part = component_type(element);
+    return complex_from(constant(value, part), constant(0, part));
+  }
+  if (element == ElementType::F16 || element == ElementType::BF16 || is_float8(element)) {
     return convert(constant(value, ElementType::F32), element);
   }
   if (!is_float(element)) return constant_int(static_cast<int64_t>(value), element);
@@ -43,7 +47,7 @@ Value Builder::constant(double value, ElementType element) {
 }
 
 Value Builder::constant_int(int64_t value, ElementType element) {
-  if (is_float(element)) return constant(static_cast<double>(value), element);
+  if (is_float(element) || is_complex(element)) return constant(static_cast<double>(value), element);
   TensorType t{element, {}};
   std::string literal = element == ElementType::Pred ? (value ? "true" : "false") : std::to_string(value);
   return emit("stablehlo.constant dense<" + literal + "> : " + t.mlir(), t);
@@ -53,12 +57,23 @@ Value Builder::full(double value, const TensorType& type) { return broadcast_to(
 
 Value Builder::convert(const Value& v, ElementType element) {
   if (v.element() == element) return v;
+  // Complex values convert part by part; to a real type only the real part is kept (PyTorch's rule).
+  if (is_complex(element)) {
+    const ElementType part = component_type(element);
+    return complex_from(convert(real_part(v), part), convert(imag_part(v), part));
+  }
+  if (is_complex(v.element())) return convert(real_part(v), element);
   TensorType t{element, v.dims()};
   return emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
 }
 
 Value Builder::reinterpret(const Value& v, ElementType element) {
   if (v.element() == element) return v;
+  // bitcast_convert takes no complex types: their bytes go through (real, imaginary) pairs.
+  if (is_complex(v.element()) || is_complex(element)) {
+    if (element_size(v.element()) != element_size(element)) fail("reinterpret changes the element width");
+    return reshape(reinterpret_bytes(v, element), v.dims());
+  }
   // Booleans are one byte holding 0 or 1 in PyTorch: a numeric conversion keeps those bits.
   if (v.element() == ElementType::Pred || element == ElementType::Pred) {
     if (element_size(v.element()) != 1 || element_size(element) != 1) fail("reinterpret changes the element width");
@@ -73,6 +88,22 @@ Value Builder::reinterpret_bytes(const Value& v, ElementType element) {
   // Booleans are bytes holding 0 or 1: they cross as u8.
   if (v.element() == ElementType::Pred) return reinterpret_bytes(convert(v, ElementType::U8), element);
   if (element == ElementType::Pred) return convert(reinterpret_bytes(v, ElementType::U8), ElementType::Pred);
+  // Complex elements are (real, imaginary) pairs of their part type in memory.
+  if (is_complex(v.element())) {
+    const Value f = flat(v);
+    const int64_t n = f.type.numel();
+    const Value pairs = concatenate({reshape(real_part(f), {n, 1}), reshape(imag_part(f), {n, 1})}, 1);
+    return reinterpret_bytes(reshape(pairs, {2 * n}), element);
+  }
+  if (is_complex(element)) {
+    const Value parts = reinterpret_bytes(v, component_type(element));
+    const int64_t n = parts.type.numel() / 2;
+    if (parts.type.numel() % 2 != 0) fail("a storage holds no whole number of complex elements");
+    const Value pairs = reshape(parts, {n, 2});
+    const Value re = reshape(slice(pairs, {0, 0}, {n, 1}, {1, 1}), {n});
+    const Value im = reshape(slice(pairs, {0, 1}, {n, 2}, {1, 1}), {n});
+    return complex_from(re, im);
+  }
   const int64_t from = element_size(v.element()), to = element_size(element);
   const int64_t bytes = v.type.numel() * from;
   if (bytes % to != 0) fail("a storage of " + std::to_string(bytes) + " bytes holds no whole number of " +

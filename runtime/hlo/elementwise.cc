@@ -78,6 +78,10 @@ double largest_finite(ElementType e) {
 
 Value Builder::abs(const Value& v) {
   if (v.element() == ElementType::Pred || is_unsigned(v.element())) return v;
+  if (is_complex(v.element())) {  // the modulus, a real value
+    TensorType t{component_type(v.element()), v.dims()};
+    return emit("\"stablehlo.abs\"(" + name(v) + ") : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+  }
   return unary("abs", v);
 }
 

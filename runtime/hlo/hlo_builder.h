@@ -473,6 +473,18 @@ class Builder {
   Value matrix_exp(const Value& a);  // scaling and squaring with a [13/13] Pade approximant
   Value cross(const Value& a, const Value& b, int64_t dim);  // a x b along dim (size 3), broadcast
 
+  // complex and FFT primitives (specs/complex.yaml; runtime/hlo/complex.cc)
+  Value real_part(const Value& v);  // a real v is its own real part
+  Value imag_part(const Value& v);  // zeros for a real v
+  Value complex_from(const Value& re, const Value& im);  // operands broadcast; parts of one real float type
+  Value conj_of(const Value& v);  // complex conjugate; a real v unchanged
+  Value angle(const Value& v);  // atan2(imag, real); a real v gives 0, pi where negative, NaN stays NaN
+  // PyTorch's _fft_c2c / _fft_r2c / _fft_c2r over `dims` (any order, negative allowed; one stablehlo.fft
+  // per dim along the last axis). normalization: 0 none, 1 by 1/sqrt(n), 2 by 1/n (n: the signal's numel).
+  Value fft_c2c(const Value& v, const std::vector<int64_t>& dims, int64_t normalization, bool forward);
+  Value fft_r2c(const Value& v, const std::vector<int64_t>& dims, int64_t normalization, bool onesided);
+  Value fft_c2r(const Value& v, const std::vector<int64_t>& dims, int64_t normalization, int64_t last_dim_size);
+
   // --- Views of a storage (the storage model) ---
   // Reads the elements a view sees from `storage` (any shape; row-major order).
   Value read_view(const Value& storage, const ViewGeometry& view);
@@ -495,6 +507,8 @@ class Builder {
 
  private:
   Value emit(const std::string& op_and_operands, const TensorType& result_type);
+  // stablehlo.fft of `type` (FFT IFFT RFFT IRFFT) over v's last dim, giving `length` points.
+  Value fft_last(const Value& v, const char* type, int64_t length);
   std::vector<Value> emit_multi(const std::string& op_and_operands, const std::vector<TensorType>& result_types);
   // Uniform floats in [0, 1) of `dims`, in F32 (or F64 for an F64 `element`), from random bits.
   Value uniform01(const Value& state, const std::vector<int64_t>& dims, ElementType element);

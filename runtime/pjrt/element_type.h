@@ -7,11 +7,20 @@
 
 namespace torchtpu::rt {
 
-enum class ElementType : int8_t { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64 };
+// New types go at the end: the numbering is part of cache keys.
+enum class ElementType : int8_t {
+  Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64,
+  C64, C128,                                          // complex: (real, imaginary) pairs of F32 / F64
+  F8E4M3FN, F8E5M2, F8E4M3FNUZ, F8E5M2FNUZ,           // float8 storage formats
+};
 
 inline int element_size(ElementType t) {
   switch (t) {
     case ElementType::Pred: case ElementType::S8: case ElementType::U8: return 1;
+    case ElementType::F8E4M3FN: case ElementType::F8E5M2: case ElementType::F8E4M3FNUZ: case ElementType::F8E5M2FNUZ:
+      return 1;
+    case ElementType::C64: return 8;
+    case ElementType::C128: return 16;
     case ElementType::S16: case ElementType::U16: case ElementType::F16: case ElementType::BF16: return 2;
     case ElementType::S32: case ElementType::U32: case ElementType::F32: return 4;
     case ElementType::S64: case ElementType::U64: case ElementType::F64: return 8;
@@ -35,12 +44,32 @@ inline const char* mlir_name(ElementType t) {
     case ElementType::BF16: return "bf16";
     case ElementType::F32: return "f32";
     case ElementType::F64: return "f64";
+    case ElementType::C64: return "complex<f32>";
+    case ElementType::C128: return "complex<f64>";
+    case ElementType::F8E4M3FN: return "f8E4M3FN";
+    case ElementType::F8E5M2: return "f8E5M2";
+    case ElementType::F8E4M3FNUZ: return "f8E4M3FNUZ";
+    case ElementType::F8E5M2FNUZ: return "f8E5M2FNUZ";
   }
   return "?";
 }
 
+inline bool is_float8(ElementType t) {
+  return t == ElementType::F8E4M3FN || t == ElementType::F8E5M2 || t == ElementType::F8E4M3FNUZ ||
+         t == ElementType::F8E5M2FNUZ;
+}
+// Real floating-point types (complex ones are not).
 inline bool is_float(ElementType t) {
-  return t == ElementType::F16 || t == ElementType::BF16 || t == ElementType::F32 || t == ElementType::F64;
+  return t == ElementType::F16 || t == ElementType::BF16 || t == ElementType::F32 || t == ElementType::F64 ||
+         is_float8(t);
+}
+inline bool is_complex(ElementType t) { return t == ElementType::C64 || t == ElementType::C128; }
+// The element type of a complex type's real and imaginary parts (a real type itself).
+inline ElementType component_type(ElementType t) {
+  return t == ElementType::C64 ? ElementType::F32 : t == ElementType::C128 ? ElementType::F64 : t;
+}
+inline ElementType complex_type_of(ElementType real) {
+  return real == ElementType::F64 ? ElementType::C128 : ElementType::C64;
 }
 inline bool is_unsigned(ElementType t) {
   return t == ElementType::U8 || t == ElementType::U16 || t == ElementType::U32 || t == ElementType::U64;

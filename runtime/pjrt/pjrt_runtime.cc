@@ -44,6 +44,12 @@ PJRT_Buffer_Type to_pjrt(ElementType t) {
     case ElementType::BF16: return PJRT_Buffer_Type_BF16;
     case ElementType::F32: return PJRT_Buffer_Type_F32;
     case ElementType::F64: return PJRT_Buffer_Type_F64;
+    case ElementType::C64: return PJRT_Buffer_Type_C64;
+    case ElementType::C128: return PJRT_Buffer_Type_C128;
+    case ElementType::F8E4M3FN: return PJRT_Buffer_Type_F8E4M3FN;
+    case ElementType::F8E5M2: return PJRT_Buffer_Type_F8E5M2;
+    case ElementType::F8E4M3FNUZ: return PJRT_Buffer_Type_F8E4M3FNUZ;
+    case ElementType::F8E5M2FNUZ: return PJRT_Buffer_Type_F8E5M2FNUZ;
   }
   return PJRT_Buffer_Type_INVALID;
 }
