@@ -6496,43 +6496,6 @@ def test_im2col_other_dtypes(dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
-def test_col2im(dtype):
-    # specs/pooling.yaml:53
-    check_opinfo(
-        "nn.functional.fold",
-        dtype,
-        overloads=["col2im", "col2im.out"],
-        variants=["Functional", "Out"],
-        atol=None,
-        rtol=None,
-    )
-
-
-def test_col2im_compiled():
-    # specs/pooling.yaml:53: the first float32 sample through torch.compile(backend="tpu")
-    check_compiled(
-        "nn.functional.fold",
-        overloads=["col2im", "col2im.out"],
-        atol=None,
-        rtol=None,
-    )
-
-
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
-def test_col2im_other_dtypes(dtype):
-    # specs/pooling.yaml:53: every other dtype it supports, over the first 3 samples
-    check_opinfo(
-        "nn.functional.fold",
-        dtype,
-        overloads=["col2im", "col2im.out"],
-        variants=["Functional", "Out"],
-        atol=None,
-        rtol=None,
-        max_samples=3,
-    )
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d(dtype):
     # specs/pooling.yaml:59

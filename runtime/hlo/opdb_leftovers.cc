@@ -229,6 +229,8 @@ Value Builder::cdist(const Value& x1, const Value& x2, double p) {
 }
 
 Value Builder::cdist_backward(const Value& grad, const Value& x1, const Value& x2, double p, const Value& dist) {
+  // Nothing to differentiate: zeros, which the kernel broadcasts to the gradient's (Meta's) shape.
+  if (grad.type.numel() == 0 || x1.type.numel() == 0 || x2.type.numel() == 0) return scalar_like(0, x1);
   std::vector<int64_t> d1 = x1.dims(), d2 = x2.dims();
   d1.insert(d1.end() - 1, 1);
   d2.insert(d2.end() - 2, 1);
