@@ -1040,23 +1040,23 @@ def test_polar_compiled():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "complex64", "complex128"])
-def test_conj_physical(dtype):
-    # specs/complex.yaml:21
+def test__conj_physical(dtype):
+    # specs/complex.yaml:23
     check_opinfo(
         "conj_physical",
         dtype,
-        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
-        variants=["Functional", "Inplace", "Out"],
+        overloads=["_conj_physical", "_conj_physical.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
-def test_conj_physical_compiled():
-    # specs/complex.yaml:21: the first float32 sample through torch.compile(backend="tpu")
+def test__conj_physical_compiled():
+    # specs/complex.yaml:23: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "conj_physical",
-        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
+        overloads=["_conj_physical", "_conj_physical.out"],
         atol=None,
         rtol=None,
     )
@@ -1064,7 +1064,7 @@ def test_conj_physical_compiled():
 
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
 def test__fft_c2c(dtype):
-    # specs/complex.yaml:28
+    # specs/complex.yaml:30
     check_opinfo(
         "fft.fft",
         dtype,
@@ -1076,7 +1076,7 @@ def test__fft_c2c(dtype):
 
 
 def test__fft_c2c_compiled():
-    # specs/complex.yaml:28: the first float32 sample through torch.compile(backend="tpu")
+    # specs/complex.yaml:30: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fft.fft",
         overloads=["_fft_c2c", "_fft_c2c.out"],
@@ -1087,7 +1087,7 @@ def test__fft_c2c_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__fft_r2c(dtype):
-    # specs/complex.yaml:35
+    # specs/complex.yaml:37
     check_opinfo(
         "fft.rfft",
         dtype,
@@ -1099,7 +1099,7 @@ def test__fft_r2c(dtype):
 
 
 def test__fft_r2c_compiled():
-    # specs/complex.yaml:35: the first float32 sample through torch.compile(backend="tpu")
+    # specs/complex.yaml:37: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fft.rfft",
         overloads=["_fft_r2c", "_fft_r2c.out"],
@@ -1110,7 +1110,7 @@ def test__fft_r2c_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "complex64"])
 def test__fft_c2r(dtype):
-    # specs/complex.yaml:42
+    # specs/complex.yaml:44
     check_opinfo(
         "fft.irfft",
         dtype,
@@ -1122,7 +1122,7 @@ def test__fft_c2r(dtype):
 
 
 def test__fft_c2r_compiled():
-    # specs/complex.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    # specs/complex.yaml:44: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fft.irfft",
         overloads=["_fft_c2r", "_fft_c2r.out"],
@@ -7112,7 +7112,7 @@ def test_select_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_constant_pad_nd(dtype):
-    # specs/shape.yaml:63
+    # specs/shape.yaml:65
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -7124,7 +7124,7 @@ def test_constant_pad_nd(dtype):
 
 
 def test_constant_pad_nd_compiled():
-    # specs/shape.yaml:63: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.constant",
         overloads=["constant_pad_nd", "constant_pad_nd.out"],
@@ -7135,7 +7135,7 @@ def test_constant_pad_nd_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_constant_pad_nd_other_dtypes(dtype):
-    # specs/shape.yaml:63: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -7149,7 +7149,7 @@ def test_constant_pad_nd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_reflection_pad1d(dtype):
-    # specs/shape.yaml:71
+    # specs/shape.yaml:73
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -7161,7 +7161,7 @@ def test_reflection_pad1d(dtype):
 
 
 def test_reflection_pad1d_compiled():
-    # specs/shape.yaml:71: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:73: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.reflect",
         overloads=["reflection_pad1d", "reflection_pad1d.out"],
@@ -7172,7 +7172,7 @@ def test_reflection_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_reflection_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:71: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:73: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -7186,7 +7186,7 @@ def test_reflection_pad1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_replication_pad1d(dtype):
-    # specs/shape.yaml:84
+    # specs/shape.yaml:86
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -7198,7 +7198,7 @@ def test_replication_pad1d(dtype):
 
 
 def test_replication_pad1d_compiled():
-    # specs/shape.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:86: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.replicate",
         overloads=["replication_pad1d", "replication_pad1d.out"],
@@ -7209,7 +7209,7 @@ def test_replication_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_replication_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:84: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:86: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -9667,7 +9667,7 @@ def test_sgn_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_sgn_other_dtypes(dtype):
     # specs/unary.yaml:14: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -9683,7 +9683,7 @@ def test_sgn_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_expm1(dtype):
-    # specs/unary.yaml:20
+    # specs/unary.yaml:21
     check_opinfo(
         "expm1",
         dtype,
@@ -9695,7 +9695,7 @@ def test_expm1(dtype):
 
 
 def test_expm1_compiled():
-    # specs/unary.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:21: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "expm1",
         overloads=["expm1", "expm1_", "expm1.out"],
@@ -9706,7 +9706,7 @@ def test_expm1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_expm1_other_dtypes(dtype):
-    # specs/unary.yaml:20: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:21: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "expm1",
         dtype,
@@ -9720,7 +9720,7 @@ def test_expm1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log1p(dtype):
-    # specs/unary.yaml:26
+    # specs/unary.yaml:27
     check_opinfo(
         "log1p",
         dtype,
@@ -9732,7 +9732,7 @@ def test_log1p(dtype):
 
 
 def test_log1p_compiled():
-    # specs/unary.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:27: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log1p",
         overloads=["log1p", "log1p_", "log1p.out"],
@@ -9743,7 +9743,7 @@ def test_log1p_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log1p_other_dtypes(dtype):
-    # specs/unary.yaml:26: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:27: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log1p",
         dtype,
@@ -9757,7 +9757,7 @@ def test_log1p_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log2(dtype):
-    # specs/unary.yaml:32
+    # specs/unary.yaml:33
     check_opinfo(
         "log2",
         dtype,
@@ -9769,7 +9769,7 @@ def test_log2(dtype):
 
 
 def test_log2_compiled():
-    # specs/unary.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:33: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log2",
         overloads=["log2", "log2_", "log2.out"],
@@ -9780,7 +9780,7 @@ def test_log2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log2_other_dtypes(dtype):
-    # specs/unary.yaml:32: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:33: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log2",
         dtype,
@@ -9794,7 +9794,7 @@ def test_log2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log10(dtype):
-    # specs/unary.yaml:38
+    # specs/unary.yaml:39
     check_opinfo(
         "log10",
         dtype,
@@ -9806,7 +9806,7 @@ def test_log10(dtype):
 
 
 def test_log10_compiled():
-    # specs/unary.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:39: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log10",
         overloads=["log10", "log10_", "log10.out"],
@@ -9817,7 +9817,7 @@ def test_log10_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log10_other_dtypes(dtype):
-    # specs/unary.yaml:38: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:39: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log10",
         dtype,
@@ -9831,7 +9831,7 @@ def test_log10_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_rsqrt(dtype):
-    # specs/unary.yaml:44
+    # specs/unary.yaml:45
     check_opinfo(
         "rsqrt",
         dtype,
@@ -9843,7 +9843,7 @@ def test_rsqrt(dtype):
 
 
 def test_rsqrt_compiled():
-    # specs/unary.yaml:44: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:45: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "rsqrt",
         overloads=["rsqrt", "rsqrt_", "rsqrt.out"],
@@ -9854,7 +9854,7 @@ def test_rsqrt_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_rsqrt_other_dtypes(dtype):
-    # specs/unary.yaml:44: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:45: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "rsqrt",
         dtype,
@@ -9868,7 +9868,7 @@ def test_rsqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_reciprocal(dtype):
-    # specs/unary.yaml:50
+    # specs/unary.yaml:51
     check_opinfo(
         "reciprocal",
         dtype,
@@ -9880,7 +9880,7 @@ def test_reciprocal(dtype):
 
 
 def test_reciprocal_compiled():
-    # specs/unary.yaml:50: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:51: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "reciprocal",
         overloads=["reciprocal", "reciprocal_", "reciprocal.out"],
@@ -9891,7 +9891,7 @@ def test_reciprocal_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_reciprocal_other_dtypes(dtype):
-    # specs/unary.yaml:50: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:51: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "reciprocal",
         dtype,
@@ -9905,7 +9905,7 @@ def test_reciprocal_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sin(dtype):
-    # specs/unary.yaml:58
+    # specs/unary.yaml:59
     check_opinfo(
         "sin",
         dtype,
@@ -9917,7 +9917,7 @@ def test_sin(dtype):
 
 
 def test_sin_compiled():
-    # specs/unary.yaml:58: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:59: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sin",
         overloads=["sin", "sin_", "sin.out"],
@@ -9928,7 +9928,7 @@ def test_sin_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sin_other_dtypes(dtype):
-    # specs/unary.yaml:58: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:59: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sin",
         dtype,
@@ -9942,7 +9942,7 @@ def test_sin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_cos(dtype):
-    # specs/unary.yaml:64
+    # specs/unary.yaml:65
     check_opinfo(
         "cos",
         dtype,
@@ -9954,7 +9954,7 @@ def test_cos(dtype):
 
 
 def test_cos_compiled():
-    # specs/unary.yaml:64: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cos",
         overloads=["cos", "cos_", "cos.out"],
@@ -9965,7 +9965,7 @@ def test_cos_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_cos_other_dtypes(dtype):
-    # specs/unary.yaml:64: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cos",
         dtype,
@@ -9979,7 +9979,7 @@ def test_cos_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_tan(dtype):
-    # specs/unary.yaml:70
+    # specs/unary.yaml:71
     check_opinfo(
         "tan",
         dtype,
@@ -9991,7 +9991,7 @@ def test_tan(dtype):
 
 
 def test_tan_compiled():
-    # specs/unary.yaml:70: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:71: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "tan",
         overloads=["tan", "tan_", "tan.out"],
@@ -10002,7 +10002,7 @@ def test_tan_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_tan_other_dtypes(dtype):
-    # specs/unary.yaml:70: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:71: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "tan",
         dtype,
@@ -10016,7 +10016,7 @@ def test_tan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_tanh(dtype):
-    # specs/unary.yaml:76
+    # specs/unary.yaml:77
     check_opinfo(
         "tanh",
         dtype,
@@ -10028,7 +10028,7 @@ def test_tanh(dtype):
 
 
 def test_tanh_compiled():
-    # specs/unary.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:77: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "tanh",
         overloads=["tanh", "tanh_", "tanh.out"],
@@ -10039,7 +10039,7 @@ def test_tanh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_tanh_other_dtypes(dtype):
-    # specs/unary.yaml:76: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:77: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "tanh",
         dtype,
@@ -10053,7 +10053,7 @@ def test_tanh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_asin(dtype):
-    # specs/unary.yaml:83
+    # specs/unary.yaml:84
     check_opinfo(
         "asin",
         dtype,
@@ -10065,7 +10065,7 @@ def test_asin(dtype):
 
 
 def test_asin_compiled():
-    # specs/unary.yaml:83: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:84: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "asin",
         overloads=["asin", "asin_", "asin.out"],
@@ -10076,7 +10076,7 @@ def test_asin_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_asin_other_dtypes(dtype):
-    # specs/unary.yaml:83: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:84: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "asin",
         dtype,
@@ -10090,7 +10090,7 @@ def test_asin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_acos(dtype):
-    # specs/unary.yaml:89
+    # specs/unary.yaml:90
     check_opinfo(
         "acos",
         dtype,
@@ -10102,7 +10102,7 @@ def test_acos(dtype):
 
 
 def test_acos_compiled():
-    # specs/unary.yaml:89: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:90: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "acos",
         overloads=["acos", "acos_", "acos.out"],
@@ -10113,7 +10113,7 @@ def test_acos_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_acos_other_dtypes(dtype):
-    # specs/unary.yaml:89: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:90: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "acos",
         dtype,
@@ -10127,7 +10127,7 @@ def test_acos_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan(dtype):
-    # specs/unary.yaml:95
+    # specs/unary.yaml:96
     check_opinfo(
         "atan",
         dtype,
@@ -10139,7 +10139,7 @@ def test_atan(dtype):
 
 
 def test_atan_compiled():
-    # specs/unary.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:96: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan",
         overloads=["atan", "atan_", "atan.out"],
@@ -10150,7 +10150,7 @@ def test_atan_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan_other_dtypes(dtype):
-    # specs/unary.yaml:95: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:96: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan",
         dtype,
@@ -10164,7 +10164,7 @@ def test_atan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sinh(dtype):
-    # specs/unary.yaml:101
+    # specs/unary.yaml:102
     check_opinfo(
         "sinh",
         dtype,
@@ -10176,7 +10176,7 @@ def test_sinh(dtype):
 
 
 def test_sinh_compiled():
-    # specs/unary.yaml:101: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:102: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sinh",
         overloads=["sinh", "sinh_", "sinh.out"],
@@ -10187,7 +10187,7 @@ def test_sinh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sinh_other_dtypes(dtype):
-    # specs/unary.yaml:101: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:102: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sinh",
         dtype,
@@ -10201,7 +10201,7 @@ def test_sinh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_cosh(dtype):
-    # specs/unary.yaml:107
+    # specs/unary.yaml:108
     check_opinfo(
         "cosh",
         dtype,
@@ -10213,7 +10213,7 @@ def test_cosh(dtype):
 
 
 def test_cosh_compiled():
-    # specs/unary.yaml:107: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:108: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cosh",
         overloads=["cosh", "cosh_", "cosh.out"],
@@ -10224,7 +10224,7 @@ def test_cosh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_cosh_other_dtypes(dtype):
-    # specs/unary.yaml:107: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:108: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cosh",
         dtype,
@@ -10238,7 +10238,7 @@ def test_cosh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sigmoid(dtype):
-    # specs/unary.yaml:113
+    # specs/unary.yaml:114
     check_opinfo(
         "sigmoid",
         dtype,
@@ -10250,7 +10250,7 @@ def test_sigmoid(dtype):
 
 
 def test_sigmoid_compiled():
-    # specs/unary.yaml:113: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:114: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sigmoid",
         overloads=["sigmoid", "sigmoid_", "sigmoid.out"],
@@ -10261,7 +10261,7 @@ def test_sigmoid_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sigmoid_other_dtypes(dtype):
-    # specs/unary.yaml:113: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:114: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sigmoid",
         dtype,
@@ -10275,7 +10275,7 @@ def test_sigmoid_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_erf(dtype):
-    # specs/unary.yaml:119
+    # specs/unary.yaml:120
     check_opinfo(
         "erf",
         dtype,
@@ -10287,7 +10287,7 @@ def test_erf(dtype):
 
 
 def test_erf_compiled():
-    # specs/unary.yaml:119: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:120: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "erf",
         overloads=["erf", "erf_", "erf.out"],
@@ -10298,7 +10298,7 @@ def test_erf_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_erf_other_dtypes(dtype):
-    # specs/unary.yaml:119: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:120: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "erf",
         dtype,
@@ -10312,7 +10312,7 @@ def test_erf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_floor(dtype):
-    # specs/unary.yaml:127
+    # specs/unary.yaml:128
     check_opinfo(
         "floor",
         dtype,
@@ -10324,7 +10324,7 @@ def test_floor(dtype):
 
 
 def test_floor_compiled():
-    # specs/unary.yaml:127: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:128: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "floor",
         overloads=["floor", "floor_", "floor.out"],
@@ -10335,7 +10335,7 @@ def test_floor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_floor_other_dtypes(dtype):
-    # specs/unary.yaml:127: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:128: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "floor",
         dtype,
@@ -10349,7 +10349,7 @@ def test_floor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_ceil(dtype):
-    # specs/unary.yaml:132
+    # specs/unary.yaml:133
     check_opinfo(
         "ceil",
         dtype,
@@ -10361,7 +10361,7 @@ def test_ceil(dtype):
 
 
 def test_ceil_compiled():
-    # specs/unary.yaml:132: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:133: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "ceil",
         overloads=["ceil", "ceil_", "ceil.out"],
@@ -10372,7 +10372,7 @@ def test_ceil_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_ceil_other_dtypes(dtype):
-    # specs/unary.yaml:132: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:133: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "ceil",
         dtype,
@@ -10386,7 +10386,7 @@ def test_ceil_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_round(dtype):
-    # specs/unary.yaml:137
+    # specs/unary.yaml:138
     check_opinfo(
         "round",
         dtype,
@@ -10398,7 +10398,7 @@ def test_round(dtype):
 
 
 def test_round_compiled():
-    # specs/unary.yaml:137: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:138: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "round",
         overloads=["round", "round_", "round.out"],
@@ -10409,7 +10409,7 @@ def test_round_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_round_other_dtypes(dtype):
-    # specs/unary.yaml:137: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:138: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "round",
         dtype,
@@ -10423,7 +10423,7 @@ def test_round_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_round_decimals(dtype):
-    # specs/unary.yaml:142
+    # specs/unary.yaml:143
     check_opinfo(
         "round.decimals_3",
         dtype,
@@ -10435,7 +10435,7 @@ def test_round_decimals(dtype):
 
 
 def test_round_decimals_compiled():
-    # specs/unary.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:143: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "round.decimals_3",
         overloads=["round.decimals", "round_.decimals", "round.decimals_out"],
@@ -10446,7 +10446,7 @@ def test_round_decimals_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_round_decimals_other_dtypes(dtype):
-    # specs/unary.yaml:142: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:143: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "round.decimals_3",
         dtype,
@@ -10460,7 +10460,7 @@ def test_round_decimals_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_trunc(dtype):
-    # specs/unary.yaml:147
+    # specs/unary.yaml:148
     check_opinfo(
         "trunc",
         dtype,
@@ -10472,7 +10472,7 @@ def test_trunc(dtype):
 
 
 def test_trunc_compiled():
-    # specs/unary.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "trunc",
         overloads=["trunc", "trunc_", "trunc.out"],
@@ -10483,7 +10483,7 @@ def test_trunc_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_trunc_other_dtypes(dtype):
-    # specs/unary.yaml:147: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:148: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "trunc",
         dtype,
@@ -10497,7 +10497,7 @@ def test_trunc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_frac(dtype):
-    # specs/unary.yaml:152
+    # specs/unary.yaml:153
     check_opinfo(
         "frac",
         dtype,
@@ -10509,7 +10509,7 @@ def test_frac(dtype):
 
 
 def test_frac_compiled():
-    # specs/unary.yaml:152: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:153: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "frac",
         overloads=["frac", "frac_", "frac.out"],
@@ -10520,7 +10520,7 @@ def test_frac_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_frac_other_dtypes(dtype):
-    # specs/unary.yaml:152: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:153: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "frac",
         dtype,
@@ -10534,7 +10534,7 @@ def test_frac_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isnan(dtype):
-    # specs/unary.yaml:159
+    # specs/unary.yaml:160
     check_opinfo(
         "isnan",
         dtype,
@@ -10546,7 +10546,7 @@ def test_isnan(dtype):
 
 
 def test_isnan_compiled():
-    # specs/unary.yaml:159: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:160: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isnan",
         overloads=["isnan", "isnan.out"],
@@ -10557,7 +10557,7 @@ def test_isnan_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isnan_other_dtypes(dtype):
-    # specs/unary.yaml:159: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:160: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isnan",
         dtype,
@@ -10571,7 +10571,7 @@ def test_isnan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isinf(dtype):
-    # specs/unary.yaml:163
+    # specs/unary.yaml:164
     check_opinfo(
         "isinf",
         dtype,
@@ -10583,7 +10583,7 @@ def test_isinf(dtype):
 
 
 def test_isinf_compiled():
-    # specs/unary.yaml:163: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:164: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isinf",
         overloads=["isinf", "isinf.out"],
@@ -10594,7 +10594,7 @@ def test_isinf_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isinf_other_dtypes(dtype):
-    # specs/unary.yaml:163: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:164: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isinf",
         dtype,
@@ -10608,7 +10608,7 @@ def test_isinf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isposinf(dtype):
-    # specs/unary.yaml:167
+    # specs/unary.yaml:168
     check_opinfo(
         "isposinf",
         dtype,
@@ -10620,7 +10620,7 @@ def test_isposinf(dtype):
 
 
 def test_isposinf_compiled():
-    # specs/unary.yaml:167: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:168: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isposinf",
         overloads=["isposinf", "isposinf.out"],
@@ -10631,7 +10631,7 @@ def test_isposinf_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isposinf_other_dtypes(dtype):
-    # specs/unary.yaml:167: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:168: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isposinf",
         dtype,
@@ -10645,7 +10645,7 @@ def test_isposinf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isneginf(dtype):
-    # specs/unary.yaml:171
+    # specs/unary.yaml:172
     check_opinfo(
         "isneginf",
         dtype,
@@ -10657,7 +10657,7 @@ def test_isneginf(dtype):
 
 
 def test_isneginf_compiled():
-    # specs/unary.yaml:171: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isneginf",
         overloads=["isneginf", "isneginf.out"],
@@ -10668,7 +10668,7 @@ def test_isneginf_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isneginf_other_dtypes(dtype):
-    # specs/unary.yaml:171: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:172: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isneginf",
         dtype,
@@ -10682,7 +10682,7 @@ def test_isneginf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_signbit(dtype):
-    # specs/unary.yaml:175
+    # specs/unary.yaml:176
     check_opinfo(
         "signbit",
         dtype,
@@ -10694,7 +10694,7 @@ def test_signbit(dtype):
 
 
 def test_signbit_compiled():
-    # specs/unary.yaml:175: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:176: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "signbit",
         overloads=["signbit", "signbit.out"],
@@ -10705,7 +10705,7 @@ def test_signbit_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_signbit_other_dtypes(dtype):
-    # specs/unary.yaml:175: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:176: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "signbit",
         dtype,
@@ -10719,7 +10719,7 @@ def test_signbit_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_not(dtype):
-    # specs/unary.yaml:179
+    # specs/unary.yaml:180
     check_opinfo(
         "logical_not",
         dtype,
@@ -10731,7 +10731,7 @@ def test_logical_not(dtype):
 
 
 def test_logical_not_compiled():
-    # specs/unary.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:180: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_not",
         overloads=["logical_not", "logical_not_", "logical_not.out"],
@@ -10742,7 +10742,7 @@ def test_logical_not_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_not_other_dtypes(dtype):
-    # specs/unary.yaml:179: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:180: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_not",
         dtype,
@@ -10756,7 +10756,7 @@ def test_logical_not_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64"])
 def test_bitwise_not(dtype):
-    # specs/unary.yaml:183
+    # specs/unary.yaml:184
     check_opinfo(
         "bitwise_not",
         dtype,
@@ -10768,7 +10768,7 @@ def test_bitwise_not(dtype):
 
 
 def test_bitwise_not_compiled():
-    # specs/unary.yaml:183: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:184: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_not",
         overloads=["bitwise_not", "bitwise_not_", "bitwise_not.out"],
@@ -10779,7 +10779,7 @@ def test_bitwise_not_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32"])
 def test_bitwise_not_other_dtypes(dtype):
-    # specs/unary.yaml:183: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:184: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "bitwise_not",
         dtype,
@@ -10793,7 +10793,7 @@ def test_bitwise_not_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nan_to_num(dtype):
-    # specs/unary.yaml:190
+    # specs/unary.yaml:191
     check_opinfo(
         "nan_to_num",
         dtype,
@@ -10805,7 +10805,7 @@ def test_nan_to_num(dtype):
 
 
 def test_nan_to_num_compiled():
-    # specs/unary.yaml:190: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:191: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nan_to_num",
         overloads=["nan_to_num", "nan_to_num_", "nan_to_num.out"],
@@ -10816,7 +10816,7 @@ def test_nan_to_num_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nan_to_num_other_dtypes(dtype):
-    # specs/unary.yaml:190: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:191: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nan_to_num",
         dtype,
@@ -10830,7 +10830,7 @@ def test_nan_to_num_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp(dtype):
-    # specs/unary.yaml:199
+    # specs/unary.yaml:200
     check_opinfo(
         "clamp",
         dtype,
@@ -10842,7 +10842,7 @@ def test_clamp(dtype):
 
 
 def test_clamp_compiled():
-    # specs/unary.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:200: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp",
         overloads=["clamp", "clamp_", "clamp.out"],
@@ -10853,7 +10853,7 @@ def test_clamp_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_other_dtypes(dtype):
-    # specs/unary.yaml:199: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:200: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp",
         dtype,
@@ -10867,7 +10867,7 @@ def test_clamp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_Tensor(dtype):
-    # specs/unary.yaml:204
+    # specs/unary.yaml:205
     check_opinfo(
         "clamp",
         dtype,
@@ -10879,7 +10879,7 @@ def test_clamp_Tensor(dtype):
 
 
 def test_clamp_Tensor_compiled():
-    # specs/unary.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:205: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp",
         overloads=["clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"],
@@ -10890,7 +10890,7 @@ def test_clamp_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:204: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:205: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp",
         dtype,
@@ -10904,7 +10904,7 @@ def test_clamp_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_min(dtype):
-    # specs/unary.yaml:209
+    # specs/unary.yaml:210
     check_opinfo(
         "clamp_min",
         dtype,
@@ -10916,7 +10916,7 @@ def test_clamp_min(dtype):
 
 
 def test_clamp_min_compiled():
-    # specs/unary.yaml:209: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:210: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_min",
         overloads=["clamp_min", "clamp_min_", "clamp_min.out"],
@@ -10927,7 +10927,7 @@ def test_clamp_min_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_min_other_dtypes(dtype):
-    # specs/unary.yaml:209: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:210: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_min",
         dtype,
@@ -10941,7 +10941,7 @@ def test_clamp_min_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_max(dtype):
-    # specs/unary.yaml:214
+    # specs/unary.yaml:215
     check_opinfo(
         "clamp_max",
         dtype,
@@ -10953,7 +10953,7 @@ def test_clamp_max(dtype):
 
 
 def test_clamp_max_compiled():
-    # specs/unary.yaml:214: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:215: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_max",
         overloads=["clamp_max", "clamp_max_", "clamp_max.out"],
@@ -10964,7 +10964,7 @@ def test_clamp_max_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_max_other_dtypes(dtype):
-    # specs/unary.yaml:214: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:215: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_max",
         dtype,
@@ -10978,7 +10978,7 @@ def test_clamp_max_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clamp_min_Tensor(dtype):
-    # specs/unary.yaml:219
+    # specs/unary.yaml:220
     check_opinfo(
         "clamp_min",
         dtype,
@@ -10990,7 +10990,7 @@ def test_clamp_min_Tensor(dtype):
 
 
 def test_clamp_min_Tensor_compiled():
-    # specs/unary.yaml:219: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:220: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_min",
         overloads=["clamp_min.Tensor", "clamp_min_.Tensor", "clamp_min.Tensor_out"],
@@ -11001,7 +11001,7 @@ def test_clamp_min_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_min_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:219: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:220: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_min",
         dtype,
@@ -11015,7 +11015,7 @@ def test_clamp_min_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clamp_max_Tensor(dtype):
-    # specs/unary.yaml:223
+    # specs/unary.yaml:224
     check_opinfo(
         "clamp_max",
         dtype,
@@ -11027,7 +11027,7 @@ def test_clamp_max_Tensor(dtype):
 
 
 def test_clamp_max_Tensor_compiled():
-    # specs/unary.yaml:223: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:224: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_max",
         overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
@@ -11038,7 +11038,7 @@ def test_clamp_max_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_max_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:223: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:224: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_max",
         dtype,
@@ -11052,7 +11052,7 @@ def test_clamp_max_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_frexp_Tensor(dtype):
-    # specs/unary.yaml:239
+    # specs/unary.yaml:240
     check_opinfo(
         "frexp",
         dtype,
@@ -11064,7 +11064,7 @@ def test_frexp_Tensor(dtype):
 
 
 def test_frexp_Tensor_compiled():
-    # specs/unary.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:240: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "frexp",
         overloads=["frexp.Tensor", "frexp.Tensor_out"],
@@ -11075,7 +11075,7 @@ def test_frexp_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_frexp_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:239: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:240: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "frexp",
         dtype,
@@ -11089,7 +11089,7 @@ def test_frexp_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_renorm(dtype):
-    # specs/unary.yaml:250
+    # specs/unary.yaml:251
     check_opinfo(
         "renorm",
         dtype,
@@ -11101,7 +11101,7 @@ def test_renorm(dtype):
 
 
 def test_renorm_compiled():
-    # specs/unary.yaml:250: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:251: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "renorm",
         overloads=["renorm", "renorm_", "renorm.out"],
@@ -11112,7 +11112,7 @@ def test_renorm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_renorm_other_dtypes(dtype):
-    # specs/unary.yaml:250: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:251: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "renorm",
         dtype,
