@@ -44,15 +44,15 @@ def test_coverage_runs_a_workload_as_a_script(tmp_path, capsys):
 
 def test_parity_sweeps_opinfos_on_tpu_and_groups_what_has_no_spec(capsys):
     # A handful of op_db entries, each in a worker process under TORCHTPU_FALLBACK=error: add runs
-    # from specs both ways; fft.rfft has no spec (its overload is named); dropout's random results
+    # from specs both ways; mode has no spec (its overload is named); dropout's random results
     # compare by dtype and shape; an OpInfo without float32 on CPU counts as skipped.
-    ops = "add,fft.rfft,nn.functional.dropout,bitwise_not"
+    ops = "add,mode,nn.functional.dropout,bitwise_not"
     assert coverage.main(["--parity", "--ops", ops]) == 0
     out = capsys.readouterr().out
     assert "op_db sweep on tpu: 4 OpInfos" in out
     assert "forward: 2 passing, 0 failing, 1 unsupported, 1 skipped" in out
     assert "backward: 2 passing, 0 failing, 1 unsupported, 0 skipped (of 3 with autograd)" in out
-    assert "  aten::_fft_r2c: 1  fft.rfft" in out
+    assert "  aten::mode: 1  mode" in out
 
 
 def test_sweep_classifies_errors():
