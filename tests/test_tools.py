@@ -44,17 +44,17 @@ def test_coverage_runs_a_workload_as_a_script(tmp_path, capsys):
 
 def test_parity_sweeps_opinfos_on_tpu_and_groups_what_has_no_spec(capsys):
     # A handful of op_db entries, each in a worker process under TORCHTPU_FALLBACK=error: add runs
-    # from specs both ways; fft.rfft has no spec (its overload is named); dropout's random results
+    # from specs both ways; mode has no spec (its overload is named); dropout's random results
     # compare by dtype and shape; bitwise_not, which CPU does not run in float32, is swept in int64
     # (and has no gradients there); tensor_split's indices tensor stays on the CPU, as its sample keeps it.
-    ops = "add,fft.rfft,nn.functional.dropout,bitwise_not,tensor_split"
+    ops = "add,mode,nn.functional.dropout,bitwise_not,tensor_split"
     assert coverage.main(["--parity", "--ops", ops]) == 0
     out = capsys.readouterr().out
     assert "op_db sweep on tpu: 5 OpInfos" in out
     assert "swept in another dtype (no float32 on CPU): 1  bitwise_not (int64)" in out
     assert "forward: 4 passing, 0 failing, 1 unsupported, 0 skipped" in out
     assert "backward: 3 passing, 0 failing, 1 unsupported, 0 skipped (of 4 with autograd)" in out
-    assert "  aten::_fft_r2c: 1  fft.rfft" in out
+    assert "  aten::mode: 1  mode" in out
 
 
 def test_sweep_classifies_errors():

@@ -379,26 +379,24 @@ std::vector<Value> emit_polar(Builder& b, const EmitArgs& a) { return {b.complex
 // polar.out = complex_from(mul(abs, cos(angle)), mul(abs, sin(angle)))  (specs/complex.yaml:14)
 std::vector<Value> emit_polar__out(Builder& b, const EmitArgs& a) { return {b.complex_from(b.mul(a.value(0), b.cos(a.value(1))), b.mul(a.value(0), b.sin(a.value(1))))}; }
 
-// conj_physical = conj_of(self)  (specs/complex.yaml:21)
-std::vector<Value> emit_conj_physical(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
-// conj_physical_ = conj_of(self)  (specs/complex.yaml:21)
-std::vector<Value> emit_conj_physical_(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
-// conj_physical.out = conj_of(self)  (specs/complex.yaml:21)
-std::vector<Value> emit_conj_physical__out(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
+// _conj_physical = conj_of(self)  (specs/complex.yaml:23)
+std::vector<Value> emit__conj_physical(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
+// _conj_physical.out = conj_of(self)  (specs/complex.yaml:23)
+std::vector<Value> emit__conj_physical__out(Builder& b, const EmitArgs& a) { return {b.conj_of(a.value(0))}; }
 
-// _fft_c2c = fft_c2c(self, dim, normalization, forward)  (specs/complex.yaml:28)
+// _fft_c2c = fft_c2c(self, dim, normalization, forward)  (specs/complex.yaml:30)
 std::vector<Value> emit__fft_c2c(Builder& b, const EmitArgs& a) { return {b.fft_c2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
-// _fft_c2c.out = fft_c2c(self, dim, normalization, forward)  (specs/complex.yaml:28)
+// _fft_c2c.out = fft_c2c(self, dim, normalization, forward)  (specs/complex.yaml:30)
 std::vector<Value> emit__fft_c2c__out(Builder& b, const EmitArgs& a) { return {b.fft_c2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
 
-// _fft_r2c = fft_r2c(self, dim, normalization, onesided)  (specs/complex.yaml:35)
+// _fft_r2c = fft_r2c(self, dim, normalization, onesided)  (specs/complex.yaml:37)
 std::vector<Value> emit__fft_r2c(Builder& b, const EmitArgs& a) { return {b.fft_r2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
-// _fft_r2c.out = fft_r2c(self, dim, normalization, onesided)  (specs/complex.yaml:35)
+// _fft_r2c.out = fft_r2c(self, dim, normalization, onesided)  (specs/complex.yaml:37)
 std::vector<Value> emit__fft_r2c__out(Builder& b, const EmitArgs& a) { return {b.fft_r2c(a.value(0), a.ints(1), a.integer(2), a.boolean(3))}; }
 
-// _fft_c2r = fft_c2r(self, dim, normalization, last_dim_size)  (specs/complex.yaml:42)
+// _fft_c2r = fft_c2r(self, dim, normalization, last_dim_size)  (specs/complex.yaml:44)
 std::vector<Value> emit__fft_c2r(Builder& b, const EmitArgs& a) { return {b.fft_c2r(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
-// _fft_c2r.out = fft_c2r(self, dim, normalization, last_dim_size)  (specs/complex.yaml:42)
+// _fft_c2r.out = fft_c2r(self, dim, normalization, last_dim_size)  (specs/complex.yaml:44)
 std::vector<Value> emit__fft_c2r__out(Builder& b, const EmitArgs& a) { return {b.fft_c2r(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
 
 // convolution_overrideable = conv(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)  (specs/conv.yaml:10)
@@ -2153,54 +2151,54 @@ std::vector<Value> emit_slice_backward(Builder& b, const EmitArgs& a) { return {
 // slice_backward.out = slice_backward(grad_output, input_sizes, dim, start, end, step)  (specs/shape.yaml:52)
 std::vector<Value> emit_slice_backward__out(Builder& b, const EmitArgs& a) { return {b.slice_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3), a.integer(4), a.integer(5))}; }
 
-// select_backward = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:57)
+// select_backward = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:58)
 std::vector<Value> emit_select_backward(Builder& b, const EmitArgs& a) { return {b.select_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
-// select_backward.out = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:57)
+// select_backward.out = select_backward(grad_output, input_sizes, dim, index)  (specs/shape.yaml:58)
 std::vector<Value> emit_select_backward__out(Builder& b, const EmitArgs& a) { return {b.select_backward(a.value(0), a.ints(1), a.integer(2), a.integer(3))}; }
 
-// constant_pad_nd = constant_pad(self, pad, value)  (specs/shape.yaml:63)
+// constant_pad_nd = constant_pad(self, pad, value)  (specs/shape.yaml:65)
 std::vector<Value> emit_constant_pad_nd(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
-// constant_pad_nd.out = constant_pad(self, pad, value)  (specs/shape.yaml:63)
+// constant_pad_nd.out = constant_pad(self, pad, value)  (specs/shape.yaml:65)
 std::vector<Value> emit_constant_pad_nd__out(Builder& b, const EmitArgs& a) { return {b.constant_pad(a.value(0), a.ints(1), a.value(2))}; }
 
-// reflection_pad1d = reflection_pad(self, padding)  (specs/shape.yaml:71)
+// reflection_pad1d = reflection_pad(self, padding)  (specs/shape.yaml:73)
 std::vector<Value> emit_reflection_pad1d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
-// reflection_pad1d.out = reflection_pad(self, padding)  (specs/shape.yaml:71)
+// reflection_pad1d.out = reflection_pad(self, padding)  (specs/shape.yaml:73)
 std::vector<Value> emit_reflection_pad1d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
 
-// reflection_pad2d = reflection_pad(self, padding)  (specs/shape.yaml:78)
+// reflection_pad2d = reflection_pad(self, padding)  (specs/shape.yaml:80)
 std::vector<Value> emit_reflection_pad2d(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
-// reflection_pad2d.out = reflection_pad(self, padding)  (specs/shape.yaml:78)
+// reflection_pad2d.out = reflection_pad(self, padding)  (specs/shape.yaml:80)
 std::vector<Value> emit_reflection_pad2d__out(Builder& b, const EmitArgs& a) { return {b.reflection_pad(a.value(0), a.ints(1))}; }
 
-// replication_pad1d = replication_pad(self, padding)  (specs/shape.yaml:84)
+// replication_pad1d = replication_pad(self, padding)  (specs/shape.yaml:86)
 std::vector<Value> emit_replication_pad1d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
-// replication_pad1d.out = replication_pad(self, padding)  (specs/shape.yaml:84)
+// replication_pad1d.out = replication_pad(self, padding)  (specs/shape.yaml:86)
 std::vector<Value> emit_replication_pad1d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
 
-// replication_pad2d = replication_pad(self, padding)  (specs/shape.yaml:91)
+// replication_pad2d = replication_pad(self, padding)  (specs/shape.yaml:93)
 std::vector<Value> emit_replication_pad2d(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
-// replication_pad2d.out = replication_pad(self, padding)  (specs/shape.yaml:91)
+// replication_pad2d.out = replication_pad(self, padding)  (specs/shape.yaml:93)
 std::vector<Value> emit_replication_pad2d__out(Builder& b, const EmitArgs& a) { return {b.replication_pad(a.value(0), a.ints(1))}; }
 
-// reflection_pad1d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
+// reflection_pad1d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:99)
 std::vector<Value> emit_reflection_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// reflection_pad1d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:97)
+// reflection_pad1d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:99)
 std::vector<Value> emit_reflection_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// reflection_pad2d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
+// reflection_pad2d_backward = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:103)
 std::vector<Value> emit_reflection_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// reflection_pad2d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:101)
+// reflection_pad2d_backward.grad_input = reflection_pad_backward(grad_output, self, padding)  (specs/shape.yaml:103)
 std::vector<Value> emit_reflection_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.reflection_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// replication_pad1d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
+// replication_pad1d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:107)
 std::vector<Value> emit_replication_pad1d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// replication_pad1d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:105)
+// replication_pad1d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:107)
 std::vector<Value> emit_replication_pad1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
-// replication_pad2d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:109)
+// replication_pad2d_backward = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:111)
 std::vector<Value> emit_replication_pad2d_backward(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
-// replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:109)
+// replication_pad2d_backward.grad_input = replication_pad_backward(grad_output, self, padding)  (specs/shape.yaml:111)
 std::vector<Value> emit_replication_pad2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.replication_pad_backward(a.value(0), a.value(1), a.ints(2))}; }
 
 // acosh = acosh(self)  (specs/special.yaml:8)
@@ -2765,275 +2763,275 @@ std::vector<Value> emit_sgn_(Builder& b, const EmitArgs& a) { return {b.sign(a.v
 // sgn.out = sign(self)  (specs/unary.yaml:14)
 std::vector<Value> emit_sgn__out(Builder& b, const EmitArgs& a) { return {b.sign(a.value(0))}; }
 
-// expm1 = expm1(self)  (specs/unary.yaml:20)
+// expm1 = expm1(self)  (specs/unary.yaml:21)
 std::vector<Value> emit_expm1(Builder& b, const EmitArgs& a) { return {b.expm1(a.value(0))}; }
-// expm1_ = expm1(self)  (specs/unary.yaml:20)
+// expm1_ = expm1(self)  (specs/unary.yaml:21)
 std::vector<Value> emit_expm1_(Builder& b, const EmitArgs& a) { return {b.expm1(a.value(0))}; }
-// expm1.out = expm1(self)  (specs/unary.yaml:20)
+// expm1.out = expm1(self)  (specs/unary.yaml:21)
 std::vector<Value> emit_expm1__out(Builder& b, const EmitArgs& a) { return {b.expm1(a.value(0))}; }
 
-// log1p = log1p(self)  (specs/unary.yaml:26)
+// log1p = log1p(self)  (specs/unary.yaml:27)
 std::vector<Value> emit_log1p(Builder& b, const EmitArgs& a) { return {b.log1p(a.value(0))}; }
-// log1p_ = log1p(self)  (specs/unary.yaml:26)
+// log1p_ = log1p(self)  (specs/unary.yaml:27)
 std::vector<Value> emit_log1p_(Builder& b, const EmitArgs& a) { return {b.log1p(a.value(0))}; }
-// log1p.out = log1p(self)  (specs/unary.yaml:26)
+// log1p.out = log1p(self)  (specs/unary.yaml:27)
 std::vector<Value> emit_log1p__out(Builder& b, const EmitArgs& a) { return {b.log1p(a.value(0))}; }
 
-// log2 = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:32)
+// log2 = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:33)
 std::vector<Value> emit_log2(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
-// log2_ = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:32)
+// log2_ = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:33)
 std::vector<Value> emit_log2_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
-// log2.out = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:32)
+// log2.out = mul(log(self), 1.4426950408889634)  (specs/unary.yaml:33)
 std::vector<Value> emit_log2__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
 
-// log10 = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:38)
+// log10 = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:39)
 std::vector<Value> emit_log10(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }
-// log10_ = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:38)
+// log10_ = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:39)
 std::vector<Value> emit_log10_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }
-// log10.out = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:38)
+// log10.out = mul(log(self), 0.4342944819032518)  (specs/unary.yaml:39)
 std::vector<Value> emit_log10__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }
 
-// rsqrt = rsqrt(self)  (specs/unary.yaml:44)
+// rsqrt = rsqrt(self)  (specs/unary.yaml:45)
 std::vector<Value> emit_rsqrt(Builder& b, const EmitArgs& a) { return {b.rsqrt(a.value(0))}; }
-// rsqrt_ = rsqrt(self)  (specs/unary.yaml:44)
+// rsqrt_ = rsqrt(self)  (specs/unary.yaml:45)
 std::vector<Value> emit_rsqrt_(Builder& b, const EmitArgs& a) { return {b.rsqrt(a.value(0))}; }
-// rsqrt.out = rsqrt(self)  (specs/unary.yaml:44)
+// rsqrt.out = rsqrt(self)  (specs/unary.yaml:45)
 std::vector<Value> emit_rsqrt__out(Builder& b, const EmitArgs& a) { return {b.rsqrt(a.value(0))}; }
 
-// reciprocal = div(1, self)  (specs/unary.yaml:50)
+// reciprocal = div(1, self)  (specs/unary.yaml:51)
 std::vector<Value> emit_reciprocal(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }
-// reciprocal_ = div(1, self)  (specs/unary.yaml:50)
+// reciprocal_ = div(1, self)  (specs/unary.yaml:51)
 std::vector<Value> emit_reciprocal_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }
-// reciprocal.out = div(1, self)  (specs/unary.yaml:50)
+// reciprocal.out = div(1, self)  (specs/unary.yaml:51)
 std::vector<Value> emit_reciprocal__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }
 
-// sin = sin(self)  (specs/unary.yaml:58)
+// sin = sin(self)  (specs/unary.yaml:59)
 std::vector<Value> emit_sin(Builder& b, const EmitArgs& a) { return {b.sin(a.value(0))}; }
-// sin_ = sin(self)  (specs/unary.yaml:58)
+// sin_ = sin(self)  (specs/unary.yaml:59)
 std::vector<Value> emit_sin_(Builder& b, const EmitArgs& a) { return {b.sin(a.value(0))}; }
-// sin.out = sin(self)  (specs/unary.yaml:58)
+// sin.out = sin(self)  (specs/unary.yaml:59)
 std::vector<Value> emit_sin__out(Builder& b, const EmitArgs& a) { return {b.sin(a.value(0))}; }
 
-// cos = cos(self)  (specs/unary.yaml:64)
+// cos = cos(self)  (specs/unary.yaml:65)
 std::vector<Value> emit_cos(Builder& b, const EmitArgs& a) { return {b.cos(a.value(0))}; }
-// cos_ = cos(self)  (specs/unary.yaml:64)
+// cos_ = cos(self)  (specs/unary.yaml:65)
 std::vector<Value> emit_cos_(Builder& b, const EmitArgs& a) { return {b.cos(a.value(0))}; }
-// cos.out = cos(self)  (specs/unary.yaml:64)
+// cos.out = cos(self)  (specs/unary.yaml:65)
 std::vector<Value> emit_cos__out(Builder& b, const EmitArgs& a) { return {b.cos(a.value(0))}; }
 
-// tan = tan(self)  (specs/unary.yaml:70)
+// tan = tan(self)  (specs/unary.yaml:71)
 std::vector<Value> emit_tan(Builder& b, const EmitArgs& a) { return {b.tan(a.value(0))}; }
-// tan_ = tan(self)  (specs/unary.yaml:70)
+// tan_ = tan(self)  (specs/unary.yaml:71)
 std::vector<Value> emit_tan_(Builder& b, const EmitArgs& a) { return {b.tan(a.value(0))}; }
-// tan.out = tan(self)  (specs/unary.yaml:70)
+// tan.out = tan(self)  (specs/unary.yaml:71)
 std::vector<Value> emit_tan__out(Builder& b, const EmitArgs& a) { return {b.tan(a.value(0))}; }
 
-// tanh = tanh(self)  (specs/unary.yaml:76)
+// tanh = tanh(self)  (specs/unary.yaml:77)
 std::vector<Value> emit_tanh(Builder& b, const EmitArgs& a) { return {b.tanh(a.value(0))}; }
-// tanh_ = tanh(self)  (specs/unary.yaml:76)
+// tanh_ = tanh(self)  (specs/unary.yaml:77)
 std::vector<Value> emit_tanh_(Builder& b, const EmitArgs& a) { return {b.tanh(a.value(0))}; }
-// tanh.out = tanh(self)  (specs/unary.yaml:76)
+// tanh.out = tanh(self)  (specs/unary.yaml:77)
 std::vector<Value> emit_tanh__out(Builder& b, const EmitArgs& a) { return {b.tanh(a.value(0))}; }
 
-// asin = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:83)
+// asin = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:84)
 std::vector<Value> emit_asin(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())))}; }
-// asin_ = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:83)
+// asin_ = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:84)
 std::vector<Value> emit_asin_(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())))}; }
-// asin.out = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:83)
+// asin.out = atan2(self, sqrt(mul(sub(1, self), add(1, self))))  (specs/unary.yaml:84)
 std::vector<Value> emit_asin__out(Builder& b, const EmitArgs& a) { return {b.atan2(a.value(0), b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())))}; }
 
-// acos = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:89)
+// acos = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:90)
 std::vector<Value> emit_acos(Builder& b, const EmitArgs& a) { return {b.atan2(b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())), a.value(0))}; }
-// acos_ = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:89)
+// acos_ = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:90)
 std::vector<Value> emit_acos_(Builder& b, const EmitArgs& a) { return {b.atan2(b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())), a.value(0))}; }
-// acos.out = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:89)
+// acos.out = atan2(sqrt(mul(sub(1, self), add(1, self))), self)  (specs/unary.yaml:90)
 std::vector<Value> emit_acos__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.sqrt(b.mul([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.add(b.scalar_like(1.0, anchor), anchor); }())), a.value(0))}; }
 
-// atan = atan2(self, 1)  (specs/unary.yaml:95)
+// atan = atan2(self, 1)  (specs/unary.yaml:96)
 std::vector<Value> emit_atan(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.atan2(anchor, b.scalar_like(1.0, anchor)); }()}; }
-// atan_ = atan2(self, 1)  (specs/unary.yaml:95)
+// atan_ = atan2(self, 1)  (specs/unary.yaml:96)
 std::vector<Value> emit_atan_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.atan2(anchor, b.scalar_like(1.0, anchor)); }()}; }
-// atan.out = atan2(self, 1)  (specs/unary.yaml:95)
+// atan.out = atan2(self, 1)  (specs/unary.yaml:96)
 std::vector<Value> emit_atan__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.atan2(anchor, b.scalar_like(1.0, anchor)); }()}; }
 
-// sinh = sinh(self)  (specs/unary.yaml:101)
+// sinh = sinh(self)  (specs/unary.yaml:102)
 std::vector<Value> emit_sinh(Builder& b, const EmitArgs& a) { return {b.sinh(a.value(0))}; }
-// sinh_ = sinh(self)  (specs/unary.yaml:101)
+// sinh_ = sinh(self)  (specs/unary.yaml:102)
 std::vector<Value> emit_sinh_(Builder& b, const EmitArgs& a) { return {b.sinh(a.value(0))}; }
-// sinh.out = sinh(self)  (specs/unary.yaml:101)
+// sinh.out = sinh(self)  (specs/unary.yaml:102)
 std::vector<Value> emit_sinh__out(Builder& b, const EmitArgs& a) { return {b.sinh(a.value(0))}; }
 
-// cosh = cosh(self)  (specs/unary.yaml:107)
+// cosh = cosh(self)  (specs/unary.yaml:108)
 std::vector<Value> emit_cosh(Builder& b, const EmitArgs& a) { return {b.cosh(a.value(0))}; }
-// cosh_ = cosh(self)  (specs/unary.yaml:107)
+// cosh_ = cosh(self)  (specs/unary.yaml:108)
 std::vector<Value> emit_cosh_(Builder& b, const EmitArgs& a) { return {b.cosh(a.value(0))}; }
-// cosh.out = cosh(self)  (specs/unary.yaml:107)
+// cosh.out = cosh(self)  (specs/unary.yaml:108)
 std::vector<Value> emit_cosh__out(Builder& b, const EmitArgs& a) { return {b.cosh(a.value(0))}; }
 
-// sigmoid = sigmoid(self)  (specs/unary.yaml:113)
+// sigmoid = sigmoid(self)  (specs/unary.yaml:114)
 std::vector<Value> emit_sigmoid(Builder& b, const EmitArgs& a) { return {b.sigmoid(a.value(0))}; }
-// sigmoid_ = sigmoid(self)  (specs/unary.yaml:113)
+// sigmoid_ = sigmoid(self)  (specs/unary.yaml:114)
 std::vector<Value> emit_sigmoid_(Builder& b, const EmitArgs& a) { return {b.sigmoid(a.value(0))}; }
-// sigmoid.out = sigmoid(self)  (specs/unary.yaml:113)
+// sigmoid.out = sigmoid(self)  (specs/unary.yaml:114)
 std::vector<Value> emit_sigmoid__out(Builder& b, const EmitArgs& a) { return {b.sigmoid(a.value(0))}; }
 
-// erf = erf(self)  (specs/unary.yaml:119)
+// erf = erf(self)  (specs/unary.yaml:120)
 std::vector<Value> emit_erf(Builder& b, const EmitArgs& a) { return {b.erf(a.value(0))}; }
-// erf_ = erf(self)  (specs/unary.yaml:119)
+// erf_ = erf(self)  (specs/unary.yaml:120)
 std::vector<Value> emit_erf_(Builder& b, const EmitArgs& a) { return {b.erf(a.value(0))}; }
-// erf.out = erf(self)  (specs/unary.yaml:119)
+// erf.out = erf(self)  (specs/unary.yaml:120)
 std::vector<Value> emit_erf__out(Builder& b, const EmitArgs& a) { return {b.erf(a.value(0))}; }
 
-// floor = floor(self)  (specs/unary.yaml:127)
+// floor = floor(self)  (specs/unary.yaml:128)
 std::vector<Value> emit_floor(Builder& b, const EmitArgs& a) { return {b.floor(a.value(0))}; }
-// floor_ = floor(self)  (specs/unary.yaml:127)
+// floor_ = floor(self)  (specs/unary.yaml:128)
 std::vector<Value> emit_floor_(Builder& b, const EmitArgs& a) { return {b.floor(a.value(0))}; }
-// floor.out = floor(self)  (specs/unary.yaml:127)
+// floor.out = floor(self)  (specs/unary.yaml:128)
 std::vector<Value> emit_floor__out(Builder& b, const EmitArgs& a) { return {b.floor(a.value(0))}; }
 
-// ceil = ceil(self)  (specs/unary.yaml:132)
+// ceil = ceil(self)  (specs/unary.yaml:133)
 std::vector<Value> emit_ceil(Builder& b, const EmitArgs& a) { return {b.ceil(a.value(0))}; }
-// ceil_ = ceil(self)  (specs/unary.yaml:132)
+// ceil_ = ceil(self)  (specs/unary.yaml:133)
 std::vector<Value> emit_ceil_(Builder& b, const EmitArgs& a) { return {b.ceil(a.value(0))}; }
-// ceil.out = ceil(self)  (specs/unary.yaml:132)
+// ceil.out = ceil(self)  (specs/unary.yaml:133)
 std::vector<Value> emit_ceil__out(Builder& b, const EmitArgs& a) { return {b.ceil(a.value(0))}; }
 
-// round = round(self)  (specs/unary.yaml:137)
+// round = round(self)  (specs/unary.yaml:138)
 std::vector<Value> emit_round(Builder& b, const EmitArgs& a) { return {b.round(a.value(0))}; }
-// round_ = round(self)  (specs/unary.yaml:137)
+// round_ = round(self)  (specs/unary.yaml:138)
 std::vector<Value> emit_round_(Builder& b, const EmitArgs& a) { return {b.round(a.value(0))}; }
-// round.out = round(self)  (specs/unary.yaml:137)
+// round.out = round(self)  (specs/unary.yaml:138)
 std::vector<Value> emit_round__out(Builder& b, const EmitArgs& a) { return {b.round(a.value(0))}; }
 
-// round.decimals = round_decimals(self, decimals)  (specs/unary.yaml:142)
+// round.decimals = round_decimals(self, decimals)  (specs/unary.yaml:143)
 std::vector<Value> emit_round__decimals(Builder& b, const EmitArgs& a) { return {b.round_decimals(a.value(0), a.integer(1))}; }
-// round_.decimals = round_decimals(self, decimals)  (specs/unary.yaml:142)
+// round_.decimals = round_decimals(self, decimals)  (specs/unary.yaml:143)
 std::vector<Value> emit_round___decimals(Builder& b, const EmitArgs& a) { return {b.round_decimals(a.value(0), a.integer(1))}; }
-// round.decimals_out = round_decimals(self, decimals)  (specs/unary.yaml:142)
+// round.decimals_out = round_decimals(self, decimals)  (specs/unary.yaml:143)
 std::vector<Value> emit_round__decimals_out(Builder& b, const EmitArgs& a) { return {b.round_decimals(a.value(0), a.integer(1))}; }
 
-// trunc = trunc(self)  (specs/unary.yaml:147)
+// trunc = trunc(self)  (specs/unary.yaml:148)
 std::vector<Value> emit_trunc(Builder& b, const EmitArgs& a) { return {b.trunc(a.value(0))}; }
-// trunc_ = trunc(self)  (specs/unary.yaml:147)
+// trunc_ = trunc(self)  (specs/unary.yaml:148)
 std::vector<Value> emit_trunc_(Builder& b, const EmitArgs& a) { return {b.trunc(a.value(0))}; }
-// trunc.out = trunc(self)  (specs/unary.yaml:147)
+// trunc.out = trunc(self)  (specs/unary.yaml:148)
 std::vector<Value> emit_trunc__out(Builder& b, const EmitArgs& a) { return {b.trunc(a.value(0))}; }
 
-// frac = sub(self, trunc(self))  (specs/unary.yaml:152)
+// frac = sub(self, trunc(self))  (specs/unary.yaml:153)
 std::vector<Value> emit_frac(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }
-// frac_ = sub(self, trunc(self))  (specs/unary.yaml:152)
+// frac_ = sub(self, trunc(self))  (specs/unary.yaml:153)
 std::vector<Value> emit_frac_(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }
-// frac.out = sub(self, trunc(self))  (specs/unary.yaml:152)
+// frac.out = sub(self, trunc(self))  (specs/unary.yaml:153)
 std::vector<Value> emit_frac__out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }
 
-// isnan = isnan(self)  (specs/unary.yaml:159)
+// isnan = isnan(self)  (specs/unary.yaml:160)
 std::vector<Value> emit_isnan(Builder& b, const EmitArgs& a) { return {b.isnan(a.value(0))}; }
-// isnan.out = isnan(self)  (specs/unary.yaml:159)
+// isnan.out = isnan(self)  (specs/unary.yaml:160)
 std::vector<Value> emit_isnan__out(Builder& b, const EmitArgs& a) { return {b.isnan(a.value(0))}; }
 
-// isinf = isinf(self)  (specs/unary.yaml:163)
+// isinf = isinf(self)  (specs/unary.yaml:164)
 std::vector<Value> emit_isinf(Builder& b, const EmitArgs& a) { return {b.isinf(a.value(0))}; }
-// isinf.out = isinf(self)  (specs/unary.yaml:163)
+// isinf.out = isinf(self)  (specs/unary.yaml:164)
 std::vector<Value> emit_isinf__out(Builder& b, const EmitArgs& a) { return {b.isinf(a.value(0))}; }
 
-// isposinf = isposinf(self)  (specs/unary.yaml:167)
+// isposinf = isposinf(self)  (specs/unary.yaml:168)
 std::vector<Value> emit_isposinf(Builder& b, const EmitArgs& a) { return {b.isposinf(a.value(0))}; }
-// isposinf.out = isposinf(self)  (specs/unary.yaml:167)
+// isposinf.out = isposinf(self)  (specs/unary.yaml:168)
 std::vector<Value> emit_isposinf__out(Builder& b, const EmitArgs& a) { return {b.isposinf(a.value(0))}; }
 
-// isneginf = isneginf(self)  (specs/unary.yaml:171)
+// isneginf = isneginf(self)  (specs/unary.yaml:172)
 std::vector<Value> emit_isneginf(Builder& b, const EmitArgs& a) { return {b.isneginf(a.value(0))}; }
-// isneginf.out = isneginf(self)  (specs/unary.yaml:171)
+// isneginf.out = isneginf(self)  (specs/unary.yaml:172)
 std::vector<Value> emit_isneginf__out(Builder& b, const EmitArgs& a) { return {b.isneginf(a.value(0))}; }
 
-// signbit = signbit(self)  (specs/unary.yaml:175)
+// signbit = signbit(self)  (specs/unary.yaml:176)
 std::vector<Value> emit_signbit(Builder& b, const EmitArgs& a) { return {b.signbit(a.value(0))}; }
-// signbit.out = signbit(self)  (specs/unary.yaml:175)
+// signbit.out = signbit(self)  (specs/unary.yaml:176)
 std::vector<Value> emit_signbit__out(Builder& b, const EmitArgs& a) { return {b.signbit(a.value(0))}; }
 
-// logical_not = eq(self, 0)  (specs/unary.yaml:179)
+// logical_not = eq(self, 0)  (specs/unary.yaml:180)
 std::vector<Value> emit_logical_not(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
-// logical_not_ = eq(self, 0)  (specs/unary.yaml:179)
+// logical_not_ = eq(self, 0)  (specs/unary.yaml:180)
 std::vector<Value> emit_logical_not_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
-// logical_not.out = eq(self, 0)  (specs/unary.yaml:179)
+// logical_not.out = eq(self, 0)  (specs/unary.yaml:180)
 std::vector<Value> emit_logical_not__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }()}; }
 
-// bitwise_not = bitwise_not(self)  (specs/unary.yaml:183)
+// bitwise_not = bitwise_not(self)  (specs/unary.yaml:184)
 std::vector<Value> emit_bitwise_not(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
-// bitwise_not_ = bitwise_not(self)  (specs/unary.yaml:183)
+// bitwise_not_ = bitwise_not(self)  (specs/unary.yaml:184)
 std::vector<Value> emit_bitwise_not_(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
-// bitwise_not.out = bitwise_not(self)  (specs/unary.yaml:183)
+// bitwise_not.out = bitwise_not(self)  (specs/unary.yaml:184)
 std::vector<Value> emit_bitwise_not__out(Builder& b, const EmitArgs& a) { return {b.bitwise_not(a.value(0))}; }
 
-// nan_to_num = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
+// nan_to_num = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:191)
 std::vector<Value> emit_nan_to_num(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
-// nan_to_num_ = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
+// nan_to_num_ = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:191)
 std::vector<Value> emit_nan_to_num_(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
-// nan_to_num.out = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:190)
+// nan_to_num.out = nan_to_num(self, nan, posinf, neginf)  (specs/unary.yaml:191)
 std::vector<Value> emit_nan_to_num__out(Builder& b, const EmitArgs& a) { return {b.nan_to_num(a.value(0), a.optional_real(1), a.optional_real(2), a.optional_real(3))}; }
 
-// clamp = clamp(self, min, max)  (specs/unary.yaml:199)
+// clamp = clamp(self, min, max)  (specs/unary.yaml:200)
 std::vector<Value> emit_clamp(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp_ = clamp(self, min, max)  (specs/unary.yaml:199)
+// clamp_ = clamp(self, min, max)  (specs/unary.yaml:200)
 std::vector<Value> emit_clamp_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp.out = clamp(self, min, max)  (specs/unary.yaml:199)
+// clamp.out = clamp(self, min, max)  (specs/unary.yaml:200)
 std::vector<Value> emit_clamp__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
 
-// clamp.Tensor = clamp(self, min, max)  (specs/unary.yaml:204)
+// clamp.Tensor = clamp(self, min, max)  (specs/unary.yaml:205)
 std::vector<Value> emit_clamp__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp_.Tensor = clamp(self, min, max)  (specs/unary.yaml:204)
+// clamp_.Tensor = clamp(self, min, max)  (specs/unary.yaml:205)
 std::vector<Value> emit_clamp___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
-// clamp.Tensor_out = clamp(self, min, max)  (specs/unary.yaml:204)
+// clamp.Tensor_out = clamp(self, min, max)  (specs/unary.yaml:205)
 std::vector<Value> emit_clamp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), a.optional_value(2))}; }
 
-// clamp_min = clamp(self, min, None)  (specs/unary.yaml:209)
+// clamp_min = clamp(self, min, None)  (specs/unary.yaml:210)
 std::vector<Value> emit_clamp_min(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min_ = clamp(self, min, None)  (specs/unary.yaml:209)
+// clamp_min_ = clamp(self, min, None)  (specs/unary.yaml:210)
 std::vector<Value> emit_clamp_min_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min.out = clamp(self, min, None)  (specs/unary.yaml:209)
+// clamp_min.out = clamp(self, min, None)  (specs/unary.yaml:210)
 std::vector<Value> emit_clamp_min__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
 
-// clamp_max = clamp(self, None, max)  (specs/unary.yaml:214)
+// clamp_max = clamp(self, None, max)  (specs/unary.yaml:215)
 std::vector<Value> emit_clamp_max(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max_ = clamp(self, None, max)  (specs/unary.yaml:214)
+// clamp_max_ = clamp(self, None, max)  (specs/unary.yaml:215)
 std::vector<Value> emit_clamp_max_(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max.out = clamp(self, None, max)  (specs/unary.yaml:214)
+// clamp_max.out = clamp(self, None, max)  (specs/unary.yaml:215)
 std::vector<Value> emit_clamp_max__out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
 
-// clamp_min.Tensor = clamp(self, min, None)  (specs/unary.yaml:219)
+// clamp_min.Tensor = clamp(self, min, None)  (specs/unary.yaml:220)
 std::vector<Value> emit_clamp_min__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min_.Tensor = clamp(self, min, None)  (specs/unary.yaml:219)
+// clamp_min_.Tensor = clamp(self, min, None)  (specs/unary.yaml:220)
 std::vector<Value> emit_clamp_min___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
-// clamp_min.Tensor_out = clamp(self, min, None)  (specs/unary.yaml:219)
+// clamp_min.Tensor_out = clamp(self, min, None)  (specs/unary.yaml:220)
 std::vector<Value> emit_clamp_min__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), a.optional_value(1), std::nullopt)}; }
 
-// clamp_max.Tensor = clamp(self, None, max)  (specs/unary.yaml:223)
+// clamp_max.Tensor = clamp(self, None, max)  (specs/unary.yaml:224)
 std::vector<Value> emit_clamp_max__Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max_.Tensor = clamp(self, None, max)  (specs/unary.yaml:223)
+// clamp_max_.Tensor = clamp(self, None, max)  (specs/unary.yaml:224)
 std::vector<Value> emit_clamp_max___Tensor(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
-// clamp_max.Tensor_out = clamp(self, None, max)  (specs/unary.yaml:223)
+// clamp_max.Tensor_out = clamp(self, None, max)  (specs/unary.yaml:224)
 std::vector<Value> emit_clamp_max__Tensor_out(Builder& b, const EmitArgs& a) { return {b.clamp(a.value(0), std::nullopt, a.optional_value(1))}; }
 
-// sigmoid_backward = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:229)
+// sigmoid_backward = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:230)
 std::vector<Value> emit_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }()), a.value(1))}; }
-// sigmoid_backward.grad_input = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:229)
+// sigmoid_backward.grad_input = mul(mul(grad_output, sub(1, output)), output)  (specs/unary.yaml:230)
 std::vector<Value> emit_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }()), a.value(1))}; }
 
-// tanh_backward = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:233)
+// tanh_backward = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:234)
 std::vector<Value> emit_tanh_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
-// tanh_backward.grad_input = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:233)
+// tanh_backward.grad_input = mul(grad_output, sub(1, mul(output, output)))  (specs/unary.yaml:234)
 std::vector<Value> emit_tanh_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(1), a.value(1)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())}; }
 
-// frexp.Tensor = e0 = add(floor(mul(log(abs(self)), 1.4426950408889634)), 1) m0 = div(self, power(2, e0)) e1 = where(ge(abs(m0), 1), add(e0, 1), where(lt(abs(m0), 0.5), sub(e0, 1), e0)) keep = bitwise_or(eq(self, 0), bitwise_or(isnan(self), isinf(self))) (where(keep, self, div(self, power(2, e1))), where(keep, fill(0, self), e1))   (specs/unary.yaml:239)
+// frexp.Tensor = e0 = add(floor(mul(log(abs(self)), 1.4426950408889634)), 1) m0 = div(self, power(2, e0)) e1 = where(ge(abs(m0), 1), add(e0, 1), where(lt(abs(m0), 0.5), sub(e0, 1), e0)) keep = bitwise_or(eq(self, 0), bitwise_or(isnan(self), isinf(self))) (where(keep, self, div(self, power(2, e1))), where(keep, fill(0, self), e1))   (specs/unary.yaml:240)
 std::vector<Value> emit_frexp__Tensor(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_e0 = [&] { const Value anchor = b.floor([&] { const Value anchor = b.log(b.abs(a.value(0))); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()); return b.add(anchor, b.scalar_like(1.0, anchor)); }(); const Value l_m0 = b.div(a.value(0), [&] { const Value anchor = l_e0; return b.power(b.scalar_like(2.0, anchor), anchor); }()); const Value l_e1 = b.where([&] { const Value anchor = b.abs(l_m0); return b.ge(anchor, b.scalar_like(1.0, anchor)); }(), [&] { const Value anchor = l_e0; return b.add(anchor, b.scalar_like(1.0, anchor)); }(), b.where([&] { const Value anchor = b.abs(l_m0); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), [&] { const Value anchor = l_e0; return b.sub(anchor, b.scalar_like(1.0, anchor)); }(), l_e0)); const Value l_keep = b.bitwise_or([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_or(b.isnan(a.value(0)), b.isinf(a.value(0)))); return {b.where(l_keep, a.value(0), b.div(a.value(0), [&] { const Value anchor = l_e1; return b.power(b.scalar_like(2.0, anchor), anchor); }())), b.where(l_keep, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_e1)}; }(); }
-// frexp.Tensor_out = e0 = add(floor(mul(log(abs(self)), 1.4426950408889634)), 1) m0 = div(self, power(2, e0)) e1 = where(ge(abs(m0), 1), add(e0, 1), where(lt(abs(m0), 0.5), sub(e0, 1), e0)) keep = bitwise_or(eq(self, 0), bitwise_or(isnan(self), isinf(self))) (where(keep, self, div(self, power(2, e1))), where(keep, fill(0, self), e1))   (specs/unary.yaml:239)
+// frexp.Tensor_out = e0 = add(floor(mul(log(abs(self)), 1.4426950408889634)), 1) m0 = div(self, power(2, e0)) e1 = where(ge(abs(m0), 1), add(e0, 1), where(lt(abs(m0), 0.5), sub(e0, 1), e0)) keep = bitwise_or(eq(self, 0), bitwise_or(isnan(self), isinf(self))) (where(keep, self, div(self, power(2, e1))), where(keep, fill(0, self), e1))   (specs/unary.yaml:240)
 std::vector<Value> emit_frexp__Tensor_out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_e0 = [&] { const Value anchor = b.floor([&] { const Value anchor = b.log(b.abs(a.value(0))); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()); return b.add(anchor, b.scalar_like(1.0, anchor)); }(); const Value l_m0 = b.div(a.value(0), [&] { const Value anchor = l_e0; return b.power(b.scalar_like(2.0, anchor), anchor); }()); const Value l_e1 = b.where([&] { const Value anchor = b.abs(l_m0); return b.ge(anchor, b.scalar_like(1.0, anchor)); }(), [&] { const Value anchor = l_e0; return b.add(anchor, b.scalar_like(1.0, anchor)); }(), b.where([&] { const Value anchor = b.abs(l_m0); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), [&] { const Value anchor = l_e0; return b.sub(anchor, b.scalar_like(1.0, anchor)); }(), l_e0)); const Value l_keep = b.bitwise_or([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_or(b.isnan(a.value(0)), b.isinf(a.value(0)))); return {b.where(l_keep, a.value(0), b.div(a.value(0), [&] { const Value anchor = l_e1; return b.power(b.scalar_like(2.0, anchor), anchor); }())), b.where(l_keep, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_e1)}; }(); }
 
-// renorm = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:250)
+// renorm = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:251)
 std::vector<Value> emit_renorm(Builder& b, const EmitArgs& a) { return {b.renorm(a.value(0), a.real(1), a.integer(2), a.real(3))}; }
-// renorm_ = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:250)
+// renorm_ = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:251)
 std::vector<Value> emit_renorm_(Builder& b, const EmitArgs& a) { return {b.renorm(a.value(0), a.real(1), a.integer(2), a.real(3))}; }
-// renorm.out = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:250)
+// renorm.out = renorm(self, p, dim, maxnorm)  (specs/unary.yaml:251)
 std::vector<Value> emit_renorm__out(Builder& b, const EmitArgs& a) { return {b.renorm(a.value(0), a.real(1), a.integer(2), a.real(3))}; }
 
 }  // namespace
@@ -3825,47 +3823,42 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {2},
        {2}, false, false,
        {"complex64", "complex128"}, &emit_polar__out},
-      {"conj_physical", "specs/complex.yaml:21", Variant::Functional,
+      {"_conj_physical", "specs/complex.yaml:23", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_conj_physical},
-      {"conj_physical_", "specs/complex.yaml:21", Variant::Inplace,
-       {ArgKind::Tensor},
-       {0}, Compute::Common, {0},
-       {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_conj_physical_},
-      {"conj_physical.out", "specs/complex.yaml:21", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit__conj_physical},
+      {"_conj_physical.out", "specs/complex.yaml:23", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_conj_physical__out},
-      {"_fft_c2c", "specs/complex.yaml:28", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit__conj_physical__out},
+      {"_fft_c2c", "specs/complex.yaml:30", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"complex64", "complex128"}, &emit__fft_c2c},
-      {"_fft_c2c.out", "specs/complex.yaml:28", Variant::Out,
+      {"_fft_c2c.out", "specs/complex.yaml:30", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {4},
        {4}, false, false,
        {"complex64", "complex128"}, &emit__fft_c2c__out},
-      {"_fft_r2c", "specs/complex.yaml:35", Variant::Functional,
+      {"_fft_r2c", "specs/complex.yaml:37", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"complex64", "complex128"}, &emit__fft_r2c},
-      {"_fft_r2c.out", "specs/complex.yaml:35", Variant::Out,
+      {"_fft_r2c.out", "specs/complex.yaml:37", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {4},
        {4}, false, false,
        {"complex64", "complex128"}, &emit__fft_r2c__out},
-      {"_fft_c2r", "specs/complex.yaml:42", Variant::Functional,
+      {"_fft_c2r", "specs/complex.yaml:44", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__fft_c2r},
-      {"_fft_c2r.out", "specs/complex.yaml:42", Variant::Out,
+      {"_fft_c2r.out", "specs/complex.yaml:44", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {4},
        {4}, false, false,
@@ -7434,108 +7427,108 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_backward},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_slice_backward},
       {"slice_backward.out", "specs/shape.yaml:52", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {6},
        {6}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_slice_backward__out},
-      {"select_backward", "specs/shape.yaml:57", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_slice_backward__out},
+      {"select_backward", "specs/shape.yaml:58", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_backward},
-      {"select_backward.out", "specs/shape.yaml:57", Variant::Out,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_select_backward},
+      {"select_backward.out", "specs/shape.yaml:58", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {4},
        {4}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_select_backward__out},
-      {"constant_pad_nd", "specs/shape.yaml:63", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_select_backward__out},
+      {"constant_pad_nd", "specs/shape.yaml:65", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_constant_pad_nd},
-      {"constant_pad_nd.out", "specs/shape.yaml:63", Variant::Out,
+      {"constant_pad_nd.out", "specs/shape.yaml:65", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_constant_pad_nd__out},
-      {"reflection_pad1d", "specs/shape.yaml:71", Variant::Functional,
+      {"reflection_pad1d", "specs/shape.yaml:73", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d},
-      {"reflection_pad1d.out", "specs/shape.yaml:71", Variant::Out,
+      {"reflection_pad1d.out", "specs/shape.yaml:73", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d__out},
-      {"reflection_pad2d", "specs/shape.yaml:78", Variant::Functional,
+      {"reflection_pad2d", "specs/shape.yaml:80", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d},
-      {"reflection_pad2d.out", "specs/shape.yaml:78", Variant::Out,
+      {"reflection_pad2d.out", "specs/shape.yaml:80", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d__out},
-      {"replication_pad1d", "specs/shape.yaml:84", Variant::Functional,
+      {"replication_pad1d", "specs/shape.yaml:86", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d},
-      {"replication_pad1d.out", "specs/shape.yaml:84", Variant::Out,
+      {"replication_pad1d.out", "specs/shape.yaml:86", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d__out},
-      {"replication_pad2d", "specs/shape.yaml:91", Variant::Functional,
+      {"replication_pad2d", "specs/shape.yaml:93", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d},
-      {"replication_pad2d.out", "specs/shape.yaml:91", Variant::Out,
+      {"replication_pad2d.out", "specs/shape.yaml:93", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d__out},
-      {"reflection_pad1d_backward", "specs/shape.yaml:97", Variant::Functional,
+      {"reflection_pad1d_backward", "specs/shape.yaml:99", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward},
-      {"reflection_pad1d_backward.grad_input", "specs/shape.yaml:97", Variant::Out,
+      {"reflection_pad1d_backward.grad_input", "specs/shape.yaml:99", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad1d_backward__grad_input},
-      {"reflection_pad2d_backward", "specs/shape.yaml:101", Variant::Functional,
+      {"reflection_pad2d_backward", "specs/shape.yaml:103", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward},
-      {"reflection_pad2d_backward.grad_input", "specs/shape.yaml:101", Variant::Out,
+      {"reflection_pad2d_backward.grad_input", "specs/shape.yaml:103", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reflection_pad2d_backward__grad_input},
-      {"replication_pad1d_backward", "specs/shape.yaml:105", Variant::Functional,
+      {"replication_pad1d_backward", "specs/shape.yaml:107", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward},
-      {"replication_pad1d_backward.grad_input", "specs/shape.yaml:105", Variant::Out,
+      {"replication_pad1d_backward.grad_input", "specs/shape.yaml:107", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad1d_backward__grad_input},
-      {"replication_pad2d_backward", "specs/shape.yaml:109", Variant::Functional,
+      {"replication_pad2d_backward", "specs/shape.yaml:111", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_replication_pad2d_backward},
-      {"replication_pad2d_backward.grad_input", "specs/shape.yaml:109", Variant::Out,
+      {"replication_pad2d_backward.grad_input", "specs/shape.yaml:111", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
@@ -8674,588 +8667,588 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sgn},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sgn},
       {"sgn_", "specs/unary.yaml:14", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sgn_},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sgn_},
       {"sgn.out", "specs/unary.yaml:14", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sgn__out},
-      {"expm1", "specs/unary.yaml:20", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_sgn__out},
+      {"expm1", "specs/unary.yaml:21", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_expm1},
-      {"expm1_", "specs/unary.yaml:20", Variant::Inplace,
+      {"expm1_", "specs/unary.yaml:21", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_expm1_},
-      {"expm1.out", "specs/unary.yaml:20", Variant::Out,
+      {"expm1.out", "specs/unary.yaml:21", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_expm1__out},
-      {"log1p", "specs/unary.yaml:26", Variant::Functional,
+      {"log1p", "specs/unary.yaml:27", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log1p},
-      {"log1p_", "specs/unary.yaml:26", Variant::Inplace,
+      {"log1p_", "specs/unary.yaml:27", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log1p_},
-      {"log1p.out", "specs/unary.yaml:26", Variant::Out,
+      {"log1p.out", "specs/unary.yaml:27", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log1p__out},
-      {"log2", "specs/unary.yaml:32", Variant::Functional,
+      {"log2", "specs/unary.yaml:33", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log2},
-      {"log2_", "specs/unary.yaml:32", Variant::Inplace,
+      {"log2_", "specs/unary.yaml:33", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log2_},
-      {"log2.out", "specs/unary.yaml:32", Variant::Out,
+      {"log2.out", "specs/unary.yaml:33", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log2__out},
-      {"log10", "specs/unary.yaml:38", Variant::Functional,
+      {"log10", "specs/unary.yaml:39", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log10},
-      {"log10_", "specs/unary.yaml:38", Variant::Inplace,
+      {"log10_", "specs/unary.yaml:39", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log10_},
-      {"log10.out", "specs/unary.yaml:38", Variant::Out,
+      {"log10.out", "specs/unary.yaml:39", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log10__out},
-      {"rsqrt", "specs/unary.yaml:44", Variant::Functional,
+      {"rsqrt", "specs/unary.yaml:45", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rsqrt},
-      {"rsqrt_", "specs/unary.yaml:44", Variant::Inplace,
+      {"rsqrt_", "specs/unary.yaml:45", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rsqrt_},
-      {"rsqrt.out", "specs/unary.yaml:44", Variant::Out,
+      {"rsqrt.out", "specs/unary.yaml:45", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rsqrt__out},
-      {"reciprocal", "specs/unary.yaml:50", Variant::Functional,
+      {"reciprocal", "specs/unary.yaml:51", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reciprocal},
-      {"reciprocal_", "specs/unary.yaml:50", Variant::Inplace,
+      {"reciprocal_", "specs/unary.yaml:51", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reciprocal_},
-      {"reciprocal.out", "specs/unary.yaml:50", Variant::Out,
+      {"reciprocal.out", "specs/unary.yaml:51", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_reciprocal__out},
-      {"sin", "specs/unary.yaml:58", Variant::Functional,
+      {"sin", "specs/unary.yaml:59", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sin},
-      {"sin_", "specs/unary.yaml:58", Variant::Inplace,
+      {"sin_", "specs/unary.yaml:59", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sin_},
-      {"sin.out", "specs/unary.yaml:58", Variant::Out,
+      {"sin.out", "specs/unary.yaml:59", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sin__out},
-      {"cos", "specs/unary.yaml:64", Variant::Functional,
+      {"cos", "specs/unary.yaml:65", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cos},
-      {"cos_", "specs/unary.yaml:64", Variant::Inplace,
+      {"cos_", "specs/unary.yaml:65", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cos_},
-      {"cos.out", "specs/unary.yaml:64", Variant::Out,
+      {"cos.out", "specs/unary.yaml:65", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cos__out},
-      {"tan", "specs/unary.yaml:70", Variant::Functional,
+      {"tan", "specs/unary.yaml:71", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tan},
-      {"tan_", "specs/unary.yaml:70", Variant::Inplace,
+      {"tan_", "specs/unary.yaml:71", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tan_},
-      {"tan.out", "specs/unary.yaml:70", Variant::Out,
+      {"tan.out", "specs/unary.yaml:71", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tan__out},
-      {"tanh", "specs/unary.yaml:76", Variant::Functional,
+      {"tanh", "specs/unary.yaml:77", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh},
-      {"tanh_", "specs/unary.yaml:76", Variant::Inplace,
+      {"tanh_", "specs/unary.yaml:77", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_},
-      {"tanh.out", "specs/unary.yaml:76", Variant::Out,
+      {"tanh.out", "specs/unary.yaml:77", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh__out},
-      {"asin", "specs/unary.yaml:83", Variant::Functional,
+      {"asin", "specs/unary.yaml:84", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_asin},
-      {"asin_", "specs/unary.yaml:83", Variant::Inplace,
+      {"asin_", "specs/unary.yaml:84", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_asin_},
-      {"asin.out", "specs/unary.yaml:83", Variant::Out,
+      {"asin.out", "specs/unary.yaml:84", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_asin__out},
-      {"acos", "specs/unary.yaml:89", Variant::Functional,
+      {"acos", "specs/unary.yaml:90", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_acos},
-      {"acos_", "specs/unary.yaml:89", Variant::Inplace,
+      {"acos_", "specs/unary.yaml:90", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_acos_},
-      {"acos.out", "specs/unary.yaml:89", Variant::Out,
+      {"acos.out", "specs/unary.yaml:90", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_acos__out},
-      {"atan", "specs/unary.yaml:95", Variant::Functional,
+      {"atan", "specs/unary.yaml:96", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan},
-      {"atan_", "specs/unary.yaml:95", Variant::Inplace,
+      {"atan_", "specs/unary.yaml:96", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan_},
-      {"atan.out", "specs/unary.yaml:95", Variant::Out,
+      {"atan.out", "specs/unary.yaml:96", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan__out},
-      {"sinh", "specs/unary.yaml:101", Variant::Functional,
+      {"sinh", "specs/unary.yaml:102", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sinh},
-      {"sinh_", "specs/unary.yaml:101", Variant::Inplace,
+      {"sinh_", "specs/unary.yaml:102", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sinh_},
-      {"sinh.out", "specs/unary.yaml:101", Variant::Out,
+      {"sinh.out", "specs/unary.yaml:102", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sinh__out},
-      {"cosh", "specs/unary.yaml:107", Variant::Functional,
+      {"cosh", "specs/unary.yaml:108", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cosh},
-      {"cosh_", "specs/unary.yaml:107", Variant::Inplace,
+      {"cosh_", "specs/unary.yaml:108", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cosh_},
-      {"cosh.out", "specs/unary.yaml:107", Variant::Out,
+      {"cosh.out", "specs/unary.yaml:108", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cosh__out},
-      {"sigmoid", "specs/unary.yaml:113", Variant::Functional,
+      {"sigmoid", "specs/unary.yaml:114", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid},
-      {"sigmoid_", "specs/unary.yaml:113", Variant::Inplace,
+      {"sigmoid_", "specs/unary.yaml:114", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_},
-      {"sigmoid.out", "specs/unary.yaml:113", Variant::Out,
+      {"sigmoid.out", "specs/unary.yaml:114", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid__out},
-      {"erf", "specs/unary.yaml:119", Variant::Functional,
+      {"erf", "specs/unary.yaml:120", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_erf},
-      {"erf_", "specs/unary.yaml:119", Variant::Inplace,
+      {"erf_", "specs/unary.yaml:120", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_erf_},
-      {"erf.out", "specs/unary.yaml:119", Variant::Out,
+      {"erf.out", "specs/unary.yaml:120", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_erf__out},
-      {"floor", "specs/unary.yaml:127", Variant::Functional,
+      {"floor", "specs/unary.yaml:128", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor},
-      {"floor_", "specs/unary.yaml:127", Variant::Inplace,
+      {"floor_", "specs/unary.yaml:128", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_},
-      {"floor.out", "specs/unary.yaml:127", Variant::Out,
+      {"floor.out", "specs/unary.yaml:128", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor__out},
-      {"ceil", "specs/unary.yaml:132", Variant::Functional,
+      {"ceil", "specs/unary.yaml:133", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ceil},
-      {"ceil_", "specs/unary.yaml:132", Variant::Inplace,
+      {"ceil_", "specs/unary.yaml:133", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ceil_},
-      {"ceil.out", "specs/unary.yaml:132", Variant::Out,
+      {"ceil.out", "specs/unary.yaml:133", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_ceil__out},
-      {"round", "specs/unary.yaml:137", Variant::Functional,
+      {"round", "specs/unary.yaml:138", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_round},
-      {"round_", "specs/unary.yaml:137", Variant::Inplace,
+      {"round_", "specs/unary.yaml:138", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_round_},
-      {"round.out", "specs/unary.yaml:137", Variant::Out,
+      {"round.out", "specs/unary.yaml:138", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_round__out},
-      {"round.decimals", "specs/unary.yaml:142", Variant::Functional,
+      {"round.decimals", "specs/unary.yaml:143", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_round__decimals},
-      {"round_.decimals", "specs/unary.yaml:142", Variant::Inplace,
+      {"round_.decimals", "specs/unary.yaml:143", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_round___decimals},
-      {"round.decimals_out", "specs/unary.yaml:142", Variant::Out,
+      {"round.decimals_out", "specs/unary.yaml:143", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_round__decimals_out},
-      {"trunc", "specs/unary.yaml:147", Variant::Functional,
+      {"trunc", "specs/unary.yaml:148", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trunc},
-      {"trunc_", "specs/unary.yaml:147", Variant::Inplace,
+      {"trunc_", "specs/unary.yaml:148", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trunc_},
-      {"trunc.out", "specs/unary.yaml:147", Variant::Out,
+      {"trunc.out", "specs/unary.yaml:148", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trunc__out},
-      {"frac", "specs/unary.yaml:152", Variant::Functional,
+      {"frac", "specs/unary.yaml:153", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_frac},
-      {"frac_", "specs/unary.yaml:152", Variant::Inplace,
+      {"frac_", "specs/unary.yaml:153", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_frac_},
-      {"frac.out", "specs/unary.yaml:152", Variant::Out,
+      {"frac.out", "specs/unary.yaml:153", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_frac__out},
-      {"isnan", "specs/unary.yaml:159", Variant::Functional,
+      {"isnan", "specs/unary.yaml:160", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isnan},
-      {"isnan.out", "specs/unary.yaml:159", Variant::Out,
+      {"isnan.out", "specs/unary.yaml:160", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isnan__out},
-      {"isinf", "specs/unary.yaml:163", Variant::Functional,
+      {"isinf", "specs/unary.yaml:164", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isinf},
-      {"isinf.out", "specs/unary.yaml:163", Variant::Out,
+      {"isinf.out", "specs/unary.yaml:164", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isinf__out},
-      {"isposinf", "specs/unary.yaml:167", Variant::Functional,
+      {"isposinf", "specs/unary.yaml:168", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf},
-      {"isposinf.out", "specs/unary.yaml:167", Variant::Out,
+      {"isposinf.out", "specs/unary.yaml:168", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isposinf__out},
-      {"isneginf", "specs/unary.yaml:171", Variant::Functional,
+      {"isneginf", "specs/unary.yaml:172", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf},
-      {"isneginf.out", "specs/unary.yaml:171", Variant::Out,
+      {"isneginf.out", "specs/unary.yaml:172", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isneginf__out},
-      {"signbit", "specs/unary.yaml:175", Variant::Functional,
+      {"signbit", "specs/unary.yaml:176", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_signbit},
-      {"signbit.out", "specs/unary.yaml:175", Variant::Out,
+      {"signbit.out", "specs/unary.yaml:176", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_signbit__out},
-      {"logical_not", "specs/unary.yaml:179", Variant::Functional,
+      {"logical_not", "specs/unary.yaml:180", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not},
-      {"logical_not_", "specs/unary.yaml:179", Variant::Inplace,
+      {"logical_not_", "specs/unary.yaml:180", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not_},
-      {"logical_not.out", "specs/unary.yaml:179", Variant::Out,
+      {"logical_not.out", "specs/unary.yaml:180", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_not__out},
-      {"bitwise_not", "specs/unary.yaml:183", Variant::Functional,
+      {"bitwise_not", "specs/unary.yaml:184", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not},
-      {"bitwise_not_", "specs/unary.yaml:183", Variant::Inplace,
+      {"bitwise_not_", "specs/unary.yaml:184", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not_},
-      {"bitwise_not.out", "specs/unary.yaml:183", Variant::Out,
+      {"bitwise_not.out", "specs/unary.yaml:184", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_not__out},
-      {"nan_to_num", "specs/unary.yaml:190", Variant::Functional,
+      {"nan_to_num", "specs/unary.yaml:191", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num},
-      {"nan_to_num_", "specs/unary.yaml:190", Variant::Inplace,
+      {"nan_to_num_", "specs/unary.yaml:191", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num_},
-      {"nan_to_num.out", "specs/unary.yaml:190", Variant::Out,
+      {"nan_to_num.out", "specs/unary.yaml:191", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nan_to_num__out},
-      {"clamp", "specs/unary.yaml:199", Variant::Functional,
+      {"clamp", "specs/unary.yaml:200", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp},
-      {"clamp_", "specs/unary.yaml:199", Variant::Inplace,
+      {"clamp_", "specs/unary.yaml:200", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_},
-      {"clamp.out", "specs/unary.yaml:199", Variant::Out,
+      {"clamp.out", "specs/unary.yaml:200", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__out},
-      {"clamp.Tensor", "specs/unary.yaml:204", Variant::Functional,
+      {"clamp.Tensor", "specs/unary.yaml:205", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__Tensor},
-      {"clamp_.Tensor", "specs/unary.yaml:204", Variant::Inplace,
+      {"clamp_.Tensor", "specs/unary.yaml:205", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp___Tensor},
-      {"clamp.Tensor_out", "specs/unary.yaml:204", Variant::Out,
+      {"clamp.Tensor_out", "specs/unary.yaml:205", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp__Tensor_out},
-      {"clamp_min", "specs/unary.yaml:209", Variant::Functional,
+      {"clamp_min", "specs/unary.yaml:210", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min},
-      {"clamp_min_", "specs/unary.yaml:209", Variant::Inplace,
+      {"clamp_min_", "specs/unary.yaml:210", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min_},
-      {"clamp_min.out", "specs/unary.yaml:209", Variant::Out,
+      {"clamp_min.out", "specs/unary.yaml:210", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__out},
-      {"clamp_max", "specs/unary.yaml:214", Variant::Functional,
+      {"clamp_max", "specs/unary.yaml:215", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max},
-      {"clamp_max_", "specs/unary.yaml:214", Variant::Inplace,
+      {"clamp_max_", "specs/unary.yaml:215", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max_},
-      {"clamp_max.out", "specs/unary.yaml:214", Variant::Out,
+      {"clamp_max.out", "specs/unary.yaml:215", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__out},
-      {"clamp_min.Tensor", "specs/unary.yaml:219", Variant::Functional,
+      {"clamp_min.Tensor", "specs/unary.yaml:220", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor},
-      {"clamp_min_.Tensor", "specs/unary.yaml:219", Variant::Inplace,
+      {"clamp_min_.Tensor", "specs/unary.yaml:220", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min___Tensor},
-      {"clamp_min.Tensor_out", "specs/unary.yaml:219", Variant::Out,
+      {"clamp_min.Tensor_out", "specs/unary.yaml:220", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_min__Tensor_out},
-      {"clamp_max.Tensor", "specs/unary.yaml:223", Variant::Functional,
+      {"clamp_max.Tensor", "specs/unary.yaml:224", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor},
-      {"clamp_max_.Tensor", "specs/unary.yaml:223", Variant::Inplace,
+      {"clamp_max_.Tensor", "specs/unary.yaml:224", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max___Tensor},
-      {"clamp_max.Tensor_out", "specs/unary.yaml:223", Variant::Out,
+      {"clamp_max.Tensor_out", "specs/unary.yaml:224", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_clamp_max__Tensor_out},
-      {"sigmoid_backward", "specs/unary.yaml:229", Variant::Functional,
+      {"sigmoid_backward", "specs/unary.yaml:230", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_backward},
-      {"sigmoid_backward.grad_input", "specs/unary.yaml:229", Variant::Out,
+      {"sigmoid_backward.grad_input", "specs/unary.yaml:230", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sigmoid_backward__grad_input},
-      {"tanh_backward", "specs/unary.yaml:233", Variant::Functional,
+      {"tanh_backward", "specs/unary.yaml:234", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_backward},
-      {"tanh_backward.grad_input", "specs/unary.yaml:233", Variant::Out,
+      {"tanh_backward.grad_input", "specs/unary.yaml:234", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_tanh_backward__grad_input},
-      {"frexp.Tensor", "specs/unary.yaml:239", Variant::Functional,
+      {"frexp.Tensor", "specs/unary.yaml:240", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_frexp__Tensor},
-      {"frexp.Tensor_out", "specs/unary.yaml:239", Variant::Out,
+      {"frexp.Tensor_out", "specs/unary.yaml:240", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2},
        {1, 2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_frexp__Tensor_out},
-      {"renorm", "specs/unary.yaml:250", Variant::Functional,
+      {"renorm", "specs/unary.yaml:251", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_renorm},
-      {"renorm_", "specs/unary.yaml:250", Variant::Inplace,
+      {"renorm_", "specs/unary.yaml:251", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_renorm_},
-      {"renorm.out", "specs/unary.yaml:250", Variant::Out,
+      {"renorm.out", "specs/unary.yaml:251", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,

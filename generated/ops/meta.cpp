@@ -3846,9 +3846,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // complex.out
       nullptr,  // polar
       nullptr,  // polar.out
-      nullptr,  // conj_physical
-      nullptr,  // conj_physical_
-      nullptr,  // conj_physical.out
+      nullptr,  // _conj_physical
+      nullptr,  // _conj_physical.out
       nullptr,  // _fft_c2c
       nullptr,  // _fft_c2c.out
       nullptr,  // _fft_r2c

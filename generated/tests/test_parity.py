@@ -1086,23 +1086,23 @@ def test_polar_compiled():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "complex64", "complex128"])
-def test_conj_physical(dtype):
-    # specs/complex.yaml:21
+def test__conj_physical(dtype):
+    # specs/complex.yaml:23
     check_opinfo(
         "conj_physical",
         dtype,
-        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
-        variants=["Functional", "Inplace", "Out"],
+        overloads=["_conj_physical", "_conj_physical.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
-def test_conj_physical_compiled():
-    # specs/complex.yaml:21: the first float32 sample through torch.compile(backend="tpu")
+def test__conj_physical_compiled():
+    # specs/complex.yaml:23: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "conj_physical",
-        overloads=["conj_physical", "conj_physical_", "conj_physical.out"],
+        overloads=["_conj_physical", "_conj_physical.out"],
         atol=None,
         rtol=None,
     )
@@ -1110,7 +1110,7 @@ def test_conj_physical_compiled():
 
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
 def test__fft_c2c(dtype):
-    # specs/complex.yaml:28
+    # specs/complex.yaml:30
     check_opinfo(
         "fft.fft",
         dtype,
@@ -1122,7 +1122,7 @@ def test__fft_c2c(dtype):
 
 
 def test__fft_c2c_compiled():
-    # specs/complex.yaml:28: the first float32 sample through torch.compile(backend="tpu")
+    # specs/complex.yaml:30: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fft.fft",
         overloads=["_fft_c2c", "_fft_c2c.out"],
@@ -1133,7 +1133,7 @@ def test__fft_c2c_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__fft_r2c(dtype):
-    # specs/complex.yaml:35
+    # specs/complex.yaml:37
     check_opinfo(
         "fft.rfft",
         dtype,
@@ -1145,7 +1145,7 @@ def test__fft_r2c(dtype):
 
 
 def test__fft_r2c_compiled():
-    # specs/complex.yaml:35: the first float32 sample through torch.compile(backend="tpu")
+    # specs/complex.yaml:37: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fft.rfft",
         overloads=["_fft_r2c", "_fft_r2c.out"],
@@ -1156,7 +1156,7 @@ def test__fft_r2c_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "complex64"])
 def test__fft_c2r(dtype):
-    # specs/complex.yaml:42
+    # specs/complex.yaml:44
     check_opinfo(
         "fft.irfft",
         dtype,
@@ -1168,7 +1168,7 @@ def test__fft_c2r(dtype):
 
 
 def test__fft_c2r_compiled():
-    # specs/complex.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    # specs/complex.yaml:44: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fft.irfft",
         overloads=["_fft_c2r", "_fft_c2r.out"],
@@ -8388,7 +8388,7 @@ def test_select_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_constant_pad_nd(dtype):
-    # specs/shape.yaml:63
+    # specs/shape.yaml:65
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -8400,7 +8400,7 @@ def test_constant_pad_nd(dtype):
 
 
 def test_constant_pad_nd_compiled():
-    # specs/shape.yaml:63: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.constant",
         overloads=["constant_pad_nd", "constant_pad_nd.out"],
@@ -8411,7 +8411,7 @@ def test_constant_pad_nd_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_constant_pad_nd_other_dtypes(dtype):
-    # specs/shape.yaml:63: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.constant",
         dtype,
@@ -8425,7 +8425,7 @@ def test_constant_pad_nd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_reflection_pad1d(dtype):
-    # specs/shape.yaml:71
+    # specs/shape.yaml:73
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -8437,7 +8437,7 @@ def test_reflection_pad1d(dtype):
 
 
 def test_reflection_pad1d_compiled():
-    # specs/shape.yaml:71: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:73: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.reflect",
         overloads=["reflection_pad1d", "reflection_pad1d.out"],
@@ -8448,7 +8448,7 @@ def test_reflection_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_reflection_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:71: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:73: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.reflect",
         dtype,
@@ -8462,7 +8462,7 @@ def test_reflection_pad1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_replication_pad1d(dtype):
-    # specs/shape.yaml:84
+    # specs/shape.yaml:86
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -8474,7 +8474,7 @@ def test_replication_pad1d(dtype):
 
 
 def test_replication_pad1d_compiled():
-    # specs/shape.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:86: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.replicate",
         overloads=["replication_pad1d", "replication_pad1d.out"],
@@ -8485,7 +8485,7 @@ def test_replication_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_replication_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:84: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:86: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -10943,7 +10943,7 @@ def test_sgn_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64", "complex64", "complex128"])
 def test_sgn_other_dtypes(dtype):
     # specs/unary.yaml:14: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -10959,7 +10959,7 @@ def test_sgn_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_expm1(dtype):
-    # specs/unary.yaml:20
+    # specs/unary.yaml:21
     check_opinfo(
         "expm1",
         dtype,
@@ -10971,7 +10971,7 @@ def test_expm1(dtype):
 
 
 def test_expm1_compiled():
-    # specs/unary.yaml:20: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:21: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "expm1",
         overloads=["expm1", "expm1_", "expm1.out"],
@@ -10982,7 +10982,7 @@ def test_expm1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_expm1_other_dtypes(dtype):
-    # specs/unary.yaml:20: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:21: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "expm1",
         dtype,
@@ -10996,7 +10996,7 @@ def test_expm1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log1p(dtype):
-    # specs/unary.yaml:26
+    # specs/unary.yaml:27
     check_opinfo(
         "log1p",
         dtype,
@@ -11008,7 +11008,7 @@ def test_log1p(dtype):
 
 
 def test_log1p_compiled():
-    # specs/unary.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:27: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log1p",
         overloads=["log1p", "log1p_", "log1p.out"],
@@ -11019,7 +11019,7 @@ def test_log1p_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log1p_other_dtypes(dtype):
-    # specs/unary.yaml:26: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:27: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log1p",
         dtype,
@@ -11033,7 +11033,7 @@ def test_log1p_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log2(dtype):
-    # specs/unary.yaml:32
+    # specs/unary.yaml:33
     check_opinfo(
         "log2",
         dtype,
@@ -11045,7 +11045,7 @@ def test_log2(dtype):
 
 
 def test_log2_compiled():
-    # specs/unary.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:33: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log2",
         overloads=["log2", "log2_", "log2.out"],
@@ -11056,7 +11056,7 @@ def test_log2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log2_other_dtypes(dtype):
-    # specs/unary.yaml:32: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:33: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log2",
         dtype,
@@ -11070,7 +11070,7 @@ def test_log2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log10(dtype):
-    # specs/unary.yaml:38
+    # specs/unary.yaml:39
     check_opinfo(
         "log10",
         dtype,
@@ -11082,7 +11082,7 @@ def test_log10(dtype):
 
 
 def test_log10_compiled():
-    # specs/unary.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:39: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "log10",
         overloads=["log10", "log10_", "log10.out"],
@@ -11093,7 +11093,7 @@ def test_log10_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log10_other_dtypes(dtype):
-    # specs/unary.yaml:38: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:39: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "log10",
         dtype,
@@ -11107,7 +11107,7 @@ def test_log10_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_rsqrt(dtype):
-    # specs/unary.yaml:44
+    # specs/unary.yaml:45
     check_opinfo(
         "rsqrt",
         dtype,
@@ -11119,7 +11119,7 @@ def test_rsqrt(dtype):
 
 
 def test_rsqrt_compiled():
-    # specs/unary.yaml:44: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:45: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "rsqrt",
         overloads=["rsqrt", "rsqrt_", "rsqrt.out"],
@@ -11130,7 +11130,7 @@ def test_rsqrt_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_rsqrt_other_dtypes(dtype):
-    # specs/unary.yaml:44: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:45: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "rsqrt",
         dtype,
@@ -11144,7 +11144,7 @@ def test_rsqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_reciprocal(dtype):
-    # specs/unary.yaml:50
+    # specs/unary.yaml:51
     check_opinfo(
         "reciprocal",
         dtype,
@@ -11156,7 +11156,7 @@ def test_reciprocal(dtype):
 
 
 def test_reciprocal_compiled():
-    # specs/unary.yaml:50: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:51: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "reciprocal",
         overloads=["reciprocal", "reciprocal_", "reciprocal.out"],
@@ -11167,7 +11167,7 @@ def test_reciprocal_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_reciprocal_other_dtypes(dtype):
-    # specs/unary.yaml:50: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:51: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "reciprocal",
         dtype,
@@ -11181,7 +11181,7 @@ def test_reciprocal_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sin(dtype):
-    # specs/unary.yaml:58
+    # specs/unary.yaml:59
     check_opinfo(
         "sin",
         dtype,
@@ -11193,7 +11193,7 @@ def test_sin(dtype):
 
 
 def test_sin_compiled():
-    # specs/unary.yaml:58: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:59: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sin",
         overloads=["sin", "sin_", "sin.out"],
@@ -11204,7 +11204,7 @@ def test_sin_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sin_other_dtypes(dtype):
-    # specs/unary.yaml:58: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:59: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sin",
         dtype,
@@ -11218,7 +11218,7 @@ def test_sin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_cos(dtype):
-    # specs/unary.yaml:64
+    # specs/unary.yaml:65
     check_opinfo(
         "cos",
         dtype,
@@ -11230,7 +11230,7 @@ def test_cos(dtype):
 
 
 def test_cos_compiled():
-    # specs/unary.yaml:64: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cos",
         overloads=["cos", "cos_", "cos.out"],
@@ -11241,7 +11241,7 @@ def test_cos_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_cos_other_dtypes(dtype):
-    # specs/unary.yaml:64: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cos",
         dtype,
@@ -11255,7 +11255,7 @@ def test_cos_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_tan(dtype):
-    # specs/unary.yaml:70
+    # specs/unary.yaml:71
     check_opinfo(
         "tan",
         dtype,
@@ -11267,7 +11267,7 @@ def test_tan(dtype):
 
 
 def test_tan_compiled():
-    # specs/unary.yaml:70: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:71: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "tan",
         overloads=["tan", "tan_", "tan.out"],
@@ -11278,7 +11278,7 @@ def test_tan_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_tan_other_dtypes(dtype):
-    # specs/unary.yaml:70: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:71: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "tan",
         dtype,
@@ -11292,7 +11292,7 @@ def test_tan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_tanh(dtype):
-    # specs/unary.yaml:76
+    # specs/unary.yaml:77
     check_opinfo(
         "tanh",
         dtype,
@@ -11304,7 +11304,7 @@ def test_tanh(dtype):
 
 
 def test_tanh_compiled():
-    # specs/unary.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:77: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "tanh",
         overloads=["tanh", "tanh_", "tanh.out"],
@@ -11315,7 +11315,7 @@ def test_tanh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_tanh_other_dtypes(dtype):
-    # specs/unary.yaml:76: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:77: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "tanh",
         dtype,
@@ -11329,7 +11329,7 @@ def test_tanh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_asin(dtype):
-    # specs/unary.yaml:83
+    # specs/unary.yaml:84
     check_opinfo(
         "asin",
         dtype,
@@ -11341,7 +11341,7 @@ def test_asin(dtype):
 
 
 def test_asin_compiled():
-    # specs/unary.yaml:83: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:84: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "asin",
         overloads=["asin", "asin_", "asin.out"],
@@ -11352,7 +11352,7 @@ def test_asin_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_asin_other_dtypes(dtype):
-    # specs/unary.yaml:83: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:84: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "asin",
         dtype,
@@ -11366,7 +11366,7 @@ def test_asin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_acos(dtype):
-    # specs/unary.yaml:89
+    # specs/unary.yaml:90
     check_opinfo(
         "acos",
         dtype,
@@ -11378,7 +11378,7 @@ def test_acos(dtype):
 
 
 def test_acos_compiled():
-    # specs/unary.yaml:89: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:90: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "acos",
         overloads=["acos", "acos_", "acos.out"],
@@ -11389,7 +11389,7 @@ def test_acos_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_acos_other_dtypes(dtype):
-    # specs/unary.yaml:89: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:90: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "acos",
         dtype,
@@ -11403,7 +11403,7 @@ def test_acos_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan(dtype):
-    # specs/unary.yaml:95
+    # specs/unary.yaml:96
     check_opinfo(
         "atan",
         dtype,
@@ -11415,7 +11415,7 @@ def test_atan(dtype):
 
 
 def test_atan_compiled():
-    # specs/unary.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:96: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan",
         overloads=["atan", "atan_", "atan.out"],
@@ -11426,7 +11426,7 @@ def test_atan_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan_other_dtypes(dtype):
-    # specs/unary.yaml:95: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:96: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan",
         dtype,
@@ -11440,7 +11440,7 @@ def test_atan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sinh(dtype):
-    # specs/unary.yaml:101
+    # specs/unary.yaml:102
     check_opinfo(
         "sinh",
         dtype,
@@ -11452,7 +11452,7 @@ def test_sinh(dtype):
 
 
 def test_sinh_compiled():
-    # specs/unary.yaml:101: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:102: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sinh",
         overloads=["sinh", "sinh_", "sinh.out"],
@@ -11463,7 +11463,7 @@ def test_sinh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sinh_other_dtypes(dtype):
-    # specs/unary.yaml:101: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:102: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sinh",
         dtype,
@@ -11477,7 +11477,7 @@ def test_sinh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_cosh(dtype):
-    # specs/unary.yaml:107
+    # specs/unary.yaml:108
     check_opinfo(
         "cosh",
         dtype,
@@ -11489,7 +11489,7 @@ def test_cosh(dtype):
 
 
 def test_cosh_compiled():
-    # specs/unary.yaml:107: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:108: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cosh",
         overloads=["cosh", "cosh_", "cosh.out"],
@@ -11500,7 +11500,7 @@ def test_cosh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_cosh_other_dtypes(dtype):
-    # specs/unary.yaml:107: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:108: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cosh",
         dtype,
@@ -11514,7 +11514,7 @@ def test_cosh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sigmoid(dtype):
-    # specs/unary.yaml:113
+    # specs/unary.yaml:114
     check_opinfo(
         "sigmoid",
         dtype,
@@ -11526,7 +11526,7 @@ def test_sigmoid(dtype):
 
 
 def test_sigmoid_compiled():
-    # specs/unary.yaml:113: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:114: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sigmoid",
         overloads=["sigmoid", "sigmoid_", "sigmoid.out"],
@@ -11537,7 +11537,7 @@ def test_sigmoid_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sigmoid_other_dtypes(dtype):
-    # specs/unary.yaml:113: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:114: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sigmoid",
         dtype,
@@ -11551,7 +11551,7 @@ def test_sigmoid_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_erf(dtype):
-    # specs/unary.yaml:119
+    # specs/unary.yaml:120
     check_opinfo(
         "erf",
         dtype,
@@ -11563,7 +11563,7 @@ def test_erf(dtype):
 
 
 def test_erf_compiled():
-    # specs/unary.yaml:119: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:120: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "erf",
         overloads=["erf", "erf_", "erf.out"],
@@ -11574,7 +11574,7 @@ def test_erf_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_erf_other_dtypes(dtype):
-    # specs/unary.yaml:119: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:120: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "erf",
         dtype,
@@ -11588,7 +11588,7 @@ def test_erf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_floor(dtype):
-    # specs/unary.yaml:127
+    # specs/unary.yaml:128
     check_opinfo(
         "floor",
         dtype,
@@ -11600,7 +11600,7 @@ def test_floor(dtype):
 
 
 def test_floor_compiled():
-    # specs/unary.yaml:127: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:128: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "floor",
         overloads=["floor", "floor_", "floor.out"],
@@ -11611,7 +11611,7 @@ def test_floor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_floor_other_dtypes(dtype):
-    # specs/unary.yaml:127: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:128: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "floor",
         dtype,
@@ -11625,7 +11625,7 @@ def test_floor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_ceil(dtype):
-    # specs/unary.yaml:132
+    # specs/unary.yaml:133
     check_opinfo(
         "ceil",
         dtype,
@@ -11637,7 +11637,7 @@ def test_ceil(dtype):
 
 
 def test_ceil_compiled():
-    # specs/unary.yaml:132: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:133: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "ceil",
         overloads=["ceil", "ceil_", "ceil.out"],
@@ -11648,7 +11648,7 @@ def test_ceil_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_ceil_other_dtypes(dtype):
-    # specs/unary.yaml:132: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:133: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "ceil",
         dtype,
@@ -11662,7 +11662,7 @@ def test_ceil_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_round(dtype):
-    # specs/unary.yaml:137
+    # specs/unary.yaml:138
     check_opinfo(
         "round",
         dtype,
@@ -11674,7 +11674,7 @@ def test_round(dtype):
 
 
 def test_round_compiled():
-    # specs/unary.yaml:137: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:138: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "round",
         overloads=["round", "round_", "round.out"],
@@ -11685,7 +11685,7 @@ def test_round_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_round_other_dtypes(dtype):
-    # specs/unary.yaml:137: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:138: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "round",
         dtype,
@@ -11699,7 +11699,7 @@ def test_round_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_round_decimals(dtype):
-    # specs/unary.yaml:142
+    # specs/unary.yaml:143
     check_opinfo(
         "round.decimals_3",
         dtype,
@@ -11711,7 +11711,7 @@ def test_round_decimals(dtype):
 
 
 def test_round_decimals_compiled():
-    # specs/unary.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:143: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "round.decimals_3",
         overloads=["round.decimals", "round_.decimals", "round.decimals_out"],
@@ -11722,7 +11722,7 @@ def test_round_decimals_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_round_decimals_other_dtypes(dtype):
-    # specs/unary.yaml:142: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:143: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "round.decimals_3",
         dtype,
@@ -11736,7 +11736,7 @@ def test_round_decimals_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_trunc(dtype):
-    # specs/unary.yaml:147
+    # specs/unary.yaml:148
     check_opinfo(
         "trunc",
         dtype,
@@ -11748,7 +11748,7 @@ def test_trunc(dtype):
 
 
 def test_trunc_compiled():
-    # specs/unary.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "trunc",
         overloads=["trunc", "trunc_", "trunc.out"],
@@ -11759,7 +11759,7 @@ def test_trunc_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_trunc_other_dtypes(dtype):
-    # specs/unary.yaml:147: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:148: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "trunc",
         dtype,
@@ -11773,7 +11773,7 @@ def test_trunc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_frac(dtype):
-    # specs/unary.yaml:152
+    # specs/unary.yaml:153
     check_opinfo(
         "frac",
         dtype,
@@ -11785,7 +11785,7 @@ def test_frac(dtype):
 
 
 def test_frac_compiled():
-    # specs/unary.yaml:152: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:153: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "frac",
         overloads=["frac", "frac_", "frac.out"],
@@ -11796,7 +11796,7 @@ def test_frac_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_frac_other_dtypes(dtype):
-    # specs/unary.yaml:152: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:153: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "frac",
         dtype,
@@ -11810,7 +11810,7 @@ def test_frac_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isnan(dtype):
-    # specs/unary.yaml:159
+    # specs/unary.yaml:160
     check_opinfo(
         "isnan",
         dtype,
@@ -11822,7 +11822,7 @@ def test_isnan(dtype):
 
 
 def test_isnan_compiled():
-    # specs/unary.yaml:159: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:160: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isnan",
         overloads=["isnan", "isnan.out"],
@@ -11833,7 +11833,7 @@ def test_isnan_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isnan_other_dtypes(dtype):
-    # specs/unary.yaml:159: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:160: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isnan",
         dtype,
@@ -11847,7 +11847,7 @@ def test_isnan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isinf(dtype):
-    # specs/unary.yaml:163
+    # specs/unary.yaml:164
     check_opinfo(
         "isinf",
         dtype,
@@ -11859,7 +11859,7 @@ def test_isinf(dtype):
 
 
 def test_isinf_compiled():
-    # specs/unary.yaml:163: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:164: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isinf",
         overloads=["isinf", "isinf.out"],
@@ -11870,7 +11870,7 @@ def test_isinf_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isinf_other_dtypes(dtype):
-    # specs/unary.yaml:163: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:164: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isinf",
         dtype,
@@ -11884,7 +11884,7 @@ def test_isinf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isposinf(dtype):
-    # specs/unary.yaml:167
+    # specs/unary.yaml:168
     check_opinfo(
         "isposinf",
         dtype,
@@ -11896,7 +11896,7 @@ def test_isposinf(dtype):
 
 
 def test_isposinf_compiled():
-    # specs/unary.yaml:167: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:168: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isposinf",
         overloads=["isposinf", "isposinf.out"],
@@ -11907,7 +11907,7 @@ def test_isposinf_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isposinf_other_dtypes(dtype):
-    # specs/unary.yaml:167: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:168: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isposinf",
         dtype,
@@ -11921,7 +11921,7 @@ def test_isposinf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isneginf(dtype):
-    # specs/unary.yaml:171
+    # specs/unary.yaml:172
     check_opinfo(
         "isneginf",
         dtype,
@@ -11933,7 +11933,7 @@ def test_isneginf(dtype):
 
 
 def test_isneginf_compiled():
-    # specs/unary.yaml:171: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isneginf",
         overloads=["isneginf", "isneginf.out"],
@@ -11944,7 +11944,7 @@ def test_isneginf_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isneginf_other_dtypes(dtype):
-    # specs/unary.yaml:171: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:172: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isneginf",
         dtype,
@@ -11958,7 +11958,7 @@ def test_isneginf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_signbit(dtype):
-    # specs/unary.yaml:175
+    # specs/unary.yaml:176
     check_opinfo(
         "signbit",
         dtype,
@@ -11970,7 +11970,7 @@ def test_signbit(dtype):
 
 
 def test_signbit_compiled():
-    # specs/unary.yaml:175: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:176: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "signbit",
         overloads=["signbit", "signbit.out"],
@@ -11981,7 +11981,7 @@ def test_signbit_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_signbit_other_dtypes(dtype):
-    # specs/unary.yaml:175: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:176: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "signbit",
         dtype,
@@ -11995,7 +11995,7 @@ def test_signbit_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_not(dtype):
-    # specs/unary.yaml:179
+    # specs/unary.yaml:180
     check_opinfo(
         "logical_not",
         dtype,
@@ -12007,7 +12007,7 @@ def test_logical_not(dtype):
 
 
 def test_logical_not_compiled():
-    # specs/unary.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:180: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_not",
         overloads=["logical_not", "logical_not_", "logical_not.out"],
@@ -12018,7 +12018,7 @@ def test_logical_not_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_not_other_dtypes(dtype):
-    # specs/unary.yaml:179: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:180: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_not",
         dtype,
@@ -12032,7 +12032,7 @@ def test_logical_not_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64"])
 def test_bitwise_not(dtype):
-    # specs/unary.yaml:183
+    # specs/unary.yaml:184
     check_opinfo(
         "bitwise_not",
         dtype,
@@ -12044,7 +12044,7 @@ def test_bitwise_not(dtype):
 
 
 def test_bitwise_not_compiled():
-    # specs/unary.yaml:183: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:184: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_not",
         overloads=["bitwise_not", "bitwise_not_", "bitwise_not.out"],
@@ -12055,7 +12055,7 @@ def test_bitwise_not_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32"])
 def test_bitwise_not_other_dtypes(dtype):
-    # specs/unary.yaml:183: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:184: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "bitwise_not",
         dtype,
@@ -12069,7 +12069,7 @@ def test_bitwise_not_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nan_to_num(dtype):
-    # specs/unary.yaml:190
+    # specs/unary.yaml:191
     check_opinfo(
         "nan_to_num",
         dtype,
@@ -12081,7 +12081,7 @@ def test_nan_to_num(dtype):
 
 
 def test_nan_to_num_compiled():
-    # specs/unary.yaml:190: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:191: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nan_to_num",
         overloads=["nan_to_num", "nan_to_num_", "nan_to_num.out"],
@@ -12092,7 +12092,7 @@ def test_nan_to_num_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nan_to_num_other_dtypes(dtype):
-    # specs/unary.yaml:190: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:191: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nan_to_num",
         dtype,
@@ -12106,7 +12106,7 @@ def test_nan_to_num_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp(dtype):
-    # specs/unary.yaml:199
+    # specs/unary.yaml:200
     check_opinfo(
         "clamp",
         dtype,
@@ -12118,7 +12118,7 @@ def test_clamp(dtype):
 
 
 def test_clamp_compiled():
-    # specs/unary.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:200: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp",
         overloads=["clamp", "clamp_", "clamp.out"],
@@ -12129,7 +12129,7 @@ def test_clamp_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_other_dtypes(dtype):
-    # specs/unary.yaml:199: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:200: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp",
         dtype,
@@ -12143,7 +12143,7 @@ def test_clamp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_Tensor(dtype):
-    # specs/unary.yaml:204
+    # specs/unary.yaml:205
     check_opinfo(
         "clamp",
         dtype,
@@ -12155,7 +12155,7 @@ def test_clamp_Tensor(dtype):
 
 
 def test_clamp_Tensor_compiled():
-    # specs/unary.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:205: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp",
         overloads=["clamp.Tensor", "clamp_.Tensor", "clamp.Tensor_out"],
@@ -12166,7 +12166,7 @@ def test_clamp_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:204: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:205: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp",
         dtype,
@@ -12180,7 +12180,7 @@ def test_clamp_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_min(dtype):
-    # specs/unary.yaml:209
+    # specs/unary.yaml:210
     check_opinfo(
         "clamp_min",
         dtype,
@@ -12192,7 +12192,7 @@ def test_clamp_min(dtype):
 
 
 def test_clamp_min_compiled():
-    # specs/unary.yaml:209: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:210: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_min",
         overloads=["clamp_min", "clamp_min_", "clamp_min.out"],
@@ -12203,7 +12203,7 @@ def test_clamp_min_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_min_other_dtypes(dtype):
-    # specs/unary.yaml:209: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:210: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_min",
         dtype,
@@ -12217,7 +12217,7 @@ def test_clamp_min_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_clamp_max(dtype):
-    # specs/unary.yaml:214
+    # specs/unary.yaml:215
     check_opinfo(
         "clamp_max",
         dtype,
@@ -12229,7 +12229,7 @@ def test_clamp_max(dtype):
 
 
 def test_clamp_max_compiled():
-    # specs/unary.yaml:214: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:215: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_max",
         overloads=["clamp_max", "clamp_max_", "clamp_max.out"],
@@ -12240,7 +12240,7 @@ def test_clamp_max_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_max_other_dtypes(dtype):
-    # specs/unary.yaml:214: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:215: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_max",
         dtype,
@@ -12254,7 +12254,7 @@ def test_clamp_max_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clamp_min_Tensor(dtype):
-    # specs/unary.yaml:219
+    # specs/unary.yaml:220
     check_opinfo(
         "clamp_min",
         dtype,
@@ -12266,7 +12266,7 @@ def test_clamp_min_Tensor(dtype):
 
 
 def test_clamp_min_Tensor_compiled():
-    # specs/unary.yaml:219: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:220: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_min",
         overloads=["clamp_min.Tensor", "clamp_min_.Tensor", "clamp_min.Tensor_out"],
@@ -12277,7 +12277,7 @@ def test_clamp_min_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_min_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:219: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:220: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_min",
         dtype,
@@ -12291,7 +12291,7 @@ def test_clamp_min_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_clamp_max_Tensor(dtype):
-    # specs/unary.yaml:223
+    # specs/unary.yaml:224
     check_opinfo(
         "clamp_max",
         dtype,
@@ -12303,7 +12303,7 @@ def test_clamp_max_Tensor(dtype):
 
 
 def test_clamp_max_Tensor_compiled():
-    # specs/unary.yaml:223: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:224: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "clamp_max",
         overloads=["clamp_max.Tensor", "clamp_max_.Tensor", "clamp_max.Tensor_out"],
@@ -12314,7 +12314,7 @@ def test_clamp_max_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_clamp_max_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:223: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:224: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "clamp_max",
         dtype,
@@ -12328,7 +12328,7 @@ def test_clamp_max_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_frexp_Tensor(dtype):
-    # specs/unary.yaml:239
+    # specs/unary.yaml:240
     check_opinfo(
         "frexp",
         dtype,
@@ -12340,7 +12340,7 @@ def test_frexp_Tensor(dtype):
 
 
 def test_frexp_Tensor_compiled():
-    # specs/unary.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:240: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "frexp",
         overloads=["frexp.Tensor", "frexp.Tensor_out"],
@@ -12351,7 +12351,7 @@ def test_frexp_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_frexp_Tensor_other_dtypes(dtype):
-    # specs/unary.yaml:239: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:240: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "frexp",
         dtype,
@@ -12365,7 +12365,7 @@ def test_frexp_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_renorm(dtype):
-    # specs/unary.yaml:250
+    # specs/unary.yaml:251
     check_opinfo(
         "renorm",
         dtype,
@@ -12377,7 +12377,7 @@ def test_renorm(dtype):
 
 
 def test_renorm_compiled():
-    # specs/unary.yaml:250: the first float32 sample through torch.compile(backend="tpu")
+    # specs/unary.yaml:251: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "renorm",
         overloads=["renorm", "renorm_", "renorm.out"],
@@ -12388,7 +12388,7 @@ def test_renorm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_renorm_other_dtypes(dtype):
-    # specs/unary.yaml:250: every other dtype it supports, over the first 3 samples
+    # specs/unary.yaml:251: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "renorm",
         dtype,

@@ -87,6 +87,12 @@ Value Builder::abs(const Value& v) {
 
 Value Builder::sign(const Value& v) {
   if (v.element() == ElementType::Pred) return v;
+  if (is_complex(v.element())) {  // torch.sgn: v / |v|, 0 at 0
+    const Value modulus = abs(v), zero = scalar_like(0, modulus);
+    const Value at_zero = eq(modulus, zero);
+    const Value unit = div(v, complex_from(select(at_zero, scalar_like(1, modulus), modulus), zero));
+    return select(at_zero, scalar_like(0, v), unit);
+  }
   const Value zero = scalar_like(0, v);
   return sub(convert(gt(v, zero), v.element()), convert(lt(v, zero), v.element()));
 }
