@@ -851,48 +851,45 @@ std::vector<Value> emit_linalg_lu_solve(Builder& b, const EmitArgs& a) { return 
 // linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:144)
 std::vector<Value> emit_linalg_lu_solve__out(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// _linalg_solve_ex = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) x = lu_solve(lu, pivots, solve_rhs(A, B, left), left, True) (solve_result(A, B, x, left), lu, pivots, lu_factor(at, True, 2))   (specs/linalg.yaml:150)
-std::vector<Value> emit__linalg_solve_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); const Value l_x = b.lu_solve(l_lu, l_pivots, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), true); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_pivots, b.lu_factor(l_at, true, 2)}; }(); }
+// _linalg_solve_ex = lu = lu_factor(A, True, 0) pivots = lu_factor(A, True, 1) x = lu_solve(lu, pivots, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, pivots, lu_factor(A, True, 2))   (specs/linalg.yaml:150)
+std::vector<Value> emit__linalg_solve_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_pivots = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_pivots, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_pivots, b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:161)
+// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:160)
 std::vector<Value> emit_linalg_inv_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 0), lu, pivots)   (specs/linalg.yaml:169)
+// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 0), lu, pivots)   (specs/linalg.yaml:168)
 std::vector<Value> emit__linalg_det(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_pivots, 0), l_lu, l_pivots}; }(); }
 
-// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 1), lu_det(lu, pivots, 2), lu, pivots)   (specs/linalg.yaml:179)
+// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 1), lu_det(lu, pivots, 2), lu, pivots)   (specs/linalg.yaml:178)
 std::vector<Value> emit__linalg_slogdet(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_pivots, 1), b.lu_det(l_lu, l_pivots, 2), l_lu, l_pivots}; }(); }
 
-// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:189)
-std::vector<Value> emit_geqrf(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
-
-// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:195)
+// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:191)
 std::vector<Value> emit_linalg_householder_product(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
-// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:195)
+// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:191)
 std::vector<Value> emit_linalg_householder_product__out(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
 
-// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:200)
+// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:196)
 std::vector<Value> emit_ormqr(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:200)
+// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:196)
 std::vector<Value> emit_ormqr__out(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:205)
+// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:201)
 std::vector<Value> emit_linalg_qr(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
 
-// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:211)
+// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:207)
 std::vector<Value> emit__linalg_eigh(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
 
-// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:217)
+// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:213)
 std::vector<Value> emit__linalg_svd(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
 
-// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:223)
+// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:219)
 std::vector<Value> emit_linalg_matrix_exp(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
-// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:223)
+// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:219)
 std::vector<Value> emit_linalg_matrix_exp__out(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
 
-// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:228)
+// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:224)
 std::vector<Value> emit_linalg_cross(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
-// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:228)
+// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:224)
 std::vector<Value> emit_linalg_cross__out(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
 
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
@@ -4788,77 +4785,72 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_solve_ex},
-      {"linalg_inv_ex", "specs/linalg.yaml:161", Variant::Functional,
+      {"linalg_inv_ex", "specs/linalg.yaml:160", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_inv_ex},
-      {"_linalg_det", "specs/linalg.yaml:169", Variant::Functional,
+      {"_linalg_det", "specs/linalg.yaml:168", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_det},
-      {"_linalg_slogdet", "specs/linalg.yaml:179", Variant::Functional,
+      {"_linalg_slogdet", "specs/linalg.yaml:178", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_slogdet},
-      {"geqrf", "specs/linalg.yaml:189", Variant::Functional,
-       {ArgKind::Tensor},
-       {0}, Compute::Common, {},
-       {-1, -1}, false, false,
-       {"float32", "float64"}, &emit_geqrf},
-      {"linalg_householder_product", "specs/linalg.yaml:195", Variant::Functional,
+      {"linalg_householder_product", "specs/linalg.yaml:191", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product},
-      {"linalg_householder_product.out", "specs/linalg.yaml:195", Variant::Out,
+      {"linalg_householder_product.out", "specs/linalg.yaml:191", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product__out},
-      {"ormqr", "specs/linalg.yaml:200", Variant::Functional,
+      {"ormqr", "specs/linalg.yaml:196", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_ormqr},
-      {"ormqr.out", "specs/linalg.yaml:200", Variant::Out,
+      {"ormqr.out", "specs/linalg.yaml:196", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_ormqr__out},
-      {"linalg_qr", "specs/linalg.yaml:205", Variant::Functional,
+      {"linalg_qr", "specs/linalg.yaml:201", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_qr},
-      {"_linalg_eigh", "specs/linalg.yaml:211", Variant::Functional,
+      {"_linalg_eigh", "specs/linalg.yaml:207", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_eigh},
-      {"_linalg_svd", "specs/linalg.yaml:217", Variant::Functional,
+      {"_linalg_svd", "specs/linalg.yaml:213", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_svd},
-      {"linalg_matrix_exp", "specs/linalg.yaml:223", Variant::Functional,
+      {"linalg_matrix_exp", "specs/linalg.yaml:219", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp},
-      {"linalg_matrix_exp.out", "specs/linalg.yaml:223", Variant::Out,
+      {"linalg_matrix_exp.out", "specs/linalg.yaml:219", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp__out},
-      {"linalg_cross", "specs/linalg.yaml:228", Variant::Functional,
+      {"linalg_cross", "specs/linalg.yaml:224", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross},
-      {"linalg_cross.out", "specs/linalg.yaml:228", Variant::Out,
+      {"linalg_cross.out", "specs/linalg.yaml:224", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,

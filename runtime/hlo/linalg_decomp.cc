@@ -653,7 +653,11 @@ Value Builder::cross(const Value& a, const Value& b, int64_t dim_in) {
     return slice(v, start, limit, strides);
   };
   Value x0 = part(x, 0), x1 = part(x, 1), x2 = part(x, 2), y0 = part(y, 0), y1 = part(y, 1), y2 = part(y, 2);
-  return concatenate({sub(mul(x1, y2), mul(x2, y1)), sub(mul(x2, y0), mul(x0, y2)), sub(mul(x0, y1), mul(x1, y0))}, dim);
+  // Each product rounds to the nominal dtype before the difference, as CPU's half-precision arithmetic does.
+  auto term = [&](const Value& a, const Value& b, const Value& c, const Value& d) {
+    return nominal(sub(nominal(mul(a, b)), nominal(mul(c, d))));
+  };
+  return concatenate({term(x1, y2, x2, y1), term(x2, y0, x0, y2), term(x0, y1, x1, y0)}, dim);
 }
 
 }  // namespace torchtpu::rt
