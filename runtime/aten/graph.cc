@@ -132,8 +132,8 @@ class Capture final : public GraphCapture {
 
   // Module results: the new contents of every written input storage, then every output storage.
   std::shared_ptr<CompiledGraph> finish(const std::vector<at::Tensor>& outputs) {
-    std::vector<rt::Value> results;
     if (by_storage_) return finish_by_storage();
+    std::vector<rt::Value> results;
     std::vector<const Slot*> written;
     for (const auto& entry : storages_) {
       if (entry.second.input >= 0 && entry.second.written) written.push_back(&entry.second);
@@ -414,18 +414,24 @@ std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::
   return aliases;
 }
 
+// Finishes a capture (outside it) into a compiled graph with a new id, traced as one step.
+std::shared_ptr<CompiledGraph> compile_capture(Capture& capture, const std::vector<at::Tensor>& outputs) {
+  TracedCall traced("graph", capture.device());
+  std::shared_ptr<CompiledGraph> graph = TracedCall::compile([&] { return capture.finish(outputs); });
+  graph->id = g_next_graph_id++;
+  if (traced.recording()) {
+    traced.record("graph " + std::to_string(graph->id) + " (captured)", std::to_string(graph->params.size()) + " inputs");
+  }
+  return graph;
+}
+
 // torchtpu::graph_capture_end(Tensor[] outputs) -> int: compiles the module and stores the graph;
 // returns its id.
 int64_t capture_end(const std::vector<at::Tensor>& outputs) {
   TORCH_CHECK(g_capture, "torchtpu: no graph is being captured");
   std::unique_ptr<Capture> capture = std::move(g_capture);  // compiling and storing run outside the capture
-  TracedCall traced("graph", capture->device());
-  std::shared_ptr<CompiledGraph> graph = TracedCall::compile([&] { return capture->finish(outputs); });
-  graph->id = g_next_graph_id++;
+  std::shared_ptr<CompiledGraph> graph = compile_capture(*capture, outputs);
   const int64_t id = graph->id;
-  if (traced.recording()) {
-    traced.record("graph " + std::to_string(id) + " (captured)", std::to_string(graph->params.size()) + " inputs");
-  }
   std::lock_guard<std::mutex> lock(g_graphs_mutex);
   g_graphs[capture->key()] = std::move(graph);
   return id;
@@ -446,12 +452,7 @@ int64_t step_capture_end() {
   TORCH_CHECK(g_step_capture.load(), "torch.tpu.graph: no graph is being captured");
   g_step_capture.store(nullptr);  // compiling runs outside the capture
   std::unique_ptr<Capture> capture = std::move(g_step_capture_owner);
-  TracedCall traced("graph", capture->device());
-  std::shared_ptr<CompiledGraph> graph = TracedCall::compile([&] { return capture->finish({}); });
-  graph->id = g_next_graph_id++;
-  if (traced.recording()) {
-    traced.record("graph " + std::to_string(graph->id) + " (captured)", std::to_string(graph->params.size()) + " inputs");
-  }
+  std::shared_ptr<CompiledGraph> graph = compile_capture(*capture, {});
   std::lock_guard<std::mutex> lock(g_step_graphs_mutex);
   g_step_graphs[graph->id] = graph;
   return graph->id;
