@@ -12,6 +12,9 @@ A spec entry (see README "Adding an op"):
       variants: [inplace, out]        # which of ATen's in-place / out= / mutable overloads to derive (default: all)
       writes: [running_mean]          # arguments the op updates though its schema does not say so
       divisor: other                  # must hold no zero where the op computes in integers (ZeroDivisionError)
+      index_check: {index: index, into: self, dim: dim, negative: false, raises: RuntimeError,
+                    message: "index {value} is out of bounds for dimension {dim} with size {size}"}
+                                      # positions checked under TORCHTPU_CHECK_INDICES=1 (see _index_check)
       runtime: [lr]                   # float arguments passed at run time (default: compile-time)
       foreach: true                   # the lowering is per element of the list arguments (_foreach_*)
       generator: implicit             # draws from the default generator, named `generator` in the lowering
@@ -28,6 +31,7 @@ import dataclasses
 import keyword
 import re
 import functools
+import json
 import os
 from typing import Any
 
@@ -53,7 +57,8 @@ SWEEP_SAMPLES = 3
 COMPUTE = {"output": "Output", "common": "Common", "common_float": "CommonFloat"}
 VARIANTS = {"inplace": "Inplace", "out": "Out", "mutable": "Inplace"}  # mutable variants write args, as in-place ones do
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "writes", "runtime", "foreach",
-        "generator", "data_dependent", "divisor", "test", "__line__"}
+        "generator", "data_dependent", "divisor", "index_check", "test", "__line__"}
+INDEX_CHECK_KEYS = {"index", "into", "dim", "negative", "ignore", "raises", "message", "__line__"}
 TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
@@ -142,6 +147,7 @@ class Overload:
     function: str  # the emitter's C++ name
     meta: "MetaCall | None" = None  # the direct call of its C++ Meta kernel, where ATen has one
     divisor: int = -1  # the argument that must hold no zero where the op computes in integers
+    index_check: str = "{}"  # the C++ IndexCheck initializer (runtime/aten/op_spec.h); "{}": none
 
 
 @dataclasses.dataclass
@@ -536,6 +542,58 @@ def _expand_dtypes(value, path, line) -> list[str]:
     return sorted(set(out), key=DTYPE_ORDER.index)
 
 
+def _index_check(check, schema_args, path, line) -> dict | None:
+    """Validates a spec's index_check: which argument holds positions (`index`: a Tensor, or a Tensor?[]
+    whose entry k indexes dimension k), the Tensor they index (`into`), the dimension (`dim`: an int
+    argument's name or an int; omitted: the flattened tensor, or per entry for a list), whether
+    -size..-1 count from the end (`negative`), an int argument whose value is exempt (`ignore`), and
+    CPU's error: `raises` (IndexError | RuntimeError) with `message`, in which {value}, {dim}, {size}
+    and {position} (the first bad element's, flattened) are filled in."""
+    if check is None:
+        return None
+    if not isinstance(check, dict) or set(check) - INDEX_CHECK_KEYS:
+        raise SpecError(path, line, f"index_check is a mapping of {', '.join(sorted(INDEX_CHECK_KEYS - {'__line__'}))}")
+    line = check.get("__line__", line)
+    types = {a.name: str(a.type) for a in schema_args}
+    for key in ("index", "into", "raises", "message"):
+        if key not in check:
+            raise SpecError(path, line, f"index_check needs {key!r}")
+    if types.get(check["index"]) not in ("Tensor", "Tensor?[]"):
+        raise SpecError(path, line, f"index_check: index names {check['index']!r}, which is not a Tensor or "
+                                    f"Tensor?[] argument")
+    if types.get(check["into"]) != "Tensor":
+        raise SpecError(path, line, f"index_check: into names {check['into']!r}, which is not a Tensor argument")
+    dim = check.get("dim")
+    if dim is not None and not isinstance(dim, int) and types.get(dim) not in ("int", "SymInt"):
+        raise SpecError(path, line, f"index_check: dim is an int or the name of an int argument, not {dim!r}")
+    if check.get("ignore") is not None and types.get(check["ignore"]) not in ("int", "SymInt"):
+        raise SpecError(path, line, f"index_check: ignore names {check['ignore']!r}, which is not an int argument")
+    if check.get("negative", False) not in (True, False):
+        raise SpecError(path, line, "index_check: negative is true or false")
+    if check["raises"] not in ("IndexError", "RuntimeError"):
+        raise SpecError(path, line, "index_check: raises is IndexError or RuntimeError")
+    try:
+        str(check["message"]).format(value=0, dim=0, size=0, position=0)
+    except (KeyError, IndexError, ValueError) as e:
+        raise SpecError(path, line, f"index_check: message may name only {{value}}, {{dim}}, {{size}}, "
+                                    f"{{position}} ({e})") from None
+    return check
+
+
+def _index_check_initializer(check: dict | None, fargs) -> str:
+    """The C++ IndexCheck for one overload (its argument positions)."""
+    if check is None:
+        return "{}"
+    position = {a.name: i for i, a in enumerate(fargs)}
+    dim = check.get("dim")
+    dim_arg, dim_value = (position[dim], 0) if isinstance(dim, str) else (-1, "IndexCheck::kFlattened" if dim is None else dim)
+    ignore = position[check["ignore"]] if check.get("ignore") else -1
+    negative = "true" if check.get("negative", False) else "false"
+    index_error = "true" if check["raises"] == "IndexError" else "false"
+    return (f"{{{position[check['index']]}, {position[check['into']]}, {dim_arg}, {dim_value}, {negative}, {ignore}, "
+            f"{index_error}, {json.dumps(str(check['message']))}}}")
+
+
 def _cpp_name(overload: str) -> str:
     return "emit_" + overload.replace(".", "__")
 
@@ -608,6 +666,7 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
                                     str(schema_args[names.index(divisor)].type) not in ("Tensor", "Scalar")):
             raise SpecError(display_path, line, f"divisor names {divisor!r}, which is not a Tensor or Scalar argument "
                                                 f"of {op}")
+        index_check = _index_check(entry.get("index_check"), schema_args, display_path, line)
         group = groups.get(op)
         variants = entry.get("variants", [v for v in VARIANTS if group is not None and getattr(group, v, None)])
         for v in variants:
@@ -650,7 +709,7 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
             divisor_index = next((i for i, a in enumerate(fargs) if a.name == divisor), -1) if divisor else -1
             overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, returns, foreach,
                                       bool(generator), expression, _cpp_name(str(f.func.name)), _meta_call(f),
-                                      divisor_index))
+                                      divisor_index, _index_check_initializer(index_check, fargs)))
 
         test = entry.get("test", {}) or {}
         if not isinstance(test, dict) or set(test) - TEST_KEYS:

@@ -120,6 +120,7 @@ def _start_runtime():
         ext._set_init_error(_init_error)
         return
     ext.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+    ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
     _ext = ext
 
 

@@ -1840,7 +1840,7 @@ def test_index_select_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_gather(dtype):
-    # specs/indexing.yaml:10
+    # specs/indexing.yaml:11
     check_opinfo(
         "gather",
         dtype,
@@ -1852,7 +1852,7 @@ def test_gather(dtype):
 
 
 def test_gather_compiled():
-    # specs/indexing.yaml:10: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:11: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "gather",
         overloads=["gather", "gather.out"],
@@ -1863,7 +1863,7 @@ def test_gather_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_gather_other_dtypes(dtype):
-    # specs/indexing.yaml:10: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:11: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "gather",
         dtype,
@@ -1877,7 +1877,7 @@ def test_gather_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_src(dtype):
-    # specs/indexing.yaml:15
+    # specs/indexing.yaml:17
     check_opinfo(
         "scatter",
         dtype,
@@ -1889,7 +1889,7 @@ def test_scatter_src(dtype):
 
 
 def test_scatter_src_compiled():
-    # specs/indexing.yaml:15: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:17: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter",
         overloads=["scatter.src", "scatter_.src", "scatter.src_out"],
@@ -1900,7 +1900,7 @@ def test_scatter_src_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_src_other_dtypes(dtype):
-    # specs/indexing.yaml:15: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:17: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter",
         dtype,
@@ -1914,7 +1914,7 @@ def test_scatter_src_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_add(dtype):
-    # specs/indexing.yaml:26
+    # specs/indexing.yaml:30
     check_opinfo(
         "scatter_add",
         dtype,
@@ -1926,7 +1926,7 @@ def test_scatter_add(dtype):
 
 
 def test_scatter_add_compiled():
-    # specs/indexing.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:30: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter_add",
         overloads=["scatter_add", "scatter_add_", "scatter_add.out"],
@@ -1937,7 +1937,7 @@ def test_scatter_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_add_other_dtypes(dtype):
-    # specs/indexing.yaml:26: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:30: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter_add",
         dtype,
@@ -1951,7 +1951,7 @@ def test_scatter_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_reduce(dtype):
-    # specs/indexing.yaml:32
+    # specs/indexing.yaml:37
     check_opinfo(
         "scatter",
         dtype,
@@ -1963,7 +1963,7 @@ def test_scatter_reduce(dtype):
 
 
 def test_scatter_reduce_compiled():
-    # specs/indexing.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:37: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter",
         overloads=["scatter.reduce", "scatter_.reduce", "scatter.reduce_out"],
@@ -1974,7 +1974,7 @@ def test_scatter_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:32: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:37: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter",
         dtype,
@@ -1988,7 +1988,7 @@ def test_scatter_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_scatter_reduce_two(dtype):
-    # specs/indexing.yaml:42
+    # specs/indexing.yaml:49
     check_opinfo(
         "scatter_reduce.sum",
         dtype,
@@ -2000,7 +2000,7 @@ def test_scatter_reduce_two(dtype):
 
 
 def test_scatter_reduce_two_compiled():
-    # specs/indexing.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:49: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter_reduce.sum",
         overloads=["scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"],
@@ -2011,7 +2011,7 @@ def test_scatter_reduce_two_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_reduce_two_other_dtypes(dtype):
-    # specs/indexing.yaml:42: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:49: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter_reduce.sum",
         dtype,
@@ -2025,7 +2025,7 @@ def test_scatter_reduce_two_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_nll_loss_forward(dtype):
-    # specs/indexing.yaml:57
+    # specs/indexing.yaml:65
     check_opinfo(
         "nn.functional.nll_loss",
         dtype,
@@ -2037,7 +2037,7 @@ def test_nll_loss_forward(dtype):
 
 
 def test_nll_loss_forward_compiled():
-    # specs/indexing.yaml:57: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.nll_loss",
         overloads=["nll_loss_forward"],
@@ -2048,7 +2048,7 @@ def test_nll_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_Tensor(dtype):
-    # specs/indexing.yaml:87
+    # specs/indexing.yaml:97
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2060,7 +2060,7 @@ def test_index_Tensor(dtype):
 
 
 def test_index_Tensor_compiled():
-    # specs/indexing.yaml:87: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:97: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__getitem__",
         overloads=["index.Tensor", "index.Tensor_out"],
@@ -2071,7 +2071,7 @@ def test_index_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:87: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:97: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2085,7 +2085,7 @@ def test_index_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_put(dtype):
-    # specs/indexing.yaml:94
+    # specs/indexing.yaml:105
     check_opinfo(
         "index_put",
         dtype,
@@ -2097,7 +2097,7 @@ def test_index_put(dtype):
 
 
 def test_index_put_compiled():
-    # specs/indexing.yaml:94: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:105: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_put",
         overloads=["index_put", "index_put_", "index_put.out"],
@@ -2108,7 +2108,7 @@ def test_index_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_put_other_dtypes(dtype):
-    # specs/indexing.yaml:94: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:105: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_put",
         dtype,
@@ -2122,7 +2122,7 @@ def test_index_put_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nonzero(dtype):
-    # specs/indexing.yaml:106
+    # specs/indexing.yaml:119
     check_opinfo(
         "nonzero",
         dtype,
@@ -2134,7 +2134,7 @@ def test_nonzero(dtype):
 
 
 def test_nonzero_compiled():
-    # specs/indexing.yaml:106: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:119: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero",
         overloads=["nonzero"],
@@ -2146,7 +2146,7 @@ def test_nonzero_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nonzero_other_dtypes(dtype):
-    # specs/indexing.yaml:106: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:119: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nonzero",
         dtype,
@@ -2160,7 +2160,7 @@ def test_nonzero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_select(dtype):
-    # specs/indexing.yaml:112
+    # specs/indexing.yaml:125
     check_opinfo(
         "masked_select",
         dtype,
@@ -2172,7 +2172,7 @@ def test_masked_select(dtype):
 
 
 def test_masked_select_compiled():
-    # specs/indexing.yaml:112: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:125: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_select",
         overloads=["masked_select"],
@@ -2184,7 +2184,7 @@ def test_masked_select_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_select_other_dtypes(dtype):
-    # specs/indexing.yaml:112: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:125: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_select",
         dtype,
@@ -2198,7 +2198,7 @@ def test_masked_select_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_scatter(dtype):
-    # specs/indexing.yaml:120
+    # specs/indexing.yaml:133
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2210,7 +2210,7 @@ def test_masked_scatter(dtype):
 
 
 def test_masked_scatter_compiled():
-    # specs/indexing.yaml:120: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:133: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_scatter",
         overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
@@ -2221,7 +2221,7 @@ def test_masked_scatter_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_scatter_other_dtypes(dtype):
-    # specs/indexing.yaml:120: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:133: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2235,7 +2235,7 @@ def test_masked_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isin_Tensor_Tensor(dtype):
-    # specs/indexing.yaml:126
+    # specs/indexing.yaml:139
     check_opinfo(
         "isin",
         dtype,
@@ -2247,7 +2247,7 @@ def test_isin_Tensor_Tensor(dtype):
 
 
 def test_isin_Tensor_Tensor_compiled():
-    # specs/indexing.yaml:126: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:139: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isin",
         overloads=["isin.Tensor_Tensor", "isin.Tensor_Tensor_out"],
@@ -2258,7 +2258,7 @@ def test_isin_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isin_Tensor_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:126: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:139: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isin",
         dtype,
@@ -2272,7 +2272,7 @@ def test_isin_Tensor_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64"])
 def test_nonzero_static(dtype):
-    # specs/indexing.yaml:134
+    # specs/indexing.yaml:147
     check_opinfo(
         "nonzero_static",
         dtype,
@@ -2284,7 +2284,7 @@ def test_nonzero_static(dtype):
 
 
 def test_nonzero_static_compiled():
-    # specs/indexing.yaml:134: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:147: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero_static",
         overloads=["nonzero_static", "nonzero_static.out"],
@@ -2295,7 +2295,7 @@ def test_nonzero_static_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_searchsorted_Tensor(dtype):
-    # specs/indexing.yaml:142
+    # specs/indexing.yaml:155
     check_opinfo(
         "searchsorted",
         dtype,
@@ -2307,7 +2307,7 @@ def test_searchsorted_Tensor(dtype):
 
 
 def test_searchsorted_Tensor_compiled():
-    # specs/indexing.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:155: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "searchsorted",
         overloads=["searchsorted.Tensor"],
@@ -2318,7 +2318,7 @@ def test_searchsorted_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_searchsorted_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:142: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:155: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "searchsorted",
         dtype,
@@ -2332,7 +2332,7 @@ def test_searchsorted_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_bucketize_Tensor(dtype):
-    # specs/indexing.yaml:155
+    # specs/indexing.yaml:168
     check_opinfo(
         "bucketize",
         dtype,
@@ -2344,7 +2344,7 @@ def test_bucketize_Tensor(dtype):
 
 
 def test_bucketize_Tensor_compiled():
-    # specs/indexing.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:168: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bucketize",
         overloads=["bucketize.Tensor"],
@@ -2355,7 +2355,7 @@ def test_bucketize_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_bucketize_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:155: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:168: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "bucketize",
         dtype,
@@ -2369,7 +2369,7 @@ def test_bucketize_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_histc(dtype):
-    # specs/indexing.yaml:162
+    # specs/indexing.yaml:175
     check_opinfo(
         "histc",
         dtype,
@@ -2381,7 +2381,7 @@ def test_histc(dtype):
 
 
 def test_histc_compiled():
-    # specs/indexing.yaml:162: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:175: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "histc",
         overloads=["histc", "histc.out"],
@@ -2392,7 +2392,7 @@ def test_histc_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_histc_other_dtypes(dtype):
-    # specs/indexing.yaml:162: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:175: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "histc",
         dtype,
@@ -2406,7 +2406,7 @@ def test_histc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__embedding_bag(dtype):
-    # specs/indexing.yaml:172
+    # specs/indexing.yaml:185
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2418,7 +2418,7 @@ def test__embedding_bag(dtype):
 
 
 def test__embedding_bag_compiled():
-    # specs/indexing.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:185: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.embedding_bag",
         overloads=["_embedding_bag"],
@@ -2429,7 +2429,7 @@ def test__embedding_bag_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__embedding_bag_other_dtypes(dtype):
-    # specs/indexing.yaml:172: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:185: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2443,7 +2443,7 @@ def test__embedding_bag_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_add(dtype):
-    # specs/indexing.yaml:206
+    # specs/indexing.yaml:221
     check_opinfo(
         "index_add",
         dtype,
@@ -2455,7 +2455,7 @@ def test_index_add(dtype):
 
 
 def test_index_add_compiled():
-    # specs/indexing.yaml:206: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:221: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_add",
         overloads=["index_add", "index_add_", "index_add.out"],
@@ -2466,7 +2466,7 @@ def test_index_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_add_other_dtypes(dtype):
-    # specs/indexing.yaml:206: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:221: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_add",
         dtype,
@@ -2480,7 +2480,7 @@ def test_index_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_copy(dtype):
-    # specs/indexing.yaml:212
+    # specs/indexing.yaml:228
     check_opinfo(
         "index_copy",
         dtype,
@@ -2492,7 +2492,7 @@ def test_index_copy(dtype):
 
 
 def test_index_copy_compiled():
-    # specs/indexing.yaml:212: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:228: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_copy",
         overloads=["index_copy", "index_copy_", "index_copy.out"],
@@ -2503,7 +2503,7 @@ def test_index_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_copy_other_dtypes(dtype):
-    # specs/indexing.yaml:212: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:228: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_copy",
         dtype,
@@ -2517,7 +2517,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:218
+    # specs/indexing.yaml:235
     check_opinfo(
         "index_fill",
         dtype,
@@ -2529,7 +2529,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:218: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:235: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2540,7 +2540,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:218: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:235: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2554,7 +2554,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:230
+    # specs/indexing.yaml:249
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2566,7 +2566,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:230: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:249: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2577,7 +2577,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:230: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:249: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2591,7 +2591,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:237
+    # specs/indexing.yaml:257
     check_opinfo(
         "take",
         dtype,
@@ -2603,7 +2603,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:237: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:257: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2614,7 +2614,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:237: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:257: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2628,7 +2628,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:242
+    # specs/indexing.yaml:263
     check_opinfo(
         "put",
         dtype,
@@ -2640,7 +2640,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:242: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:263: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2651,7 +2651,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:242: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:263: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,

@@ -112,6 +112,21 @@ std::vector<rt::Value> foreach_results(const EmitArgs& all, const std::vector<in
   return flat;
 }
 
+// Where an op's argument holds positions into another tensor: under TORCHTPU_CHECK_INDICES=1 the eager
+// kernel computes on the device whether any is out of range, reads that one flag back and raises CPU's
+// error (a module cannot raise: out of range, gathers clamp and scatters drop). From a spec's index_check.
+struct IndexCheck {
+  static constexpr int64_t kFlattened = INT64_MIN;  // dim_value: positions into the flattened tensor
+  int index = -1;          // the Tensor argument, or a Tensor?[] whose entry k indexes dimension k; -1: no check
+  int into = -1;           // the Tensor argument they index
+  int dim_arg = -1;        // the int argument naming the dimension, or -1: dim_value
+  int64_t dim_value = kFlattened;
+  bool negative = false;   // -size..-1 count from the end
+  int ignore = -1;         // an int argument whose value is exempt (nll_loss's ignore_index), or -1
+  bool index_error = true; // CPU raises IndexError, else RuntimeError
+  const char* message = "";  // CPU's text; {value} {dim} {size} {position} are filled in
+};
+
 struct OpSpec {
   const char* overload;  // e.g. "add.Tensor"
   const char* source;    // "specs/elementwise.yaml:12": where errors point
@@ -138,6 +153,7 @@ struct OpSpec {
   // CPU raises "ZeroDivisionError" there (integer div/remainder/fmod), so the kernel checks it,
   // synchronizing, before it runs. -1: none.
   int divisor = -1;
+  IndexCheck index_check;
 };
 
 // The generated table (generated/ops/emitters.cpp).

@@ -3,18 +3,27 @@
 // graph is captured, calls are emitted into the graph's module instead (graph.cc).
 #include "aten/torch_kernel.h"
 
+#include <ATen/WrapDimUtils.h>
 #include <ATen/ops/any.h>
+#include <ATen/ops/argmax.h>
 #include <ATen/ops/eq.h>
+#include <ATen/ops/ge.h>
 #include <ATen/ops/item.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/logical_or.h>
+#include <ATen/ops/lt.h>
+#include <ATen/ops/ne.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
 #include "aten/graph.h"
 #include "aten/op_trace.h"
 #include "aten/spec_call.h"
+#include "aten/torch_tpu.h"
 
 namespace torchtpu {
 namespace {
@@ -92,6 +101,60 @@ std::vector<class SpecKernel*>& all_kernels() {
   return kernels;
 }
 
+std::atomic<bool> g_check_indices{false};
+
+// CPU's message with {value}, {dim}, {size} and {position} filled in.
+std::string index_error_text(const char* message, int64_t value, int64_t dim, int64_t size, int64_t position) {
+  std::string text;
+  for (const char* p = message; *p; ++p) {
+    const char* end = *p == '{' ? std::strchr(p, '}') : nullptr;
+    if (!end) {
+      text += *p;
+      continue;
+    }
+    const std::string name(p + 1, end);
+    text += std::to_string(name == "value" ? value : name == "dim" ? dim : name == "size" ? size : position);
+    p = end;
+  }
+  return text;
+}
+
+// Raises CPU's error if a value of `index` lies outside [0, size) ([-size, size) where negative counts
+// from the end). One flag is computed on the device and read back; only the error path copies the
+// index to the CPU, to name the first bad value and its position.
+void check_index_values(const IndexCheck& check, const at::Tensor& index, int64_t dim, int64_t size,
+                        std::optional<int64_t> ignored) {
+  if (!index.defined() || index.numel() == 0) return;
+  at::Tensor bad = at::logical_or(at::lt(index, check.negative ? -size : 0), at::ge(index, size));
+  if (ignored) bad = at::logical_and(bad, at::ne(index, *ignored));
+  if (!at::any(bad).item<bool>()) return;
+  const int64_t position = at::argmax(bad.cpu().reshape({-1}).to(at::kByte)).item<int64_t>();
+  const int64_t value = index.cpu().reshape({-1})[position].item<int64_t>();
+  const std::string text = index_error_text(check.message, value, dim, size, position);
+  TORCH_CHECK_INDEX(!check.index_error, text);
+  TORCH_CHECK(false, text);
+}
+
+void check_indices(const IndexCheck& check, const c10::IValue* args) {
+  const at::Tensor& into = args[check.into].toTensor();
+  const std::optional<int64_t> ignored =
+      check.ignore >= 0 ? std::optional<int64_t>(args[check.ignore].toInt()) : std::nullopt;
+  if (!args[check.index].isTensor()) {  // Tensor?[]: entry k indexes dimension k
+    const auto entries = args[check.index].toListRef();
+    for (size_t k = 0; k < entries.size() && static_cast<int64_t>(k) < into.dim(); ++k) {
+      if (entries[k].isTensor()) check_index_values(check, entries[k].toTensor(), k, into.size(k), ignored);
+    }
+    return;
+  }
+  const at::Tensor& index = args[check.index].toTensor();
+  if (check.dim_arg < 0 && check.dim_value == IndexCheck::kFlattened) {
+    check_index_values(check, index, 0, into.numel(), ignored);
+    return;
+  }
+  const int64_t dim = at::maybe_wrap_dim(check.dim_arg >= 0 ? args[check.dim_arg].toInt() : check.dim_value, into.dim());
+  check_index_values(check, index, dim, into.dim() == 0 ? 1 : into.size(dim), ignored);
+}
+
 void key_scalar_kind(KeyWriter& key, const c10::IValue& v) {
   key.tag(v.isNone() ? 'N' : v.toScalar().isFloatingPoint() ? 'f' : v.toScalar().isBoolean() ? 'b' : 'i');
 }
@@ -165,6 +228,9 @@ class SpecKernel final : public c10::OperatorKernel {
     }
     if (spec_.divisor >= 0 && c10::isIntegralType(entry->plan.compute, /*includeBool=*/true)) {
       check_divisor(args[spec_.divisor]);
+    }
+    if (spec_.index_check.index >= 0 && g_check_indices.load(std::memory_order_relaxed)) {
+      check_indices(spec_.index_check, args);
     }
     std::string shapes = traced.recording() ? describe_args(args, spec_.args.size()) : std::string();  // before run() pops them
     traced.execute("tpu::execute", [&] { run(*entry, args, n, device, stack); });
@@ -359,6 +425,8 @@ std::vector<int64_t> donatable(const std::vector<std::pair<int, int>>& aliases, 
 }
 
 void capture_next_execution() { g_capture_next_execution = true; }
+
+void set_check_indices(bool check) { g_check_indices = check; }
 
 double repeat_captured_execution_ns(int iterations) {
   TORCH_CHECK(g_captured.exe, "torchtpu: no execution was captured");

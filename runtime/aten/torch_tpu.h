@@ -68,6 +68,9 @@ void set_init_error(const std::string& message);
 // CPU fallbacks by op (metrics) and whether they are allowed.
 std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void set_fallback_is_error(bool error);
+// TORCHTPU_CHECK_INDICES=1: eager kernels with a spec index_check raise CPU's error for out-of-range
+// positions (each such call synchronizes).
+void set_check_indices(bool check);
 void clear_kernel_caches();       // the executables of spec kernels, runtime modules and graphs
 void clear_spec_kernel_caches();  // the spec kernels' alone
 int64_t compiled_graphs();        // graphs captured and compiled so far (layouts of their inputs)
