@@ -631,6 +631,12 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         if func.func.kind().name != "functional":
             raise SpecError(display_path, line, f"{op} is not a functional overload; name the functional one "
                                                 f"and list variants: [inplace, out]")
+        if func.has_composite_implicit_autograd_kernel:
+            # The tpu kernel would replace the decomposition at AutogradPrivateUse1 too, and the op has no
+            # derivative formula of its own: its gradient (double backward, for *_backward ops) would be lost.
+            raise SpecError(display_path, line, f"{op} is CompositeImplicitAutograd: it decomposes into ops that "
+                                                f"run on tpu and get its gradient from them; a spec would lose it. "
+                                                f"Spec the ops it calls instead")
         compute = entry.get("compute", "common")
         if compute not in COMPUTE:
             raise SpecError(display_path, line, f"compute must be one of {', '.join(COMPUTE)}, not {compute!r}")

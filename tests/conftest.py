@@ -58,6 +58,15 @@ def no_fallback():
         yield
 
 
+def error_raised_by(fn) -> Exception | None:
+    """The exception fn() raises, or None: to compare an error on tpu with CPU's, type and text."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
 def to_tpu(t: torch.Tensor) -> torch.Tensor:
     return t.to("tpu")
 

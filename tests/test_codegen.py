@@ -36,6 +36,13 @@ def write_spec(tmp_path, text):
         ("- op: sum.dim_IntList\n  lowering: sum(dim, self, keepdim)\n", 1, "is used where value is needed"),
         ("- op: neg\n  lowering: neg(self)\n  compute: fastest\n", 1, "compute must be one of"),
         ("- op: neg\n", 1, "missing required key 'lowering'"),
+        ("- op: silu_backward\n  lowering: mul(grad_output, self)\n", 1, "is CompositeImplicitAutograd"),
+        ("- op: gather\n  lowering: take_along(self, dim, index)\n  index_check: {index: dim, into: self, raises: "
+         "IndexError, message: m}\n", 3, "index names 'dim', which is not a Tensor"),
+        ("- op: gather\n  lowering: take_along(self, dim, index)\n  index_check: {index: index, into: self, raises: "
+         "KeyError, message: m}\n", 3, "raises is IndexError or RuntimeError"),
+        ("- op: gather\n  lowering: take_along(self, dim, index)\n  index_check: {index: index, into: self, raises: "
+         "IndexError, message: \"{colour}\"}\n", 3, "message may name only"),
     ],
 )
 def test_bad_spec_names_file_and_line(tmp_path, text, line, message):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchtpu
-from conftest import assert_equal_cpu, last_json, metrics, run_python
+from conftest import assert_equal_cpu, error_raised_by, last_json, metrics, run_python
 
 
 def _fallback_count(op: str) -> int:
@@ -162,18 +162,10 @@ def test_int_exp_promotes_like_cpu():
     assert_equal_cpu(i.to("tpu") / 2, i / 2)
 
 
-def _raises(fn):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001
-        return e
-    return None
-
-
 def test_bool_mm_raises_like_cpu():
     a = torch.tensor([[True, False], [True, True]])
-    cpu_err = _raises(lambda: torch.mm(a, a))
-    tpu_err = _raises(lambda: torch.mm(a.to("tpu"), a.to("tpu")))
+    cpu_err = error_raised_by(lambda: torch.mm(a, a))
+    tpu_err = error_raised_by(lambda: torch.mm(a.to("tpu"), a.to("tpu")))
     if cpu_err is None:
         assert tpu_err is None
         assert_equal_cpu(torch.mm(a.to("tpu"), a.to("tpu")), torch.mm(a, a))
@@ -183,8 +175,8 @@ def test_bool_mm_raises_like_cpu():
 
 def test_bool_sub_raises_like_cpu():
     a = torch.tensor([True, False])
-    cpu_err = _raises(lambda: a - a)
-    tpu_err = _raises(lambda: a.to("tpu") - a.to("tpu"))
+    cpu_err = error_raised_by(lambda: a - a)
+    tpu_err = error_raised_by(lambda: a.to("tpu") - a.to("tpu"))
     assert cpu_err is not None
     assert type(tpu_err) is type(cpu_err), repr(tpu_err)
     assert str(tpu_err) == str(cpu_err)
@@ -219,8 +211,8 @@ def test_integer_division_by_zero_raises_like_cpu(op):
     # CPU raises a RuntimeError reading "ZeroDivisionError" for integer division by zero; so does tpu
     # (the divisor is checked on the device, which synchronizes).
     a, b = torch.tensor([5, 3, -7]), torch.tensor([2, 0, 1])
-    cpu_err = _raises(lambda: op(a, b))
-    tpu_err = _raises(lambda: op(a.to("tpu"), b.to("tpu")))
+    cpu_err = error_raised_by(lambda: op(a, b))
+    tpu_err = error_raised_by(lambda: op(a.to("tpu"), b.to("tpu")))
     assert cpu_err is not None and tpu_err is not None, (cpu_err, tpu_err)
     assert type(tpu_err) is type(cpu_err) and str(tpu_err) == str(cpu_err) == "ZeroDivisionError", repr(tpu_err)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TPU, assert_equal_cpu
+import torchtpu
+from conftest import TPU, assert_equal_cpu, error_raised_by, last_json, run_python
 
 
 def both(fn, *tensors, grad=()):
@@ -227,9 +228,95 @@ def test_embedding_bag_module_trains(no_fallback):
 
 
 def test_out_of_range_does_not_raise(no_fallback):
-    """Documented behaviour: a module cannot raise, so index clamps and index_put drops."""
+    """Documented behaviour without TORCHTPU_CHECK_INDICES: a module cannot raise, so index clamps and
+    index_put drops."""
     x = torch.arange(4.)
     d = x.to(TPU)
     assert d[torch.tensor([7], device=TPU)].cpu().tolist() == [3.0]
     d[torch.tensor([7], device=TPU)] = 9.0
     assert d.cpu().tolist() == x.tolist()
+
+
+@pytest.fixture
+def check_indices():
+    """The body runs as under TORCHTPU_CHECK_INDICES=1."""
+    torchtpu._C.set_check_indices(True)
+    try:
+        yield
+    finally:
+        torchtpu._C.set_check_indices(False)
+
+
+# (name, fn(x, long tensor on x's device)) over x = arange(6.).reshape(2, 3): each raises on CPU.
+OUT_OF_RANGE = {
+    "gather": lambda x, t: torch.gather(x, 1, t([[0, 5]])),
+    "gather_negative": lambda x, t: torch.gather(x, -1, t([[0, -1]])),
+    "scatter_value": lambda x, t: x.clone().scatter_(1, t([[0, 5]]), 1.0),
+    "scatter_add": lambda x, t: x.clone().scatter_add_(1, t([[0, 3]]), torch.ones_like(x[:1, :2])),
+    "scatter_reduce": lambda x, t: x.clone().scatter_reduce_(0, t([[2, 0]]), torch.ones_like(x[:1, :2]), "amax"),
+    "index": lambda x, t: x[t([0, 2])],
+    "index_negative": lambda x, t: x[t([0, -3])],
+    "index_second_dim": lambda x, t: x[:, t([0, 3])],
+    "index_bool_and_long": lambda x, t: x[torch.tensor([True, False], device=x.device), t([5])],
+    "index_select": lambda x, t: x.index_select(0, t([0, 2])),
+    "embedding": lambda x, t: F.embedding(t([[0, 7]]), x),
+    "embedding_negative": lambda x, t: F.embedding(t([0, -1]), x),
+    "take": lambda x, t: x.take(t([0, 6])),
+    "take_negative": lambda x, t: x.take(t([0, -7])),
+    "put": lambda x, t: x.clone().put_(t([6]), torch.ones_like(x[0, :1])),
+    "index_put": lambda x, t: x.clone().index_put_((t([0, 2]),), torch.ones_like(x[0, 0])),
+    "index_put_accumulate": lambda x, t: x.clone().index_put_((t([0, 2]),), torch.ones_like(x[0, 0]), accumulate=True),
+    "setitem": lambda x, t: x.clone().__setitem__(t([0, -3]), 1.0),
+    "index_add": lambda x, t: x.clone().index_add_(0, t([0, -1]), torch.ones_like(x)),
+    "index_copy": lambda x, t: x.clone().index_copy_(0, t([0, 2]), torch.ones_like(x)),
+    "index_fill": lambda x, t: x.clone().index_fill_(1, t([0, 3]), 1.0),
+    "nll_loss": lambda x, t: F.nll_loss(x, t([0, 3])),
+    "cross_entropy_negative": lambda x, t: F.cross_entropy(x, t([0, -1])),
+    "nll_loss2d": lambda x, t: F.nll_loss(x.reshape(1, 2, 3, 1), t([[[0], [2], [1]]])),
+    "embedding_bag": lambda x, t: F.embedding_bag(t([0, 1, 7]), x, t([0])),
+}
+
+
+@pytest.mark.parametrize("name", OUT_OF_RANGE)
+def test_check_indices_raises_like_cpu(check_indices, no_fallback, name):
+    """Under TORCHTPU_CHECK_INDICES=1 an out-of-range position raises CPU's error, type and text."""
+    fn = OUT_OF_RANGE[name]
+    x = torch.arange(6.).reshape(2, 3)
+    cpu_error = error_raised_by(lambda: fn(x, lambda v: torch.tensor(v)))
+    tpu_error = error_raised_by(lambda: fn(x.to(TPU), lambda v: torch.tensor(v, device=TPU)))
+    assert cpu_error is not None and tpu_error is not None, (cpu_error, tpu_error)
+    assert type(tpu_error) is type(cpu_error), (tpu_error, cpu_error)
+    assert str(tpu_error) == str(cpu_error)
+
+
+def test_check_indices_passes_in_range_values(check_indices, no_fallback):
+    """The checks let valid positions through (negative ones where CPU takes them, ignore_index) and
+    leave the results and the device as they were."""
+    x = torch.arange(6.).reshape(2, 3)
+    cases = [
+        lambda x, t: torch.gather(x, 1, t([[0, 2], [1, 1]])),
+        lambda x, t: x[t([1, -2])],
+        lambda x, t: x.take(t([5, -6])),
+        lambda x, t: x.clone().index_fill_(1, t([-1]), 7.0),
+        lambda x, t: F.nll_loss(x, t([0, 9]), ignore_index=9),
+        lambda x, t: x.clone().scatter_(0, t([[1, 0, 1]]), 5.0),
+    ]
+    for fn in cases:
+        assert_equal_cpu(fn(x.to(TPU), lambda v: torch.tensor(v, device=TPU)), fn(x, lambda v: torch.tensor(v)))
+
+
+def test_check_indices_env_variable_subprocess():
+    code = """
+import json, torch, torchtpu
+x = torch.arange(6.).reshape(2, 3).to("tpu")
+try:
+    torch.gather(x, 1, torch.tensor([[0, 5]], device="tpu"))
+    error = None
+except RuntimeError as e:
+    error = str(e)
+print(json.dumps({"error": error, "after": x.sum().item()}))
+"""
+    proc = run_python(code, {"TORCHTPU_CHECK_INDICES": "1"})
+    assert proc.returncode == 0, proc.stderr
+    out = last_json(proc.stdout)
+    assert out == {"error": "index 5 is out of bounds for dimension 1 with size 3", "after": 15.0}, out

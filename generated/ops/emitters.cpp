@@ -559,200 +559,200 @@ std::vector<Value> emit_lt___Scalar(Builder& b, const EmitArgs& a) { return {b.l
 // lt.Scalar_out = lt(self, nominal(other))  (specs/elementwise.yaml:88)
 std::vector<Value> emit_lt__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lt(a.value(0), b.nominal(a.value(1)))}; }
 
-// index_select = index_select(self, dim, index)  (specs/indexing.yaml:4)
+// index_select = index_select(self, dim, index)  (specs/indexing.yaml:6)
 std::vector<Value> emit_index_select(Builder& b, const EmitArgs& a) { return {b.index_select(a.value(0), a.integer(1), a.value(2))}; }
-// index_select.out = index_select(self, dim, index)  (specs/indexing.yaml:4)
+// index_select.out = index_select(self, dim, index)  (specs/indexing.yaml:6)
 std::vector<Value> emit_index_select__out(Builder& b, const EmitArgs& a) { return {b.index_select(a.value(0), a.integer(1), a.value(2))}; }
 
-// gather = take_along(self, dim, index)  (specs/indexing.yaml:11)
+// gather = take_along(self, dim, index)  (specs/indexing.yaml:13)
 std::vector<Value> emit_gather(Builder& b, const EmitArgs& a) { return {b.take_along(a.value(0), a.integer(1), a.value(2))}; }
-// gather.out = take_along(self, dim, index)  (specs/indexing.yaml:11)
+// gather.out = take_along(self, dim, index)  (specs/indexing.yaml:13)
 std::vector<Value> emit_gather__out(Builder& b, const EmitArgs& a) { return {b.take_along(a.value(0), a.integer(1), a.value(2))}; }
 
-// scatter.src = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:17)
+// scatter.src = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:19)
 std::vector<Value> emit_scatter__src(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
-// scatter_.src = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:17)
+// scatter_.src = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:19)
 std::vector<Value> emit_scatter___src(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
-// scatter.src_out = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:17)
+// scatter.src_out = scatter_along(self, dim, index, src, "")  (specs/indexing.yaml:19)
 std::vector<Value> emit_scatter__src_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
 
-// scatter.value = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:24)
+// scatter.value = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:26)
 std::vector<Value> emit_scatter__value(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
-// scatter_.value = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:24)
+// scatter_.value = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:26)
 std::vector<Value> emit_scatter___value(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
-// scatter.value_out = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:24)
+// scatter.value_out = scatter_along(self, dim, index, value, "")  (specs/indexing.yaml:26)
 std::vector<Value> emit_scatter__value_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string(""))}; }
 
-// scatter_add = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:30)
+// scatter_add = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:32)
 std::vector<Value> emit_scatter_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string("add"))}; }
-// scatter_add_ = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:30)
+// scatter_add_ = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:32)
 std::vector<Value> emit_scatter_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string("add"))}; }
-// scatter_add.out = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:30)
+// scatter_add.out = scatter_along(self, dim, index, src, "add")  (specs/indexing.yaml:32)
 std::vector<Value> emit_scatter_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), std::string("add"))}; }
 
-// scatter.reduce = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:37)
+// scatter.reduce = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:39)
 std::vector<Value> emit_scatter__reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
-// scatter_.reduce = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:37)
+// scatter_.reduce = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:39)
 std::vector<Value> emit_scatter___reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
-// scatter.reduce_out = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:37)
+// scatter.reduce_out = scatter_along(self, dim, index, src, reduce)  (specs/indexing.yaml:39)
 std::vector<Value> emit_scatter__reduce_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
 
-// scatter.value_reduce = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:43)
+// scatter.value_reduce = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:45)
 std::vector<Value> emit_scatter__value_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
-// scatter_.value_reduce = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:43)
+// scatter_.value_reduce = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:45)
 std::vector<Value> emit_scatter___value_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
-// scatter.value_reduce_out = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:43)
+// scatter.value_reduce_out = scatter_along(self, dim, index, value, reduce)  (specs/indexing.yaml:45)
 std::vector<Value> emit_scatter__value_reduce_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4))}; }
 
-// scatter_reduce.two = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:49)
+// scatter_reduce.two = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:51)
 std::vector<Value> emit_scatter_reduce__two(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4), a.boolean(5))}; }
-// scatter_reduce_.two = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:49)
+// scatter_reduce_.two = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:51)
 std::vector<Value> emit_scatter_reduce___two(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4), a.boolean(5))}; }
-// scatter_reduce.two_out = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:49)
+// scatter_reduce.two_out = scatter_reduce_along(self, dim, index, src, reduce, include_self)  (specs/indexing.yaml:51)
 std::vector<Value> emit_scatter_reduce__two_out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), a.value(2), a.value(3), a.string(4), a.boolean(5))}; }
 
-// embedding_dense_backward = embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)  (specs/indexing.yaml:57)
+// embedding_dense_backward = embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)  (specs/indexing.yaml:59)
 std::vector<Value> emit_embedding_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_backward(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
-// embedding_dense_backward.out = embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)  (specs/indexing.yaml:57)
+// embedding_dense_backward.out = embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)  (specs/indexing.yaml:59)
 std::vector<Value> emit_embedding_dense_backward__out(Builder& b, const EmitArgs& a) { return {b.embedding_backward(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
 
-// nll_loss_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:65)
+// nll_loss_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:67)
 std::vector<Value> emit_nll_loss_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
 
-// nll_loss_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:73)
+// nll_loss_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:75)
 std::vector<Value> emit_nll_loss_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
-// nll_loss_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:73)
+// nll_loss_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:75)
 std::vector<Value> emit_nll_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
 
-// nll_loss2d_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:79)
+// nll_loss2d_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:81)
 std::vector<Value> emit_nll_loss2d_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
 
-// nll_loss2d_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:86)
+// nll_loss2d_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:88)
 std::vector<Value> emit_nll_loss2d_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
-// nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:86)
+// nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:88)
 std::vector<Value> emit_nll_loss2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
 
-// index.Tensor = index_tensor(self, indices)  (specs/indexing.yaml:97)
+// index.Tensor = index_tensor(self, indices)  (specs/indexing.yaml:98)
 std::vector<Value> emit_index__Tensor(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
-// index.Tensor_out = index_tensor(self, indices)  (specs/indexing.yaml:97)
+// index.Tensor_out = index_tensor(self, indices)  (specs/indexing.yaml:98)
 std::vector<Value> emit_index__Tensor_out(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
 
-// index_put = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:105)
+// index_put = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:106)
 std::vector<Value> emit_index_put(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// index_put_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:105)
+// index_put_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:106)
 std::vector<Value> emit_index_put_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// index_put.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:105)
+// index_put.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:106)
 std::vector<Value> emit_index_put__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
 
-// _index_put_impl = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:111)
+// _index_put_impl = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
 std::vector<Value> emit__index_put_impl(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// _index_put_impl_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:111)
+// _index_put_impl_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
 std::vector<Value> emit__index_put_impl_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// _index_put_impl.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:111)
+// _index_put_impl.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
 std::vector<Value> emit__index_put_impl__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
 
-// nonzero = (nonzero_padded(self), nonzero_count(self, self))  (specs/indexing.yaml:119)
+// nonzero = (nonzero_padded(self), nonzero_count(self, self))  (specs/indexing.yaml:120)
 std::vector<Value> emit_nonzero(Builder& b, const EmitArgs& a) { return {b.nonzero_padded(a.value(0)), b.nonzero_count(a.value(0), a.value(0))}; }
 
-// masked_select = (masked_select_padded(self, mask), nonzero_count(mask, self))  (specs/indexing.yaml:125)
+// masked_select = (masked_select_padded(self, mask), nonzero_count(mask, self))  (specs/indexing.yaml:126)
 std::vector<Value> emit_masked_select(Builder& b, const EmitArgs& a) { return {b.masked_select_padded(a.value(0), a.value(1)), b.nonzero_count(a.value(1), a.value(0))}; }
 
-// masked_scatter = masked_scatter(self, mask, source)  (specs/indexing.yaml:133)
+// masked_scatter = masked_scatter(self, mask, source)  (specs/indexing.yaml:134)
 std::vector<Value> emit_masked_scatter(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
-// masked_scatter_ = masked_scatter(self, mask, source)  (specs/indexing.yaml:133)
+// masked_scatter_ = masked_scatter(self, mask, source)  (specs/indexing.yaml:134)
 std::vector<Value> emit_masked_scatter_(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
-// masked_scatter.out = masked_scatter(self, mask, source)  (specs/indexing.yaml:133)
+// masked_scatter.out = masked_scatter(self, mask, source)  (specs/indexing.yaml:134)
 std::vector<Value> emit_masked_scatter__out(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
 
-// isin.Tensor_Tensor = isin(elements, test_elements, invert)  (specs/indexing.yaml:139)
+// isin.Tensor_Tensor = isin(elements, test_elements, invert)  (specs/indexing.yaml:140)
 std::vector<Value> emit_isin__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
-// isin.Tensor_Tensor_out = isin(elements, test_elements, invert)  (specs/indexing.yaml:139)
+// isin.Tensor_Tensor_out = isin(elements, test_elements, invert)  (specs/indexing.yaml:140)
 std::vector<Value> emit_isin__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
 
-// isin.Tensor_Scalar = isin(elements, test_element, invert)  (specs/indexing.yaml:143)
+// isin.Tensor_Scalar = isin(elements, test_element, invert)  (specs/indexing.yaml:144)
 std::vector<Value> emit_isin__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
-// isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:143)
+// isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:144)
 std::vector<Value> emit_isin__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
 
-// nonzero_static = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:147)
+// nonzero_static = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:148)
 std::vector<Value> emit_nonzero_static(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
-// nonzero_static.out = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:147)
+// nonzero_static.out = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:148)
 std::vector<Value> emit_nonzero_static__out(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
 
-// searchsorted.Tensor = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:155)
+// searchsorted.Tensor = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:156)
 std::vector<Value> emit_searchsorted__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
 
-// searchsorted.Scalar = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:162)
+// searchsorted.Scalar = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:163)
 std::vector<Value> emit_searchsorted__Scalar(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
 
-// bucketize.Tensor = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:168)
+// bucketize.Tensor = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:169)
 std::vector<Value> emit_bucketize__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
 
-// histc = histc(self, bins, min, max)  (specs/indexing.yaml:175)
+// histc = histc(self, bins, min, max)  (specs/indexing.yaml:176)
 std::vector<Value> emit_histc(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
-// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:175)
+// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:176)
 std::vector<Value> emit_histc__out(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
 
-// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:185)
+// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:186)
 std::vector<Value> emit__embedding_bag(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:193)
+// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:194)
 std::vector<Value> emit__embedding_bag_forward_only(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:201)
+// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:202)
 std::vector<Value> emit__embedding_bag_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_backward(a.value(0), a.value(1), a.value(3), a.value(4), a.value(5), a.integer(6), a.boolean(7), a.integer(8), a.boolean(9), a.optional_value(10), a.integer(11))}; }
 
-// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:207)
+// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:208)
 std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_dense_backward(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.integer(5), a.boolean(6), a.integer(7), a.optional_value(8), a.integer(9))}; }
 
-// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:213)
+// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:214)
 std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
 
-// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:221)
+// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:222)
 std::vector<Value> emit_index_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:221)
+// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:222)
 std::vector<Value> emit_index_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:221)
+// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:222)
 std::vector<Value> emit_index_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
 
-// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:228)
+// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:229)
 std::vector<Value> emit_index_copy(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:228)
+// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:229)
 std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:228)
+// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:229)
 std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:235)
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:236)
 std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:235)
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:236)
 std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:235)
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:236)
 std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
 
-// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:242)
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:243)
 std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:242)
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:243)
 std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:242)
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:243)
 std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
 
-// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:249)
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:250)
 std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:249)
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:250)
 std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:249)
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:250)
 std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
 
-// take = take(self, index)  (specs/indexing.yaml:257)
+// take = take(self, index)  (specs/indexing.yaml:258)
 std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
-// take.out = take(self, index)  (specs/indexing.yaml:257)
+// take.out = take(self, index)  (specs/indexing.yaml:258)
 std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
 
-// put = put(self, index, source, accumulate)  (specs/indexing.yaml:263)
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:264)
 std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:263)
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:264)
 std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:263)
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:264)
 std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -931,206 +931,198 @@ std::vector<Value> emit_silu_(Builder& b, const EmitArgs& a) { return {b.div(a.v
 // silu.out = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:36)
 std::vector<Value> emit_silu__out(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), [&] { const Value anchor = b.exp(b.neg(a.value(0))); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
 
-// silu_backward = mul(mul(grad_output, div(1, add(1, exp(neg(self))))), add(1, mul(self, sub(1, div(1, add(1, exp(neg(self))))))))  (specs/nn.yaml:41)
-std::vector<Value> emit_silu_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }()), [&] { const Value anchor = b.mul(a.value(1), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
-// silu_backward.grad_input = mul(mul(grad_output, div(1, add(1, exp(neg(self))))), add(1, mul(self, sub(1, div(1, add(1, exp(neg(self))))))))  (specs/nn.yaml:41)
-std::vector<Value> emit_silu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }()), [&] { const Value anchor = b.mul(a.value(1), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = b.exp(b.neg(a.value(1))); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
-
-// leaky_relu = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:46)
+// leaky_relu = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:42)
 std::vector<Value> emit_leaky_relu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
-// leaky_relu_ = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:46)
+// leaky_relu_ = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:42)
 std::vector<Value> emit_leaky_relu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
-// leaky_relu.out = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:46)
+// leaky_relu.out = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:42)
 std::vector<Value> emit_leaky_relu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
 
-// leaky_relu_backward = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:52)
+// leaky_relu_backward = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:48)
 std::vector<Value> emit_leaky_relu_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(2)))}; }
-// leaky_relu_backward.grad_input = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:52)
+// leaky_relu_backward.grad_input = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:48)
 std::vector<Value> emit_leaky_relu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(2)))}; }
 
-// elu = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+// elu = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:53)
 std::vector<Value> emit_elu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
-// elu_ = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+// elu_ = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:53)
 std::vector<Value> emit_elu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
-// elu.out = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:57)
+// elu.out = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:53)
 std::vector<Value> emit_elu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
 
-// elu_backward = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:63)
+// elu_backward = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:59)
 std::vector<Value> emit_elu_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
-// elu_backward.grad_input = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:63)
+// elu_backward.grad_input = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:59)
 std::vector<Value> emit_elu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
 
-// softplus = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
+// softplus = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:65)
 std::vector<Value> emit_softplus(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
-// softplus.out = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:69)
+// softplus.out = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:65)
 std::vector<Value> emit_softplus__out(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
 
-// softplus_backward = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:75)
+// softplus_backward = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:71)
 std::vector<Value> emit_softplus_backward(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(1), a.value(2)), a.value(3)), a.value(0), b.mul(a.value(0), b.div(b.exp(b.mul(a.value(1), a.value(2))), [&] { const Value anchor = b.exp(b.mul(a.value(1), a.value(2))); return b.add(anchor, b.scalar_like(1.0, anchor)); }())))}; }
-// softplus_backward.grad_input = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:75)
+// softplus_backward.grad_input = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:71)
 std::vector<Value> emit_softplus_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(1), a.value(2)), a.value(3)), a.value(0), b.mul(a.value(0), b.div(b.exp(b.mul(a.value(1), a.value(2))), [&] { const Value anchor = b.exp(b.mul(a.value(1), a.value(2))); return b.add(anchor, b.scalar_like(1.0, anchor)); }())))}; }
 
-// hardtanh = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:80)
+// hardtanh = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:76)
 std::vector<Value> emit_hardtanh(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
-// hardtanh_ = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:80)
+// hardtanh_ = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:76)
 std::vector<Value> emit_hardtanh_(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
-// hardtanh.out = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:80)
+// hardtanh.out = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:76)
 std::vector<Value> emit_hardtanh__out(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
 
-// hardtanh_backward = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:86)
+// hardtanh_backward = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:82)
 std::vector<Value> emit_hardtanh_backward(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where(b.ge(a.value(1), a.value(3)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)))}; }
-// hardtanh_backward.grad_input = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:86)
+// hardtanh_backward.grad_input = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:82)
 std::vector<Value> emit_hardtanh_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where(b.ge(a.value(1), a.value(3)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)))}; }
 
-// threshold = where(le(self, threshold), value, self)  (specs/nn.yaml:91)
+// threshold = where(le(self, threshold), value, self)  (specs/nn.yaml:87)
 std::vector<Value> emit_threshold(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
-// threshold_ = where(le(self, threshold), value, self)  (specs/nn.yaml:91)
+// threshold_ = where(le(self, threshold), value, self)  (specs/nn.yaml:87)
 std::vector<Value> emit_threshold_(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
-// threshold.out = where(le(self, threshold), value, self)  (specs/nn.yaml:91)
+// threshold.out = where(le(self, threshold), value, self)  (specs/nn.yaml:87)
 std::vector<Value> emit_threshold__out(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
 
-// threshold_backward = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:97)
+// threshold_backward = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:93)
 std::vector<Value> emit_threshold_backward(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
-// threshold_backward.grad_input = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:97)
+// threshold_backward.grad_input = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:93)
 std::vector<Value> emit_threshold_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
 
-// _cdist_forward = cdist(x1, x2, p)  (specs/nn.yaml:103)
+// _cdist_forward = cdist(x1, x2, p)  (specs/nn.yaml:99)
 std::vector<Value> emit__cdist_forward(Builder& b, const EmitArgs& a) { return {b.cdist(a.value(0), a.value(1), a.real(2))}; }
 
-// _cdist_backward = cdist_backward(grad, x1, x2, p, cdist)  (specs/nn.yaml:109)
+// _cdist_backward = cdist_backward(grad, x1, x2, p, cdist)  (specs/nn.yaml:105)
 std::vector<Value> emit__cdist_backward(Builder& b, const EmitArgs& a) { return {b.cdist_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.value(4))}; }
 
-// _pdist_forward = pdist(self, p)  (specs/nn.yaml:114)
+// _pdist_forward = pdist(self, p)  (specs/nn.yaml:110)
 std::vector<Value> emit__pdist_forward(Builder& b, const EmitArgs& a) { return {b.pdist(a.value(0), a.real(1))}; }
 
-// _pdist_backward = pdist_backward(grad, self, p, pdist)  (specs/nn.yaml:120)
+// _pdist_backward = pdist_backward(grad, self, p, pdist)  (specs/nn.yaml:116)
 std::vector<Value> emit__pdist_backward(Builder& b, const EmitArgs& a) { return {b.pdist_backward(a.value(0), a.value(1), a.real(2), a.value(3))}; }
 
-// mse_loss = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:125)
+// mse_loss = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:121)
 std::vector<Value> emit_mse_loss(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
-// mse_loss.out = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:125)
+// mse_loss.out = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:121)
 std::vector<Value> emit_mse_loss__out(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
 
-// mse_loss_backward = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:130)
+// mse_loss_backward = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:126)
 std::vector<Value> emit_mse_loss_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
-// mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:130)
+// mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:126)
 std::vector<Value> emit_mse_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
 
-// native_dropout = (dropout(generator, input, p) if is_none(train) or train else identity(input), dropout_mask(generator, input, p) if is_none(train) or train else fill(input, 1))   (specs/nn.yaml:137)
+// native_dropout = (dropout(generator, input, p) if is_none(train) or train else identity(input), dropout_mask(generator, input, p) if is_none(train) or train else fill(input, 1))   (specs/nn.yaml:133)
 std::vector<Value> emit_native_dropout(Builder& b, const EmitArgs& a) { return {((a.is_none(2) || a.boolean(2)) ? b.dropout(a.value(3), a.value(0), a.real(1)) : b.identity(a.value(0))), ((a.is_none(2) || a.boolean(2)) ? b.dropout_mask(a.value(3), a.value(0), a.real(1)) : [&] { const Value anchor = a.value(0); return b.fill(anchor, b.scalar_like(1.0, anchor)); }())}; }
 
-// native_dropout_backward = mul(mul(grad_output, mask), scale)  (specs/nn.yaml:144)
+// native_dropout_backward = mul(mul(grad_output, mask), scale)  (specs/nn.yaml:140)
 std::vector<Value> emit_native_dropout_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), a.value(1)), a.value(2))}; }
 
-// log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:152)
+// log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:148)
 std::vector<Value> emit_log_sigmoid_forward(Builder& b, const EmitArgs& a) { return {b.sub([&] { const Value anchor = a.value(0); return b.minimum(anchor, b.scalar_like(0.0, anchor)); }(), b.log1p(b.exp(b.neg(b.abs(a.value(0)))))), b.exp(b.neg(b.abs(a.value(0))))}; }
 
-// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:159)
+// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:155)
 std::vector<Value> emit_log_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
-// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:159)
+// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:155)
 std::vector<Value> emit_log_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
 
-// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:165)
+// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:161)
 std::vector<Value> emit_smooth_l1_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
-// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:165)
+// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:161)
 std::vector<Value> emit_smooth_l1_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
 
-// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:173)
+// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:169)
 std::vector<Value> emit_smooth_l1_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:173)
+// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:169)
 std::vector<Value> emit_smooth_l1_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:181)
+// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:177)
 std::vector<Value> emit_huber_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
-// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:181)
+// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:177)
 std::vector<Value> emit_huber_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
 
-// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:189)
+// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:185)
 std::vector<Value> emit_huber_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:189)
+// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:185)
 std::vector<Value> emit_huber_loss_backward__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:198)
+// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:194)
 std::vector<Value> emit_binary_cross_entropy(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
-// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:198)
+// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:194)
 std::vector<Value> emit_binary_cross_entropy__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
 
-// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:205)
+// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:201)
 std::vector<Value> emit_binary_cross_entropy_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
-// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:205)
+// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:201)
 std::vector<Value> emit_binary_cross_entropy_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
 
-// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:212)
+// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:208)
 std::vector<Value> emit_hardswish(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:212)
+// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:208)
 std::vector<Value> emit_hardswish_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:212)
+// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:208)
 std::vector<Value> emit_hardswish__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
 
-// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:217)
+// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:213)
 std::vector<Value> emit_hardswish_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
-// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:217)
+// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:213)
 std::vector<Value> emit_hardswish_backward__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
 
-// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:221)
+// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:217)
 std::vector<Value> emit_mish(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:221)
+// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:217)
 std::vector<Value> emit_mish_(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:221)
+// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:217)
 std::vector<Value> emit_mish__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
 
-// mish_backward = t = tanh(log1p(exp(self))) mul(grad_output, add(t, mul(mul(self, sigmoid(self)), sub(1, mul(t, t)))))   (specs/nn.yaml:227)
-std::vector<Value> emit_mish_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.tanh(b.log1p(b.exp(a.value(1)))); return {b.mul(a.value(0), b.add(l_t, b.mul(b.mul(a.value(1), b.sigmoid(a.value(1))), [&] { const Value anchor = b.mul(l_t, l_t); return b.sub(b.scalar_like(1.0, anchor), anchor); }())))}; }(); }
-
-// glu = glu(self, dim)  (specs/nn.yaml:233)
+// glu = glu(self, dim)  (specs/nn.yaml:223)
 std::vector<Value> emit_glu(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
-// glu.out = glu(self, dim)  (specs/nn.yaml:233)
+// glu.out = glu(self, dim)  (specs/nn.yaml:223)
 std::vector<Value> emit_glu__out(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
 
-// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:238)
+// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:228)
 std::vector<Value> emit_glu_backward(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
-// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:238)
+// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:228)
 std::vector<Value> emit_glu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
 
-// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:244)
+// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:234)
 std::vector<Value> emit__prelu_kernel(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(1), a.value(0)))}; }
 
-// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:249)
+// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:239)
 std::vector<Value> emit__prelu_kernel_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(2), a.value(0))), b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(1), a.value(0)))}; }
 
-// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:253)
+// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:243)
 std::vector<Value> emit_channel_shuffle(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
-// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:253)
+// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:243)
 std::vector<Value> emit_channel_shuffle__out(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
 
-// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:259)
+// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:249)
 std::vector<Value> emit_rrelu_with_noise_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
-// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:259)
+// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:249)
 std::vector<Value> emit_rrelu_with_noise(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
 
-// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:267)
+// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:257)
 std::vector<Value> emit_rrelu_with_noise_backward(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
-// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:267)
+// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:257)
 std::vector<Value> emit_rrelu_with_noise_backward__out(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
 
-// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:272)
+// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:262)
 std::vector<Value> emit_multi_margin_loss(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
-// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:272)
+// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:262)
 std::vector<Value> emit_multi_margin_loss__out(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
 
-// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:279)
+// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:269)
 std::vector<Value> emit_multi_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
-// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:279)
+// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:269)
 std::vector<Value> emit_multi_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
 
-// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:285)
+// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:275)
 std::vector<Value> emit_multilabel_margin_loss_forward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
-// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:285)
+// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:275)
 std::vector<Value> emit_multilabel_margin_loss_forward__output(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
 
-// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:291)
+// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:281)
 std::vector<Value> emit_multilabel_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
-// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:291)
+// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:281)
 std::vector<Value> emit_multilabel_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
 
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
@@ -4195,397 +4187,397 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_lt__Scalar_out, false, -1, {}},
-      {"index_select", "specs/indexing.yaml:4", Variant::Functional,
+      {"index_select", "specs/indexing.yaml:6", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_select, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_select.out", "specs/indexing.yaml:4", Variant::Out,
+      {"index_select.out", "specs/indexing.yaml:6", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_select__out, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"gather", "specs/indexing.yaml:11", Variant::Functional,
+      {"gather", "specs/indexing.yaml:13", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gather, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"gather.out", "specs/indexing.yaml:11", Variant::Out,
+      {"gather.out", "specs/indexing.yaml:13", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_gather__out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.src", "specs/indexing.yaml:17", Variant::Functional,
+      {"scatter.src", "specs/indexing.yaml:19", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__src, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_.src", "specs/indexing.yaml:17", Variant::Inplace,
+      {"scatter_.src", "specs/indexing.yaml:19", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___src, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.src_out", "specs/indexing.yaml:17", Variant::Out,
+      {"scatter.src_out", "specs/indexing.yaml:19", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__src_out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.value", "specs/indexing.yaml:24", Variant::Functional,
+      {"scatter.value", "specs/indexing.yaml:26", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_.value", "specs/indexing.yaml:24", Variant::Inplace,
+      {"scatter_.value", "specs/indexing.yaml:26", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___value, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.value_out", "specs/indexing.yaml:24", Variant::Out,
+      {"scatter.value_out", "specs/indexing.yaml:26", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value_out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_add", "specs/indexing.yaml:30", Variant::Functional,
+      {"scatter_add", "specs/indexing.yaml:32", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_add, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_add_", "specs/indexing.yaml:30", Variant::Inplace,
+      {"scatter_add_", "specs/indexing.yaml:32", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_add_, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_add.out", "specs/indexing.yaml:30", Variant::Out,
+      {"scatter_add.out", "specs/indexing.yaml:32", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_add__out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.reduce", "specs/indexing.yaml:37", Variant::Functional,
+      {"scatter.reduce", "specs/indexing.yaml:39", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__reduce, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_.reduce", "specs/indexing.yaml:37", Variant::Inplace,
+      {"scatter_.reduce", "specs/indexing.yaml:39", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___reduce, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.reduce_out", "specs/indexing.yaml:37", Variant::Out,
+      {"scatter.reduce_out", "specs/indexing.yaml:39", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {5},
        {5}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__reduce_out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.value_reduce", "specs/indexing.yaml:43", Variant::Functional,
+      {"scatter.value_reduce", "specs/indexing.yaml:45", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value_reduce, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_.value_reduce", "specs/indexing.yaml:43", Variant::Inplace,
+      {"scatter_.value_reduce", "specs/indexing.yaml:45", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter___value_reduce, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter.value_reduce_out", "specs/indexing.yaml:43", Variant::Out,
+      {"scatter.value_reduce_out", "specs/indexing.yaml:45", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Output, {5},
        {5}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter__value_reduce_out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_reduce.two", "specs/indexing.yaml:49", Variant::Functional,
+      {"scatter_reduce.two", "specs/indexing.yaml:51", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_reduce__two, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_reduce_.two", "specs/indexing.yaml:49", Variant::Inplace,
+      {"scatter_reduce_.two", "specs/indexing.yaml:51", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_reduce___two, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"scatter_reduce.two_out", "specs/indexing.yaml:49", Variant::Out,
+      {"scatter_reduce.two_out", "specs/indexing.yaml:51", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_scatter_reduce__two_out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"embedding_dense_backward", "specs/indexing.yaml:57", Variant::Functional,
+      {"embedding_dense_backward", "specs/indexing.yaml:59", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_dense_backward, false, -1, {}},
-      {"embedding_dense_backward.out", "specs/indexing.yaml:57", Variant::Out,
+      {"embedding_dense_backward.out", "specs/indexing.yaml:59", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_dense_backward__out, false, -1, {}},
-      {"nll_loss_forward", "specs/indexing.yaml:65", Variant::Functional,
+      {"nll_loss_forward", "specs/indexing.yaml:67", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_forward, false, -1, {1, 0, -1, -1, false, 4, true, "Target {value} is out of bounds."}},
-      {"nll_loss_backward", "specs/indexing.yaml:73", Variant::Functional,
+      {"nll_loss_backward", "specs/indexing.yaml:75", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward, false, -1, {}},
-      {"nll_loss_backward.grad_input", "specs/indexing.yaml:73", Variant::Out,
+      {"nll_loss_backward.grad_input", "specs/indexing.yaml:75", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward__grad_input, false, -1, {}},
-      {"nll_loss2d_forward", "specs/indexing.yaml:79", Variant::Functional,
+      {"nll_loss2d_forward", "specs/indexing.yaml:81", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_forward, false, -1, {1, 0, -1, 1, false, 4, true, "Target {value} is out of bounds."}},
-      {"nll_loss2d_backward", "specs/indexing.yaml:86", Variant::Functional,
+      {"nll_loss2d_backward", "specs/indexing.yaml:88", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward, false, -1, {}},
-      {"nll_loss2d_backward.grad_input", "specs/indexing.yaml:86", Variant::Out,
+      {"nll_loss2d_backward.grad_input", "specs/indexing.yaml:88", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward__grad_input, false, -1, {}},
-      {"index.Tensor", "specs/indexing.yaml:97", Variant::Functional,
+      {"index.Tensor", "specs/indexing.yaml:98", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index.Tensor_out", "specs/indexing.yaml:97", Variant::Out,
+      {"index.Tensor_out", "specs/indexing.yaml:98", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor_out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put", "specs/indexing.yaml:105", Variant::Functional,
+      {"index_put", "specs/indexing.yaml:106", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put_", "specs/indexing.yaml:105", Variant::Inplace,
+      {"index_put_", "specs/indexing.yaml:106", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put.out", "specs/indexing.yaml:105", Variant::Out,
+      {"index_put.out", "specs/indexing.yaml:106", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl", "specs/indexing.yaml:111", Variant::Functional,
+      {"_index_put_impl", "specs/indexing.yaml:112", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl_", "specs/indexing.yaml:111", Variant::Inplace,
+      {"_index_put_impl_", "specs/indexing.yaml:112", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl.out", "specs/indexing.yaml:111", Variant::Out,
+      {"_index_put_impl.out", "specs/indexing.yaml:112", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {5},
        {5}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"nonzero", "specs/indexing.yaml:119", Variant::Functional,
+      {"nonzero", "specs/indexing.yaml:120", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nonzero, true, -1, {}},
-      {"masked_select", "specs/indexing.yaml:125", Variant::Functional,
+      {"masked_select", "specs/indexing.yaml:126", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_select, true, -1, {}},
-      {"masked_scatter", "specs/indexing.yaml:133", Variant::Functional,
+      {"masked_scatter", "specs/indexing.yaml:134", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter, false, -1, {}},
-      {"masked_scatter_", "specs/indexing.yaml:133", Variant::Inplace,
+      {"masked_scatter_", "specs/indexing.yaml:134", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter_, false, -1, {}},
-      {"masked_scatter.out", "specs/indexing.yaml:133", Variant::Out,
+      {"masked_scatter.out", "specs/indexing.yaml:134", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter__out, false, -1, {}},
-      {"isin.Tensor_Tensor", "specs/indexing.yaml:139", Variant::Functional,
+      {"isin.Tensor_Tensor", "specs/indexing.yaml:140", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor, false, -1, {}},
-      {"isin.Tensor_Tensor_out", "specs/indexing.yaml:139", Variant::Out,
+      {"isin.Tensor_Tensor_out", "specs/indexing.yaml:140", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor_out, false, -1, {}},
-      {"isin.Tensor_Scalar", "specs/indexing.yaml:143", Variant::Functional,
+      {"isin.Tensor_Scalar", "specs/indexing.yaml:144", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar, false, -1, {}},
-      {"isin.Tensor_Scalar_out", "specs/indexing.yaml:143", Variant::Out,
+      {"isin.Tensor_Scalar_out", "specs/indexing.yaml:144", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar_out, false, -1, {}},
-      {"nonzero_static", "specs/indexing.yaml:147", Variant::Functional,
+      {"nonzero_static", "specs/indexing.yaml:148", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"int64"}, &emit_nonzero_static, false, -1, {}},
-      {"nonzero_static.out", "specs/indexing.yaml:147", Variant::Out,
+      {"nonzero_static.out", "specs/indexing.yaml:148", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"int64"}, &emit_nonzero_static__out, false, -1, {}},
-      {"searchsorted.Tensor", "specs/indexing.yaml:155", Variant::Functional,
+      {"searchsorted.Tensor", "specs/indexing.yaml:156", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Tensor, false, -1, {}},
-      {"searchsorted.Scalar", "specs/indexing.yaml:162", Variant::Functional,
+      {"searchsorted.Scalar", "specs/indexing.yaml:163", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Scalar, false, -1, {}},
-      {"bucketize.Tensor", "specs/indexing.yaml:168", Variant::Functional,
+      {"bucketize.Tensor", "specs/indexing.yaml:169", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Tensor, false, -1, {}},
-      {"histc", "specs/indexing.yaml:175", Variant::Functional,
+      {"histc", "specs/indexing.yaml:176", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_histc, false, -1, {}},
-      {"histc.out", "specs/indexing.yaml:175", Variant::Out,
+      {"histc.out", "specs/indexing.yaml:176", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_histc__out, false, -1, {}},
-      {"_embedding_bag", "specs/indexing.yaml:185", Variant::Functional,
+      {"_embedding_bag", "specs/indexing.yaml:186", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_forward_only", "specs/indexing.yaml:193", Variant::Functional,
+      {"_embedding_bag_forward_only", "specs/indexing.yaml:194", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_forward_only, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_backward", "specs/indexing.yaml:201", Variant::Functional,
+      {"_embedding_bag_backward", "specs/indexing.yaml:202", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 10}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_backward, false, -1, {}},
-      {"_embedding_bag_dense_backward", "specs/indexing.yaml:207", Variant::Functional,
+      {"_embedding_bag_dense_backward", "specs/indexing.yaml:208", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 8}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_dense_backward, false, -1, {}},
-      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:213", Variant::Functional,
+      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:214", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward, false, -1, {}},
-      {"index_add", "specs/indexing.yaml:221", Variant::Functional,
+      {"index_add", "specs/indexing.yaml:222", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add_", "specs/indexing.yaml:221", Variant::Inplace,
+      {"index_add_", "specs/indexing.yaml:222", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add_, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add.out", "specs/indexing.yaml:221", Variant::Out,
+      {"index_add.out", "specs/indexing.yaml:222", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3, 4}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add__out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy", "specs/indexing.yaml:228", Variant::Functional,
+      {"index_copy", "specs/indexing.yaml:229", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy_", "specs/indexing.yaml:228", Variant::Inplace,
+      {"index_copy_", "specs/indexing.yaml:229", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy_, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy.out", "specs/indexing.yaml:228", Variant::Out,
+      {"index_copy.out", "specs/indexing.yaml:229", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar", "specs/indexing.yaml:235", Variant::Functional,
+      {"index_fill.int_Scalar", "specs/indexing.yaml:236", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Scalar", "specs/indexing.yaml:235", Variant::Inplace,
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:236", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar_out", "specs/indexing.yaml:235", Variant::Out,
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:236", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor", "specs/indexing.yaml:242", Variant::Functional,
+      {"index_fill.int_Tensor", "specs/indexing.yaml:243", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Tensor", "specs/indexing.yaml:242", Variant::Inplace,
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:243", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor_out", "specs/indexing.yaml:242", Variant::Out,
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:243", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_reduce", "specs/indexing.yaml:249", Variant::Functional,
+      {"index_reduce", "specs/indexing.yaml:250", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce_", "specs/indexing.yaml:249", Variant::Inplace,
+      {"index_reduce_", "specs/indexing.yaml:250", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce.out", "specs/indexing.yaml:249", Variant::Out,
+      {"index_reduce.out", "specs/indexing.yaml:250", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"take", "specs/indexing.yaml:257", Variant::Functional,
+      {"take", "specs/indexing.yaml:258", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"take.out", "specs/indexing.yaml:257", Variant::Out,
+      {"take.out", "specs/indexing.yaml:258", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put", "specs/indexing.yaml:263", Variant::Functional,
+      {"put", "specs/indexing.yaml:264", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put_", "specs/indexing.yaml:263", Variant::Inplace,
+      {"put_", "specs/indexing.yaml:264", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put.out", "specs/indexing.yaml:263", Variant::Out,
+      {"put.out", "specs/indexing.yaml:264", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
@@ -4935,402 +4927,387 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_silu__out, false, -1, {}},
-      {"silu_backward", "specs/nn.yaml:41", Variant::Functional,
-       {ArgKind::Tensor, ArgKind::Tensor},
-       {0, 1}, Compute::Common, {},
-       {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_silu_backward, false, -1, {}},
-      {"silu_backward.grad_input", "specs/nn.yaml:41", Variant::Out,
-       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
-       {0, 1}, Compute::Common, {2},
-       {2}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_silu_backward__grad_input, false, -1, {}},
-      {"leaky_relu", "specs/nn.yaml:46", Variant::Functional,
+      {"leaky_relu", "specs/nn.yaml:42", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu, false, -1, {}},
-      {"leaky_relu_", "specs/nn.yaml:46", Variant::Inplace,
+      {"leaky_relu_", "specs/nn.yaml:42", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_, false, -1, {}},
-      {"leaky_relu.out", "specs/nn.yaml:46", Variant::Out,
+      {"leaky_relu.out", "specs/nn.yaml:42", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Output, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu__out, false, -1, {}},
-      {"leaky_relu_backward", "specs/nn.yaml:52", Variant::Functional,
+      {"leaky_relu_backward", "specs/nn.yaml:48", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_backward, false, -1, {}},
-      {"leaky_relu_backward.grad_input", "specs/nn.yaml:52", Variant::Out,
+      {"leaky_relu_backward.grad_input", "specs/nn.yaml:48", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_backward__grad_input, false, -1, {}},
-      {"elu", "specs/nn.yaml:57", Variant::Functional,
+      {"elu", "specs/nn.yaml:53", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu, false, -1, {}},
-      {"elu_", "specs/nn.yaml:57", Variant::Inplace,
+      {"elu_", "specs/nn.yaml:53", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu_, false, -1, {}},
-      {"elu.out", "specs/nn.yaml:57", Variant::Out,
+      {"elu.out", "specs/nn.yaml:53", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu__out, false, -1, {}},
-      {"elu_backward", "specs/nn.yaml:63", Variant::Functional,
+      {"elu_backward", "specs/nn.yaml:59", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3, 5}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu_backward, false, -1, {}},
-      {"elu_backward.grad_input", "specs/nn.yaml:63", Variant::Out,
+      {"elu_backward.grad_input", "specs/nn.yaml:59", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 5}, Compute::Output, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu_backward__grad_input, false, -1, {}},
-      {"softplus", "specs/nn.yaml:69", Variant::Functional,
+      {"softplus", "specs/nn.yaml:65", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus, false, -1, {}},
-      {"softplus.out", "specs/nn.yaml:69", Variant::Out,
+      {"softplus.out", "specs/nn.yaml:65", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus__out, false, -1, {}},
-      {"softplus_backward", "specs/nn.yaml:75", Variant::Functional,
+      {"softplus_backward", "specs/nn.yaml:71", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus_backward, false, -1, {}},
-      {"softplus_backward.grad_input", "specs/nn.yaml:75", Variant::Out,
+      {"softplus_backward.grad_input", "specs/nn.yaml:71", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus_backward__grad_input, false, -1, {}},
-      {"hardtanh", "specs/nn.yaml:80", Variant::Functional,
+      {"hardtanh", "specs/nn.yaml:76", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh, false, -1, {}},
-      {"hardtanh_", "specs/nn.yaml:80", Variant::Inplace,
+      {"hardtanh_", "specs/nn.yaml:76", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_, false, -1, {}},
-      {"hardtanh.out", "specs/nn.yaml:80", Variant::Out,
+      {"hardtanh.out", "specs/nn.yaml:76", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh__out, false, -1, {}},
-      {"hardtanh_backward", "specs/nn.yaml:86", Variant::Functional,
+      {"hardtanh_backward", "specs/nn.yaml:82", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_backward, false, -1, {}},
-      {"hardtanh_backward.grad_input", "specs/nn.yaml:86", Variant::Out,
+      {"hardtanh_backward.grad_input", "specs/nn.yaml:82", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_backward__grad_input, false, -1, {}},
-      {"threshold", "specs/nn.yaml:91", Variant::Functional,
+      {"threshold", "specs/nn.yaml:87", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold, false, -1, {}},
-      {"threshold_", "specs/nn.yaml:91", Variant::Inplace,
+      {"threshold_", "specs/nn.yaml:87", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_, false, -1, {}},
-      {"threshold.out", "specs/nn.yaml:91", Variant::Out,
+      {"threshold.out", "specs/nn.yaml:87", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold__out, false, -1, {}},
-      {"threshold_backward", "specs/nn.yaml:97", Variant::Functional,
+      {"threshold_backward", "specs/nn.yaml:93", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward, false, -1, {}},
-      {"threshold_backward.grad_input", "specs/nn.yaml:97", Variant::Out,
+      {"threshold_backward.grad_input", "specs/nn.yaml:93", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward__grad_input, false, -1, {}},
-      {"_cdist_forward", "specs/nn.yaml:103", Variant::Functional,
+      {"_cdist_forward", "specs/nn.yaml:99", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__cdist_forward, false, -1, {}},
-      {"_cdist_backward", "specs/nn.yaml:109", Variant::Functional,
+      {"_cdist_backward", "specs/nn.yaml:105", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__cdist_backward, false, -1, {}},
-      {"_pdist_forward", "specs/nn.yaml:114", Variant::Functional,
+      {"_pdist_forward", "specs/nn.yaml:110", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__pdist_forward, false, -1, {}},
-      {"_pdist_backward", "specs/nn.yaml:120", Variant::Functional,
+      {"_pdist_backward", "specs/nn.yaml:116", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__pdist_backward, false, -1, {}},
-      {"mse_loss", "specs/nn.yaml:125", Variant::Functional,
+      {"mse_loss", "specs/nn.yaml:121", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss, false, -1, {}},
-      {"mse_loss.out", "specs/nn.yaml:125", Variant::Out,
+      {"mse_loss.out", "specs/nn.yaml:121", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss__out, false, -1, {}},
-      {"mse_loss_backward", "specs/nn.yaml:130", Variant::Functional,
+      {"mse_loss_backward", "specs/nn.yaml:126", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward, false, -1, {}},
-      {"mse_loss_backward.grad_input", "specs/nn.yaml:130", Variant::Out,
+      {"mse_loss_backward.grad_input", "specs/nn.yaml:126", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward__grad_input, false, -1, {}},
-      {"native_dropout", "specs/nn.yaml:137", Variant::Functional,
+      {"native_dropout", "specs/nn.yaml:133", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, true,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_dropout, false, -1, {}},
-      {"native_dropout_backward", "specs/nn.yaml:144", Variant::Functional,
+      {"native_dropout_backward", "specs/nn.yaml:140", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_dropout_backward, false, -1, {}},
-      {"log_sigmoid_forward", "specs/nn.yaml:152", Variant::Functional,
+      {"log_sigmoid_forward", "specs/nn.yaml:148", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_forward, false, -1, {}},
-      {"log_sigmoid_backward", "specs/nn.yaml:159", Variant::Functional,
+      {"log_sigmoid_backward", "specs/nn.yaml:155", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward, false, -1, {}},
-      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:159", Variant::Out,
+      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:155", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward__grad_input, false, -1, {}},
-      {"smooth_l1_loss", "specs/nn.yaml:165", Variant::Functional,
+      {"smooth_l1_loss", "specs/nn.yaml:161", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss, false, -1, {}},
-      {"smooth_l1_loss.out", "specs/nn.yaml:165", Variant::Out,
+      {"smooth_l1_loss.out", "specs/nn.yaml:161", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss__out, false, -1, {}},
-      {"smooth_l1_loss_backward", "specs/nn.yaml:173", Variant::Functional,
+      {"smooth_l1_loss_backward", "specs/nn.yaml:169", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward, false, -1, {}},
-      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:173", Variant::Out,
+      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:169", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward__grad_input, false, -1, {}},
-      {"huber_loss", "specs/nn.yaml:181", Variant::Functional,
+      {"huber_loss", "specs/nn.yaml:177", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss, false, -1, {}},
-      {"huber_loss.out", "specs/nn.yaml:181", Variant::Out,
+      {"huber_loss.out", "specs/nn.yaml:177", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss__out, false, -1, {}},
-      {"huber_loss_backward", "specs/nn.yaml:189", Variant::Functional,
+      {"huber_loss_backward", "specs/nn.yaml:185", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward, false, -1, {}},
-      {"huber_loss_backward.out", "specs/nn.yaml:189", Variant::Out,
+      {"huber_loss_backward.out", "specs/nn.yaml:185", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward__out, false, -1, {}},
-      {"binary_cross_entropy", "specs/nn.yaml:198", Variant::Functional,
+      {"binary_cross_entropy", "specs/nn.yaml:194", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy, false, -1, {}},
-      {"binary_cross_entropy.out", "specs/nn.yaml:198", Variant::Out,
+      {"binary_cross_entropy.out", "specs/nn.yaml:194", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy__out, false, -1, {}},
-      {"binary_cross_entropy_backward", "specs/nn.yaml:205", Variant::Functional,
+      {"binary_cross_entropy_backward", "specs/nn.yaml:201", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward, false, -1, {}},
-      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:205", Variant::Out,
+      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:201", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward__grad_input, false, -1, {}},
-      {"hardswish", "specs/nn.yaml:212", Variant::Functional,
+      {"hardswish", "specs/nn.yaml:208", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish, false, -1, {}},
-      {"hardswish_", "specs/nn.yaml:212", Variant::Inplace,
+      {"hardswish_", "specs/nn.yaml:208", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_, false, -1, {}},
-      {"hardswish.out", "specs/nn.yaml:212", Variant::Out,
+      {"hardswish.out", "specs/nn.yaml:208", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish__out, false, -1, {}},
-      {"hardswish_backward", "specs/nn.yaml:217", Variant::Functional,
+      {"hardswish_backward", "specs/nn.yaml:213", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward, false, -1, {}},
-      {"hardswish_backward.out", "specs/nn.yaml:217", Variant::Out,
+      {"hardswish_backward.out", "specs/nn.yaml:213", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward__out, false, -1, {}},
-      {"mish", "specs/nn.yaml:221", Variant::Functional,
+      {"mish", "specs/nn.yaml:217", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish, false, -1, {}},
-      {"mish_", "specs/nn.yaml:221", Variant::Inplace,
+      {"mish_", "specs/nn.yaml:217", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish_, false, -1, {}},
-      {"mish.out", "specs/nn.yaml:221", Variant::Out,
+      {"mish.out", "specs/nn.yaml:217", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish__out, false, -1, {}},
-      {"mish_backward", "specs/nn.yaml:227", Variant::Functional,
-       {ArgKind::Tensor, ArgKind::Tensor},
-       {0, 1}, Compute::Common, {},
-       {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_mish_backward, false, -1, {}},
-      {"glu", "specs/nn.yaml:233", Variant::Functional,
+      {"glu", "specs/nn.yaml:223", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu, false, -1, {}},
-      {"glu.out", "specs/nn.yaml:233", Variant::Out,
+      {"glu.out", "specs/nn.yaml:223", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu__out, false, -1, {}},
-      {"glu_backward", "specs/nn.yaml:238", Variant::Functional,
+      {"glu_backward", "specs/nn.yaml:228", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward, false, -1, {}},
-      {"glu_backward.grad_input", "specs/nn.yaml:238", Variant::Out,
+      {"glu_backward.grad_input", "specs/nn.yaml:228", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward__grad_input, false, -1, {}},
-      {"_prelu_kernel", "specs/nn.yaml:244", Variant::Functional,
+      {"_prelu_kernel", "specs/nn.yaml:234", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel, false, -1, {}},
-      {"_prelu_kernel_backward", "specs/nn.yaml:249", Variant::Functional,
+      {"_prelu_kernel_backward", "specs/nn.yaml:239", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel_backward, false, -1, {}},
-      {"channel_shuffle", "specs/nn.yaml:253", Variant::Functional,
+      {"channel_shuffle", "specs/nn.yaml:243", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle, false, -1, {}},
-      {"channel_shuffle.out", "specs/nn.yaml:253", Variant::Out,
+      {"channel_shuffle.out", "specs/nn.yaml:243", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle__out, false, -1, {}},
-      {"rrelu_with_noise_functional", "specs/nn.yaml:259", Variant::Functional,
+      {"rrelu_with_noise_functional", "specs/nn.yaml:249", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_functional, false, -1, {}},
-      {"rrelu_with_noise", "specs/nn.yaml:259", Variant::Inplace,
+      {"rrelu_with_noise", "specs/nn.yaml:249", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {1},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise, false, -1, {}},
-      {"rrelu_with_noise_backward", "specs/nn.yaml:267", Variant::Functional,
+      {"rrelu_with_noise_backward", "specs/nn.yaml:257", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward, false, -1, {}},
-      {"rrelu_with_noise_backward.out", "specs/nn.yaml:267", Variant::Out,
+      {"rrelu_with_noise_backward.out", "specs/nn.yaml:257", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward__out, false, -1, {}},
-      {"multi_margin_loss", "specs/nn.yaml:272", Variant::Functional,
+      {"multi_margin_loss", "specs/nn.yaml:262", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss, false, -1, {}},
-      {"multi_margin_loss.out", "specs/nn.yaml:272", Variant::Out,
+      {"multi_margin_loss.out", "specs/nn.yaml:262", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 4}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss__out, false, -1, {}},
-      {"multi_margin_loss_backward", "specs/nn.yaml:279", Variant::Functional,
+      {"multi_margin_loss_backward", "specs/nn.yaml:269", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 5}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward, false, -1, {}},
-      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:279", Variant::Out,
+      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:269", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 5}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward__grad_input, false, -1, {}},
-      {"multilabel_margin_loss_forward", "specs/nn.yaml:285", Variant::Functional,
+      {"multilabel_margin_loss_forward", "specs/nn.yaml:275", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward, false, -1, {}},
-      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:285", Variant::Out,
+      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:275", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward__output, false, -1, {}},
-      {"multilabel_margin_loss_backward", "specs/nn.yaml:291", Variant::Functional,
+      {"multilabel_margin_loss_backward", "specs/nn.yaml:281", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_backward, false, -1, {}},
-      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:291", Variant::Out,
+      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:281", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,

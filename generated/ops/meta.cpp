@@ -145,7 +145,6 @@
 #include <ATen/ops/sigmoid_meta_dispatch.h>
 #include <ATen/ops/sign_meta_dispatch.h>
 #include <ATen/ops/signbit_meta_dispatch.h>
-#include <ATen/ops/silu_backward_meta_dispatch.h>
 #include <ATen/ops/silu_meta_dispatch.h>
 #include <ATen/ops/sin_meta_dispatch.h>
 #include <ATen/ops/sinc_meta_dispatch.h>
@@ -1448,19 +1447,6 @@ void meta_emit_silu_(torch::jit::Stack& s) {
 void meta_emit_silu__out(torch::jit::Stack& s) {
   at::Tensor a1 = s[1].toTensor();
   auto result = at::meta::silu_outf(s[0].toTensor(), a1);
-  s.clear();
-  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
-}
-
-void meta_emit_silu_backward(torch::jit::Stack& s) {
-  auto result = at::meta::silu_backward(s[0].toTensor(), s[1].toTensor());
-  s.clear();
-  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
-}
-
-void meta_emit_silu_backward__grad_input(torch::jit::Stack& s) {
-  at::Tensor a2 = s[2].toTensor();
-  auto result = at::meta::silu_backward_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -4069,8 +4055,6 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_silu,  // silu
       &meta_emit_silu_,  // silu_
       &meta_emit_silu__out,  // silu.out
-      &meta_emit_silu_backward,  // silu_backward
-      &meta_emit_silu_backward__grad_input,  // silu_backward.grad_input
       &meta_emit_leaky_relu,  // leaky_relu
       &meta_emit_leaky_relu_,  // leaky_relu_
       &meta_emit_leaky_relu__out,  // leaky_relu.out
@@ -4128,7 +4112,6 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_mish,  // mish
       &meta_emit_mish_,  // mish_
       &meta_emit_mish__out,  // mish.out
-      nullptr,  // mish_backward
       &meta_emit_glu,  // glu
       &meta_emit_glu__out,  // glu.out
       nullptr,  // glu_backward

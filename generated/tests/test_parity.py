@@ -1803,7 +1803,7 @@ def test_lt_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_select(dtype):
-    # specs/indexing.yaml:4
+    # specs/indexing.yaml:6
     check_opinfo(
         "index_select",
         dtype,
@@ -1815,7 +1815,7 @@ def test_index_select(dtype):
 
 
 def test_index_select_compiled():
-    # specs/indexing.yaml:4: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:6: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_select",
         overloads=["index_select", "index_select.out"],
@@ -1826,7 +1826,7 @@ def test_index_select_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_select_other_dtypes(dtype):
-    # specs/indexing.yaml:4: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:6: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_select",
         dtype,
@@ -1840,7 +1840,7 @@ def test_index_select_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_gather(dtype):
-    # specs/indexing.yaml:11
+    # specs/indexing.yaml:13
     check_opinfo(
         "gather",
         dtype,
@@ -1852,7 +1852,7 @@ def test_gather(dtype):
 
 
 def test_gather_compiled():
-    # specs/indexing.yaml:11: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:13: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "gather",
         overloads=["gather", "gather.out"],
@@ -1863,7 +1863,7 @@ def test_gather_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_gather_other_dtypes(dtype):
-    # specs/indexing.yaml:11: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:13: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "gather",
         dtype,
@@ -1877,7 +1877,7 @@ def test_gather_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_src(dtype):
-    # specs/indexing.yaml:17
+    # specs/indexing.yaml:19
     check_opinfo(
         "scatter",
         dtype,
@@ -1889,7 +1889,7 @@ def test_scatter_src(dtype):
 
 
 def test_scatter_src_compiled():
-    # specs/indexing.yaml:17: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:19: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter",
         overloads=["scatter.src", "scatter_.src", "scatter.src_out"],
@@ -1900,7 +1900,7 @@ def test_scatter_src_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_src_other_dtypes(dtype):
-    # specs/indexing.yaml:17: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:19: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter",
         dtype,
@@ -1914,7 +1914,7 @@ def test_scatter_src_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_add(dtype):
-    # specs/indexing.yaml:30
+    # specs/indexing.yaml:32
     check_opinfo(
         "scatter_add",
         dtype,
@@ -1926,7 +1926,7 @@ def test_scatter_add(dtype):
 
 
 def test_scatter_add_compiled():
-    # specs/indexing.yaml:30: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:32: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter_add",
         overloads=["scatter_add", "scatter_add_", "scatter_add.out"],
@@ -1937,7 +1937,7 @@ def test_scatter_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_add_other_dtypes(dtype):
-    # specs/indexing.yaml:30: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:32: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter_add",
         dtype,
@@ -1951,7 +1951,7 @@ def test_scatter_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_scatter_reduce(dtype):
-    # specs/indexing.yaml:37
+    # specs/indexing.yaml:39
     check_opinfo(
         "scatter",
         dtype,
@@ -1963,7 +1963,7 @@ def test_scatter_reduce(dtype):
 
 
 def test_scatter_reduce_compiled():
-    # specs/indexing.yaml:37: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:39: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter",
         overloads=["scatter.reduce", "scatter_.reduce", "scatter.reduce_out"],
@@ -1974,7 +1974,7 @@ def test_scatter_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:37: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:39: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter",
         dtype,
@@ -1988,7 +1988,7 @@ def test_scatter_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_scatter_reduce_two(dtype):
-    # specs/indexing.yaml:49
+    # specs/indexing.yaml:51
     check_opinfo(
         "scatter_reduce.sum",
         dtype,
@@ -2000,7 +2000,7 @@ def test_scatter_reduce_two(dtype):
 
 
 def test_scatter_reduce_two_compiled():
-    # specs/indexing.yaml:49: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:51: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "scatter_reduce.sum",
         overloads=["scatter_reduce.two", "scatter_reduce_.two", "scatter_reduce.two_out"],
@@ -2011,7 +2011,7 @@ def test_scatter_reduce_two_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_scatter_reduce_two_other_dtypes(dtype):
-    # specs/indexing.yaml:49: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:51: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "scatter_reduce.sum",
         dtype,
@@ -2025,7 +2025,7 @@ def test_scatter_reduce_two_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_nll_loss_forward(dtype):
-    # specs/indexing.yaml:65
+    # specs/indexing.yaml:67
     check_opinfo(
         "nn.functional.nll_loss",
         dtype,
@@ -2037,7 +2037,7 @@ def test_nll_loss_forward(dtype):
 
 
 def test_nll_loss_forward_compiled():
-    # specs/indexing.yaml:65: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:67: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.nll_loss",
         overloads=["nll_loss_forward"],
@@ -2048,7 +2048,7 @@ def test_nll_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_Tensor(dtype):
-    # specs/indexing.yaml:97
+    # specs/indexing.yaml:98
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2060,7 +2060,7 @@ def test_index_Tensor(dtype):
 
 
 def test_index_Tensor_compiled():
-    # specs/indexing.yaml:97: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:98: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__getitem__",
         overloads=["index.Tensor", "index.Tensor_out"],
@@ -2071,7 +2071,7 @@ def test_index_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:97: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:98: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2085,7 +2085,7 @@ def test_index_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_put(dtype):
-    # specs/indexing.yaml:105
+    # specs/indexing.yaml:106
     check_opinfo(
         "index_put",
         dtype,
@@ -2097,7 +2097,7 @@ def test_index_put(dtype):
 
 
 def test_index_put_compiled():
-    # specs/indexing.yaml:105: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:106: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_put",
         overloads=["index_put", "index_put_", "index_put.out"],
@@ -2108,7 +2108,7 @@ def test_index_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_put_other_dtypes(dtype):
-    # specs/indexing.yaml:105: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:106: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_put",
         dtype,
@@ -2122,7 +2122,7 @@ def test_index_put_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nonzero(dtype):
-    # specs/indexing.yaml:119
+    # specs/indexing.yaml:120
     check_opinfo(
         "nonzero",
         dtype,
@@ -2134,7 +2134,7 @@ def test_nonzero(dtype):
 
 
 def test_nonzero_compiled():
-    # specs/indexing.yaml:119: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:120: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero",
         overloads=["nonzero"],
@@ -2146,7 +2146,7 @@ def test_nonzero_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nonzero_other_dtypes(dtype):
-    # specs/indexing.yaml:119: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:120: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nonzero",
         dtype,
@@ -2160,7 +2160,7 @@ def test_nonzero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_select(dtype):
-    # specs/indexing.yaml:125
+    # specs/indexing.yaml:126
     check_opinfo(
         "masked_select",
         dtype,
@@ -2172,7 +2172,7 @@ def test_masked_select(dtype):
 
 
 def test_masked_select_compiled():
-    # specs/indexing.yaml:125: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:126: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_select",
         overloads=["masked_select"],
@@ -2184,7 +2184,7 @@ def test_masked_select_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_select_other_dtypes(dtype):
-    # specs/indexing.yaml:125: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:126: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_select",
         dtype,
@@ -2198,7 +2198,7 @@ def test_masked_select_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_scatter(dtype):
-    # specs/indexing.yaml:133
+    # specs/indexing.yaml:134
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2210,7 +2210,7 @@ def test_masked_scatter(dtype):
 
 
 def test_masked_scatter_compiled():
-    # specs/indexing.yaml:133: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:134: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_scatter",
         overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
@@ -2221,7 +2221,7 @@ def test_masked_scatter_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_scatter_other_dtypes(dtype):
-    # specs/indexing.yaml:133: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:134: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2235,7 +2235,7 @@ def test_masked_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isin_Tensor_Tensor(dtype):
-    # specs/indexing.yaml:139
+    # specs/indexing.yaml:140
     check_opinfo(
         "isin",
         dtype,
@@ -2247,7 +2247,7 @@ def test_isin_Tensor_Tensor(dtype):
 
 
 def test_isin_Tensor_Tensor_compiled():
-    # specs/indexing.yaml:139: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:140: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isin",
         overloads=["isin.Tensor_Tensor", "isin.Tensor_Tensor_out"],
@@ -2258,7 +2258,7 @@ def test_isin_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isin_Tensor_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:139: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:140: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isin",
         dtype,
@@ -2272,7 +2272,7 @@ def test_isin_Tensor_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64"])
 def test_nonzero_static(dtype):
-    # specs/indexing.yaml:147
+    # specs/indexing.yaml:148
     check_opinfo(
         "nonzero_static",
         dtype,
@@ -2284,7 +2284,7 @@ def test_nonzero_static(dtype):
 
 
 def test_nonzero_static_compiled():
-    # specs/indexing.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero_static",
         overloads=["nonzero_static", "nonzero_static.out"],
@@ -2295,7 +2295,7 @@ def test_nonzero_static_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_searchsorted_Tensor(dtype):
-    # specs/indexing.yaml:155
+    # specs/indexing.yaml:156
     check_opinfo(
         "searchsorted",
         dtype,
@@ -2307,7 +2307,7 @@ def test_searchsorted_Tensor(dtype):
 
 
 def test_searchsorted_Tensor_compiled():
-    # specs/indexing.yaml:155: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:156: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "searchsorted",
         overloads=["searchsorted.Tensor"],
@@ -2318,7 +2318,7 @@ def test_searchsorted_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_searchsorted_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:155: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:156: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "searchsorted",
         dtype,
@@ -2332,7 +2332,7 @@ def test_searchsorted_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_bucketize_Tensor(dtype):
-    # specs/indexing.yaml:168
+    # specs/indexing.yaml:169
     check_opinfo(
         "bucketize",
         dtype,
@@ -2344,7 +2344,7 @@ def test_bucketize_Tensor(dtype):
 
 
 def test_bucketize_Tensor_compiled():
-    # specs/indexing.yaml:168: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:169: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bucketize",
         overloads=["bucketize.Tensor"],
@@ -2355,7 +2355,7 @@ def test_bucketize_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_bucketize_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:168: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:169: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "bucketize",
         dtype,
@@ -2369,7 +2369,7 @@ def test_bucketize_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_histc(dtype):
-    # specs/indexing.yaml:175
+    # specs/indexing.yaml:176
     check_opinfo(
         "histc",
         dtype,
@@ -2381,7 +2381,7 @@ def test_histc(dtype):
 
 
 def test_histc_compiled():
-    # specs/indexing.yaml:175: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:176: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "histc",
         overloads=["histc", "histc.out"],
@@ -2392,7 +2392,7 @@ def test_histc_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_histc_other_dtypes(dtype):
-    # specs/indexing.yaml:175: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:176: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "histc",
         dtype,
@@ -2406,7 +2406,7 @@ def test_histc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__embedding_bag(dtype):
-    # specs/indexing.yaml:185
+    # specs/indexing.yaml:186
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2418,7 +2418,7 @@ def test__embedding_bag(dtype):
 
 
 def test__embedding_bag_compiled():
-    # specs/indexing.yaml:185: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:186: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.embedding_bag",
         overloads=["_embedding_bag"],
@@ -2429,7 +2429,7 @@ def test__embedding_bag_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__embedding_bag_other_dtypes(dtype):
-    # specs/indexing.yaml:185: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:186: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2443,7 +2443,7 @@ def test__embedding_bag_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_add(dtype):
-    # specs/indexing.yaml:221
+    # specs/indexing.yaml:222
     check_opinfo(
         "index_add",
         dtype,
@@ -2455,7 +2455,7 @@ def test_index_add(dtype):
 
 
 def test_index_add_compiled():
-    # specs/indexing.yaml:221: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:222: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_add",
         overloads=["index_add", "index_add_", "index_add.out"],
@@ -2466,7 +2466,7 @@ def test_index_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_add_other_dtypes(dtype):
-    # specs/indexing.yaml:221: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:222: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_add",
         dtype,
@@ -2480,7 +2480,7 @@ def test_index_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_copy(dtype):
-    # specs/indexing.yaml:228
+    # specs/indexing.yaml:229
     check_opinfo(
         "index_copy",
         dtype,
@@ -2492,7 +2492,7 @@ def test_index_copy(dtype):
 
 
 def test_index_copy_compiled():
-    # specs/indexing.yaml:228: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:229: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_copy",
         overloads=["index_copy", "index_copy_", "index_copy.out"],
@@ -2503,7 +2503,7 @@ def test_index_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_copy_other_dtypes(dtype):
-    # specs/indexing.yaml:228: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:229: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_copy",
         dtype,
@@ -2517,7 +2517,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:235
+    # specs/indexing.yaml:236
     check_opinfo(
         "index_fill",
         dtype,
@@ -2529,7 +2529,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:235: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:236: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2540,7 +2540,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:235: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:236: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2554,7 +2554,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:249
+    # specs/indexing.yaml:250
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2566,7 +2566,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:249: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:250: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2577,7 +2577,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:249: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:250: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2591,7 +2591,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:257
+    # specs/indexing.yaml:258
     check_opinfo(
         "take",
         dtype,
@@ -2603,7 +2603,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:257: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:258: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2614,7 +2614,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:257: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:258: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2628,7 +2628,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:263
+    # specs/indexing.yaml:264
     check_opinfo(
         "put",
         dtype,
@@ -2640,7 +2640,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:264: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2651,7 +2651,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:263: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:264: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,
@@ -3932,7 +3932,7 @@ def test_silu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_leaky_relu(dtype):
-    # specs/nn.yaml:46
+    # specs/nn.yaml:42
     check_opinfo(
         "nn.functional.leaky_relu",
         dtype,
@@ -3944,7 +3944,7 @@ def test_leaky_relu(dtype):
 
 
 def test_leaky_relu_compiled():
-    # specs/nn.yaml:46: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:42: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.leaky_relu",
         overloads=["leaky_relu", "leaky_relu_", "leaky_relu.out"],
@@ -3955,7 +3955,7 @@ def test_leaky_relu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_leaky_relu_other_dtypes(dtype):
-    # specs/nn.yaml:46: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:42: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.leaky_relu",
         dtype,
@@ -3969,7 +3969,7 @@ def test_leaky_relu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_elu(dtype):
-    # specs/nn.yaml:57
+    # specs/nn.yaml:53
     check_opinfo(
         "nn.functional.elu",
         dtype,
@@ -3981,7 +3981,7 @@ def test_elu(dtype):
 
 
 def test_elu_compiled():
-    # specs/nn.yaml:57: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:53: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.elu",
         overloads=["elu", "elu_", "elu.out"],
@@ -3992,7 +3992,7 @@ def test_elu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_elu_other_dtypes(dtype):
-    # specs/nn.yaml:57: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:53: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.elu",
         dtype,
@@ -4006,7 +4006,7 @@ def test_elu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_softplus(dtype):
-    # specs/nn.yaml:69
+    # specs/nn.yaml:65
     check_opinfo(
         "nn.functional.softplus",
         dtype,
@@ -4018,7 +4018,7 @@ def test_softplus(dtype):
 
 
 def test_softplus_compiled():
-    # specs/nn.yaml:69: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.softplus",
         overloads=["softplus", "softplus.out"],
@@ -4029,7 +4029,7 @@ def test_softplus_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_softplus_other_dtypes(dtype):
-    # specs/nn.yaml:69: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.softplus",
         dtype,
@@ -4043,7 +4043,7 @@ def test_softplus_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_hardtanh(dtype):
-    # specs/nn.yaml:80
+    # specs/nn.yaml:76
     check_opinfo(
         "nn.functional.hardtanh",
         dtype,
@@ -4055,7 +4055,7 @@ def test_hardtanh(dtype):
 
 
 def test_hardtanh_compiled():
-    # specs/nn.yaml:80: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:76: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardtanh",
         overloads=["hardtanh", "hardtanh_", "hardtanh.out"],
@@ -4066,7 +4066,7 @@ def test_hardtanh_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_hardtanh_other_dtypes(dtype):
-    # specs/nn.yaml:80: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:76: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardtanh",
         dtype,
@@ -4080,7 +4080,7 @@ def test_hardtanh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_threshold(dtype):
-    # specs/nn.yaml:91
+    # specs/nn.yaml:87
     check_opinfo(
         "nn.functional.threshold",
         dtype,
@@ -4092,7 +4092,7 @@ def test_threshold(dtype):
 
 
 def test_threshold_compiled():
-    # specs/nn.yaml:91: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:87: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.threshold",
         overloads=["threshold", "threshold_", "threshold.out"],
@@ -4103,7 +4103,7 @@ def test_threshold_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_threshold_other_dtypes(dtype):
-    # specs/nn.yaml:91: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:87: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.threshold",
         dtype,
@@ -4117,7 +4117,7 @@ def test_threshold_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__cdist_forward(dtype):
-    # specs/nn.yaml:103
+    # specs/nn.yaml:99
     check_opinfo(
         "cdist",
         dtype,
@@ -4129,7 +4129,7 @@ def test__cdist_forward(dtype):
 
 
 def test__cdist_forward_compiled():
-    # specs/nn.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:99: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cdist",
         overloads=["_cdist_forward"],
@@ -4140,7 +4140,7 @@ def test__cdist_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__cdist_forward_other_dtypes(dtype):
-    # specs/nn.yaml:103: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:99: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cdist",
         dtype,
@@ -4154,7 +4154,7 @@ def test__cdist_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__pdist_forward(dtype):
-    # specs/nn.yaml:114
+    # specs/nn.yaml:110
     check_opinfo(
         "nn.functional.pdist",
         dtype,
@@ -4166,7 +4166,7 @@ def test__pdist_forward(dtype):
 
 
 def test__pdist_forward_compiled():
-    # specs/nn.yaml:114: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:110: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pdist",
         overloads=["_pdist_forward"],
@@ -4177,7 +4177,7 @@ def test__pdist_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__pdist_forward_other_dtypes(dtype):
-    # specs/nn.yaml:114: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:110: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pdist",
         dtype,
@@ -4191,7 +4191,7 @@ def test__pdist_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mse_loss(dtype):
-    # specs/nn.yaml:125
+    # specs/nn.yaml:121
     check_opinfo(
         "nn.functional.mse_loss",
         dtype,
@@ -4203,7 +4203,7 @@ def test_mse_loss(dtype):
 
 
 def test_mse_loss_compiled():
-    # specs/nn.yaml:125: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:121: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.mse_loss",
         overloads=["mse_loss", "mse_loss.out"],
@@ -4214,7 +4214,7 @@ def test_mse_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mse_loss_other_dtypes(dtype):
-    # specs/nn.yaml:125: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:121: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.mse_loss",
         dtype,
@@ -4228,7 +4228,7 @@ def test_mse_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log_sigmoid_forward(dtype):
-    # specs/nn.yaml:152
+    # specs/nn.yaml:148
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
@@ -4240,7 +4240,7 @@ def test_log_sigmoid_forward(dtype):
 
 
 def test_log_sigmoid_forward_compiled():
-    # specs/nn.yaml:152: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.logsigmoid",
         overloads=["log_sigmoid_forward"],
@@ -4251,7 +4251,7 @@ def test_log_sigmoid_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log_sigmoid_forward_other_dtypes(dtype):
-    # specs/nn.yaml:152: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:148: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
@@ -4265,7 +4265,7 @@ def test_log_sigmoid_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_smooth_l1_loss(dtype):
-    # specs/nn.yaml:165
+    # specs/nn.yaml:161
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -4277,7 +4277,7 @@ def test_smooth_l1_loss(dtype):
 
 
 def test_smooth_l1_loss_compiled():
-    # specs/nn.yaml:165: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:161: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.smooth_l1_loss",
         overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
@@ -4288,7 +4288,7 @@ def test_smooth_l1_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_smooth_l1_loss_other_dtypes(dtype):
-    # specs/nn.yaml:165: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:161: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -4302,7 +4302,7 @@ def test_smooth_l1_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_huber_loss(dtype):
-    # specs/nn.yaml:181
+    # specs/nn.yaml:177
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -4314,7 +4314,7 @@ def test_huber_loss(dtype):
 
 
 def test_huber_loss_compiled():
-    # specs/nn.yaml:181: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:177: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.huber_loss",
         overloads=["huber_loss", "huber_loss.out"],
@@ -4325,7 +4325,7 @@ def test_huber_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_huber_loss_other_dtypes(dtype):
-    # specs/nn.yaml:181: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:177: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -4339,7 +4339,7 @@ def test_huber_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_binary_cross_entropy(dtype):
-    # specs/nn.yaml:198
+    # specs/nn.yaml:194
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -4351,7 +4351,7 @@ def test_binary_cross_entropy(dtype):
 
 
 def test_binary_cross_entropy_compiled():
-    # specs/nn.yaml:198: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:194: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.binary_cross_entropy",
         overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
@@ -4362,7 +4362,7 @@ def test_binary_cross_entropy_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_binary_cross_entropy_other_dtypes(dtype):
-    # specs/nn.yaml:198: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:194: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -4376,7 +4376,7 @@ def test_binary_cross_entropy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hardswish(dtype):
-    # specs/nn.yaml:212
+    # specs/nn.yaml:208
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -4388,7 +4388,7 @@ def test_hardswish(dtype):
 
 
 def test_hardswish_compiled():
-    # specs/nn.yaml:212: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:208: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardswish",
         overloads=["hardswish", "hardswish_", "hardswish.out"],
@@ -4399,7 +4399,7 @@ def test_hardswish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hardswish_other_dtypes(dtype):
-    # specs/nn.yaml:212: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:208: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -4413,7 +4413,7 @@ def test_hardswish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mish(dtype):
-    # specs/nn.yaml:221
+    # specs/nn.yaml:217
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -4425,7 +4425,7 @@ def test_mish(dtype):
 
 
 def test_mish_compiled():
-    # specs/nn.yaml:221: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:217: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.mish",
         overloads=["mish", "mish_", "mish.out"],
@@ -4436,7 +4436,7 @@ def test_mish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mish_other_dtypes(dtype):
-    # specs/nn.yaml:221: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:217: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -4450,7 +4450,7 @@ def test_mish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_glu(dtype):
-    # specs/nn.yaml:233
+    # specs/nn.yaml:223
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -4462,7 +4462,7 @@ def test_glu(dtype):
 
 
 def test_glu_compiled():
-    # specs/nn.yaml:233: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:223: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.glu",
         overloads=["glu", "glu.out"],
@@ -4473,7 +4473,7 @@ def test_glu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_glu_other_dtypes(dtype):
-    # specs/nn.yaml:233: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:223: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -4487,7 +4487,7 @@ def test_glu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__prelu_kernel(dtype):
-    # specs/nn.yaml:244
+    # specs/nn.yaml:234
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -4499,7 +4499,7 @@ def test__prelu_kernel(dtype):
 
 
 def test__prelu_kernel_compiled():
-    # specs/nn.yaml:244: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:234: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.prelu",
         overloads=["_prelu_kernel"],
@@ -4510,7 +4510,7 @@ def test__prelu_kernel_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__prelu_kernel_other_dtypes(dtype):
-    # specs/nn.yaml:244: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:234: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -4524,7 +4524,7 @@ def test__prelu_kernel_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_channel_shuffle(dtype):
-    # specs/nn.yaml:253
+    # specs/nn.yaml:243
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -4536,7 +4536,7 @@ def test_channel_shuffle(dtype):
 
 
 def test_channel_shuffle_compiled():
-    # specs/nn.yaml:253: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:243: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.channel_shuffle",
         overloads=["channel_shuffle", "channel_shuffle.out"],
@@ -4547,7 +4547,7 @@ def test_channel_shuffle_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_channel_shuffle_other_dtypes(dtype):
-    # specs/nn.yaml:253: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:243: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -4561,7 +4561,7 @@ def test_channel_shuffle_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multi_margin_loss(dtype):
-    # specs/nn.yaml:272
+    # specs/nn.yaml:262
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4573,7 +4573,7 @@ def test_multi_margin_loss(dtype):
 
 
 def test_multi_margin_loss_compiled():
-    # specs/nn.yaml:272: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:262: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multi_margin_loss",
         overloads=["multi_margin_loss", "multi_margin_loss.out"],
@@ -4584,7 +4584,7 @@ def test_multi_margin_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multi_margin_loss_other_dtypes(dtype):
-    # specs/nn.yaml:272: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:262: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4598,7 +4598,7 @@ def test_multi_margin_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multilabel_margin_loss_forward(dtype):
-    # specs/nn.yaml:285
+    # specs/nn.yaml:275
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -4610,7 +4610,7 @@ def test_multilabel_margin_loss_forward(dtype):
 
 
 def test_multilabel_margin_loss_forward_compiled():
-    # specs/nn.yaml:285: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:275: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multilabel_margin_loss",
         overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
@@ -4621,7 +4621,7 @@ def test_multilabel_margin_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multilabel_margin_loss_forward_other_dtypes(dtype):
-    # specs/nn.yaml:285: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:275: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
