@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,6 +69,7 @@ from typing import Any, Callable
 import torch
 
 import torchtpu
+from torchtpu.testing import free_port
 
 TRANSPORTS = ("tpu (host via gloo)", "gloo (cpu)")
 DEFAULT_SIZES = [4096 * 4 ** k for k in range(7)]  # 4 KiB .. 16 MiB
@@ -313,12 +313,6 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         flag = "--" + key.replace("_", "-")
         argv += [flag] if value is True else [flag, str(value)]
     return argv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(world: int, argv: list[str], timeout: float) -> dict[str, Any]:

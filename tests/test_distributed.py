@@ -7,22 +7,17 @@ raise instead of hanging. Each test runs tests/distributed_worker.py once per ra
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch.distributed as dist
 
+from torchtpu.testing import free_port
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed_worker.py")
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch without torch.distributed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(scenario: str, world: int, timeout: float = 240.0, collective_timeout: float = 60.0) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import socket
 
 import torch
 
@@ -12,6 +13,13 @@ import torchtpu
 
 # torch.testing.assert_close's defaults (rtol, atol) for half-precision dtypes.
 LOW_PRECISION_TOLERANCES = {torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5)}
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a torch.distributed rendezvous (MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def map_tensors(fn, value):

@@ -289,12 +289,7 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, a
 
 }  // namespace
 
-TpuStorage& storage_of(const at::Tensor& t) {
-  auto* ctx = static_cast<TpuStorage*>(t.storage().data_ptr().get_context());
-  TORCH_CHECK(ctx != nullptr && t.device().type() == c10::DeviceType::PrivateUse1,
-              "torchtpu: expected a tpu tensor, got one on ", t.device());
-  return *ctx;
-}
+TpuStorage& storage_of(const at::Tensor& t) { return storage_of(t.storage()); }
 
 TpuStorage& storage_of(const c10::Storage& s) {
   auto* ctx = static_cast<TpuStorage*>(s.data_ptr().get_context());
