@@ -7,7 +7,8 @@ aten::convolution_backward, which compute the same results. aten::_fused_sgd_ (S
 has none either: an in-place update returns nothing, so its Meta kernel only checks the lists agree.
 aten::_logcumsumexp (what logcumsumexp calls) has none: its result is self's shape and dtype.
 The margin losses' backward ops (aten::multi_margin_loss_backward, multilabel_margin_loss_backward)
-have none: their gradient has the input's shape and dtype.
+have none: their gradient has the input's shape and dtype. aten::geqrf has none: like CPU's, its
+reflectors come back column-major (batched) and tau holds min(m, n) scalars per matrix.
 """
 
 from __future__ import annotations
@@ -69,3 +70,21 @@ def _multilabel_margin_loss_backward_meta(grad_output, self, target, reduction, 
 
 _lib.impl("multi_margin_loss_backward", _multi_margin_loss_backward_meta, "Meta")
 _lib.impl("multilabel_margin_loss_backward", _multilabel_margin_loss_backward_meta, "Meta")
+
+
+def _geqrf_meta(self):
+    torch._check(self.dim() >= 2, lambda: "torch.geqrf: input must have at least 2 dimensions.")
+    *batch, rows, cols = self.shape
+    reflectors = self.new_empty((*batch, cols, rows)).mT  # column-major, as LAPACK writes it
+    return reflectors, self.new_empty((*batch, min(rows, cols)))
+
+
+def _geqrf_out_meta(self, *, a, tau):
+    reflectors, scalars = _geqrf_meta(self)
+    a.resize_(reflectors.shape)
+    tau.resize_(scalars.shape)
+    return a, tau
+
+
+_lib.impl("geqrf", _geqrf_meta, "Meta")
+_lib.impl("geqrf.a", _geqrf_out_meta, "Meta")

@@ -722,37 +722,37 @@ std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.s
 // index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:229)
 std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:236)
-std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:236)
-std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:236)
-std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:237)
+std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:237)
+std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:237)
+std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:243)
-std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:243)
-std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
-// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, index_select(self, dim, index)), value, "")  (specs/indexing.yaml:243)
-std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), b.index_select(a.value(0), a.integer(1), a.value(2))), a.value(3), std::string(""))}; }
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:244)
+std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:244)
+std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:244)
+std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:250)
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:251)
 std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:250)
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:251)
 std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:250)
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:251)
 std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
 
-// take = take(self, index)  (specs/indexing.yaml:258)
+// take = take(self, index)  (specs/indexing.yaml:259)
 std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
-// take.out = take(self, index)  (specs/indexing.yaml:258)
+// take.out = take(self, index)  (specs/indexing.yaml:259)
 std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
 
-// put = put(self, index, source, accumulate)  (specs/indexing.yaml:264)
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:265)
 std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:264)
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:265)
 std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:264)
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:265)
 std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -863,33 +863,38 @@ std::vector<Value> emit__linalg_det(Builder& b, const EmitArgs& a) { return [&](
 // _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 1), lu_det(lu, pivots, 2), lu, pivots)   (specs/linalg.yaml:178)
 std::vector<Value> emit__linalg_slogdet(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_pivots, 1), b.lu_det(l_lu, l_pivots, 2), l_lu, l_pivots}; }(); }
 
-// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:191)
+// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:189)
+std::vector<Value> emit_geqrf(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
+// geqrf.a = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:189)
+std::vector<Value> emit_geqrf__a(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
+
+// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:194)
 std::vector<Value> emit_linalg_householder_product(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
-// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:191)
+// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:194)
 std::vector<Value> emit_linalg_householder_product__out(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
 
-// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:196)
+// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:199)
 std::vector<Value> emit_ormqr(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:196)
+// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:199)
 std::vector<Value> emit_ormqr__out(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:201)
+// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:204)
 std::vector<Value> emit_linalg_qr(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
 
-// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:207)
+// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:210)
 std::vector<Value> emit__linalg_eigh(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
 
-// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:213)
+// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:216)
 std::vector<Value> emit__linalg_svd(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
 
-// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:219)
+// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:222)
 std::vector<Value> emit_linalg_matrix_exp(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
-// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:219)
+// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:222)
 std::vector<Value> emit_linalg_matrix_exp__out(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
 
-// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:224)
+// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:227)
 std::vector<Value> emit_linalg_cross(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
-// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:224)
+// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:227)
 std::vector<Value> emit_linalg_cross__out(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
 
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
@@ -4512,72 +4517,72 @@ const std::vector<OpSpec>& op_specs() {
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar", "specs/indexing.yaml:236", Variant::Functional,
+      {"index_fill.int_Scalar", "specs/indexing.yaml:237", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Scalar", "specs/indexing.yaml:236", Variant::Inplace,
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:237", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar_out", "specs/indexing.yaml:236", Variant::Out,
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:237", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor", "specs/indexing.yaml:243", Variant::Functional,
+      {"index_fill.int_Tensor", "specs/indexing.yaml:244", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Tensor", "specs/indexing.yaml:243", Variant::Inplace,
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:244", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor_out", "specs/indexing.yaml:243", Variant::Out,
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:244", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_reduce", "specs/indexing.yaml:250", Variant::Functional,
+      {"index_reduce", "specs/indexing.yaml:251", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce_", "specs/indexing.yaml:250", Variant::Inplace,
+      {"index_reduce_", "specs/indexing.yaml:251", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce.out", "specs/indexing.yaml:250", Variant::Out,
+      {"index_reduce.out", "specs/indexing.yaml:251", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"take", "specs/indexing.yaml:258", Variant::Functional,
+      {"take", "specs/indexing.yaml:259", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"take.out", "specs/indexing.yaml:258", Variant::Out,
+      {"take.out", "specs/indexing.yaml:259", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put", "specs/indexing.yaml:264", Variant::Functional,
+      {"put", "specs/indexing.yaml:265", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put_", "specs/indexing.yaml:264", Variant::Inplace,
+      {"put_", "specs/indexing.yaml:265", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put.out", "specs/indexing.yaml:264", Variant::Out,
+      {"put.out", "specs/indexing.yaml:265", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
@@ -4792,57 +4797,67 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_slogdet, false, -1, {}},
-      {"linalg_householder_product", "specs/linalg.yaml:191", Variant::Functional,
+      {"geqrf", "specs/linalg.yaml:189", Variant::Functional,
+       {ArgKind::Tensor},
+       {0}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_geqrf, false, -1, {}},
+      {"geqrf.a", "specs/linalg.yaml:189", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1, 2},
+       {1, 2}, false, false,
+       {"float32", "float64"}, &emit_geqrf__a, false, -1, {}},
+      {"linalg_householder_product", "specs/linalg.yaml:194", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product, false, -1, {}},
-      {"linalg_householder_product.out", "specs/linalg.yaml:191", Variant::Out,
+      {"linalg_householder_product.out", "specs/linalg.yaml:194", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product__out, false, -1, {}},
-      {"ormqr", "specs/linalg.yaml:196", Variant::Functional,
+      {"ormqr", "specs/linalg.yaml:199", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_ormqr, false, -1, {}},
-      {"ormqr.out", "specs/linalg.yaml:196", Variant::Out,
+      {"ormqr.out", "specs/linalg.yaml:199", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_ormqr__out, false, -1, {}},
-      {"linalg_qr", "specs/linalg.yaml:201", Variant::Functional,
+      {"linalg_qr", "specs/linalg.yaml:204", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_qr, false, -1, {}},
-      {"_linalg_eigh", "specs/linalg.yaml:207", Variant::Functional,
+      {"_linalg_eigh", "specs/linalg.yaml:210", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_eigh, false, -1, {}},
-      {"_linalg_svd", "specs/linalg.yaml:213", Variant::Functional,
+      {"_linalg_svd", "specs/linalg.yaml:216", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_svd, false, -1, {}},
-      {"linalg_matrix_exp", "specs/linalg.yaml:219", Variant::Functional,
+      {"linalg_matrix_exp", "specs/linalg.yaml:222", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp, false, -1, {}},
-      {"linalg_matrix_exp.out", "specs/linalg.yaml:219", Variant::Out,
+      {"linalg_matrix_exp.out", "specs/linalg.yaml:222", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp__out, false, -1, {}},
-      {"linalg_cross", "specs/linalg.yaml:224", Variant::Functional,
+      {"linalg_cross", "specs/linalg.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross, false, -1, {}},
-      {"linalg_cross.out", "specs/linalg.yaml:224", Variant::Out,
+      {"linalg_cross.out", "specs/linalg.yaml:227", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,

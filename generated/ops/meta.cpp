@@ -4028,6 +4028,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_linalg_inv_ex,  // linalg_inv_ex
       &meta_emit__linalg_det,  // _linalg_det
       &meta_emit__linalg_slogdet,  // _linalg_slogdet
+      nullptr,  // geqrf
+      nullptr,  // geqrf.a
       nullptr,  // linalg_householder_product
       nullptr,  // linalg_householder_product.out
       nullptr,  // ormqr

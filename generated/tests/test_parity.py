@@ -2517,7 +2517,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:236
+    # specs/indexing.yaml:237
     check_opinfo(
         "index_fill",
         dtype,
@@ -2529,7 +2529,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:236: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:237: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2540,7 +2540,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:236: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:237: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2554,7 +2554,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:250
+    # specs/indexing.yaml:251
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2566,7 +2566,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:250: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:251: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2577,7 +2577,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:250: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:251: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2591,7 +2591,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:258
+    # specs/indexing.yaml:259
     check_opinfo(
         "take",
         dtype,
@@ -2603,7 +2603,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:258: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:259: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2614,7 +2614,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:258: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:259: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2628,7 +2628,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:264
+    # specs/indexing.yaml:265
     check_opinfo(
         "put",
         dtype,
@@ -2640,7 +2640,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:264: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:265: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2651,7 +2651,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:264: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:265: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,
@@ -3515,8 +3515,45 @@ def test__linalg_slogdet_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32"])
+def test_geqrf(dtype):
+    # specs/linalg.yaml:189
+    check_opinfo(
+        "geqrf",
+        dtype,
+        overloads=["geqrf", "geqrf.a"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_geqrf_compiled():
+    # specs/linalg.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "geqrf",
+        overloads=["geqrf", "geqrf.a"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_geqrf_other_dtypes(dtype):
+    # specs/linalg.yaml:189: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "geqrf",
+        dtype,
+        overloads=["geqrf", "geqrf.a"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_householder_product(dtype):
-    # specs/linalg.yaml:191
+    # specs/linalg.yaml:194
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3528,7 +3565,7 @@ def test_linalg_householder_product(dtype):
 
 
 def test_linalg_householder_product_compiled():
-    # specs/linalg.yaml:191: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:194: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.householder_product",
         overloads=["linalg_householder_product", "linalg_householder_product.out"],
@@ -3539,7 +3576,7 @@ def test_linalg_householder_product_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_householder_product_other_dtypes(dtype):
-    # specs/linalg.yaml:191: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:194: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3553,7 +3590,7 @@ def test_linalg_householder_product_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_ormqr(dtype):
-    # specs/linalg.yaml:196
+    # specs/linalg.yaml:199
     check_opinfo(
         "ormqr",
         dtype,
@@ -3565,7 +3602,7 @@ def test_ormqr(dtype):
 
 
 def test_ormqr_compiled():
-    # specs/linalg.yaml:196: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:199: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "ormqr",
         overloads=["ormqr", "ormqr.out"],
@@ -3576,7 +3613,7 @@ def test_ormqr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_ormqr_other_dtypes(dtype):
-    # specs/linalg.yaml:196: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:199: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "ormqr",
         dtype,
@@ -3590,7 +3627,7 @@ def test_ormqr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_qr(dtype):
-    # specs/linalg.yaml:201
+    # specs/linalg.yaml:204
     check_opinfo(
         "linalg.qr",
         dtype,
@@ -3602,7 +3639,7 @@ def test_linalg_qr(dtype):
 
 
 def test_linalg_qr_compiled():
-    # specs/linalg.yaml:201: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:204: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.qr",
         overloads=["linalg_qr"],
@@ -3613,7 +3650,7 @@ def test_linalg_qr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_qr_other_dtypes(dtype):
-    # specs/linalg.yaml:201: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:204: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.qr",
         dtype,
@@ -3627,7 +3664,7 @@ def test_linalg_qr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_eigh(dtype):
-    # specs/linalg.yaml:207
+    # specs/linalg.yaml:210
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
@@ -3639,7 +3676,7 @@ def test__linalg_eigh(dtype):
 
 
 def test__linalg_eigh_compiled():
-    # specs/linalg.yaml:207: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:210: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.eigvalsh",
         overloads=["_linalg_eigh"],
@@ -3650,7 +3687,7 @@ def test__linalg_eigh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_eigh_other_dtypes(dtype):
-    # specs/linalg.yaml:207: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:210: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
@@ -3664,7 +3701,7 @@ def test__linalg_eigh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_svd(dtype):
-    # specs/linalg.yaml:213
+    # specs/linalg.yaml:216
     check_opinfo(
         "linalg.svdvals",
         dtype,
@@ -3676,7 +3713,7 @@ def test__linalg_svd(dtype):
 
 
 def test__linalg_svd_compiled():
-    # specs/linalg.yaml:213: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:216: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.svdvals",
         overloads=["_linalg_svd"],
@@ -3687,7 +3724,7 @@ def test__linalg_svd_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_svd_other_dtypes(dtype):
-    # specs/linalg.yaml:213: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:216: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.svdvals",
         dtype,
@@ -3701,7 +3738,7 @@ def test__linalg_svd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_matrix_exp(dtype):
-    # specs/linalg.yaml:219
+    # specs/linalg.yaml:222
     check_opinfo(
         "matrix_exp",
         dtype,
@@ -3713,7 +3750,7 @@ def test_linalg_matrix_exp(dtype):
 
 
 def test_linalg_matrix_exp_compiled():
-    # specs/linalg.yaml:219: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:222: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "matrix_exp",
         overloads=["linalg_matrix_exp", "linalg_matrix_exp.out"],
@@ -3724,7 +3761,7 @@ def test_linalg_matrix_exp_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_linalg_cross(dtype):
-    # specs/linalg.yaml:224
+    # specs/linalg.yaml:227
     check_opinfo(
         "linalg.cross",
         dtype,
@@ -3736,7 +3773,7 @@ def test_linalg_cross(dtype):
 
 
 def test_linalg_cross_compiled():
-    # specs/linalg.yaml:224: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:227: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.cross",
         overloads=["linalg_cross", "linalg_cross.out"],
@@ -3747,7 +3784,7 @@ def test_linalg_cross_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_linalg_cross_other_dtypes(dtype):
-    # specs/linalg.yaml:224: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:227: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.cross",
         dtype,

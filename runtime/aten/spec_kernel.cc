@@ -139,10 +139,12 @@ void check_indices(const IndexCheck& check, const c10::IValue* args) {
   const at::Tensor& into = args[check.into].toTensor();
   const std::optional<int64_t> ignored =
       check.ignore >= 0 ? std::optional<int64_t>(args[check.ignore].toInt()) : std::nullopt;
-  if (!args[check.index].isTensor()) {  // Tensor?[]: entry k indexes dimension k
+  if (!args[check.index].isTensor()) {
+    // Tensor?[]: entry k indexes dimension k; CPU's message numbers only the indexed dimensions.
     const auto entries = args[check.index].toListRef();
+    int64_t indexed = 0;
     for (size_t k = 0; k < entries.size() && static_cast<int64_t>(k) < into.dim(); ++k) {
-      if (entries[k].isTensor()) check_index_values(check, entries[k].toTensor(), k, into.size(k), ignored);
+      if (entries[k].isTensor() && entries[k].toTensor().defined()) check_index_values(check, entries[k].toTensor(), indexed++, into.size(k), ignored);
     }
     return;
   }

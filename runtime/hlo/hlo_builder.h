@@ -386,8 +386,8 @@ class Builder {
   Value power_of(double base, const Value& exponent);  // base ** exponent (logspace)
   Value count_nonzero(const Value& v, const std::vector<int64_t>& dims);  // int64; empty dims = all
   Value logaddexp(const Value& a, const Value& b);  // log(exp(a) + exp(b)) without overflow
-  // index (1-D or 0-d) laid along dim of like's shape, with dim resized to index's numel: what makes
-  // index_add / index_copy / index_fill / index_reduce the scatter_along of their source.
+  // index (1-D or 0-d; negatives wrap by like's size along dim) laid along dim of like's shape, dim resized to
+  // index's numel: what makes index_add / index_copy / index_fill / index_reduce a scatter_along.
   Value expand_index(const Value& index, int64_t dim, const Value& like);
   // torch.take / Tensor.put_: v read / written as if flattened (negative indices wrap once).
   Value take(const Value& v, const Value& index);

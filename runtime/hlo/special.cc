@@ -26,7 +26,9 @@ Value Builder::expand_index(const Value& index, int64_t dim_in, const Value& lik
   shape[dim] = index.type.numel();
   std::vector<int64_t> target = like.dims();
   target[dim] = index.type.numel();
-  return broadcast_to(reshape(index, shape), target);
+  const Value size = constant_int(like.dims()[dim], index.element());
+  const Value wrapped = select(lt(index, constant_int(0, index.element())), add(index, size), index);
+  return broadcast_to(reshape(wrapped, shape), target);
 }
 
 Value Builder::take(const Value& v, const Value& index) {
