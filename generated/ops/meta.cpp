@@ -4142,8 +4142,12 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // _native_batch_norm_legit_functional
       nullptr,  // _native_batch_norm_legit.out
       nullptr,  // _native_batch_norm_legit
+      nullptr,  // _batch_norm_with_update_functional
+      nullptr,  // _batch_norm_with_update.out
+      nullptr,  // _batch_norm_with_update
       nullptr,  // _native_batch_norm_legit_no_training
       nullptr,  // native_batch_norm_backward
+      nullptr,  // batch_norm_backward
       nullptr,  // _foreach_add.List
       nullptr,  // _foreach_add_.List
       nullptr,  // _foreach_add.List_out
@@ -4572,6 +4576,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_replication_pad1d_backward__grad_input,  // replication_pad1d_backward.grad_input
       nullptr,  // replication_pad2d_backward
       nullptr,  // replication_pad2d_backward.grad_input
+      nullptr,  // unfold_backward
+      nullptr,  // unfold_backward.out
       &meta_emit_acosh,  // acosh
       &meta_emit_acosh_,  // acosh_
       &meta_emit_acosh__out,  // acosh.out

@@ -4771,6 +4771,29 @@ def test_native_batch_norm_compiled():
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__batch_norm_with_update_functional(dtype):
+    # specs/normalization.yaml:68
+    check_opinfo(
+        "_batch_norm_with_update",
+        dtype,
+        overloads=["_batch_norm_with_update_functional", "_batch_norm_with_update.out", "_batch_norm_with_update"],
+        variants=["Functional", "Out", "Inplace"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
+def test__batch_norm_with_update_functional_compiled():
+    # specs/normalization.yaml:68: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_batch_norm_with_update",
+        overloads=["_batch_norm_with_update_functional", "_batch_norm_with_update.out", "_batch_norm_with_update"],
+        atol=1e-5,
+        rtol=1.3e-06,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int8", "int16", "int32", "int64", "float32", "float64"])
 def test__foreach_add_List(dtype):
     # specs/optim.yaml:8
@@ -8476,6 +8499,43 @@ def test_replication_pad1d_other_dtypes(dtype):
         "nn.functional.pad.replicate",
         dtype,
         overloads=["replication_pad1d", "replication_pad1d.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_unfold_backward(dtype):
+    # specs/shape.yaml:116
+    check_opinfo(
+        "unfold",
+        dtype,
+        overloads=["unfold_backward", "unfold_backward.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_unfold_backward_compiled():
+    # specs/shape.yaml:116: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "unfold",
+        overloads=["unfold_backward", "unfold_backward.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_unfold_backward_other_dtypes(dtype):
+    # specs/shape.yaml:116: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "unfold",
+        dtype,
+        overloads=["unfold_backward", "unfold_backward.out"],
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,

@@ -350,6 +350,11 @@ class Builder {
   Value channel_mean(const Value& v);  // [C]: mean of v [N, C, *] over every dim but 1
   Value channel_var(const Value& v, double correction);  // [C]: variance over every dim but 1
   Value per_channel(const Value& c, const Value& like);  // c [C] viewed as [1, C, 1, ...] and broadcast to like
+  // Batch norm: input normalized with the per-channel mean and invstd [C], then scaled and shifted.
+  Value batch_norm_apply(const Value& input, const std::optional<Value>& weight, const std::optional<Value>& bias, const Value& mean, const Value& invstd);
+  // Batch norm's gradients given the statistics it normalized with (train: the batch's, which the
+  // input's gradient flows through too): which 0 input, 1 weight, 2 bias.
+  Value batch_norm_grad(const Value& grad_out, const Value& input, const std::optional<Value>& weight, const Value& mean, const Value& invstd, bool train, int64_t which);
   // input with elements zeroed with probability p and the rest scaled by 1/(1-p); dropout_mask: the kept ones (pred).
   // Both draw the same bits from `state`, so they agree.
   Value dropout(const Value& state, const Value& input, double p);
@@ -393,6 +398,9 @@ class Builder {
   Value take(const Value& v, const Value& index);
   Value put(const Value& v, const Value& index, const Value& source, bool accumulate);
   Value diagonal(const Value& v, int64_t offset, int64_t dim1, int64_t dim2);  // a copy of torch.diagonal
+  // The gradient of v.unfold(dim, size, step): each window's elements (grad's last dim) added back at
+  // their positions along dim of a zero tensor of input_sizes.
+  Value unfold_backward(const Value& grad, const std::vector<int64_t>& input_sizes, int64_t dim, int64_t size, int64_t step);
   // cummax / cummin along dim: the running extreme (the last one where equal; NaN wins and stays) or
   // (indices) its int64 position.
   Value cumulative_extreme(const Value& v, int64_t dim, bool max, bool indices);

@@ -256,6 +256,25 @@ Value Builder::per_channel(const Value& c, const Value& like) {
   return broadcast_to(reshape(c, shape), like.dims());
 }
 
+Value Builder::batch_norm_apply(const Value& input, const std::optional<Value>& weight, const std::optional<Value>& bias,
+                                const Value& mean, const Value& invstd) {
+  const Value normalized = mul(sub(input, per_channel(mean, input)), per_channel(invstd, input));
+  const Value scaled = weight ? mul(normalized, per_channel(*weight, input)) : normalized;
+  return bias ? add(scaled, per_channel(*bias, input)) : scaled;
+}
+
+Value Builder::batch_norm_grad(const Value& grad_out, const Value& input, const std::optional<Value>& weight,
+                               const Value& mean, const Value& invstd, bool train, int64_t which) {
+  const Value x_hat = mul(sub(input, per_channel(mean, input)), per_channel(invstd, input));
+  if (which == 1) return sum_except(mul(grad_out, x_hat), 1);
+  if (which == 2) return sum_except(grad_out, 1);
+  const Value g = weight ? mul(grad_out, per_channel(*weight, input)) : grad_out;
+  if (!train) return mul(g, per_channel(invstd, input));
+  const Value centered = sub(sub(g, per_channel(channel_mean(g), input)),
+                             mul(x_hat, per_channel(channel_mean(mul(g, x_hat)), input)));
+  return mul(centered, per_channel(invstd, input));
+}
+
 Value Builder::dropout(const Value& state, const Value& input, double p) {
   if (p >= 1) return full(0, input.type);
   return mul(mul(input, convert(dropout_mask(state, input, p), input.element())), scalar_like(1.0 / (1.0 - p), input));

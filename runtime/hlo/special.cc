@@ -1,5 +1,5 @@
 // Builder op_db-gap family (specs/special.yaml, indexing.yaml, reduction.yaml): index_add-style index
-// expansion, take/put, diagonal, cumulative max/min, logcumsumexp, kthvalue and median.
+// expansion, take/put, unfold_backward, diagonal, cumulative max/min, logcumsumexp, kthvalue and median.
 #include "hlo/hlo_builder.h"
 
 #include <algorithm>
@@ -50,6 +50,28 @@ Value Builder::put(const Value& v, const Value& index, const Value& source, bool
   Value flat_v = reshape(v, {n});
   if (accumulate) return reshape(scatter_along(flat_v, 0, i, src, "add"), v.dims());
   return reshape(scatter_along(flat_v, 0, i, src, ""), v.dims());
+}
+
+Value Builder::unfold_backward(const Value& grad, const std::vector<int64_t>& input_sizes, int64_t dim_in,
+                               int64_t size, int64_t step) {
+  const int64_t rank = static_cast<int64_t>(input_sizes.size());
+  if (rank == 0) return reshape(grad, {});  // a 0-d input unfolds to one window of one element
+  const int64_t dim = wrap_dim(dim_in, rank, "unfold_backward");
+  Value zeros = full(0, TensorType{grad.element(), input_sizes});
+  if (grad.type.numel() == 0) return zeros;
+  // Windows [.., w, .., k] -> [.., w, k, ..]: flattening w and k lists the elements at w * step + k.
+  std::vector<int64_t> permutation;
+  for (int64_t d = 0; d <= dim; ++d) permutation.push_back(d);
+  permutation.push_back(rank);
+  for (int64_t d = dim + 1; d < rank; ++d) permutation.push_back(d);
+  const Value windows = transpose(grad, permutation);
+  const TensorType positions_type{ElementType::S64, windows.dims()};
+  const Value positions = add(mul(iota(positions_type, dim), full(static_cast<double>(step), positions_type)),
+                              iota(positions_type, dim + 1));
+  std::vector<int64_t> merged = windows.dims();
+  merged[dim] *= merged[dim + 1];
+  merged.erase(merged.begin() + dim + 1);
+  return scatter_along(zeros, dim, reshape(positions, merged), reshape(windows, merged), "add");
 }
 
 Value Builder::diagonal(const Value& v, int64_t offset, int64_t dim1_in, int64_t dim2_in) {
