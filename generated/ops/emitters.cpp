@@ -369,6 +369,20 @@ std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { re
 // xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
+// gcd = gcd(self, other)  (specs/binary.yaml:281)
+std::vector<Value> emit_gcd(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
+// gcd_ = gcd(self, other)  (specs/binary.yaml:281)
+std::vector<Value> emit_gcd_(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
+// gcd.out = gcd(self, other)  (specs/binary.yaml:281)
+std::vector<Value> emit_gcd__out(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
+
+// lcm = lcm(self, other)  (specs/binary.yaml:286)
+std::vector<Value> emit_lcm(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
+// lcm_ = lcm(self, other)  (specs/binary.yaml:286)
+std::vector<Value> emit_lcm_(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
+// lcm.out = lcm(self, other)  (specs/binary.yaml:286)
+std::vector<Value> emit_lcm__out(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
+
 // complex = complex_from(real, imag)  (specs/complex.yaml:7)
 std::vector<Value> emit_complex(Builder& b, const EmitArgs& a) { return {b.complex_from(a.value(0), a.value(1))}; }
 // complex.out = complex_from(real, imag)  (specs/complex.yaml:7)
@@ -3812,6 +3826,36 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other, false, -1, {}},
+      {"gcd", "specs/binary.yaml:281", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd, false, -1, {}},
+      {"gcd_", "specs/binary.yaml:281", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd_, false, -1, {}},
+      {"gcd.out", "specs/binary.yaml:281", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd__out, false, -1, {}},
+      {"lcm", "specs/binary.yaml:286", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm, false, -1, {}},
+      {"lcm_", "specs/binary.yaml:286", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm_, false, -1, {}},
+      {"lcm.out", "specs/binary.yaml:286", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm__out, false, -1, {}},
       {"complex", "specs/complex.yaml:7", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {},

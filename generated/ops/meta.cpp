@@ -69,6 +69,7 @@
 #include <ATen/ops/fmod_meta_dispatch.h>
 #include <ATen/ops/frac_meta_dispatch.h>
 #include <ATen/ops/gather_meta_dispatch.h>
+#include <ATen/ops/gcd_meta_dispatch.h>
 #include <ATen/ops/ge_meta_dispatch.h>
 #include <ATen/ops/glu_meta_dispatch.h>
 #include <ATen/ops/gt_meta_dispatch.h>
@@ -86,6 +87,7 @@
 #include <ATen/ops/isin_meta_dispatch.h>
 #include <ATen/ops/isneginf_meta_dispatch.h>
 #include <ATen/ops/isposinf_meta_dispatch.h>
+#include <ATen/ops/lcm_meta_dispatch.h>
 #include <ATen/ops/le_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_backward_meta_dispatch.h>
 #include <ATen/ops/leaky_relu_meta_dispatch.h>
@@ -790,6 +792,46 @@ void meta_emit_xlogy___Tensor(torch::jit::Stack& s) {
 void meta_emit_xlogy__OutTensor(torch::jit::Stack& s) {
   at::Tensor a2 = s[2].toTensor();
   auto result = at::meta::xlogy_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gcd(torch::jit::Stack& s) {
+  auto result = at::meta::gcd(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gcd_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::gcd_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_gcd__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::gcd_outf(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lcm(torch::jit::Stack& s) {
+  auto result = at::meta::lcm(s[0].toTensor(), s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lcm_(torch::jit::Stack& s) {
+  at::Tensor a0 = s[0].toTensor();
+  auto result = at::meta::lcm_(a0, s[1].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lcm__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::lcm_outf(s[0].toTensor(), s[1].toTensor(), a2);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -3828,6 +3870,12 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // xlogy.Scalar_Other
       nullptr,  // xlogy_.Scalar_Other
       nullptr,  // xlogy.OutScalar_Other
+      &meta_emit_gcd,  // gcd
+      &meta_emit_gcd_,  // gcd_
+      &meta_emit_gcd__out,  // gcd.out
+      &meta_emit_lcm,  // lcm
+      &meta_emit_lcm_,  // lcm_
+      &meta_emit_lcm__out,  // lcm.out
       nullptr,  // complex
       nullptr,  // complex.out
       nullptr,  // polar

@@ -1039,6 +1039,52 @@ def test_xlogy_Tensor_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
+def test_gcd(dtype):
+    # specs/binary.yaml:281
+    check_opinfo(
+        "gcd",
+        dtype,
+        overloads=["gcd", "gcd_", "gcd.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_gcd_compiled():
+    # specs/binary.yaml:281: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "gcd",
+        overloads=["gcd", "gcd_", "gcd.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
+def test_lcm(dtype):
+    # specs/binary.yaml:286
+    check_opinfo(
+        "lcm",
+        dtype,
+        overloads=["lcm", "lcm_", "lcm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_lcm_compiled():
+    # specs/binary.yaml:286: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "lcm",
+        overloads=["lcm", "lcm_", "lcm.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_complex(dtype):
     # specs/complex.yaml:7

@@ -401,6 +401,10 @@ class Builder {
   // The gradient of v.unfold(dim, size, step): each window's elements (grad's last dim) added back at
   // their positions along dim of a zero tensor of input_sizes.
   Value unfold_backward(const Value& grad, const std::vector<int64_t>& input_sizes, int64_t dim, int64_t size, int64_t step);
+  // Integer gcd by CPU's Euclid (|a|, |b|, then (a, b) <- (b % a, a) until a is 0: the int minimum
+  // stays negative as on CPU); lcm |a / gcd * b|, 0 where the gcd is 0. Operands broadcast.
+  Value gcd(const Value& a, const Value& b);
+  Value lcm(const Value& a, const Value& b);
   // cummax / cummin along dim: the running extreme (the last one where equal; NaN wins and stays) or
   // (indices) its int64 position.
   Value cumulative_extreme(const Value& v, int64_t dim, bool max, bool indices);

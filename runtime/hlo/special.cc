@@ -1,5 +1,5 @@
 // Builder op_db-gap family (specs/special.yaml, indexing.yaml, reduction.yaml): index_add-style index
-// expansion, take/put, unfold_backward, diagonal, cumulative max/min, logcumsumexp, kthvalue and median.
+// expansion, take/put, unfold_backward, gcd/lcm, diagonal, cumulative max/min, logcumsumexp, kthvalue and median.
 #include "hlo/hlo_builder.h"
 
 #include <algorithm>
@@ -72,6 +72,27 @@ Value Builder::unfold_backward(const Value& grad, const std::vector<int64_t>& in
   merged[dim] *= merged[dim + 1];
   merged.erase(merged.begin() + dim + 1);
   return scatter_along(zeros, dim, reshape(positions, merged), reshape(windows, merged), "add");
+}
+
+Value Builder::gcd(const Value& a, const Value& b) {
+  const Value zeros = add(mul(a, scalar_like(0, a)), mul(b, scalar_like(0, b)));  // the broadcast shape
+  const std::vector<Value> out = while_loop(
+      {abs(add(a, zeros)), abs(add(b, zeros))},
+      [](Builder& r, const std::vector<Value>& s) { return r.any(r.ne(s[0], r.full(0, s[0].type)), {}, false, true); },
+      [](Builder& r, const std::vector<Value>& s) {
+        const Value zero = r.full(0, s[0].type);
+        const Value live = r.ne(s[0], zero);  // finished elements keep their gcd in s[1]
+        const Value divisor = r.select(live, s[0], r.full(1, s[0].type));
+        return std::vector<Value>{r.select(live, r.fmod(s[1], divisor), zero), r.select(live, s[0], s[1])};
+      });
+  return out[1];
+}
+
+Value Builder::lcm(const Value& a, const Value& b) {
+  const Value divisor = gcd(a, b);
+  const Value zero = full(0, divisor.type);
+  const Value none = eq(divisor, zero);
+  return select(none, zero, abs(mul(div(a, select(none, full(1, divisor.type), divisor)), b)));
 }
 
 Value Builder::diagonal(const Value& v, int64_t offset, int64_t dim1_in, int64_t dim2_in) {
