@@ -5,6 +5,7 @@
 #include <ATen/core/stack.h>
 
 #include <ATen/ops/_addmm_activation_meta_dispatch.h>
+#include <ATen/ops/_efficientzerotensor_meta_dispatch.h>
 #include <ATen/ops/_linalg_det_meta_dispatch.h>
 #include <ATen/ops/_linalg_slogdet_meta_dispatch.h>
 #include <ATen/ops/_linalg_solve_ex_meta_dispatch.h>
@@ -846,6 +847,13 @@ void meta_emit_arange__start_out(torch::jit::Stack& s) {
 void meta_emit_linspace__out(torch::jit::Stack& s) {
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::linspace_outf(s[0].toScalar(), s[1].toScalar(), s[2].toInt(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__efficientzerotensor(torch::jit::Stack& s) {
+  const auto a0 = s[0].toDimVector();
+  auto result = at::meta::_efficientzerotensor(a0, s[1].toOptional<at::ScalarType>(), s[2].toOptional<at::Layout>(), s[3].toOptional<at::Device>(), s[4].toOptional<bool>());
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -3894,6 +3902,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_arange__start_out,  // arange.start_out
       nullptr,  // linspace
       &meta_emit_linspace__out,  // linspace.out
+      &meta_emit__efficientzerotensor,  // _efficientzerotensor
+      nullptr,  // _efficientzerotensor.out
       nullptr,  // eye
       &meta_emit_eye__out,  // eye.out
       nullptr,  // eye.m

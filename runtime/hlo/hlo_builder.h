@@ -418,6 +418,7 @@ class Builder {
   // op_db leftovers (specs: binary, creation, reduction, pooling, nn, indexing, normalization;
   // runtime/hlo/opdb_leftovers.cc)
   Value empty_1d(const Value& like);  // [0] of like's element type: a result CPU leaves empty
+  Value zeros(const std::vector<int64_t>& size);  // float32 zeros (a creation op's result converts them)
   // a << b or a >> b (arithmetic for signed types); a shift by a negative amount or by the width or
   // more gives 0, or for a signed >> the sign, as on CPU.
   Value bitwise_shift(const Value& a, const Value& b, bool left);

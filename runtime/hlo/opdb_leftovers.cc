@@ -84,6 +84,8 @@ Value distance_gradient(Builder& b, const Value& diff, const Value& dist, double
 
 Value Builder::empty_1d(const Value& like) { return full(0, TensorType{like.element(), {0}}); }
 
+Value Builder::zeros(const std::vector<int64_t>& size) { return full(0, TensorType{ElementType::F32, size}); }
+
 Value Builder::bitwise_shift(const Value& a, const Value& b, bool left) {
   const int bits = bits_of(a.element());
   const bool is_unsigned_type = a.element() == ElementType::Pred || builder_internal::compare_type(a.element())[0] == 'U';
