@@ -434,24 +434,24 @@ std::vector<Value> emit__efficientzerotensor(Builder& b, const EmitArgs& a) { re
 // _efficientzerotensor.out = zeros(size)  (specs/creation.yaml:27)
 std::vector<Value> emit__efficientzerotensor__out(Builder& b, const EmitArgs& a) { return {b.zeros(a.ints(0))}; }
 
-// eye = eye(n, n)  (specs/creation.yaml:32)
+// eye = eye(n, n)  (specs/creation.yaml:33)
 std::vector<Value> emit_eye(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(0))}; }
-// eye.out = eye(n, n)  (specs/creation.yaml:32)
+// eye.out = eye(n, n)  (specs/creation.yaml:33)
 std::vector<Value> emit_eye__out(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(0))}; }
 
-// eye.m = eye(n, m)  (specs/creation.yaml:37)
+// eye.m = eye(n, m)  (specs/creation.yaml:38)
 std::vector<Value> emit_eye__m(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(1))}; }
-// eye.m_out = eye(n, m)  (specs/creation.yaml:37)
+// eye.m_out = eye(n, m)  (specs/creation.yaml:38)
 std::vector<Value> emit_eye__m_out(Builder& b, const EmitArgs& a) { return {b.eye(a.integer(0), a.integer(1))}; }
 
-// tril_indices = tri_indices(row, col, offset, False)  (specs/creation.yaml:42)
+// tril_indices = tri_indices(row, col, offset, False)  (specs/creation.yaml:43)
 std::vector<Value> emit_tril_indices(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), false)}; }
-// tril_indices.out = tri_indices(row, col, offset, False)  (specs/creation.yaml:42)
+// tril_indices.out = tri_indices(row, col, offset, False)  (specs/creation.yaml:43)
 std::vector<Value> emit_tril_indices__out(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), false)}; }
 
-// triu_indices = tri_indices(row, col, offset, True)  (specs/creation.yaml:47)
+// triu_indices = tri_indices(row, col, offset, True)  (specs/creation.yaml:48)
 std::vector<Value> emit_triu_indices(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), true)}; }
-// triu_indices.out = tri_indices(row, col, offset, True)  (specs/creation.yaml:47)
+// triu_indices.out = tri_indices(row, col, offset, True)  (specs/creation.yaml:48)
 std::vector<Value> emit_triu_indices__out(Builder& b, const EmitArgs& a) { return {b.tri_indices(a.integer(0), a.integer(1), a.integer(2), true)}; }
 
 // add.Tensor = add(self, mul(other, alpha))  (specs/elementwise.yaml:4)
@@ -3955,48 +3955,48 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__efficientzerotensor, false, -1, {}},
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit__efficientzerotensor, false, -1, {}},
       {"_efficientzerotensor.out", "specs/creation.yaml:27", Variant::Out,
        {ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {1},
        {1}, false, false,
-       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__efficientzerotensor__out, false, -1, {}},
-      {"eye", "specs/creation.yaml:32", Variant::Functional,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit__efficientzerotensor__out, false, -1, {}},
+      {"eye", "specs/creation.yaml:33", Variant::Functional,
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye, false, -1, {}},
-      {"eye.out", "specs/creation.yaml:32", Variant::Out,
+      {"eye.out", "specs/creation.yaml:33", Variant::Out,
        {ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye__out, false, -1, {}},
-      {"eye.m", "specs/creation.yaml:37", Variant::Functional,
+      {"eye.m", "specs/creation.yaml:38", Variant::Functional,
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye__m, false, -1, {}},
-      {"eye.m_out", "specs/creation.yaml:37", Variant::Out,
+      {"eye.m_out", "specs/creation.yaml:38", Variant::Out,
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_eye__m_out, false, -1, {}},
-      {"tril_indices", "specs/creation.yaml:42", Variant::Functional,
+      {"tril_indices", "specs/creation.yaml:43", Variant::Functional,
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril_indices, false, -1, {}},
-      {"tril_indices.out", "specs/creation.yaml:42", Variant::Out,
+      {"tril_indices.out", "specs/creation.yaml:43", Variant::Out,
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_tril_indices__out, false, -1, {}},
-      {"triu_indices", "specs/creation.yaml:47", Variant::Functional,
+      {"triu_indices", "specs/creation.yaml:48", Variant::Functional,
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_triu_indices, false, -1, {}},
-      {"triu_indices.out", "specs/creation.yaml:47", Variant::Out,
+      {"triu_indices.out", "specs/creation.yaml:48", Variant::Out,
        {ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,

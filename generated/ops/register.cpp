@@ -185,14 +185,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("linspace.out", torchtpu::spec_kernel(specs[176], metas[176]));  // specs/creation.yaml:19
   m.impl("_efficientzerotensor", torchtpu::spec_kernel(specs[177], metas[177]));  // specs/creation.yaml:27
   m.impl("_efficientzerotensor.out", torchtpu::spec_kernel(specs[178], metas[178]));  // specs/creation.yaml:27
-  m.impl("eye", torchtpu::spec_kernel(specs[179], metas[179]));  // specs/creation.yaml:32
-  m.impl("eye.out", torchtpu::spec_kernel(specs[180], metas[180]));  // specs/creation.yaml:32
-  m.impl("eye.m", torchtpu::spec_kernel(specs[181], metas[181]));  // specs/creation.yaml:37
-  m.impl("eye.m_out", torchtpu::spec_kernel(specs[182], metas[182]));  // specs/creation.yaml:37
-  m.impl("tril_indices", torchtpu::spec_kernel(specs[183], metas[183]));  // specs/creation.yaml:42
-  m.impl("tril_indices.out", torchtpu::spec_kernel(specs[184], metas[184]));  // specs/creation.yaml:42
-  m.impl("triu_indices", torchtpu::spec_kernel(specs[185], metas[185]));  // specs/creation.yaml:47
-  m.impl("triu_indices.out", torchtpu::spec_kernel(specs[186], metas[186]));  // specs/creation.yaml:47
+  m.impl("eye", torchtpu::spec_kernel(specs[179], metas[179]));  // specs/creation.yaml:33
+  m.impl("eye.out", torchtpu::spec_kernel(specs[180], metas[180]));  // specs/creation.yaml:33
+  m.impl("eye.m", torchtpu::spec_kernel(specs[181], metas[181]));  // specs/creation.yaml:38
+  m.impl("eye.m_out", torchtpu::spec_kernel(specs[182], metas[182]));  // specs/creation.yaml:38
+  m.impl("tril_indices", torchtpu::spec_kernel(specs[183], metas[183]));  // specs/creation.yaml:43
+  m.impl("tril_indices.out", torchtpu::spec_kernel(specs[184], metas[184]));  // specs/creation.yaml:43
+  m.impl("triu_indices", torchtpu::spec_kernel(specs[185], metas[185]));  // specs/creation.yaml:48
+  m.impl("triu_indices.out", torchtpu::spec_kernel(specs[186], metas[186]));  // specs/creation.yaml:48
   m.impl("add.Tensor", torchtpu::spec_kernel(specs[187], metas[187]));  // specs/elementwise.yaml:4
   m.impl("add_.Tensor", torchtpu::spec_kernel(specs[188], metas[188]));  // specs/elementwise.yaml:4
   m.impl("add.out", torchtpu::spec_kernel(specs[189], metas[189]));  // specs/elementwise.yaml:4

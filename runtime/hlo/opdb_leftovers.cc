@@ -1,6 +1,6 @@
 // The op_db leftovers' primitives: bit shifts, tril/triu_indices, searchsorted/bucketize, histc,
 // max_unpool, im2col/col2im, cdist/pdist with their gradients, nonzero_static, and the empty result
-// of eval batch norm. Declared in hlo_builder.h's "op_db leftovers" block.
+// of eval batch norm, zeros (_efficientzerotensor). Declared in hlo_builder.h's "op_db leftovers" block.
 #include <cmath>
 
 #include "hlo/builder_internal.h"
