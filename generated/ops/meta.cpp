@@ -134,11 +134,14 @@
 #include <ATen/ops/reciprocal_meta_dispatch.h>
 #include <ATen/ops/reflection_pad1d_backward_meta_dispatch.h>
 #include <ATen/ops/reflection_pad1d_meta_dispatch.h>
+#include <ATen/ops/reflection_pad3d_backward_meta_dispatch.h>
+#include <ATen/ops/reflection_pad3d_meta_dispatch.h>
 #include <ATen/ops/remainder_meta_dispatch.h>
 #include <ATen/ops/renorm_meta_dispatch.h>
 #include <ATen/ops/replication_pad1d_backward_meta_dispatch.h>
 #include <ATen/ops/replication_pad1d_meta_dispatch.h>
 #include <ATen/ops/replication_pad2d_meta_dispatch.h>
+#include <ATen/ops/replication_pad3d_meta_dispatch.h>
 #include <ATen/ops/round_meta_dispatch.h>
 #include <ATen/ops/rsqrt_meta_dispatch.h>
 #include <ATen/ops/scatter_add_meta_dispatch.h>
@@ -2045,6 +2048,21 @@ void meta_emit_reflection_pad1d__out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_reflection_pad3d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::reflection_pad3d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reflection_pad3d__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::reflection_pad3d_outf(s[0].toTensor(), a1, a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_replication_pad1d(torch::jit::Stack& s) {
   const auto a1 = s[1].toDimVector();
   auto result = at::meta::replication_pad1d(s[0].toTensor(), a1);
@@ -2075,6 +2093,21 @@ void meta_emit_replication_pad2d__out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_replication_pad3d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::replication_pad3d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_replication_pad3d__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a2 = s[2].toTensor();
+  auto result = at::meta::replication_pad3d_outf(s[0].toTensor(), a1, a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_reflection_pad1d_backward(torch::jit::Stack& s) {
   const auto a2 = s[2].toDimVector();
   auto result = at::meta::reflection_pad1d_backward(s[0].toTensor(), s[1].toTensor(), a2);
@@ -2086,6 +2119,21 @@ void meta_emit_reflection_pad1d_backward__grad_input(torch::jit::Stack& s) {
   const auto a2 = s[2].toDimVector();
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::reflection_pad1d_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reflection_pad3d_backward(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  auto result = at::meta::reflection_pad3d_backward(s[0].toTensor(), s[1].toTensor(), a2);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_reflection_pad3d_backward__grad_input(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::reflection_pad3d_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -3989,6 +4037,9 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // scatter_reduce.two_out
       nullptr,  // embedding_dense_backward
       nullptr,  // embedding_dense_backward.out
+      nullptr,  // embedding_renorm
+      nullptr,  // embedding_renorm_
+      nullptr,  // embedding_renorm.out
       &meta_emit_nll_loss_forward,  // nll_loss_forward
       &meta_emit_nll_loss_backward,  // nll_loss_backward
       &meta_emit_nll_loss_backward__grad_input,  // nll_loss_backward.grad_input
@@ -4622,18 +4673,26 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_reflection_pad1d__out,  // reflection_pad1d.out
       nullptr,  // reflection_pad2d
       nullptr,  // reflection_pad2d.out
+      &meta_emit_reflection_pad3d,  // reflection_pad3d
+      &meta_emit_reflection_pad3d__out,  // reflection_pad3d.out
       &meta_emit_replication_pad1d,  // replication_pad1d
       &meta_emit_replication_pad1d__out,  // replication_pad1d.out
       &meta_emit_replication_pad2d,  // replication_pad2d
       &meta_emit_replication_pad2d__out,  // replication_pad2d.out
+      &meta_emit_replication_pad3d,  // replication_pad3d
+      &meta_emit_replication_pad3d__out,  // replication_pad3d.out
       &meta_emit_reflection_pad1d_backward,  // reflection_pad1d_backward
       &meta_emit_reflection_pad1d_backward__grad_input,  // reflection_pad1d_backward.grad_input
       nullptr,  // reflection_pad2d_backward
       nullptr,  // reflection_pad2d_backward.grad_input
+      &meta_emit_reflection_pad3d_backward,  // reflection_pad3d_backward
+      &meta_emit_reflection_pad3d_backward__grad_input,  // reflection_pad3d_backward.grad_input
       &meta_emit_replication_pad1d_backward,  // replication_pad1d_backward
       &meta_emit_replication_pad1d_backward__grad_input,  // replication_pad1d_backward.grad_input
       nullptr,  // replication_pad2d_backward
       nullptr,  // replication_pad2d_backward.grad_input
+      nullptr,  // replication_pad3d_backward
+      nullptr,  // replication_pad3d_backward.grad_input
       nullptr,  // unfold_backward
       nullptr,  // unfold_backward.out
       &meta_emit_acosh,  // acosh

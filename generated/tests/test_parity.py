@@ -2092,9 +2092,46 @@ def test_scatter_reduce_two_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_embedding_renorm(dtype):
+    # specs/indexing.yaml:65
+    check_opinfo(
+        "nn.functional.embedding",
+        dtype,
+        overloads=["embedding_renorm", "embedding_renorm_", "embedding_renorm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_embedding_renorm_compiled():
+    # specs/indexing.yaml:65: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.embedding",
+        overloads=["embedding_renorm", "embedding_renorm_", "embedding_renorm.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_embedding_renorm_other_dtypes(dtype):
+    # specs/indexing.yaml:65: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.embedding",
+        dtype,
+        overloads=["embedding_renorm", "embedding_renorm_", "embedding_renorm.out"],
+        variants=["Functional", "Inplace", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_nll_loss_forward(dtype):
-    # specs/indexing.yaml:67
+    # specs/indexing.yaml:73
     check_opinfo(
         "nn.functional.nll_loss",
         dtype,
@@ -2106,7 +2143,7 @@ def test_nll_loss_forward(dtype):
 
 
 def test_nll_loss_forward_compiled():
-    # specs/indexing.yaml:67: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:73: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.nll_loss",
         overloads=["nll_loss_forward"],
@@ -2117,7 +2154,7 @@ def test_nll_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_Tensor(dtype):
-    # specs/indexing.yaml:98
+    # specs/indexing.yaml:104
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2129,7 +2166,7 @@ def test_index_Tensor(dtype):
 
 
 def test_index_Tensor_compiled():
-    # specs/indexing.yaml:98: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:104: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__getitem__",
         overloads=["index.Tensor", "index.Tensor_out"],
@@ -2140,7 +2177,7 @@ def test_index_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:98: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:104: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2154,7 +2191,7 @@ def test_index_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_put(dtype):
-    # specs/indexing.yaml:106
+    # specs/indexing.yaml:112
     check_opinfo(
         "index_put",
         dtype,
@@ -2166,7 +2203,7 @@ def test_index_put(dtype):
 
 
 def test_index_put_compiled():
-    # specs/indexing.yaml:106: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:112: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_put",
         overloads=["index_put", "index_put_", "index_put.out"],
@@ -2177,7 +2214,7 @@ def test_index_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_put_other_dtypes(dtype):
-    # specs/indexing.yaml:106: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:112: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_put",
         dtype,
@@ -2191,7 +2228,7 @@ def test_index_put_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nonzero(dtype):
-    # specs/indexing.yaml:120
+    # specs/indexing.yaml:126
     check_opinfo(
         "nonzero",
         dtype,
@@ -2203,7 +2240,7 @@ def test_nonzero(dtype):
 
 
 def test_nonzero_compiled():
-    # specs/indexing.yaml:120: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:126: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero",
         overloads=["nonzero"],
@@ -2215,7 +2252,7 @@ def test_nonzero_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nonzero_other_dtypes(dtype):
-    # specs/indexing.yaml:120: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:126: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nonzero",
         dtype,
@@ -2229,7 +2266,7 @@ def test_nonzero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_select(dtype):
-    # specs/indexing.yaml:126
+    # specs/indexing.yaml:132
     check_opinfo(
         "masked_select",
         dtype,
@@ -2241,7 +2278,7 @@ def test_masked_select(dtype):
 
 
 def test_masked_select_compiled():
-    # specs/indexing.yaml:126: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:132: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_select",
         overloads=["masked_select"],
@@ -2253,7 +2290,7 @@ def test_masked_select_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_select_other_dtypes(dtype):
-    # specs/indexing.yaml:126: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:132: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_select",
         dtype,
@@ -2267,7 +2304,7 @@ def test_masked_select_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_scatter(dtype):
-    # specs/indexing.yaml:134
+    # specs/indexing.yaml:140
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2279,7 +2316,7 @@ def test_masked_scatter(dtype):
 
 
 def test_masked_scatter_compiled():
-    # specs/indexing.yaml:134: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:140: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_scatter",
         overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
@@ -2290,7 +2327,7 @@ def test_masked_scatter_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_scatter_other_dtypes(dtype):
-    # specs/indexing.yaml:134: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:140: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2304,7 +2341,7 @@ def test_masked_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isin_Tensor_Tensor(dtype):
-    # specs/indexing.yaml:140
+    # specs/indexing.yaml:146
     check_opinfo(
         "isin",
         dtype,
@@ -2316,7 +2353,7 @@ def test_isin_Tensor_Tensor(dtype):
 
 
 def test_isin_Tensor_Tensor_compiled():
-    # specs/indexing.yaml:140: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:146: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isin",
         overloads=["isin.Tensor_Tensor", "isin.Tensor_Tensor_out"],
@@ -2327,7 +2364,7 @@ def test_isin_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isin_Tensor_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:140: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:146: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isin",
         dtype,
@@ -2341,7 +2378,7 @@ def test_isin_Tensor_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64"])
 def test_nonzero_static(dtype):
-    # specs/indexing.yaml:148
+    # specs/indexing.yaml:154
     check_opinfo(
         "nonzero_static",
         dtype,
@@ -2353,7 +2390,7 @@ def test_nonzero_static(dtype):
 
 
 def test_nonzero_static_compiled():
-    # specs/indexing.yaml:148: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:154: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero_static",
         overloads=["nonzero_static", "nonzero_static.out"],
@@ -2364,7 +2401,7 @@ def test_nonzero_static_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_searchsorted_Tensor(dtype):
-    # specs/indexing.yaml:156
+    # specs/indexing.yaml:162
     check_opinfo(
         "searchsorted",
         dtype,
@@ -2376,7 +2413,7 @@ def test_searchsorted_Tensor(dtype):
 
 
 def test_searchsorted_Tensor_compiled():
-    # specs/indexing.yaml:156: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:162: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "searchsorted",
         overloads=["searchsorted.Tensor"],
@@ -2387,7 +2424,7 @@ def test_searchsorted_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_searchsorted_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:156: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:162: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "searchsorted",
         dtype,
@@ -2401,7 +2438,7 @@ def test_searchsorted_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_bucketize_Tensor(dtype):
-    # specs/indexing.yaml:169
+    # specs/indexing.yaml:175
     check_opinfo(
         "bucketize",
         dtype,
@@ -2413,7 +2450,7 @@ def test_bucketize_Tensor(dtype):
 
 
 def test_bucketize_Tensor_compiled():
-    # specs/indexing.yaml:169: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:175: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bucketize",
         overloads=["bucketize.Tensor"],
@@ -2424,7 +2461,7 @@ def test_bucketize_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_bucketize_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:169: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:175: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "bucketize",
         dtype,
@@ -2438,7 +2475,7 @@ def test_bucketize_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_histc(dtype):
-    # specs/indexing.yaml:176
+    # specs/indexing.yaml:182
     check_opinfo(
         "histc",
         dtype,
@@ -2450,7 +2487,7 @@ def test_histc(dtype):
 
 
 def test_histc_compiled():
-    # specs/indexing.yaml:176: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:182: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "histc",
         overloads=["histc", "histc.out"],
@@ -2461,7 +2498,7 @@ def test_histc_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_histc_other_dtypes(dtype):
-    # specs/indexing.yaml:176: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:182: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "histc",
         dtype,
@@ -2475,7 +2512,7 @@ def test_histc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__embedding_bag(dtype):
-    # specs/indexing.yaml:186
+    # specs/indexing.yaml:192
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2487,7 +2524,7 @@ def test__embedding_bag(dtype):
 
 
 def test__embedding_bag_compiled():
-    # specs/indexing.yaml:186: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:192: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.embedding_bag",
         overloads=["_embedding_bag"],
@@ -2498,7 +2535,7 @@ def test__embedding_bag_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__embedding_bag_other_dtypes(dtype):
-    # specs/indexing.yaml:186: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:192: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2512,7 +2549,7 @@ def test__embedding_bag_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_add(dtype):
-    # specs/indexing.yaml:222
+    # specs/indexing.yaml:228
     check_opinfo(
         "index_add",
         dtype,
@@ -2524,7 +2561,7 @@ def test_index_add(dtype):
 
 
 def test_index_add_compiled():
-    # specs/indexing.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:228: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_add",
         overloads=["index_add", "index_add_", "index_add.out"],
@@ -2535,7 +2572,7 @@ def test_index_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_add_other_dtypes(dtype):
-    # specs/indexing.yaml:222: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:228: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_add",
         dtype,
@@ -2549,7 +2586,7 @@ def test_index_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_copy(dtype):
-    # specs/indexing.yaml:229
+    # specs/indexing.yaml:235
     check_opinfo(
         "index_copy",
         dtype,
@@ -2561,7 +2598,7 @@ def test_index_copy(dtype):
 
 
 def test_index_copy_compiled():
-    # specs/indexing.yaml:229: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:235: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_copy",
         overloads=["index_copy", "index_copy_", "index_copy.out"],
@@ -2572,7 +2609,7 @@ def test_index_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_copy_other_dtypes(dtype):
-    # specs/indexing.yaml:229: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:235: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_copy",
         dtype,
@@ -2586,7 +2623,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:237
+    # specs/indexing.yaml:243
     check_opinfo(
         "index_fill",
         dtype,
@@ -2598,7 +2635,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:237: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:243: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2609,7 +2646,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:237: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:243: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2623,7 +2660,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:251
+    # specs/indexing.yaml:257
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2635,7 +2672,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:251: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:257: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2646,7 +2683,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:251: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:257: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2660,7 +2697,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:259
+    # specs/indexing.yaml:265
     check_opinfo(
         "take",
         dtype,
@@ -2672,7 +2709,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:259: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:265: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2683,7 +2720,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:259: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:265: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2697,7 +2734,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:265
+    # specs/indexing.yaml:271
     check_opinfo(
         "put",
         dtype,
@@ -2709,7 +2746,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:265: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:271: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2720,7 +2757,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:265: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:271: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,
@@ -8540,7 +8577,7 @@ def test_reflection_pad1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_replication_pad1d(dtype):
-    # specs/shape.yaml:86
+    # specs/shape.yaml:92
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -8552,7 +8589,7 @@ def test_replication_pad1d(dtype):
 
 
 def test_replication_pad1d_compiled():
-    # specs/shape.yaml:86: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:92: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pad.replicate",
         overloads=["replication_pad1d", "replication_pad1d.out"],
@@ -8563,7 +8600,7 @@ def test_replication_pad1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_replication_pad1d_other_dtypes(dtype):
-    # specs/shape.yaml:86: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:92: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pad.replicate",
         dtype,
@@ -8577,7 +8614,7 @@ def test_replication_pad1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_unfold_backward(dtype):
-    # specs/shape.yaml:116
+    # specs/shape.yaml:136
     check_opinfo(
         "unfold",
         dtype,
@@ -8589,7 +8626,7 @@ def test_unfold_backward(dtype):
 
 
 def test_unfold_backward_compiled():
-    # specs/shape.yaml:116: the first float32 sample through torch.compile(backend="tpu")
+    # specs/shape.yaml:136: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "unfold",
         overloads=["unfold_backward", "unfold_backward.out"],
@@ -8600,7 +8637,7 @@ def test_unfold_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_unfold_backward_other_dtypes(dtype):
-    # specs/shape.yaml:116: every other dtype it supports, over the first 3 samples
+    # specs/shape.yaml:136: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "unfold",
         dtype,

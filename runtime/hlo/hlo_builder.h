@@ -255,6 +255,9 @@ class Builder {
   Value scatter_reduce_along(const Value& v, int64_t dim, const Value& index, const Value& src, const std::string& reduce, bool include_self);
   // [num_weights, grad's last dim]: the rows of grad summed by index (rows at padding_idx dropped).
   Value embedding_backward(const Value& grad, const Value& indices, int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq);
+  // embedding's max_norm (embedding_renorm_): each row of v [rows, D] that indices name and whose
+  // norm_type-norm exceeds max_norm, scaled by max_norm / (norm + 1e-7) once, as CPU does.
+  Value embedding_renorm(const Value& v, const Value& indices, double max_norm, double norm_type);
   // self: [C] or [N, C, ...] (classes along dim 1); target: self's shape without the class dim.
   Value nll_loss(const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index);
   Value nll_loss_total_weight(const Value& self, const Value& target, const std::optional<Value>& weight, int64_t reduction, int64_t ignore_index);

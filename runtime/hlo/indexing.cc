@@ -179,6 +179,19 @@ Value Builder::embedding_backward(const Value& grad, const Value& indices, int64
   return scatter_along(full(0, t), 0, broadcast_in_dim(idx, {n, width}, {0}), rows, "add");
 }
 
+Value Builder::embedding_renorm(const Value& v, const Value& indices, double max_norm, double norm_type) {
+  if (v.rank() != 2) fail("embedding_renorm: self must be 2-D");
+  const int64_t rows = v.dims()[0], n = indices.type.numel();
+  if (n == 0 || v.type.numel() == 0) return v;
+  const TensorType per_row{v.element(), {rows}};
+  const Value named = scatter_along(full(0, per_row), 0, reshape(convert(indices, ElementType::S64), {n}),
+                                    full(1, TensorType{v.element(), {n}}), "");
+  const Value norms = vector_norm(v, norm_type, {1}, false);
+  const Value over = bitwise_and(ne(named, full(0, per_row)), gt(norms, full(max_norm, per_row)));
+  const Value scale = select(over, div(full(max_norm, per_row), add(norms, full(1e-7, per_row))), full(1, per_row));
+  return mul(v, broadcast_in_dim(scale, v.dims(), {0}));
+}
+
 namespace {
 
 struct NllParts {
