@@ -635,150 +635,150 @@ std::vector<Value> emit_embedding_dense_backward(Builder& b, const EmitArgs& a) 
 // embedding_dense_backward.out = embedding_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)  (specs/indexing.yaml:59)
 std::vector<Value> emit_embedding_dense_backward__out(Builder& b, const EmitArgs& a) { return {b.embedding_backward(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
 
-// embedding_renorm = embedding_renorm(self, indices, max_norm, norm_type)  (specs/indexing.yaml:65)
+// embedding_renorm = embedding_renorm(self, indices, max_norm, norm_type)  (specs/indexing.yaml:67)
 std::vector<Value> emit_embedding_renorm(Builder& b, const EmitArgs& a) { return {b.embedding_renorm(a.value(0), a.value(1), a.real(2), a.real(3))}; }
-// embedding_renorm_ = embedding_renorm(self, indices, max_norm, norm_type)  (specs/indexing.yaml:65)
+// embedding_renorm_ = embedding_renorm(self, indices, max_norm, norm_type)  (specs/indexing.yaml:67)
 std::vector<Value> emit_embedding_renorm_(Builder& b, const EmitArgs& a) { return {b.embedding_renorm(a.value(0), a.value(1), a.real(2), a.real(3))}; }
-// embedding_renorm.out = embedding_renorm(self, indices, max_norm, norm_type)  (specs/indexing.yaml:65)
+// embedding_renorm.out = embedding_renorm(self, indices, max_norm, norm_type)  (specs/indexing.yaml:67)
 std::vector<Value> emit_embedding_renorm__out(Builder& b, const EmitArgs& a) { return {b.embedding_renorm(a.value(0), a.value(1), a.real(2), a.real(3))}; }
 
-// nll_loss_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:73)
+// nll_loss_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:75)
 std::vector<Value> emit_nll_loss_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
 
-// nll_loss_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:81)
+// nll_loss_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:83)
 std::vector<Value> emit_nll_loss_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
-// nll_loss_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:81)
+// nll_loss_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:83)
 std::vector<Value> emit_nll_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
 
-// nll_loss2d_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:87)
+// nll_loss2d_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:89)
 std::vector<Value> emit_nll_loss2d_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
 
-// nll_loss2d_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:94)
+// nll_loss2d_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:96)
 std::vector<Value> emit_nll_loss2d_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
-// nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:94)
+// nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:96)
 std::vector<Value> emit_nll_loss2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
 
-// index.Tensor = index_tensor(self, indices)  (specs/indexing.yaml:104)
+// index.Tensor = index_tensor(self, indices)  (specs/indexing.yaml:106)
 std::vector<Value> emit_index__Tensor(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
-// index.Tensor_out = index_tensor(self, indices)  (specs/indexing.yaml:104)
+// index.Tensor_out = index_tensor(self, indices)  (specs/indexing.yaml:106)
 std::vector<Value> emit_index__Tensor_out(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
 
-// index_put = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
+// index_put = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:114)
 std::vector<Value> emit_index_put(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// index_put_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
+// index_put_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:114)
 std::vector<Value> emit_index_put_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// index_put.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
+// index_put.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:114)
 std::vector<Value> emit_index_put__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
 
-// _index_put_impl = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:118)
+// _index_put_impl = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:120)
 std::vector<Value> emit__index_put_impl(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// _index_put_impl_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:118)
+// _index_put_impl_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:120)
 std::vector<Value> emit__index_put_impl_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// _index_put_impl.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:118)
+// _index_put_impl.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:120)
 std::vector<Value> emit__index_put_impl__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
 
-// nonzero = (nonzero_padded(self), nonzero_count(self, self))  (specs/indexing.yaml:126)
+// nonzero = (nonzero_padded(self), nonzero_count(self, self))  (specs/indexing.yaml:128)
 std::vector<Value> emit_nonzero(Builder& b, const EmitArgs& a) { return {b.nonzero_padded(a.value(0)), b.nonzero_count(a.value(0), a.value(0))}; }
 
-// masked_select = (masked_select_padded(self, mask), nonzero_count(mask, self))  (specs/indexing.yaml:132)
+// masked_select = (masked_select_padded(self, mask), nonzero_count(mask, self))  (specs/indexing.yaml:134)
 std::vector<Value> emit_masked_select(Builder& b, const EmitArgs& a) { return {b.masked_select_padded(a.value(0), a.value(1)), b.nonzero_count(a.value(1), a.value(0))}; }
 
-// masked_scatter = masked_scatter(self, mask, source)  (specs/indexing.yaml:140)
+// masked_scatter = masked_scatter(self, mask, source)  (specs/indexing.yaml:142)
 std::vector<Value> emit_masked_scatter(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
-// masked_scatter_ = masked_scatter(self, mask, source)  (specs/indexing.yaml:140)
+// masked_scatter_ = masked_scatter(self, mask, source)  (specs/indexing.yaml:142)
 std::vector<Value> emit_masked_scatter_(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
-// masked_scatter.out = masked_scatter(self, mask, source)  (specs/indexing.yaml:140)
+// masked_scatter.out = masked_scatter(self, mask, source)  (specs/indexing.yaml:142)
 std::vector<Value> emit_masked_scatter__out(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
 
-// isin.Tensor_Tensor = isin(elements, test_elements, invert)  (specs/indexing.yaml:146)
+// isin.Tensor_Tensor = isin(elements, test_elements, invert)  (specs/indexing.yaml:148)
 std::vector<Value> emit_isin__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
-// isin.Tensor_Tensor_out = isin(elements, test_elements, invert)  (specs/indexing.yaml:146)
+// isin.Tensor_Tensor_out = isin(elements, test_elements, invert)  (specs/indexing.yaml:148)
 std::vector<Value> emit_isin__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
 
-// isin.Tensor_Scalar = isin(elements, test_element, invert)  (specs/indexing.yaml:150)
+// isin.Tensor_Scalar = isin(elements, test_element, invert)  (specs/indexing.yaml:152)
 std::vector<Value> emit_isin__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
-// isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:150)
+// isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:152)
 std::vector<Value> emit_isin__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
 
-// nonzero_static = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:154)
+// nonzero_static = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:156)
 std::vector<Value> emit_nonzero_static(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
-// nonzero_static.out = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:154)
+// nonzero_static.out = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:156)
 std::vector<Value> emit_nonzero_static__out(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
 
-// searchsorted.Tensor = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:162)
+// searchsorted.Tensor = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:164)
 std::vector<Value> emit_searchsorted__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
 
-// searchsorted.Scalar = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:169)
+// searchsorted.Scalar = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:171)
 std::vector<Value> emit_searchsorted__Scalar(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
 
-// bucketize.Tensor = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:175)
+// bucketize.Tensor = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:177)
 std::vector<Value> emit_bucketize__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
 
-// histc = histc(self, bins, min, max)  (specs/indexing.yaml:182)
+// histc = histc(self, bins, min, max)  (specs/indexing.yaml:184)
 std::vector<Value> emit_histc(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
-// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:182)
+// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:184)
 std::vector<Value> emit_histc__out(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
 
-// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:192)
+// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:194)
 std::vector<Value> emit__embedding_bag(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:200)
+// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:203)
 std::vector<Value> emit__embedding_bag_forward_only(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:208)
+// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:211)
 std::vector<Value> emit__embedding_bag_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_backward(a.value(0), a.value(1), a.value(3), a.value(4), a.value(5), a.integer(6), a.boolean(7), a.integer(8), a.boolean(9), a.optional_value(10), a.integer(11))}; }
 
-// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:214)
+// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:217)
 std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_dense_backward(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.integer(5), a.boolean(6), a.integer(7), a.optional_value(8), a.integer(9))}; }
 
-// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:220)
+// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:223)
 std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
 
-// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:228)
+// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:231)
 std::vector<Value> emit_index_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:228)
+// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:231)
 std::vector<Value> emit_index_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:228)
+// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:231)
 std::vector<Value> emit_index_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
 
-// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:235)
+// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:238)
 std::vector<Value> emit_index_copy(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:235)
+// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:238)
 std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:235)
+// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:238)
 std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:243)
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:246)
 std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:243)
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:246)
 std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:243)
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:246)
 std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:250)
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:253)
 std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:250)
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:253)
 std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:250)
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:253)
 std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:257)
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:260)
 std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:257)
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:260)
 std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:257)
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:260)
 std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
 
-// take = take(self, index)  (specs/indexing.yaml:265)
+// take = take(self, index)  (specs/indexing.yaml:268)
 std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
-// take.out = take(self, index)  (specs/indexing.yaml:265)
+// take.out = take(self, index)  (specs/indexing.yaml:268)
 std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
 
-// put = put(self, index, source, accumulate)  (specs/indexing.yaml:271)
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:274)
 std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:271)
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:274)
 std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:271)
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:274)
 std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -4413,292 +4413,292 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_dense_backward__out, false, -1, {}},
-      {"embedding_renorm", "specs/indexing.yaml:65", Variant::Functional,
+      {"embedding_renorm", "specs/indexing.yaml:67", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_renorm, false, -1, {}},
-      {"embedding_renorm_", "specs/indexing.yaml:65", Variant::Inplace,
+      {"embedding_renorm_", "specs/indexing.yaml:67", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_renorm_, false, -1, {}},
-      {"embedding_renorm.out", "specs/indexing.yaml:65", Variant::Out,
+      {"embedding_renorm.out", "specs/indexing.yaml:67", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_embedding_renorm__out, false, -1, {}},
-      {"nll_loss_forward", "specs/indexing.yaml:73", Variant::Functional,
+      {"nll_loss_forward", "specs/indexing.yaml:75", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_forward, false, -1, {1, 0, -1, -1, false, 4, true, "Target {value} is out of bounds."}},
-      {"nll_loss_backward", "specs/indexing.yaml:81", Variant::Functional,
+      {"nll_loss_backward", "specs/indexing.yaml:83", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward, false, -1, {}},
-      {"nll_loss_backward.grad_input", "specs/indexing.yaml:81", Variant::Out,
+      {"nll_loss_backward.grad_input", "specs/indexing.yaml:83", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward__grad_input, false, -1, {}},
-      {"nll_loss2d_forward", "specs/indexing.yaml:87", Variant::Functional,
+      {"nll_loss2d_forward", "specs/indexing.yaml:89", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_forward, false, -1, {1, 0, -1, 1, false, 4, true, "Target {value} is out of bounds."}},
-      {"nll_loss2d_backward", "specs/indexing.yaml:94", Variant::Functional,
+      {"nll_loss2d_backward", "specs/indexing.yaml:96", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward, false, -1, {}},
-      {"nll_loss2d_backward.grad_input", "specs/indexing.yaml:94", Variant::Out,
+      {"nll_loss2d_backward.grad_input", "specs/indexing.yaml:96", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward__grad_input, false, -1, {}},
-      {"index.Tensor", "specs/indexing.yaml:104", Variant::Functional,
+      {"index.Tensor", "specs/indexing.yaml:106", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index.Tensor_out", "specs/indexing.yaml:104", Variant::Out,
+      {"index.Tensor_out", "specs/indexing.yaml:106", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor_out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put", "specs/indexing.yaml:112", Variant::Functional,
+      {"index_put", "specs/indexing.yaml:114", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put_", "specs/indexing.yaml:112", Variant::Inplace,
+      {"index_put_", "specs/indexing.yaml:114", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put.out", "specs/indexing.yaml:112", Variant::Out,
+      {"index_put.out", "specs/indexing.yaml:114", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl", "specs/indexing.yaml:118", Variant::Functional,
+      {"_index_put_impl", "specs/indexing.yaml:120", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl_", "specs/indexing.yaml:118", Variant::Inplace,
+      {"_index_put_impl_", "specs/indexing.yaml:120", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl.out", "specs/indexing.yaml:118", Variant::Out,
+      {"_index_put_impl.out", "specs/indexing.yaml:120", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {5},
        {5}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"nonzero", "specs/indexing.yaml:126", Variant::Functional,
+      {"nonzero", "specs/indexing.yaml:128", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nonzero, true, -1, {}},
-      {"masked_select", "specs/indexing.yaml:132", Variant::Functional,
+      {"masked_select", "specs/indexing.yaml:134", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_select, true, -1, {}},
-      {"masked_scatter", "specs/indexing.yaml:140", Variant::Functional,
+      {"masked_scatter", "specs/indexing.yaml:142", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter, false, -1, {}},
-      {"masked_scatter_", "specs/indexing.yaml:140", Variant::Inplace,
+      {"masked_scatter_", "specs/indexing.yaml:142", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter_, false, -1, {}},
-      {"masked_scatter.out", "specs/indexing.yaml:140", Variant::Out,
+      {"masked_scatter.out", "specs/indexing.yaml:142", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter__out, false, -1, {}},
-      {"isin.Tensor_Tensor", "specs/indexing.yaml:146", Variant::Functional,
+      {"isin.Tensor_Tensor", "specs/indexing.yaml:148", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor, false, -1, {}},
-      {"isin.Tensor_Tensor_out", "specs/indexing.yaml:146", Variant::Out,
+      {"isin.Tensor_Tensor_out", "specs/indexing.yaml:148", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor_out, false, -1, {}},
-      {"isin.Tensor_Scalar", "specs/indexing.yaml:150", Variant::Functional,
+      {"isin.Tensor_Scalar", "specs/indexing.yaml:152", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar, false, -1, {}},
-      {"isin.Tensor_Scalar_out", "specs/indexing.yaml:150", Variant::Out,
+      {"isin.Tensor_Scalar_out", "specs/indexing.yaml:152", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar_out, false, -1, {}},
-      {"nonzero_static", "specs/indexing.yaml:154", Variant::Functional,
+      {"nonzero_static", "specs/indexing.yaml:156", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"int64"}, &emit_nonzero_static, false, -1, {}},
-      {"nonzero_static.out", "specs/indexing.yaml:154", Variant::Out,
+      {"nonzero_static.out", "specs/indexing.yaml:156", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"int64"}, &emit_nonzero_static__out, false, -1, {}},
-      {"searchsorted.Tensor", "specs/indexing.yaml:162", Variant::Functional,
+      {"searchsorted.Tensor", "specs/indexing.yaml:164", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Tensor, false, -1, {}},
-      {"searchsorted.Scalar", "specs/indexing.yaml:169", Variant::Functional,
+      {"searchsorted.Scalar", "specs/indexing.yaml:171", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Scalar, false, -1, {}},
-      {"bucketize.Tensor", "specs/indexing.yaml:175", Variant::Functional,
+      {"bucketize.Tensor", "specs/indexing.yaml:177", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Tensor, false, -1, {}},
-      {"histc", "specs/indexing.yaml:182", Variant::Functional,
+      {"histc", "specs/indexing.yaml:184", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_histc, false, -1, {}},
-      {"histc.out", "specs/indexing.yaml:182", Variant::Out,
+      {"histc.out", "specs/indexing.yaml:184", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_histc__out, false, -1, {}},
-      {"_embedding_bag", "specs/indexing.yaml:192", Variant::Functional,
+      {"_embedding_bag", "specs/indexing.yaml:194", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_forward_only", "specs/indexing.yaml:200", Variant::Functional,
+      {"_embedding_bag_forward_only", "specs/indexing.yaml:203", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_forward_only, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_backward", "specs/indexing.yaml:208", Variant::Functional,
+      {"_embedding_bag_backward", "specs/indexing.yaml:211", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 10}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_backward, false, -1, {}},
-      {"_embedding_bag_dense_backward", "specs/indexing.yaml:214", Variant::Functional,
+      {"_embedding_bag_dense_backward", "specs/indexing.yaml:217", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 8}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_dense_backward, false, -1, {}},
-      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:220", Variant::Functional,
+      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:223", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward, false, -1, {}},
-      {"index_add", "specs/indexing.yaml:228", Variant::Functional,
+      {"index_add", "specs/indexing.yaml:231", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add_", "specs/indexing.yaml:228", Variant::Inplace,
+      {"index_add_", "specs/indexing.yaml:231", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add_, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add.out", "specs/indexing.yaml:228", Variant::Out,
+      {"index_add.out", "specs/indexing.yaml:231", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3, 4}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add__out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy", "specs/indexing.yaml:235", Variant::Functional,
+      {"index_copy", "specs/indexing.yaml:238", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy_", "specs/indexing.yaml:235", Variant::Inplace,
+      {"index_copy_", "specs/indexing.yaml:238", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy_, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy.out", "specs/indexing.yaml:235", Variant::Out,
+      {"index_copy.out", "specs/indexing.yaml:238", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar", "specs/indexing.yaml:243", Variant::Functional,
+      {"index_fill.int_Scalar", "specs/indexing.yaml:246", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Scalar", "specs/indexing.yaml:243", Variant::Inplace,
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:246", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar_out", "specs/indexing.yaml:243", Variant::Out,
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:246", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor", "specs/indexing.yaml:250", Variant::Functional,
+      {"index_fill.int_Tensor", "specs/indexing.yaml:253", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Tensor", "specs/indexing.yaml:250", Variant::Inplace,
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:253", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor_out", "specs/indexing.yaml:250", Variant::Out,
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:253", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_reduce", "specs/indexing.yaml:257", Variant::Functional,
+      {"index_reduce", "specs/indexing.yaml:260", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce_", "specs/indexing.yaml:257", Variant::Inplace,
+      {"index_reduce_", "specs/indexing.yaml:260", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce.out", "specs/indexing.yaml:257", Variant::Out,
+      {"index_reduce.out", "specs/indexing.yaml:260", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"take", "specs/indexing.yaml:265", Variant::Functional,
+      {"take", "specs/indexing.yaml:268", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"take.out", "specs/indexing.yaml:265", Variant::Out,
+      {"take.out", "specs/indexing.yaml:268", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put", "specs/indexing.yaml:271", Variant::Functional,
+      {"put", "specs/indexing.yaml:274", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put_", "specs/indexing.yaml:271", Variant::Inplace,
+      {"put_", "specs/indexing.yaml:274", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put.out", "specs/indexing.yaml:271", Variant::Out,
+      {"put.out", "specs/indexing.yaml:274", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
