@@ -237,6 +237,19 @@ def test_out_of_range_does_not_raise(no_fallback):
     assert d.cpu().tolist() == x.tolist()
 
 
+def test_negative_indices_where_cpu_takes_them(no_fallback):
+    """index_fill, take and put wrap negative positions once, as CPU does (without any check mode)."""
+    x = torch.arange(12.).reshape(3, 4)
+    cases = [
+        lambda x, t: x.clone().index_fill_(1, t([-1, 0]), -5.0),
+        lambda x, t: x.clone().index_fill_(0, t([-3]), 2.5),
+        lambda x, t: x.take(t([-1, 3, -12])),
+        lambda x, t: x.clone().put_(t([-2]), torch.full((1,), 7.0, device=x.device)),
+    ]
+    for fn in cases:
+        assert_equal_cpu(fn(x.to(TPU), lambda v: torch.tensor(v, device=TPU)), fn(x, lambda v: torch.tensor(v)))
+
+
 @pytest.fixture
 def check_indices():
     """The body runs as under TORCHTPU_CHECK_INDICES=1."""
