@@ -280,107 +280,135 @@ std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor(Builder& b, const Emi
 // bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:202)
 std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:208)
+// __lshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:207)
+std::vector<Value> emit___lshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// __ilshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:207)
+std::vector<Value> emit___ilshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// __lshift__.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:207)
+std::vector<Value> emit___lshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+
+// __lshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:211)
+std::vector<Value> emit___lshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// __ilshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:211)
+std::vector<Value> emit___ilshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+// __lshift__.Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:211)
+std::vector<Value> emit___lshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
+
+// __rshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:215)
+std::vector<Value> emit___rshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// __irshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:215)
+std::vector<Value> emit___irshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// __rshift__.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:215)
+std::vector<Value> emit___rshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+
+// __rshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:219)
+std::vector<Value> emit___rshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// __irshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:219)
+std::vector<Value> emit___irshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+// __rshift__.Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:219)
+std::vector<Value> emit___rshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
+
+// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:225)
 std::vector<Value> emit_masked_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:208)
+// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:225)
 std::vector<Value> emit_masked_fill___Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:208)
+// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:225)
 std::vector<Value> emit_masked_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:214)
+// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:231)
 std::vector<Value> emit_masked_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:214)
+// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:231)
 std::vector<Value> emit_masked_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:214)
+// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:231)
 std::vector<Value> emit_masked_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:221)
+// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:238)
 std::vector<Value> emit_lerp__Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:221)
+// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:238)
 std::vector<Value> emit_lerp___Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:221)
+// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:238)
 std::vector<Value> emit_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:226)
+// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:243)
 std::vector<Value> emit_lerp__Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:226)
+// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:243)
 std::vector<Value> emit_lerp___Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:226)
+// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:243)
 std::vector<Value> emit_lerp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:230)
+// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:247)
 std::vector<Value> emit_addcmul(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:230)
+// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:247)
 std::vector<Value> emit_addcmul_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:230)
+// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:247)
 std::vector<Value> emit_addcmul__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:235)
+// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:252)
 std::vector<Value> emit_addcdiv(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:235)
+// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:252)
 std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:235)
+// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:252)
 std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:242)
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:259)
 std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:242)
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:259)
 std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:242)
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:259)
 std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:248)
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:265)
 std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:248)
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:265)
 std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:248)
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:265)
 std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:253)
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:270)
 std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:253)
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:270)
 std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:253)
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:270)
 std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:259)
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
 std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:259)
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
 std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:259)
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
 std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:264)
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:281)
 std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:264)
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:281)
 std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:264)
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:281)
 std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:270)
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
 std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:270)
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
 std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:292)
 std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:292)
 std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:275)
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:292)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// gcd = gcd(self, other)  (specs/binary.yaml:281)
+// gcd = gcd(self, other)  (specs/binary.yaml:298)
 std::vector<Value> emit_gcd(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd_ = gcd(self, other)  (specs/binary.yaml:281)
+// gcd_ = gcd(self, other)  (specs/binary.yaml:298)
 std::vector<Value> emit_gcd_(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd.out = gcd(self, other)  (specs/binary.yaml:281)
+// gcd.out = gcd(self, other)  (specs/binary.yaml:298)
 std::vector<Value> emit_gcd__out(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
 
-// lcm = lcm(self, other)  (specs/binary.yaml:286)
+// lcm = lcm(self, other)  (specs/binary.yaml:303)
 std::vector<Value> emit_lcm(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm_ = lcm(self, other)  (specs/binary.yaml:286)
+// lcm_ = lcm(self, other)  (specs/binary.yaml:303)
 std::vector<Value> emit_lcm_(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm.out = lcm(self, other)  (specs/binary.yaml:286)
+// lcm.out = lcm(self, other)  (specs/binary.yaml:303)
 std::vector<Value> emit_lcm__out(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
 
 // complex = complex_from(real, imag)  (specs/complex.yaml:7)
@@ -644,141 +672,161 @@ std::vector<Value> emit_embedding_renorm__out(Builder& b, const EmitArgs& a) { r
 
 // nll_loss_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:75)
 std::vector<Value> emit_nll_loss_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
+// nll_loss_forward.output = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:75)
+std::vector<Value> emit_nll_loss_forward__output(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
 
-// nll_loss_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:83)
+// nll_loss_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:82)
 std::vector<Value> emit_nll_loss_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
-// nll_loss_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:83)
+// nll_loss_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:82)
 std::vector<Value> emit_nll_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
 
-// nll_loss2d_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:89)
+// nll_loss2d_forward = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:88)
 std::vector<Value> emit_nll_loss2d_forward(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
+// nll_loss2d_forward.output = (nll_loss(self, target, weight, reduction, ignore_index), nll_loss_total_weight(self, target, weight, reduction, ignore_index))  (specs/indexing.yaml:88)
+std::vector<Value> emit_nll_loss2d_forward__output(Builder& b, const EmitArgs& a) { return {b.nll_loss(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4)), b.nll_loss_total_weight(a.value(0), a.value(1), a.optional_value(2), a.integer(3), a.integer(4))}; }
 
-// nll_loss2d_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:96)
+// nll_loss2d_backward = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:94)
 std::vector<Value> emit_nll_loss2d_backward(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
-// nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:96)
+// nll_loss2d_backward.grad_input = nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)  (specs/indexing.yaml:94)
 std::vector<Value> emit_nll_loss2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.nll_loss_backward(a.value(0), a.value(1), a.value(2), a.optional_value(3), a.integer(4), a.integer(5), a.value(6))}; }
 
-// index.Tensor = index_tensor(self, indices)  (specs/indexing.yaml:106)
+// index.Tensor = index_tensor(self, indices)  (specs/indexing.yaml:104)
 std::vector<Value> emit_index__Tensor(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
-// index.Tensor_out = index_tensor(self, indices)  (specs/indexing.yaml:106)
+// index.Tensor_out = index_tensor(self, indices)  (specs/indexing.yaml:104)
 std::vector<Value> emit_index__Tensor_out(Builder& b, const EmitArgs& a) { return {b.index_tensor(a.value(0), a.values(1))}; }
 
-// index_put = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:114)
+// index_put = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
 std::vector<Value> emit_index_put(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// index_put_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:114)
+// index_put_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
 std::vector<Value> emit_index_put_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// index_put.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:114)
+// index_put.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:112)
 std::vector<Value> emit_index_put__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
 
-// _index_put_impl = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:120)
+// _index_put_impl = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:118)
 std::vector<Value> emit__index_put_impl(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// _index_put_impl_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:120)
+// _index_put_impl_ = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:118)
 std::vector<Value> emit__index_put_impl_(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
-// _index_put_impl.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:120)
+// _index_put_impl.out = index_put(self, indices, values, accumulate)  (specs/indexing.yaml:118)
 std::vector<Value> emit__index_put_impl__out(Builder& b, const EmitArgs& a) { return {b.index_put(a.value(0), a.values(1), a.value(2), a.boolean(3))}; }
 
-// nonzero = (nonzero_padded(self), nonzero_count(self, self))  (specs/indexing.yaml:128)
+// nonzero = (nonzero_padded(self), nonzero_count(self, self))  (specs/indexing.yaml:126)
 std::vector<Value> emit_nonzero(Builder& b, const EmitArgs& a) { return {b.nonzero_padded(a.value(0)), b.nonzero_count(a.value(0), a.value(0))}; }
 
-// masked_select = (masked_select_padded(self, mask), nonzero_count(mask, self))  (specs/indexing.yaml:134)
+// masked_select = (masked_select_padded(self, mask), nonzero_count(mask, self))  (specs/indexing.yaml:132)
 std::vector<Value> emit_masked_select(Builder& b, const EmitArgs& a) { return {b.masked_select_padded(a.value(0), a.value(1)), b.nonzero_count(a.value(1), a.value(0))}; }
 
-// masked_scatter = masked_scatter(self, mask, source)  (specs/indexing.yaml:142)
+// masked_scatter = masked_scatter(self, mask, source)  (specs/indexing.yaml:140)
 std::vector<Value> emit_masked_scatter(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
-// masked_scatter_ = masked_scatter(self, mask, source)  (specs/indexing.yaml:142)
+// masked_scatter_ = masked_scatter(self, mask, source)  (specs/indexing.yaml:140)
 std::vector<Value> emit_masked_scatter_(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
-// masked_scatter.out = masked_scatter(self, mask, source)  (specs/indexing.yaml:142)
+// masked_scatter.out = masked_scatter(self, mask, source)  (specs/indexing.yaml:140)
 std::vector<Value> emit_masked_scatter__out(Builder& b, const EmitArgs& a) { return {b.masked_scatter(a.value(0), a.value(1), a.value(2))}; }
 
-// isin.Tensor_Tensor = isin(elements, test_elements, invert)  (specs/indexing.yaml:148)
+// isin.Tensor_Tensor = isin(elements, test_elements, invert)  (specs/indexing.yaml:146)
 std::vector<Value> emit_isin__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
-// isin.Tensor_Tensor_out = isin(elements, test_elements, invert)  (specs/indexing.yaml:148)
+// isin.Tensor_Tensor_out = isin(elements, test_elements, invert)  (specs/indexing.yaml:146)
 std::vector<Value> emit_isin__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
 
-// isin.Tensor_Scalar = isin(elements, test_element, invert)  (specs/indexing.yaml:152)
+// isin.Tensor_Scalar = isin(elements, test_element, invert)  (specs/indexing.yaml:150)
 std::vector<Value> emit_isin__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
-// isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:152)
+// isin.Tensor_Scalar_out = isin(elements, test_element, invert)  (specs/indexing.yaml:150)
 std::vector<Value> emit_isin__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
 
-// nonzero_static = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:156)
+// isin.Scalar_Tensor = isin(element, test_elements, invert)  (specs/indexing.yaml:153)
+std::vector<Value> emit_isin__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
+// isin.Scalar_Tensor_out = isin(element, test_elements, invert)  (specs/indexing.yaml:153)
+std::vector<Value> emit_isin__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.isin(a.value(0), a.value(1), a.boolean(3))}; }
+
+// nonzero_static = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:157)
 std::vector<Value> emit_nonzero_static(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
-// nonzero_static.out = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:156)
+// nonzero_static.out = nonzero_static(self, size, fill_value)  (specs/indexing.yaml:157)
 std::vector<Value> emit_nonzero_static__out(Builder& b, const EmitArgs& a) { return {b.nonzero_static(a.value(0), a.integer(1), a.integer(2))}; }
 
-// searchsorted.Tensor = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:164)
+// searchsorted.Tensor = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:165)
 std::vector<Value> emit_searchsorted__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
+// searchsorted.Tensor_out = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:165)
+std::vector<Value> emit_searchsorted__Tensor_out(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
 
 // searchsorted.Scalar = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:171)
 std::vector<Value> emit_searchsorted__Scalar(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
+// searchsorted.Scalar_out = search_sorted(sorted_sequence, self, right, side, sorter)  (specs/indexing.yaml:171)
+std::vector<Value> emit_searchsorted__Scalar_out(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(0), a.value(1), a.boolean(3), (a.is_none(4) ? std::string() : a.string(4)), a.optional_value(5))}; }
 
-// bucketize.Tensor = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:177)
+// bucketize.Tensor = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:176)
 std::vector<Value> emit_bucketize__Tensor(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
+// bucketize.Tensor_out = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:176)
+std::vector<Value> emit_bucketize__Tensor_out(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
 
-// histc = histc(self, bins, min, max)  (specs/indexing.yaml:184)
+// bucketize.Scalar = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:182)
+std::vector<Value> emit_bucketize__Scalar(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
+// bucketize.Scalar_out = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:182)
+std::vector<Value> emit_bucketize__Scalar_out(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
+
+// histc = histc(self, bins, min, max)  (specs/indexing.yaml:187)
 std::vector<Value> emit_histc(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
-// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:184)
+// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:187)
 std::vector<Value> emit_histc__out(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
 
-// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:194)
+// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:197)
 std::vector<Value> emit__embedding_bag(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:203)
+// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:206)
 std::vector<Value> emit__embedding_bag_forward_only(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:211)
+// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:214)
 std::vector<Value> emit__embedding_bag_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_backward(a.value(0), a.value(1), a.value(3), a.value(4), a.value(5), a.integer(6), a.boolean(7), a.integer(8), a.boolean(9), a.optional_value(10), a.integer(11))}; }
 
-// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:217)
+// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:220)
 std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_dense_backward(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.integer(5), a.boolean(6), a.integer(7), a.optional_value(8), a.integer(9))}; }
 
-// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:223)
+// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:226)
 std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
 
-// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:231)
+// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:234)
 std::vector<Value> emit_index_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:231)
+// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:234)
 std::vector<Value> emit_index_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:231)
+// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:234)
 std::vector<Value> emit_index_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
 
-// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:238)
+// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:241)
 std::vector<Value> emit_index_copy(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:238)
+// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:241)
 std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:238)
+// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:241)
 std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:246)
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:249)
 std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:246)
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:249)
 std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:246)
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:249)
 std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:253)
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:256)
 std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:253)
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:256)
 std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:253)
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:256)
 std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:260)
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:263)
 std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:260)
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:263)
 std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:260)
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:263)
 std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
 
-// take = take(self, index)  (specs/indexing.yaml:268)
+// take = take(self, index)  (specs/indexing.yaml:271)
 std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
-// take.out = take(self, index)  (specs/indexing.yaml:268)
+// take.out = take(self, index)  (specs/indexing.yaml:271)
 std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
 
-// put = put(self, index, source, accumulate)  (specs/indexing.yaml:274)
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:277)
 std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:274)
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:277)
 std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:274)
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:277)
 std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -812,115 +860,141 @@ std::vector<Value> emit_baddbmm__out(Builder& b, const EmitArgs& a) { return {b.
 
 // addbmm = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
 std::vector<Value> emit_addbmm(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
+// addbmm_ = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
+std::vector<Value> emit_addbmm_(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
 // addbmm.out = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
 std::vector<Value> emit_addbmm__out(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
 
-// mv = mv(self, vec)  (specs/linalg.yaml:49)
+// mv = mv(self, vec)  (specs/linalg.yaml:48)
 std::vector<Value> emit_mv(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
-// mv.out = mv(self, vec)  (specs/linalg.yaml:49)
+// mv.out = mv(self, vec)  (specs/linalg.yaml:48)
 std::vector<Value> emit_mv__out(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
 
-// addmv = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
+// addmv = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:53)
 std::vector<Value> emit_addmv(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
-// addmv_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
+// addmv_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:53)
 std::vector<Value> emit_addmv_(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
-// addmv.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
+// addmv.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:53)
 std::vector<Value> emit_addmv__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
 
-// dot = dot(self, tensor)  (specs/linalg.yaml:60)
+// dot = dot(self, tensor)  (specs/linalg.yaml:59)
 std::vector<Value> emit_dot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
-// dot.out = dot(self, tensor)  (specs/linalg.yaml:60)
+// dot.out = dot(self, tensor)  (specs/linalg.yaml:59)
 std::vector<Value> emit_dot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
-// vdot = dot(self, other)  (specs/linalg.yaml:66)
+// vdot = dot(self, other)  (specs/linalg.yaml:65)
 std::vector<Value> emit_vdot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
-// vdot.out = dot(self, other)  (specs/linalg.yaml:66)
+// vdot.out = dot(self, other)  (specs/linalg.yaml:65)
 std::vector<Value> emit_vdot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
-// linalg_cholesky_ex = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:85)
+// linalg_cholesky_ex = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:84)
 std::vector<Value> emit_linalg_cholesky_ex(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0), b.cholesky(a.value(0), a.boolean(1), 1)}; }
+// linalg_cholesky_ex.L = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:84)
+std::vector<Value> emit_linalg_cholesky_ex__L(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0), b.cholesky(a.value(0), a.boolean(1), 1)}; }
 
-// cholesky = cholesky(self, upper, 0)  (specs/linalg.yaml:91)
+// cholesky = cholesky(self, upper, 0)  (specs/linalg.yaml:89)
 std::vector<Value> emit_cholesky(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
-// cholesky.out = cholesky(self, upper, 0)  (specs/linalg.yaml:91)
+// cholesky.out = cholesky(self, upper, 0)  (specs/linalg.yaml:89)
 std::vector<Value> emit_cholesky__out(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
 
-// _cholesky_solve_helper = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:97)
+// _cholesky_solve_helper = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:95)
 std::vector<Value> emit__cholesky_solve_helper(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
-// _cholesky_solve_helper.out = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:97)
+// _cholesky_solve_helper.out = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:95)
 std::vector<Value> emit__cholesky_solve_helper__out(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
 
-// cholesky_inverse = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:103)
+// cholesky_inverse = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:101)
 std::vector<Value> emit_cholesky_inverse(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
-// cholesky_inverse.out = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:103)
+// cholesky_inverse.out = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:101)
 std::vector<Value> emit_cholesky_inverse__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
 
-// triangular_solve = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:111)
+// triangular_solve = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:109)
 std::vector<Value> emit_triangular_solve(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(1), a.value(0), true, !a.boolean(2), a.boolean(3), a.boolean(4)), a.value(1)}; }
+// triangular_solve.X = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:109)
+std::vector<Value> emit_triangular_solve__X(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(1), a.value(0), true, !a.boolean(2), a.boolean(3), a.boolean(4)), a.value(1)}; }
 
-// linalg_solve_triangular = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
+// linalg_solve_triangular = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:114)
 std::vector<Value> emit_linalg_solve_triangular(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
-// linalg_solve_triangular.out = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
+// linalg_solve_triangular.out = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:114)
 std::vector<Value> emit_linalg_solve_triangular__out(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
 
-// linalg_lu_factor_ex = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:122)
+// linalg_lu_factor_ex = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:119)
 std::vector<Value> emit_linalg_lu_factor_ex(Builder& b, const EmitArgs& a) { return {b.lu_factor(a.value(0), a.boolean(1), 0), b.lu_factor(a.value(0), a.boolean(1), 1), b.lu_factor(a.value(0), a.boolean(1), 2)}; }
+// linalg_lu_factor_ex.out = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:119)
+std::vector<Value> emit_linalg_lu_factor_ex__out(Builder& b, const EmitArgs& a) { return {b.lu_factor(a.value(0), a.boolean(1), 0), b.lu_factor(a.value(0), a.boolean(1), 1), b.lu_factor(a.value(0), a.boolean(1), 2)}; }
 
-// linalg_lu = lu = lu_factor(A, pivot, 0) pivots = lu_factor(A, pivot, 1) (lu_unpack(lu, pivots, True, pivot, 0), lu_unpack(lu, pivots, True, True, 1), lu_unpack(lu, pivots, True, True, 2))   (specs/linalg.yaml:128)
-std::vector<Value> emit_linalg_lu(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_pivots = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_pivots, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_pivots, true, true, 1), b.lu_unpack(l_lu, l_pivots, true, true, 2)}; }(); }
+// linalg_lu = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:124)
+std::vector<Value> emit_linalg_lu(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_row_swaps = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_row_swaps, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_row_swaps, true, true, 1), b.lu_unpack(l_lu, l_row_swaps, true, true, 2)}; }(); }
+// linalg_lu.out = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:124)
+std::vector<Value> emit_linalg_lu__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_row_swaps = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_row_swaps, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_row_swaps, true, true, 1), b.lu_unpack(l_lu, l_row_swaps, true, true, 2)}; }(); }
 
-// lu_unpack = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:137)
+// lu_unpack = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:132)
 std::vector<Value> emit_lu_unpack(Builder& b, const EmitArgs& a) { return {b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 0), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 1), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 2)}; }
+// lu_unpack.out = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:132)
+std::vector<Value> emit_lu_unpack__out(Builder& b, const EmitArgs& a) { return {b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 0), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 1), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 2)}; }
 
-// linalg_lu_solve = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:144)
+// linalg_lu_solve = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:138)
 std::vector<Value> emit_linalg_lu_solve(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:144)
+// linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:138)
 std::vector<Value> emit_linalg_lu_solve__out(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// _linalg_solve_ex = lu = lu_factor(A, True, 0) pivots = lu_factor(A, True, 1) x = lu_solve(lu, pivots, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, pivots, lu_factor(A, True, 2))   (specs/linalg.yaml:150)
-std::vector<Value> emit__linalg_solve_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_pivots = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_pivots, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_pivots, b.lu_factor(a.value(0), true, 2)}; }(); }
+// _linalg_solve_ex = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:144)
+std::vector<Value> emit__linalg_solve_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_row_swaps = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_row_swaps, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_row_swaps, b.lu_factor(a.value(0), true, 2)}; }(); }
+// _linalg_solve_ex.result = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:144)
+std::vector<Value> emit__linalg_solve_ex__result(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_row_swaps = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_row_swaps, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_row_swaps, b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:160)
+// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:153)
 std::vector<Value> emit_linalg_inv_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
+// linalg_inv_ex.inverse = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:153)
+std::vector<Value> emit_linalg_inv_ex__inverse(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 0), lu, pivots)   (specs/linalg.yaml:168)
-std::vector<Value> emit__linalg_det(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_pivots, 0), l_lu, l_pivots}; }(); }
+// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:160)
+std::vector<Value> emit__linalg_det(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 0), l_lu, l_row_swaps}; }(); }
+// _linalg_det.result = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:160)
+std::vector<Value> emit__linalg_det__result(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 0), l_lu, l_row_swaps}; }(); }
 
-// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) pivots = lu_factor(at, True, 1) (lu_det(lu, pivots, 1), lu_det(lu, pivots, 2), lu, pivots)   (specs/linalg.yaml:178)
-std::vector<Value> emit__linalg_slogdet(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_pivots = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_pivots, 1), b.lu_det(l_lu, l_pivots, 2), l_lu, l_pivots}; }(); }
+// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:169)
+std::vector<Value> emit__linalg_slogdet(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 1), b.lu_det(l_lu, l_row_swaps, 2), l_lu, l_row_swaps}; }(); }
+// _linalg_slogdet.sign = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:169)
+std::vector<Value> emit__linalg_slogdet__sign(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 1), b.lu_det(l_lu, l_row_swaps, 2), l_lu, l_row_swaps}; }(); }
 
-// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:189)
+// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:179)
 std::vector<Value> emit_geqrf(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
-// geqrf.a = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:189)
+// geqrf.a = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:179)
 std::vector<Value> emit_geqrf__a(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
 
-// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:194)
+// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:184)
 std::vector<Value> emit_linalg_householder_product(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
-// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:194)
+// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:184)
 std::vector<Value> emit_linalg_householder_product__out(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
 
-// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:199)
+// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:189)
 std::vector<Value> emit_ormqr(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:199)
+// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:189)
 std::vector<Value> emit_ormqr__out(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:204)
+// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:194)
 std::vector<Value> emit_linalg_qr(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
+// linalg_qr.out = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:194)
+std::vector<Value> emit_linalg_qr__out(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
 
-// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:210)
+// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:199)
 std::vector<Value> emit__linalg_eigh(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
+// _linalg_eigh.eigenvalues = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:199)
+std::vector<Value> emit__linalg_eigh__eigenvalues(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
 
-// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:216)
+// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:204)
 std::vector<Value> emit__linalg_svd(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
+// _linalg_svd.U = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:204)
+std::vector<Value> emit__linalg_svd__U(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
 
-// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:222)
+// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:209)
 std::vector<Value> emit_linalg_matrix_exp(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
-// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:222)
+// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:209)
 std::vector<Value> emit_linalg_matrix_exp__out(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
 
-// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:227)
+// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:214)
 std::vector<Value> emit_linalg_cross(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
-// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:227)
+// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:214)
 std::vector<Value> emit_linalg_cross__out(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
 
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
@@ -1050,110 +1124,112 @@ std::vector<Value> emit_native_dropout_backward(Builder& b, const EmitArgs& a) {
 
 // log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:148)
 std::vector<Value> emit_log_sigmoid_forward(Builder& b, const EmitArgs& a) { return {b.sub([&] { const Value anchor = a.value(0); return b.minimum(anchor, b.scalar_like(0.0, anchor)); }(), b.log1p(b.exp(b.neg(b.abs(a.value(0)))))), b.exp(b.neg(b.abs(a.value(0))))}; }
+// log_sigmoid_forward.output = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:148)
+std::vector<Value> emit_log_sigmoid_forward__output(Builder& b, const EmitArgs& a) { return {b.sub([&] { const Value anchor = a.value(0); return b.minimum(anchor, b.scalar_like(0.0, anchor)); }(), b.log1p(b.exp(b.neg(b.abs(a.value(0)))))), b.exp(b.neg(b.abs(a.value(0))))}; }
 
-// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:155)
+// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:154)
 std::vector<Value> emit_log_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
-// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:155)
+// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:154)
 std::vector<Value> emit_log_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
 
-// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:161)
+// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:160)
 std::vector<Value> emit_smooth_l1_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
-// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:161)
+// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:160)
 std::vector<Value> emit_smooth_l1_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
 
-// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:169)
+// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:168)
 std::vector<Value> emit_smooth_l1_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:169)
+// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:168)
 std::vector<Value> emit_smooth_l1_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:177)
+// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:176)
 std::vector<Value> emit_huber_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
-// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:177)
+// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:176)
 std::vector<Value> emit_huber_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
 
-// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:185)
+// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:184)
 std::vector<Value> emit_huber_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:185)
+// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:184)
 std::vector<Value> emit_huber_loss_backward__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:194)
+// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:193)
 std::vector<Value> emit_binary_cross_entropy(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
-// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:194)
+// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:193)
 std::vector<Value> emit_binary_cross_entropy__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
 
-// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:201)
+// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:200)
 std::vector<Value> emit_binary_cross_entropy_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
-// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:201)
+// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:200)
 std::vector<Value> emit_binary_cross_entropy_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
 
-// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:208)
+// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:207)
 std::vector<Value> emit_hardswish(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:208)
+// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:207)
 std::vector<Value> emit_hardswish_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:208)
+// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:207)
 std::vector<Value> emit_hardswish__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
 
-// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:213)
+// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:212)
 std::vector<Value> emit_hardswish_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
-// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:213)
+// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:212)
 std::vector<Value> emit_hardswish_backward__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
 
-// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:217)
+// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:216)
 std::vector<Value> emit_mish(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:217)
+// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:216)
 std::vector<Value> emit_mish_(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:217)
+// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:216)
 std::vector<Value> emit_mish__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
 
-// glu = glu(self, dim)  (specs/nn.yaml:223)
+// glu = glu(self, dim)  (specs/nn.yaml:222)
 std::vector<Value> emit_glu(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
-// glu.out = glu(self, dim)  (specs/nn.yaml:223)
+// glu.out = glu(self, dim)  (specs/nn.yaml:222)
 std::vector<Value> emit_glu__out(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
 
-// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:228)
+// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:227)
 std::vector<Value> emit_glu_backward(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
-// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:228)
+// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:227)
 std::vector<Value> emit_glu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
 
-// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:234)
+// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:233)
 std::vector<Value> emit__prelu_kernel(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(1), a.value(0)))}; }
 
-// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:239)
+// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:238)
 std::vector<Value> emit__prelu_kernel_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(2), a.value(0))), b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(1), a.value(0)))}; }
 
-// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:243)
+// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:242)
 std::vector<Value> emit_channel_shuffle(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
-// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:243)
+// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:242)
 std::vector<Value> emit_channel_shuffle__out(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
 
-// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:249)
+// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:248)
 std::vector<Value> emit_rrelu_with_noise_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
-// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:249)
+// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:248)
 std::vector<Value> emit_rrelu_with_noise(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
 
-// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:257)
+// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:256)
 std::vector<Value> emit_rrelu_with_noise_backward(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
-// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:257)
+// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:256)
 std::vector<Value> emit_rrelu_with_noise_backward__out(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
 
-// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:262)
+// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:261)
 std::vector<Value> emit_multi_margin_loss(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
-// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:262)
+// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:261)
 std::vector<Value> emit_multi_margin_loss__out(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
 
-// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:269)
+// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:268)
 std::vector<Value> emit_multi_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
-// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:269)
+// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:268)
 std::vector<Value> emit_multi_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
 
-// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:275)
+// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:274)
 std::vector<Value> emit_multilabel_margin_loss_forward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
-// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:275)
+// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:274)
 std::vector<Value> emit_multilabel_margin_loss_forward__output(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
 
-// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:281)
+// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:280)
 std::vector<Value> emit_multilabel_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
-// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:281)
+// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:280)
 std::vector<Value> emit_multilabel_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
 
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
@@ -1675,194 +1751,202 @@ std::vector<Value> emit__fused_sgd__out(Builder& b, const EmitArgs& a) { return 
 
 // max_pool2d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, True))  (specs/pooling.yaml:9)
 std::vector<Value> emit_max_pool2d_with_indices(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, true)}; }
+// max_pool2d_with_indices.out = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, True))  (specs/pooling.yaml:9)
+std::vector<Value> emit_max_pool2d_with_indices__out(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, true)}; }
 
-// max_pool2d_with_indices_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:15)
+// max_pool2d_with_indices_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:14)
 std::vector<Value> emit_max_pool2d_with_indices_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 2)}; }
-// max_pool2d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:15)
+// max_pool2d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:14)
 std::vector<Value> emit_max_pool2d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 2)}; }
 
-// max_pool3d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, True))  (specs/pooling.yaml:21)
+// max_pool3d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, True))  (specs/pooling.yaml:20)
 std::vector<Value> emit_max_pool3d_with_indices(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, true)}; }
+// max_pool3d_with_indices.out = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, True))  (specs/pooling.yaml:20)
+std::vector<Value> emit_max_pool3d_with_indices__out(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 3, true)}; }
 
-// max_pool3d_with_indices_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:27)
+// max_pool3d_with_indices_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:25)
 std::vector<Value> emit_max_pool3d_with_indices_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
-// max_pool3d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:27)
+// max_pool3d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:25)
 std::vector<Value> emit_max_pool3d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
 
-// max_unpool2d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:34)
+// max_unpool2d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:32)
 std::vector<Value> emit_max_unpool2d(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
-// max_unpool2d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:34)
+// max_unpool2d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:32)
 std::vector<Value> emit_max_unpool2d__out(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
 
-// max_unpool3d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:40)
+// max_unpool3d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:38)
 std::vector<Value> emit_max_unpool3d(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
-// max_unpool3d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:40)
+// max_unpool3d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:38)
 std::vector<Value> emit_max_unpool3d__out(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
 
-// im2col = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:48)
+// im2col = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:46)
 std::vector<Value> emit_im2col(Builder& b, const EmitArgs& a) { return {b.im2col(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4))}; }
-// im2col.out = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:48)
+// im2col.out = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:46)
 std::vector<Value> emit_im2col__out(Builder& b, const EmitArgs& a) { return {b.im2col(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4))}; }
 
-// col2im = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:53)
+// col2im = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:51)
 std::vector<Value> emit_col2im(Builder& b, const EmitArgs& a) { return {b.col2im(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.ints(5))}; }
-// col2im.out = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:53)
+// col2im.out = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:51)
 std::vector<Value> emit_col2im__out(Builder& b, const EmitArgs& a) { return {b.col2im(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.ints(5))}; }
 
-// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:59)
+// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:57)
 std::vector<Value> emit_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
-// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:59)
+// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:57)
 std::vector<Value> emit_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
 
-// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:64)
+// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:62)
 std::vector<Value> emit_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
-// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:64)
+// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:62)
 std::vector<Value> emit_avg_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
 
-// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:69)
+// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:67)
 std::vector<Value> emit_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
-// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:69)
+// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:67)
 std::vector<Value> emit_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
 
-// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:74)
+// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:72)
 std::vector<Value> emit_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
-// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:74)
+// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:72)
 std::vector<Value> emit_avg_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
 
-// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:78)
+// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:76)
 std::vector<Value> emit__adaptive_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
-// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:78)
+// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:76)
 std::vector<Value> emit__adaptive_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
 
-// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:83)
+// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:81)
 std::vector<Value> emit__adaptive_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
-// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:83)
+// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:81)
 std::vector<Value> emit__adaptive_avg_pool2d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
 
-// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:90)
+// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:88)
 std::vector<Value> emit__adaptive_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
-// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:90)
+// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:88)
 std::vector<Value> emit__adaptive_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
 
-// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:95)
+// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:93)
 std::vector<Value> emit__adaptive_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
-// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:95)
+// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:93)
 std::vector<Value> emit__adaptive_avg_pool3d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
 
-// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:99)
+// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:97)
 std::vector<Value> emit_adaptive_max_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
+// adaptive_max_pool2d.out = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:97)
+std::vector<Value> emit_adaptive_max_pool2d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
 
-// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:105)
+// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:102)
 std::vector<Value> emit_adaptive_max_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
-// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:105)
+// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:102)
 std::vector<Value> emit_adaptive_max_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
 
-// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:111)
+// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:108)
 std::vector<Value> emit_adaptive_max_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
+// adaptive_max_pool3d.out = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:108)
+std::vector<Value> emit_adaptive_max_pool3d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
 
-// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:117)
+// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:113)
 std::vector<Value> emit_adaptive_max_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
-// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:117)
+// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:113)
 std::vector<Value> emit_adaptive_max_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
 
-// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:124)
+// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:120)
 std::vector<Value> emit_upsample_nearest1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
-// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:124)
+// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:120)
 std::vector<Value> emit_upsample_nearest1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
 
-// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:129)
+// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:125)
 std::vector<Value> emit_upsample_nearest1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
-// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:129)
+// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:125)
 std::vector<Value> emit_upsample_nearest1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
 
-// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:133)
+// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:129)
 std::vector<Value> emit_upsample_nearest2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
-// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:133)
+// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:129)
 std::vector<Value> emit_upsample_nearest2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
 
-// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:138)
+// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:134)
 std::vector<Value> emit_upsample_nearest2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
-// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:138)
+// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:134)
 std::vector<Value> emit_upsample_nearest2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
 
-// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
+// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:138)
 std::vector<Value> emit_upsample_nearest3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
-// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
+// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:138)
 std::vector<Value> emit_upsample_nearest3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
 
-// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:146)
+// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
 std::vector<Value> emit_upsample_nearest3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
-// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:146)
+// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
 std::vector<Value> emit_upsample_nearest3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
 
-// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:150)
+// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:146)
 std::vector<Value> emit__upsample_nearest_exact1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
-// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:150)
+// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:146)
 std::vector<Value> emit__upsample_nearest_exact1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
 
-// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:155)
+// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:151)
 std::vector<Value> emit__upsample_nearest_exact1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
-// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:155)
+// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:151)
 std::vector<Value> emit__upsample_nearest_exact1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
 
-// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
+// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:155)
 std::vector<Value> emit__upsample_nearest_exact2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
-// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
+// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:155)
 std::vector<Value> emit__upsample_nearest_exact2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
 
-// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:163)
+// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
 std::vector<Value> emit__upsample_nearest_exact2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
-// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:163)
+// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
 std::vector<Value> emit__upsample_nearest_exact2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
 
-// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
+// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:163)
 std::vector<Value> emit__upsample_nearest_exact3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
-// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
+// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:163)
 std::vector<Value> emit__upsample_nearest_exact3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
 
-// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:171)
+// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
 std::vector<Value> emit__upsample_nearest_exact3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
-// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:171)
+// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
 std::vector<Value> emit__upsample_nearest_exact3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
 
-// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:179)
+// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:175)
 std::vector<Value> emit_upsample_linear1d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
-// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:179)
+// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:175)
 std::vector<Value> emit_upsample_linear1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
 
-// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:184)
+// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:180)
 std::vector<Value> emit_upsample_linear1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
-// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:184)
+// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:180)
 std::vector<Value> emit_upsample_linear1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
 
-// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:188)
+// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:184)
 std::vector<Value> emit_upsample_bilinear2d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
-// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:188)
+// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:184)
 std::vector<Value> emit_upsample_bilinear2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
 
-// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:193)
+// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:189)
 std::vector<Value> emit_upsample_bilinear2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
-// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:193)
+// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:189)
 std::vector<Value> emit_upsample_bilinear2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
 
-// upsample_bicubic2d = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:199)
+// upsample_bicubic2d = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:195)
 std::vector<Value> emit_upsample_bicubic2d(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4))}; }
-// upsample_bicubic2d.out = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:199)
+// upsample_bicubic2d.out = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:195)
 std::vector<Value> emit_upsample_bicubic2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4))}; }
 
-// upsample_bicubic2d_backward = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:204)
+// upsample_bicubic2d_backward = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:200)
 std::vector<Value> emit_upsample_bicubic2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5))}; }
-// upsample_bicubic2d_backward.grad_input = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:204)
+// upsample_bicubic2d_backward.grad_input = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:200)
 std::vector<Value> emit_upsample_bicubic2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5))}; }
 
-// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:208)
+// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:204)
 std::vector<Value> emit_upsample_trilinear3d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
-// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:208)
+// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:204)
 std::vector<Value> emit_upsample_trilinear3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
 
-// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:213)
+// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:209)
 std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
-// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:213)
+// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:209)
 std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
 
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -1905,59 +1989,66 @@ std::vector<Value> emit_random___to(Builder& b, const EmitArgs& a) { return {b.r
 // random.to_out = random_integers(generator, self, 0, to)  (specs/random.yaml:37)
 std::vector<Value> emit_random__to_out(Builder& b, const EmitArgs& a) { return {b.random_integers(a.value(2), a.value(0), 0, a.integer(1))}; }
 
-// randperm.generator = random_permutation(generator, n)  (specs/random.yaml:44)
+// random = random_full_range(generator, self)  (specs/random.yaml:44)
+std::vector<Value> emit_random(Builder& b, const EmitArgs& a) { return {b.random_full_range(a.value(1), a.value(0))}; }
+// random_ = random_full_range(generator, self)  (specs/random.yaml:44)
+std::vector<Value> emit_random_(Builder& b, const EmitArgs& a) { return {b.random_full_range(a.value(1), a.value(0))}; }
+// random.out = random_full_range(generator, self)  (specs/random.yaml:44)
+std::vector<Value> emit_random__out(Builder& b, const EmitArgs& a) { return {b.random_full_range(a.value(1), a.value(0))}; }
+
+// randperm.generator = random_permutation(generator, n)  (specs/random.yaml:51)
 std::vector<Value> emit_randperm__generator(Builder& b, const EmitArgs& a) { return {b.random_permutation(a.value(1), a.integer(0))}; }
-// randperm.generator_out = random_permutation(generator, n)  (specs/random.yaml:44)
+// randperm.generator_out = random_permutation(generator, n)  (specs/random.yaml:51)
 std::vector<Value> emit_randperm__generator_out(Builder& b, const EmitArgs& a) { return {b.random_permutation(a.value(1), a.integer(0))}; }
 
-// exponential = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:50)
+// exponential = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:57)
 std::vector<Value> emit_exponential(Builder& b, const EmitArgs& a) { return {b.div(b.neg(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0)))), a.value(1))}; }
-// exponential_ = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:50)
+// exponential_ = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:57)
 std::vector<Value> emit_exponential_(Builder& b, const EmitArgs& a) { return {b.div(b.neg(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0)))), a.value(1))}; }
-// exponential.out = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:50)
+// exponential.out = div(neg(log1p(neg(uniform(generator, self, 0.0, 1.0)))), lambd)  (specs/random.yaml:57)
 std::vector<Value> emit_exponential__out(Builder& b, const EmitArgs& a) { return {b.div(b.neg(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0)))), a.value(1))}; }
 
-// cauchy = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:57)
+// cauchy = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:64)
 std::vector<Value> emit_cauchy(Builder& b, const EmitArgs& a) { return {b.add(a.value(1), b.mul(a.value(2), b.tan([&] { const Value anchor = [&] { const Value anchor = b.uniform(a.value(3), a.value(0), 0.0, 1.0); return b.sub(anchor, b.scalar_like(0.5, anchor)); }(); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }())))}; }
-// cauchy_ = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:57)
+// cauchy_ = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:64)
 std::vector<Value> emit_cauchy_(Builder& b, const EmitArgs& a) { return {b.add(a.value(1), b.mul(a.value(2), b.tan([&] { const Value anchor = [&] { const Value anchor = b.uniform(a.value(3), a.value(0), 0.0, 1.0); return b.sub(anchor, b.scalar_like(0.5, anchor)); }(); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }())))}; }
-// cauchy.out = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:57)
+// cauchy.out = add(median, mul(sigma, tan(mul(sub(uniform(generator, self, 0.0, 1.0), 0.5), 3.141592653589793))))  (specs/random.yaml:64)
 std::vector<Value> emit_cauchy__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(1), b.mul(a.value(2), b.tan([&] { const Value anchor = [&] { const Value anchor = b.uniform(a.value(3), a.value(0), 0.0, 1.0); return b.sub(anchor, b.scalar_like(0.5, anchor)); }(); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }())))}; }
 
-// geometric = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:65)
+// geometric = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:72)
 std::vector<Value> emit_geometric(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.ceil(b.div(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0))), b.log1p(b.neg(a.value(1))))); return b.maximum(anchor, b.scalar_like(1.0, anchor)); }()}; }
-// geometric_ = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:65)
+// geometric_ = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:72)
 std::vector<Value> emit_geometric_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.ceil(b.div(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0))), b.log1p(b.neg(a.value(1))))); return b.maximum(anchor, b.scalar_like(1.0, anchor)); }()}; }
-// geometric.out = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:65)
+// geometric.out = maximum(ceil(div(log1p(neg(uniform(generator, self, 0.0, 1.0))), log1p(neg(p)))), 1)  (specs/random.yaml:72)
 std::vector<Value> emit_geometric__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.ceil(b.div(b.log1p(b.neg(b.uniform(a.value(2), a.value(0), 0.0, 1.0))), b.log1p(b.neg(a.value(1))))); return b.maximum(anchor, b.scalar_like(1.0, anchor)); }()}; }
 
-// log_normal = exp(normal(generator, self, mean, std))  (specs/random.yaml:72)
+// log_normal = exp(normal(generator, self, mean, std))  (specs/random.yaml:79)
 std::vector<Value> emit_log_normal(Builder& b, const EmitArgs& a) { return {b.exp(b.normal(a.value(3), a.value(0), a.real(1), a.real(2)))}; }
-// log_normal_ = exp(normal(generator, self, mean, std))  (specs/random.yaml:72)
+// log_normal_ = exp(normal(generator, self, mean, std))  (specs/random.yaml:79)
 std::vector<Value> emit_log_normal_(Builder& b, const EmitArgs& a) { return {b.exp(b.normal(a.value(3), a.value(0), a.real(1), a.real(2)))}; }
-// log_normal.out = exp(normal(generator, self, mean, std))  (specs/random.yaml:72)
+// log_normal.out = exp(normal(generator, self, mean, std))  (specs/random.yaml:79)
 std::vector<Value> emit_log_normal__out(Builder& b, const EmitArgs& a) { return {b.exp(b.normal(a.value(3), a.value(0), a.real(1), a.real(2)))}; }
 
-// normal.Tensor_Tensor = add(mean, mul(std, normal(generator, add(mean, mul(std, 0)), 0.0, 1.0)))  (specs/random.yaml:78)
+// normal.Tensor_Tensor = add(mean, mul(std, normal(generator, add(mean, mul(std, 0)), 0.0, 1.0)))  (specs/random.yaml:85)
 std::vector<Value> emit_normal__Tensor_Tensor(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), b.normal(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0)))}; }
-// normal.Tensor_Tensor_out = add(mean, mul(std, normal(generator, add(mean, mul(std, 0)), 0.0, 1.0)))  (specs/random.yaml:78)
+// normal.Tensor_Tensor_out = add(mean, mul(std, normal(generator, add(mean, mul(std, 0)), 0.0, 1.0)))  (specs/random.yaml:85)
 std::vector<Value> emit_normal__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(a.value(1), b.normal(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0)))}; }
 
-// normal.Tensor_float = add(mean, normal(generator, mean, 0.0, std))  (specs/random.yaml:82)
+// normal.Tensor_float = add(mean, normal(generator, mean, 0.0, std))  (specs/random.yaml:89)
 std::vector<Value> emit_normal__Tensor_float(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.normal(a.value(2), a.value(0), 0.0, a.real(1)))}; }
-// normal.Tensor_float_out = add(mean, normal(generator, mean, 0.0, std))  (specs/random.yaml:82)
+// normal.Tensor_float_out = add(mean, normal(generator, mean, 0.0, std))  (specs/random.yaml:89)
 std::vector<Value> emit_normal__Tensor_float_out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.normal(a.value(2), a.value(0), 0.0, a.real(1)))}; }
 
-// normal.float_Tensor = mul(std, normal(generator, std, mean, 1.0))  (specs/random.yaml:86)
+// normal.float_Tensor = mul(std, normal(generator, std, mean, 1.0))  (specs/random.yaml:93)
 std::vector<Value> emit_normal__float_Tensor(Builder& b, const EmitArgs& a) { return {b.mul(a.value(1), b.normal(a.value(2), a.value(1), a.real(0), 1.0))}; }
-// normal.float_Tensor_out = mul(std, normal(generator, std, mean, 1.0))  (specs/random.yaml:86)
+// normal.float_Tensor_out = mul(std, normal(generator, std, mean, 1.0))  (specs/random.yaml:93)
 std::vector<Value> emit_normal__float_Tensor_out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(1), b.normal(a.value(2), a.value(1), a.real(0), 1.0))}; }
 
-// bernoulli.Tensor = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:91)
+// bernoulli.Tensor = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:98)
 std::vector<Value> emit_bernoulli__Tensor(Builder& b, const EmitArgs& a) { return {b.where(b.lt(b.uniform(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0), a.value(1)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
-// bernoulli_.Tensor = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:91)
+// bernoulli_.Tensor = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:98)
 std::vector<Value> emit_bernoulli___Tensor(Builder& b, const EmitArgs& a) { return {b.where(b.lt(b.uniform(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0), a.value(1)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
-// bernoulli.Tensor_out = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:91)
+// bernoulli.Tensor_out = where(lt(uniform(generator, add(self, mul(p, 0)), 0.0, 1.0), p), fill(1, self), fill(0, self))  (specs/random.yaml:98)
 std::vector<Value> emit_bernoulli__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(b.lt(b.uniform(a.value(2), b.add(a.value(0), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()), 0.0, 1.0), a.value(1)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
 
 // sum.dim_IntList = sum(self, dim, keepdim)  (specs/reduction.yaml:3)
@@ -2012,129 +2103,151 @@ std::vector<Value> emit_min__unary_out(Builder& b, const EmitArgs& a) { return {
 
 // max.dim = (amax(self, dim, keepdim), argmax(self, dim, keepdim))  (specs/reduction.yaml:70)
 std::vector<Value> emit_max__dim(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2)), b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
+// max.dim_max = (amax(self, dim, keepdim), argmax(self, dim, keepdim))  (specs/reduction.yaml:70)
+std::vector<Value> emit_max__dim_max(Builder& b, const EmitArgs& a) { return {b.amax(a.value(0), a.ints(1), a.boolean(2)), b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// min.dim = (amin(self, dim, keepdim), argmin(self, dim, keepdim))  (specs/reduction.yaml:77)
+// min.dim = (amin(self, dim, keepdim), argmin(self, dim, keepdim))  (specs/reduction.yaml:76)
 std::vector<Value> emit_min__dim(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2)), b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
+// min.dim_min = (amin(self, dim, keepdim), argmin(self, dim, keepdim))  (specs/reduction.yaml:76)
+std::vector<Value> emit_min__dim_min(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), a.ints(1), a.boolean(2)), b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// argmax = argmax(self, dim, keepdim)  (specs/reduction.yaml:85)
+// argmax = argmax(self, dim, keepdim)  (specs/reduction.yaml:83)
 std::vector<Value> emit_argmax(Builder& b, const EmitArgs& a) { return {b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
-// argmax.out = argmax(self, dim, keepdim)  (specs/reduction.yaml:85)
+// argmax.out = argmax(self, dim, keepdim)  (specs/reduction.yaml:83)
 std::vector<Value> emit_argmax__out(Builder& b, const EmitArgs& a) { return {b.argmax(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// argmin = argmin(self, dim, keepdim)  (specs/reduction.yaml:93)
+// argmin = argmin(self, dim, keepdim)  (specs/reduction.yaml:91)
 std::vector<Value> emit_argmin(Builder& b, const EmitArgs& a) { return {b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
-// argmin.out = argmin(self, dim, keepdim)  (specs/reduction.yaml:93)
+// argmin.out = argmin(self, dim, keepdim)  (specs/reduction.yaml:91)
 std::vector<Value> emit_argmin__out(Builder& b, const EmitArgs& a) { return {b.argmin(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// any = any(self, [], False, True)  (specs/reduction.yaml:102)
+// any = any(self, [], False, True)  (specs/reduction.yaml:100)
 std::vector<Value> emit_any(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), std::vector<int64_t>{}, false, true)}; }
-// any.all_out = any(self, [], False, True)  (specs/reduction.yaml:102)
+// any.all_out = any(self, [], False, True)  (specs/reduction.yaml:100)
 std::vector<Value> emit_any__all_out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), std::vector<int64_t>{}, false, true)}; }
 
-// any.dim = any(self, dim, keepdim, False)  (specs/reduction.yaml:109)
+// any.dim = any(self, dim, keepdim, False)  (specs/reduction.yaml:107)
 std::vector<Value> emit_any__dim(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), false)}; }
-// any.out = any(self, dim, keepdim, False)  (specs/reduction.yaml:109)
+// any.out = any(self, dim, keepdim, False)  (specs/reduction.yaml:107)
 std::vector<Value> emit_any__out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), false)}; }
 
-// any.dims = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:117)
+// any.dims = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:115)
 std::vector<Value> emit_any__dims(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
-// any.dims_out = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:117)
+// any.dims_out = any(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:115)
 std::vector<Value> emit_any__dims_out(Builder& b, const EmitArgs& a) { return {b.any(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
 
-// all = all(self, [], False, True)  (specs/reduction.yaml:125)
+// all = all(self, [], False, True)  (specs/reduction.yaml:123)
 std::vector<Value> emit_all(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), std::vector<int64_t>{}, false, true)}; }
-// all.all_out = all(self, [], False, True)  (specs/reduction.yaml:125)
+// all.all_out = all(self, [], False, True)  (specs/reduction.yaml:123)
 std::vector<Value> emit_all__all_out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), std::vector<int64_t>{}, false, true)}; }
 
-// all.dim = all(self, dim, keepdim, False)  (specs/reduction.yaml:132)
+// all.dim = all(self, dim, keepdim, False)  (specs/reduction.yaml:130)
 std::vector<Value> emit_all__dim(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), false)}; }
-// all.out = all(self, dim, keepdim, False)  (specs/reduction.yaml:132)
+// all.out = all(self, dim, keepdim, False)  (specs/reduction.yaml:130)
 std::vector<Value> emit_all__out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), false)}; }
 
-// all.dims = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:139)
+// all.dims = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:137)
 std::vector<Value> emit_all__dims(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
-// all.dims_out = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:139)
+// all.dims_out = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:137)
 std::vector<Value> emit_all__dims_out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
 
-// var.correction = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:148)
+// var.correction = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:146)
 std::vector<Value> emit_var__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
-// var.correction_out = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:148)
+// var.correction_out = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:146)
 std::vector<Value> emit_var__correction_out(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
 
-// std.correction = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:156)
+// std.correction = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:154)
 std::vector<Value> emit_std__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
-// std.correction_out = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:156)
+// std.correction_out = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:154)
 std::vector<Value> emit_std__correction_out(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
 
-// var_mean.correction = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:164)
+// var_mean.correction = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:162)
 std::vector<Value> emit_var_mean__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
+// var_mean.correction_out = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:162)
+std::vector<Value> emit_var_mean__correction_out(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
 
-// std_mean.correction = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:172)
+// std_mean.correction = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:169)
 std::vector<Value> emit_std_mean__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
+// std_mean.correction_out = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:169)
+std::vector<Value> emit_std_mean__correction_out(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
 
-// logsumexp = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:181)
+// logsumexp = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:177)
 std::vector<Value> emit_logsumexp(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
-// logsumexp.out = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:181)
+// logsumexp.out = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:177)
 std::vector<Value> emit_logsumexp__out(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// linalg_vector_norm = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:189)
+// linalg_vector_norm = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:185)
 std::vector<Value> emit_linalg_vector_norm(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
-// linalg_vector_norm.out = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:189)
+// linalg_vector_norm.out = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:185)
 std::vector<Value> emit_linalg_vector_norm__out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
 
-// cumsum = cumsum(self, dim)  (specs/reduction.yaml:198)
+// cumsum = cumsum(self, dim)  (specs/reduction.yaml:194)
 std::vector<Value> emit_cumsum(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
-// cumsum_ = cumsum(self, dim)  (specs/reduction.yaml:198)
+// cumsum_ = cumsum(self, dim)  (specs/reduction.yaml:194)
 std::vector<Value> emit_cumsum_(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
-// cumsum.out = cumsum(self, dim)  (specs/reduction.yaml:198)
+// cumsum.out = cumsum(self, dim)  (specs/reduction.yaml:194)
 std::vector<Value> emit_cumsum__out(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
 
-// cumprod = cumprod(self, dim)  (specs/reduction.yaml:204)
+// cumprod = cumprod(self, dim)  (specs/reduction.yaml:200)
 std::vector<Value> emit_cumprod(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
-// cumprod_ = cumprod(self, dim)  (specs/reduction.yaml:204)
+// cumprod_ = cumprod(self, dim)  (specs/reduction.yaml:200)
 std::vector<Value> emit_cumprod_(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
-// cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:204)
+// cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:200)
 std::vector<Value> emit_cumprod__out(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
 
-// sort.stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:216)
+// sort.stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:212)
 std::vector<Value> emit_sort__stable(Builder& b, const EmitArgs& a) { return {b.sort_along(a.value(0), a.integer(2), a.boolean(3), false), b.sort_along(a.value(0), a.integer(2), a.boolean(3), true)}; }
+// sort.values_stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:212)
+std::vector<Value> emit_sort__values_stable(Builder& b, const EmitArgs& a) { return {b.sort_along(a.value(0), a.integer(2), a.boolean(3), false), b.sort_along(a.value(0), a.integer(2), a.boolean(3), true)}; }
 
-// topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:223)
+// topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:218)
 std::vector<Value> emit_topk(Builder& b, const EmitArgs& a) { return {b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
+// topk.values = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:218)
+std::vector<Value> emit_topk__values(Builder& b, const EmitArgs& a) { return {b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
 
-// cummax = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:233)
+// cummax = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:227)
 std::vector<Value> emit_cummax(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), true, false), b.cumulative_extreme(a.value(0), a.integer(1), true, true)}; }
+// cummax.out = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:227)
+std::vector<Value> emit_cummax__out(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), true, false), b.cumulative_extreme(a.value(0), a.integer(1), true, true)}; }
 
-// cummin = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:240)
+// cummin = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:233)
 std::vector<Value> emit_cummin(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), false, false), b.cumulative_extreme(a.value(0), a.integer(1), false, true)}; }
+// cummin.out = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:233)
+std::vector<Value> emit_cummin__out(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), false, false), b.cumulative_extreme(a.value(0), a.integer(1), false, true)}; }
 
-// _logcumsumexp = logcumsumexp(self, dim)  (specs/reduction.yaml:248)
+// _logcumsumexp = logcumsumexp(self, dim)  (specs/reduction.yaml:240)
 std::vector<Value> emit__logcumsumexp(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
-// _logcumsumexp.out = logcumsumexp(self, dim)  (specs/reduction.yaml:248)
+// _logcumsumexp.out = logcumsumexp(self, dim)  (specs/reduction.yaml:240)
 std::vector<Value> emit__logcumsumexp__out(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
 
-// kthvalue = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:257)
+// kthvalue = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:249)
 std::vector<Value> emit_kthvalue(Builder& b, const EmitArgs& a) { return {b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
+// kthvalue.values = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:249)
+std::vector<Value> emit_kthvalue__values(Builder& b, const EmitArgs& a) { return {b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
 
-// median = median(self, 0, True, False, False, False)  (specs/reduction.yaml:264)
+// median = median(self, 0, True, False, False, False)  (specs/reduction.yaml:255)
 std::vector<Value> emit_median(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
-// median.out = median(self, 0, True, False, False, False)  (specs/reduction.yaml:264)
+// median.out = median(self, 0, True, False, False, False)  (specs/reduction.yaml:255)
 std::vector<Value> emit_median__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
 
-// median.dim = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:270)
+// median.dim = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:261)
 std::vector<Value> emit_median__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), false, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), false, true)}; }
+// median.dim_values = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:261)
+std::vector<Value> emit_median__dim_values(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), false, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), false, true)}; }
 
-// nanmedian = median(self, 0, True, False, True, False)  (specs/reduction.yaml:276)
+// nanmedian = median(self, 0, True, False, True, False)  (specs/reduction.yaml:266)
 std::vector<Value> emit_nanmedian(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
-// nanmedian.out = median(self, 0, True, False, True, False)  (specs/reduction.yaml:276)
+// nanmedian.out = median(self, 0, True, False, True, False)  (specs/reduction.yaml:266)
 std::vector<Value> emit_nanmedian__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
 
-// nanmedian.dim = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:282)
+// nanmedian.dim = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:272)
 std::vector<Value> emit_nanmedian__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), true, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), true, true)}; }
+// nanmedian.dim_values = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:272)
+std::vector<Value> emit_nanmedian__dim_values(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), true, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), true, true)}; }
 
-// trace = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:289)
+// trace = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:278)
 std::vector<Value> emit_trace(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
-// trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:289)
+// trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:278)
 std::vector<Value> emit_trace__out(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
 
 // flip = flip(self, dims)  (specs/shape.yaml:4)
@@ -2305,460 +2418,462 @@ std::vector<Value> emit_digamma_(Builder& b, const EmitArgs& a) { return {b.diga
 // digamma.out = digamma(self)  (specs/special.yaml:44)
 std::vector<Value> emit_digamma__out(Builder& b, const EmitArgs& a) { return {b.digamma(a.value(0))}; }
 
-// special_zeta = zeta(self, other)  (specs/special.yaml:54)
+// special_zeta = zeta(self, other)  (specs/special.yaml:50)
 std::vector<Value> emit_special_zeta(Builder& b, const EmitArgs& a) { return {b.zeta(a.value(0), a.value(1))}; }
-// special_zeta.out = zeta(self, other)  (specs/special.yaml:54)
+// special_zeta.out = zeta(self, other)  (specs/special.yaml:50)
 std::vector<Value> emit_special_zeta__out(Builder& b, const EmitArgs& a) { return {b.zeta(a.value(0), a.value(1))}; }
 
-// special_i1e = bessel_i1e(self)  (specs/special.yaml:60)
+// special_i1e = bessel_i1e(self)  (specs/special.yaml:56)
 std::vector<Value> emit_special_i1e(Builder& b, const EmitArgs& a) { return {b.bessel_i1e(a.value(0))}; }
-// special_i1e.out = bessel_i1e(self)  (specs/special.yaml:60)
+// special_i1e.out = bessel_i1e(self)  (specs/special.yaml:56)
 std::vector<Value> emit_special_i1e__out(Builder& b, const EmitArgs& a) { return {b.bessel_i1e(a.value(0))}; }
 
-// special_i1 = mul(bessel_i1e(self), exp(abs(self)))  (specs/special.yaml:66)
+// special_i1 = mul(bessel_i1e(self), exp(abs(self)))  (specs/special.yaml:62)
 std::vector<Value> emit_special_i1(Builder& b, const EmitArgs& a) { return {b.mul(b.bessel_i1e(a.value(0)), b.exp(b.abs(a.value(0))))}; }
-// special_i1.out = mul(bessel_i1e(self), exp(abs(self)))  (specs/special.yaml:66)
+// special_i1.out = mul(bessel_i1e(self), exp(abs(self)))  (specs/special.yaml:62)
 std::vector<Value> emit_special_i1__out(Builder& b, const EmitArgs& a) { return {b.mul(b.bessel_i1e(a.value(0)), b.exp(b.abs(a.value(0))))}; }
 
-// special_ndtri = mul(erfinv(sub(mul(self, 2), 1)), 1.4142135623730951)  (specs/special.yaml:73)
+// special_ndtri = mul(erfinv(sub(mul(self, 2), 1)), 1.4142135623730951)  (specs/special.yaml:69)
 std::vector<Value> emit_special_ndtri(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.erfinv([&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.sub(anchor, b.scalar_like(1.0, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4142135623730951, anchor)); }()}; }
-// special_ndtri.out = mul(erfinv(sub(mul(self, 2), 1)), 1.4142135623730951)  (specs/special.yaml:73)
+// special_ndtri.out = mul(erfinv(sub(mul(self, 2), 1)), 1.4142135623730951)  (specs/special.yaml:69)
 std::vector<Value> emit_special_ndtri__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.erfinv([&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.sub(anchor, b.scalar_like(1.0, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4142135623730951, anchor)); }()}; }
 
-// special_log_ndtr = log(mul(erfc(mul(self, -0.7071067811865476)), 0.5))  (specs/special.yaml:80)
+// special_log_ndtr = log(mul(erfc(mul(self, -0.7071067811865476)), 0.5))  (specs/special.yaml:76)
 std::vector<Value> emit_special_log_ndtr(Builder& b, const EmitArgs& a) { return {b.log([&] { const Value anchor = b.erfc([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(-0.7071067811865476, anchor)); }()); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())}; }
-// special_log_ndtr.out = log(mul(erfc(mul(self, -0.7071067811865476)), 0.5))  (specs/special.yaml:80)
+// special_log_ndtr.out = log(mul(erfc(mul(self, -0.7071067811865476)), 0.5))  (specs/special.yaml:76)
 std::vector<Value> emit_special_log_ndtr__out(Builder& b, const EmitArgs& a) { return {b.log([&] { const Value anchor = b.erfc([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(-0.7071067811865476, anchor)); }()); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())}; }
 
-// special_entr = where(isnan(self), self, where(gt(self, 0), neg(mul(self, log(self))), where(eq(self, 0), fill(0, self), log(fill(0, self)))))   (specs/special.yaml:87)
+// special_entr = where(isnan(self), self, where(gt(self, 0), neg(mul(self, log(self))), where(eq(self, 0), fill(0, self), log(fill(0, self)))))   (specs/special.yaml:83)
 std::vector<Value> emit_special_entr(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), b.neg(b.mul(a.value(0), b.log(a.value(0)))), b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.log([&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))))}; }
-// special_entr.out = where(isnan(self), self, where(gt(self, 0), neg(mul(self, log(self))), where(eq(self, 0), fill(0, self), log(fill(0, self)))))   (specs/special.yaml:87)
+// special_entr.out = where(isnan(self), self, where(gt(self, 0), neg(mul(self, log(self))), where(eq(self, 0), fill(0, self), log(fill(0, self)))))   (specs/special.yaml:83)
 std::vector<Value> emit_special_entr__out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(a.value(0)), a.value(0), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), b.neg(b.mul(a.value(0), b.log(a.value(0)))), b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.log([&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))))}; }
 
-// special_xlog1py = r = mul(self, log1p(other)) where(bitwise_and(eq(self, 0), bitwise_not(isnan(other))), fill(0, r), r)   (specs/special.yaml:95)
+// special_xlog1py = r = mul(self, log1p(other)) where(bitwise_and(eq(self, 0), bitwise_not(isnan(other))), fill(0, r), r)   (specs/special.yaml:91)
 std::vector<Value> emit_special_xlog1py(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_r = b.mul(a.value(0), b.log1p(a.value(1))); return {b.where(b.bitwise_and([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_not(b.isnan(a.value(1)))), [&] { const Value anchor = l_r; return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_r)}; }(); }
-// special_xlog1py.out = r = mul(self, log1p(other)) where(bitwise_and(eq(self, 0), bitwise_not(isnan(other))), fill(0, r), r)   (specs/special.yaml:95)
+// special_xlog1py.out = r = mul(self, log1p(other)) where(bitwise_and(eq(self, 0), bitwise_not(isnan(other))), fill(0, r), r)   (specs/special.yaml:91)
 std::vector<Value> emit_special_xlog1py__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_r = b.mul(a.value(0), b.log1p(a.value(1))); return {b.where(b.bitwise_and([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), b.bitwise_not(b.isnan(a.value(1)))), [&] { const Value anchor = l_r; return b.fill(b.scalar_like(0.0, anchor), anchor); }(), l_r)}; }(); }
 
-// exp2 = power_of(2.0, self)  (specs/special.yaml:103)
+// exp2 = power_of(2.0, self)  (specs/special.yaml:99)
 std::vector<Value> emit_exp2(Builder& b, const EmitArgs& a) { return {b.power_of(2.0, a.value(0))}; }
-// exp2_ = power_of(2.0, self)  (specs/special.yaml:103)
+// exp2_ = power_of(2.0, self)  (specs/special.yaml:99)
 std::vector<Value> emit_exp2_(Builder& b, const EmitArgs& a) { return {b.power_of(2.0, a.value(0))}; }
-// exp2.out = power_of(2.0, self)  (specs/special.yaml:103)
+// exp2.out = power_of(2.0, self)  (specs/special.yaml:99)
 std::vector<Value> emit_exp2__out(Builder& b, const EmitArgs& a) { return {b.power_of(2.0, a.value(0))}; }
 
-// sinc = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:109)
+// sinc = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:105)
 std::vector<Value> emit_sinc(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_px = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }(); return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), b.div(b.sin(l_px), l_px))}; }(); }
-// sinc_ = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:109)
+// sinc_ = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:105)
 std::vector<Value> emit_sinc_(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_px = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }(); return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), b.div(b.sin(l_px), l_px))}; }(); }
-// sinc.out = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:109)
+// sinc.out = px = mul(self, 3.141592653589793) where(eq(self, 0), fill(1, self), div(sin(px), px))   (specs/special.yaml:105)
 std::vector<Value> emit_sinc__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_px = [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(3.141592653589793, anchor)); }(); return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), b.div(b.sin(l_px), l_px))}; }(); }
 
-// nextafter = nextafter(self, other)  (specs/special.yaml:117)
+// nextafter = nextafter(self, other)  (specs/special.yaml:113)
 std::vector<Value> emit_nextafter(Builder& b, const EmitArgs& a) { return {b.nextafter(a.value(0), a.value(1))}; }
-// nextafter_ = nextafter(self, other)  (specs/special.yaml:117)
+// nextafter_ = nextafter(self, other)  (specs/special.yaml:113)
 std::vector<Value> emit_nextafter_(Builder& b, const EmitArgs& a) { return {b.nextafter(a.value(0), a.value(1))}; }
-// nextafter.out = nextafter(self, other)  (specs/special.yaml:117)
+// nextafter.out = nextafter(self, other)  (specs/special.yaml:113)
 std::vector<Value> emit_nextafter__out(Builder& b, const EmitArgs& a) { return {b.nextafter(a.value(0), a.value(1))}; }
 
-// angle = angle(self)  (specs/special.yaml:123)
+// angle = angle(self)  (specs/special.yaml:119)
 std::vector<Value> emit_angle(Builder& b, const EmitArgs& a) { return {b.angle(a.value(0))}; }
-// angle.out = angle(self)  (specs/special.yaml:123)
+// angle.out = angle(self)  (specs/special.yaml:119)
 std::vector<Value> emit_angle__out(Builder& b, const EmitArgs& a) { return {b.angle(a.value(0))}; }
 
-// heaviside = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:129)
+// heaviside = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:125)
 std::vector<Value> emit_heaviside(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), a.value(1), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
-// heaviside_ = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:129)
+// heaviside_ = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:125)
 std::vector<Value> emit_heaviside_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), a.value(1), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
-// heaviside.out = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:129)
+// heaviside.out = where(eq(self, 0), values, where(gt(self, 0), fill(1, self), fill(0, self)))  (specs/special.yaml:125)
 std::vector<Value> emit_heaviside__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), a.value(1), b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }()))}; }
 
-// logaddexp = logaddexp(self, other)  (specs/special.yaml:134)
+// logaddexp = logaddexp(self, other)  (specs/special.yaml:130)
 std::vector<Value> emit_logaddexp(Builder& b, const EmitArgs& a) { return {b.logaddexp(a.value(0), a.value(1))}; }
-// logaddexp.out = logaddexp(self, other)  (specs/special.yaml:134)
+// logaddexp.out = logaddexp(self, other)  (specs/special.yaml:130)
 std::vector<Value> emit_logaddexp__out(Builder& b, const EmitArgs& a) { return {b.logaddexp(a.value(0), a.value(1))}; }
 
-// logaddexp2 = mul(logaddexp(mul(self, 0.6931471805599453), mul(other, 0.6931471805599453)), 1.4426950408889634)  (specs/special.yaml:140)
+// logaddexp2 = mul(logaddexp(mul(self, 0.6931471805599453), mul(other, 0.6931471805599453)), 1.4426950408889634)  (specs/special.yaml:136)
 std::vector<Value> emit_logaddexp2(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.logaddexp([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }(), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
-// logaddexp2.out = mul(logaddexp(mul(self, 0.6931471805599453), mul(other, 0.6931471805599453)), 1.4426950408889634)  (specs/special.yaml:140)
+// logaddexp2.out = mul(logaddexp(mul(self, 0.6931471805599453), mul(other, 0.6931471805599453)), 1.4426950408889634)  (specs/special.yaml:136)
 std::vector<Value> emit_logaddexp2__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.logaddexp([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }(), [&] { const Value anchor = a.value(1); return b.mul(anchor, b.scalar_like(0.6931471805599453, anchor)); }()); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }
 
-// logit = logit(self, eps)  (specs/special.yaml:147)
+// logit = logit(self, eps)  (specs/special.yaml:143)
 std::vector<Value> emit_logit(Builder& b, const EmitArgs& a) { return {b.logit(a.value(0), a.optional_real(1))}; }
-// logit_ = logit(self, eps)  (specs/special.yaml:147)
+// logit_ = logit(self, eps)  (specs/special.yaml:143)
 std::vector<Value> emit_logit_(Builder& b, const EmitArgs& a) { return {b.logit(a.value(0), a.optional_real(1))}; }
-// logit.out = logit(self, eps)  (specs/special.yaml:147)
+// logit.out = logit(self, eps)  (specs/special.yaml:143)
 std::vector<Value> emit_logit__out(Builder& b, const EmitArgs& a) { return {b.logit(a.value(0), a.optional_real(1))}; }
 
-// logit_backward = logit_backward(grad_output, self, eps)  (specs/special.yaml:153)
+// logit_backward = logit_backward(grad_output, self, eps)  (specs/special.yaml:149)
 std::vector<Value> emit_logit_backward(Builder& b, const EmitArgs& a) { return {b.logit_backward(a.value(0), a.value(1), a.optional_real(2))}; }
-// logit_backward.grad_input = logit_backward(grad_output, self, eps)  (specs/special.yaml:153)
+// logit_backward.grad_input = logit_backward(grad_output, self, eps)  (specs/special.yaml:149)
 std::vector<Value> emit_logit_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.logit_backward(a.value(0), a.value(1), a.optional_real(2))}; }
 
-// hardshrink = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, self), self)  (specs/special.yaml:160)
+// hardshrink = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, self), self)  (specs/special.yaml:156)
 std::vector<Value> emit_hardshrink(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(0), b.neg(a.value(1))), b.le(a.value(0), a.value(1))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
-// hardshrink.out = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, self), self)  (specs/special.yaml:160)
+// hardshrink.out = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, self), self)  (specs/special.yaml:156)
 std::vector<Value> emit_hardshrink__out(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(0), b.neg(a.value(1))), b.le(a.value(0), a.value(1))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
 
-// hardshrink_backward = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_out), grad_out)  (specs/special.yaml:165)
+// hardshrink_backward = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_out), grad_out)  (specs/special.yaml:161)
 std::vector<Value> emit_hardshrink_backward(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
-// hardshrink_backward.grad_input = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_out), grad_out)  (specs/special.yaml:165)
+// hardshrink_backward.grad_input = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_out), grad_out)  (specs/special.yaml:161)
 std::vector<Value> emit_hardshrink_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
 
-// softshrink = where(gt(self, lambd), sub(self, lambd), where(lt(self, neg(lambd)), add(self, lambd), mul(self, 0)))  (specs/special.yaml:169)
+// softshrink = where(gt(self, lambd), sub(self, lambd), where(lt(self, neg(lambd)), add(self, lambd), mul(self, 0)))  (specs/special.yaml:165)
 std::vector<Value> emit_softshrink(Builder& b, const EmitArgs& a) { return {b.where(b.gt(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1)), b.where(b.lt(a.value(0), b.neg(a.value(1))), b.add(a.value(0), a.value(1)), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()))}; }
-// softshrink.out = where(gt(self, lambd), sub(self, lambd), where(lt(self, neg(lambd)), add(self, lambd), mul(self, 0)))  (specs/special.yaml:169)
+// softshrink.out = where(gt(self, lambd), sub(self, lambd), where(lt(self, neg(lambd)), add(self, lambd), mul(self, 0)))  (specs/special.yaml:165)
 std::vector<Value> emit_softshrink__out(Builder& b, const EmitArgs& a) { return {b.where(b.gt(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1)), b.where(b.lt(a.value(0), b.neg(a.value(1))), b.add(a.value(0), a.value(1)), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()))}; }
 
-// softshrink_backward = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_output), grad_output)  (specs/special.yaml:174)
+// softshrink_backward = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_output), grad_output)  (specs/special.yaml:170)
 std::vector<Value> emit_softshrink_backward(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
-// softshrink_backward.grad_input = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_output), grad_output)  (specs/special.yaml:174)
+// softshrink_backward.grad_input = where(bitwise_and(ge(self, neg(lambd)), le(self, lambd)), fill(0, grad_output), grad_output)  (specs/special.yaml:170)
 std::vector<Value> emit_softshrink_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and(b.ge(a.value(1), b.neg(a.value(2))), b.le(a.value(1), a.value(2))), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
 
-// hardsigmoid = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:178)
+// hardsigmoid = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:174)
 std::vector<Value> emit_hardsigmoid(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardsigmoid_ = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:178)
+// hardsigmoid_ = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:174)
 std::vector<Value> emit_hardsigmoid_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardsigmoid.out = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:178)
+// hardsigmoid.out = div(minimum(maximum(add(self, 3), 0), 6), 6)  (specs/special.yaml:174)
 std::vector<Value> emit_hardsigmoid__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
 
-// hardsigmoid_backward = where(bitwise_and(gt(self, -3), lt(self, 3)), div(grad_output, 6), fill(0, grad_output))  (specs/special.yaml:183)
+// hardsigmoid_backward = where(bitwise_and(gt(self, -3), lt(self, 3)), div(grad_output, 6), fill(0, grad_output))  (specs/special.yaml:179)
 std::vector<Value> emit_hardsigmoid_backward(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(3.0, anchor)); }()), [&] { const Value anchor = a.value(0); return b.div(anchor, b.scalar_like(6.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
-// hardsigmoid_backward.grad_input = where(bitwise_and(gt(self, -3), lt(self, 3)), div(grad_output, 6), fill(0, grad_output))  (specs/special.yaml:183)
+// hardsigmoid_backward.grad_input = where(bitwise_and(gt(self, -3), lt(self, 3)), div(grad_output, 6), fill(0, grad_output))  (specs/special.yaml:179)
 std::vector<Value> emit_hardsigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.bitwise_and([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(3.0, anchor)); }()), [&] { const Value anchor = a.value(0); return b.div(anchor, b.scalar_like(6.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }())}; }
 
-// rsub.Tensor = sub(other, mul(self, alpha))  (specs/special.yaml:189)
+// rsub.Tensor = sub(other, mul(self, alpha))  (specs/special.yaml:185)
 std::vector<Value> emit_rsub__Tensor(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
-// rsub.Tensor_out = sub(other, mul(self, alpha))  (specs/special.yaml:189)
+// rsub.Tensor_out = sub(other, mul(self, alpha))  (specs/special.yaml:185)
 std::vector<Value> emit_rsub__Tensor_out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
 
-// rsub.Scalar = sub(other, mul(self, alpha))  (specs/special.yaml:194)
+// rsub.Scalar = sub(other, mul(self, alpha))  (specs/special.yaml:190)
 std::vector<Value> emit_rsub__Scalar(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
-// rsub.Scalar_out = sub(other, mul(self, alpha))  (specs/special.yaml:194)
+// rsub.Scalar_out = sub(other, mul(self, alpha))  (specs/special.yaml:190)
 std::vector<Value> emit_rsub__Scalar_out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(1), b.mul(a.value(0), a.value(2)))}; }
 
-// nansum = sum(where(isnan(self), fill(0, self), self), default(dim, []), keepdim)  (specs/special.yaml:199)
+// nansum = sum(where(isnan(self), fill(0, self), self), default(dim, []), keepdim)  (specs/special.yaml:195)
 std::vector<Value> emit_nansum(Builder& b, const EmitArgs& a) { return {b.sum(b.where(b.isnan(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2))}; }
-// nansum.out = sum(where(isnan(self), fill(0, self), self), default(dim, []), keepdim)  (specs/special.yaml:199)
+// nansum.out = sum(where(isnan(self), fill(0, self), self), default(dim, []), keepdim)  (specs/special.yaml:195)
 std::vector<Value> emit_nansum__out(Builder& b, const EmitArgs& a) { return {b.sum(b.where(b.isnan(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2))}; }
 
-// count_nonzero.dim_IntList = count_nonzero(self, dim)  (specs/special.yaml:205)
+// count_nonzero.dim_IntList = count_nonzero(self, dim)  (specs/special.yaml:201)
 std::vector<Value> emit_count_nonzero__dim_IntList(Builder& b, const EmitArgs& a) { return {b.count_nonzero(a.value(0), a.ints(1))}; }
-// count_nonzero.dim_IntList_out = count_nonzero(self, dim)  (specs/special.yaml:205)
+// count_nonzero.dim_IntList_out = count_nonzero(self, dim)  (specs/special.yaml:201)
 std::vector<Value> emit_count_nonzero__dim_IntList_out(Builder& b, const EmitArgs& a) { return {b.count_nonzero(a.value(0), a.ints(1))}; }
 
-// norm.ScalarOpt_dim = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:212)
+// norm.ScalarOpt_dim = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:208)
 std::vector<Value> emit_norm__ScalarOpt_dim(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
-// norm.out = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:212)
+// norm.out = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:208)
 std::vector<Value> emit_norm__out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
 
-// norm.ScalarOpt_dim_dtype = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:219)
+// norm.ScalarOpt_dim_dtype = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:215)
 std::vector<Value> emit_norm__ScalarOpt_dim_dtype(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
-// norm.dtype_out = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:219)
+// norm.dtype_out = vector_norm(self, default(p, 2), dim, keepdim)  (specs/special.yaml:215)
 std::vector<Value> emit_norm__dtype_out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), (a.is_none(1) ? 2.0 : a.real(1)), a.ints(2), a.boolean(3))}; }
 
-// aminmax = (amin(self, default(dim, []), keepdim), amax(self, default(dim, []), keepdim))  (specs/special.yaml:226)
+// aminmax = (amin(self, default(dim, []), keepdim), amax(self, default(dim, []), keepdim))  (specs/special.yaml:222)
 std::vector<Value> emit_aminmax(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2)), b.amax(a.value(0), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2))}; }
+// aminmax.out = (amin(self, default(dim, []), keepdim), amax(self, default(dim, []), keepdim))  (specs/special.yaml:222)
+std::vector<Value> emit_aminmax__out(Builder& b, const EmitArgs& a) { return {b.amin(a.value(0), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2)), b.amax(a.value(0), (a.is_none(1) ? std::vector<int64_t>{} : a.ints(1)), a.boolean(2))}; }
 
-// logspace = power_of(base, linspace(start, end, steps))  (specs/special.yaml:233)
+// logspace = power_of(base, linspace(start, end, steps))  (specs/special.yaml:228)
 std::vector<Value> emit_logspace(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(3), b.linspace(a.value(0), a.value(1), a.integer(2)))}; }
-// logspace.out = power_of(base, linspace(start, end, steps))  (specs/special.yaml:233)
+// logspace.out = power_of(base, linspace(start, end, steps))  (specs/special.yaml:228)
 std::vector<Value> emit_logspace__out(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(3), b.linspace(a.value(0), a.value(1), a.integer(2)))}; }
 
-// polygamma = polygamma(n, self)  (specs/special.yaml:244)
+// polygamma = polygamma(n, self)  (specs/special.yaml:239)
 std::vector<Value> emit_polygamma(Builder& b, const EmitArgs& a) { return {b.polygamma(a.integer(0), a.value(1))}; }
-// polygamma.out = polygamma(n, self)  (specs/special.yaml:244)
+// polygamma.out = polygamma(n, self)  (specs/special.yaml:239)
 std::vector<Value> emit_polygamma__out(Builder& b, const EmitArgs& a) { return {b.polygamma(a.integer(0), a.value(1))}; }
 
-// special_zeta.self_scalar = zeta(nominal(self), nominal(other))  (specs/special.yaml:250)
+// special_zeta.self_scalar = zeta(nominal(self), nominal(other))  (specs/special.yaml:245)
 std::vector<Value> emit_special_zeta__self_scalar(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// special_zeta.self_scalar_out = zeta(nominal(self), nominal(other))  (specs/special.yaml:250)
+// special_zeta.self_scalar_out = zeta(nominal(self), nominal(other))  (specs/special.yaml:245)
 std::vector<Value> emit_special_zeta__self_scalar_out(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// special_zeta.other_scalar = zeta(nominal(self), nominal(other))  (specs/special.yaml:255)
+// special_zeta.other_scalar = zeta(nominal(self), nominal(other))  (specs/special.yaml:250)
 std::vector<Value> emit_special_zeta__other_scalar(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// special_zeta.other_scalar_out = zeta(nominal(self), nominal(other))  (specs/special.yaml:255)
+// special_zeta.other_scalar_out = zeta(nominal(self), nominal(other))  (specs/special.yaml:250)
 std::vector<Value> emit_special_zeta__other_scalar_out(Builder& b, const EmitArgs& a) { return {b.zeta(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// igamma = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:260)
+// igamma = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:255)
 std::vector<Value> emit_igamma(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), false)}; }
-// igamma_ = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:260)
+// igamma_ = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:255)
 std::vector<Value> emit_igamma_(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), false)}; }
-// igamma.out = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:260)
+// igamma.out = igamma(nominal(self), nominal(other), False)  (specs/special.yaml:255)
 std::vector<Value> emit_igamma__out(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), false)}; }
 
-// igammac = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:266)
+// igammac = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:261)
 std::vector<Value> emit_igammac(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), true)}; }
-// igammac_ = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:266)
+// igammac_ = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:261)
 std::vector<Value> emit_igammac_(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), true)}; }
-// igammac.out = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:266)
+// igammac.out = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:261)
 std::vector<Value> emit_igammac__out(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), true)}; }
 
-// special_erfcx = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:274)
+// special_erfcx = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:269)
 std::vector<Value> emit_special_erfcx(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_hi = [&] { const Value anchor = b.round([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(64.0, anchor)); }()); return b.div(anchor, b.scalar_like(64.0, anchor)); }(); const Value l_lo = b.sub(a.value(0), l_hi); const Value l_direct = b.mul(b.mul(b.exp(b.mul(l_hi, l_hi)), b.exp(b.mul(l_lo, b.add(b.add(l_hi, l_hi), l_lo)))), b.erfc(a.value(0))); const Value l_t = [&] { const Value anchor = [&] { const Value anchor = b.mul(a.value(0), a.value(0)); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); const Value l_s = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(-135135.0, anchor)); }(); return b.add(b.scalar_like(10395.0, anchor), anchor); }()); return b.add(b.scalar_like(-945.0, anchor), anchor); }()); return b.add(b.scalar_like(105.0, anchor), anchor); }()); return b.add(b.scalar_like(-15.0, anchor), anchor); }()); return b.add(b.scalar_like(3.0, anchor), anchor); }()); return b.add(b.scalar_like(-1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); const Value l_asymptotic = b.div(l_s, [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(1.7724538509055159, anchor)); }()); return {b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(6.0, anchor)); }(), l_direct, l_asymptotic)}; }(); }
-// special_erfcx.out = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:274)
+// special_erfcx.out = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:269)
 std::vector<Value> emit_special_erfcx__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_hi = [&] { const Value anchor = b.round([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(64.0, anchor)); }()); return b.div(anchor, b.scalar_like(64.0, anchor)); }(); const Value l_lo = b.sub(a.value(0), l_hi); const Value l_direct = b.mul(b.mul(b.exp(b.mul(l_hi, l_hi)), b.exp(b.mul(l_lo, b.add(b.add(l_hi, l_hi), l_lo)))), b.erfc(a.value(0))); const Value l_t = [&] { const Value anchor = [&] { const Value anchor = b.mul(a.value(0), a.value(0)); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); const Value l_s = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(-135135.0, anchor)); }(); return b.add(b.scalar_like(10395.0, anchor), anchor); }()); return b.add(b.scalar_like(-945.0, anchor), anchor); }()); return b.add(b.scalar_like(105.0, anchor), anchor); }()); return b.add(b.scalar_like(-15.0, anchor), anchor); }()); return b.add(b.scalar_like(3.0, anchor), anchor); }()); return b.add(b.scalar_like(-1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); const Value l_asymptotic = b.div(l_s, [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(1.7724538509055159, anchor)); }()); return {b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(6.0, anchor)); }(), l_direct, l_asymptotic)}; }(); }
 
-// special_xlog1py.self_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
+// special_xlog1py.self_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:282)
 std::vector<Value> emit_special_xlog1py__self_scalar(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
-// special_xlog1py.self_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
+// special_xlog1py.self_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:282)
 std::vector<Value> emit_special_xlog1py__self_scalar_out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
 
-// special_xlog1py.other_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:292)
+// special_xlog1py.other_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
 std::vector<Value> emit_special_xlog1py__other_scalar(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
-// special_xlog1py.other_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:292)
+// special_xlog1py.other_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
 std::vector<Value> emit_special_xlog1py__other_scalar_out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
 
-// i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:299)
+// i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:294)
 std::vector<Value> emit_i0(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
-// i0_ = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:299)
+// i0_ = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:294)
 std::vector<Value> emit_i0_(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
-// i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:299)
+// i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:294)
 std::vector<Value> emit_i0__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
 
-// special_i0e = bessel_i0e(self)  (specs/special.yaml:305)
+// special_i0e = bessel_i0e(self)  (specs/special.yaml:300)
 std::vector<Value> emit_special_i0e(Builder& b, const EmitArgs& a) { return {b.bessel_i0e(a.value(0))}; }
-// special_i0e.out = bessel_i0e(self)  (specs/special.yaml:305)
+// special_i0e.out = bessel_i0e(self)  (specs/special.yaml:300)
 std::vector<Value> emit_special_i0e__out(Builder& b, const EmitArgs& a) { return {b.bessel_i0e(a.value(0))}; }
 
-// special_modified_bessel_i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:311)
+// special_modified_bessel_i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:306)
 std::vector<Value> emit_special_modified_bessel_i0(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
-// special_modified_bessel_i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:311)
+// special_modified_bessel_i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:306)
 std::vector<Value> emit_special_modified_bessel_i0__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
 
-// special_modified_bessel_i1 = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:317)
+// special_modified_bessel_i1 = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:312)
 std::vector<Value> emit_special_modified_bessel_i1(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i1e(a.value(0)))}; }
-// special_modified_bessel_i1.out = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:317)
+// special_modified_bessel_i1.out = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:312)
 std::vector<Value> emit_special_modified_bessel_i1__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i1e(a.value(0)))}; }
 
-// special_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:326)
+// special_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:321)
 std::vector<Value> emit_special_chebyshev_polynomial_t(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
-// special_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:326)
+// special_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:321)
 std::vector<Value> emit_special_chebyshev_polynomial_t__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
 
-// special_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
+// special_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:327)
 std::vector<Value> emit_special_chebyshev_polynomial_t__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
-// special_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
+// special_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:327)
 std::vector<Value> emit_special_chebyshev_polynomial_t__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
 
-// special_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:337)
+// special_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
 std::vector<Value> emit_special_chebyshev_polynomial_t__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
-// special_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:337)
+// special_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
 std::vector<Value> emit_special_chebyshev_polynomial_t__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
 
-// special_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:342)
+// special_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:337)
 std::vector<Value> emit_special_chebyshev_polynomial_u(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
-// special_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:342)
+// special_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:337)
 std::vector<Value> emit_special_chebyshev_polynomial_u__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
 
-// special_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
+// special_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:343)
 std::vector<Value> emit_special_chebyshev_polynomial_u__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
-// special_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
+// special_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:343)
 std::vector<Value> emit_special_chebyshev_polynomial_u__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
 
-// special_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:353)
+// special_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
 std::vector<Value> emit_special_chebyshev_polynomial_u__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
-// special_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:353)
+// special_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
 std::vector<Value> emit_special_chebyshev_polynomial_u__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
 
-// special_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:358)
+// special_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:353)
 std::vector<Value> emit_special_chebyshev_polynomial_v(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
-// special_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:358)
+// special_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:353)
 std::vector<Value> emit_special_chebyshev_polynomial_v__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
 
-// special_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
+// special_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:359)
 std::vector<Value> emit_special_chebyshev_polynomial_v__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
-// special_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
+// special_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:359)
 std::vector<Value> emit_special_chebyshev_polynomial_v__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
 
-// special_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:369)
+// special_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
 std::vector<Value> emit_special_chebyshev_polynomial_v__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
-// special_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:369)
+// special_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
 std::vector<Value> emit_special_chebyshev_polynomial_v__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
 
-// special_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:374)
+// special_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:369)
 std::vector<Value> emit_special_chebyshev_polynomial_w(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
-// special_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:374)
+// special_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:369)
 std::vector<Value> emit_special_chebyshev_polynomial_w__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
 
-// special_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
+// special_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:375)
 std::vector<Value> emit_special_chebyshev_polynomial_w__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
-// special_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
+// special_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:375)
 std::vector<Value> emit_special_chebyshev_polynomial_w__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
 
-// special_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:385)
+// special_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
 std::vector<Value> emit_special_chebyshev_polynomial_w__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
-// special_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:385)
+// special_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
 std::vector<Value> emit_special_chebyshev_polynomial_w__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
 
-// special_shifted_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:390)
+// special_shifted_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:385)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
-// special_shifted_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:390)
+// special_shifted_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:385)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
 
-// special_shifted_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
+// special_shifted_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:391)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
-// special_shifted_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
+// special_shifted_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:391)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
 
-// special_shifted_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:401)
+// special_shifted_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
-// special_shifted_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:401)
+// special_shifted_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
 
-// special_shifted_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:406)
+// special_shifted_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:401)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
-// special_shifted_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:406)
+// special_shifted_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:401)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
 
-// special_shifted_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
+// special_shifted_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:407)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
-// special_shifted_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
+// special_shifted_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:407)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
 
-// special_shifted_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:417)
+// special_shifted_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
-// special_shifted_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:417)
+// special_shifted_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
 
-// special_shifted_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:422)
+// special_shifted_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:417)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
-// special_shifted_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:422)
+// special_shifted_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:417)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
 
-// special_shifted_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
+// special_shifted_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:423)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
-// special_shifted_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
+// special_shifted_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:423)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
 
-// special_shifted_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:433)
+// special_shifted_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
-// special_shifted_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:433)
+// special_shifted_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
 
-// special_shifted_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:438)
+// special_shifted_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:433)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
-// special_shifted_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:438)
+// special_shifted_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:433)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
 
-// special_shifted_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
+// special_shifted_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:439)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
-// special_shifted_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
+// special_shifted_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:439)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
 
-// special_shifted_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:449)
+// special_shifted_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
-// special_shifted_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:449)
+// special_shifted_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
 
-// special_hermite_polynomial_h = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:454)
+// special_hermite_polynomial_h = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:449)
 std::vector<Value> emit_special_hermite_polynomial_h(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
-// special_hermite_polynomial_h.out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:454)
+// special_hermite_polynomial_h.out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:449)
 std::vector<Value> emit_special_hermite_polynomial_h__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
 
-// special_hermite_polynomial_h.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
+// special_hermite_polynomial_h.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:455)
 std::vector<Value> emit_special_hermite_polynomial_h__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
-// special_hermite_polynomial_h.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
+// special_hermite_polynomial_h.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:455)
 std::vector<Value> emit_special_hermite_polynomial_h__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
 
-// special_hermite_polynomial_h.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:465)
+// special_hermite_polynomial_h.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
 std::vector<Value> emit_special_hermite_polynomial_h__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
-// special_hermite_polynomial_h.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:465)
+// special_hermite_polynomial_h.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
 std::vector<Value> emit_special_hermite_polynomial_h__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
 
-// special_hermite_polynomial_he = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:470)
+// special_hermite_polynomial_he = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:465)
 std::vector<Value> emit_special_hermite_polynomial_he(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
-// special_hermite_polynomial_he.out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:470)
+// special_hermite_polynomial_he.out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:465)
 std::vector<Value> emit_special_hermite_polynomial_he__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
 
-// special_hermite_polynomial_he.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
+// special_hermite_polynomial_he.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:471)
 std::vector<Value> emit_special_hermite_polynomial_he__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
-// special_hermite_polynomial_he.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
+// special_hermite_polynomial_he.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:471)
 std::vector<Value> emit_special_hermite_polynomial_he__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
 
-// special_hermite_polynomial_he.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:481)
+// special_hermite_polynomial_he.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
 std::vector<Value> emit_special_hermite_polynomial_he__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
-// special_hermite_polynomial_he.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:481)
+// special_hermite_polynomial_he.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
 std::vector<Value> emit_special_hermite_polynomial_he__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
 
-// special_laguerre_polynomial_l = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:486)
+// special_laguerre_polynomial_l = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:481)
 std::vector<Value> emit_special_laguerre_polynomial_l(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
-// special_laguerre_polynomial_l.out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:486)
+// special_laguerre_polynomial_l.out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:481)
 std::vector<Value> emit_special_laguerre_polynomial_l__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
 
-// special_laguerre_polynomial_l.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
+// special_laguerre_polynomial_l.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:487)
 std::vector<Value> emit_special_laguerre_polynomial_l__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
-// special_laguerre_polynomial_l.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
+// special_laguerre_polynomial_l.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:487)
 std::vector<Value> emit_special_laguerre_polynomial_l__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
 
-// special_laguerre_polynomial_l.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:497)
+// special_laguerre_polynomial_l.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
 std::vector<Value> emit_special_laguerre_polynomial_l__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
-// special_laguerre_polynomial_l.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:497)
+// special_laguerre_polynomial_l.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
 std::vector<Value> emit_special_laguerre_polynomial_l__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
 
-// special_legendre_polynomial_p = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:502)
+// special_legendre_polynomial_p = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:497)
 std::vector<Value> emit_special_legendre_polynomial_p(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
-// special_legendre_polynomial_p.out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:502)
+// special_legendre_polynomial_p.out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:497)
 std::vector<Value> emit_special_legendre_polynomial_p__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
 
-// special_legendre_polynomial_p.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
+// special_legendre_polynomial_p.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:503)
 std::vector<Value> emit_special_legendre_polynomial_p__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
-// special_legendre_polynomial_p.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
+// special_legendre_polynomial_p.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:503)
 std::vector<Value> emit_special_legendre_polynomial_p__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
 
-// special_legendre_polynomial_p.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:513)
+// special_legendre_polynomial_p.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
 std::vector<Value> emit_special_legendre_polynomial_p__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
-// special_legendre_polynomial_p.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:513)
+// special_legendre_polynomial_p.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
 std::vector<Value> emit_special_legendre_polynomial_p__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
 
-// special_spherical_bessel_j0 = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:519)
+// special_spherical_bessel_j0 = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:514)
 std::vector<Value> emit_special_spherical_bessel_j0(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.mul(a.value(0), a.value(0)); const Value l_series = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(1.6059043836821613e-10, anchor)); }(); return b.add(b.scalar_like(-2.505210838544172e-08, anchor), anchor); }()); return b.add(b.scalar_like(2.755731922398589e-06, anchor), anchor); }()); return b.add(b.scalar_like(-0.0001984126984126984, anchor), anchor); }()); return b.add(b.scalar_like(0.008333333333333333, anchor), anchor); }()); return b.add(b.scalar_like(-0.16666666666666666, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return {b.where(b.isinf(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where([&] { const Value anchor = b.abs(a.value(0)); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), l_series, b.div(b.sin(a.value(0)), a.value(0))))}; }(); }
-// special_spherical_bessel_j0.out = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:519)
+// special_spherical_bessel_j0.out = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:514)
 std::vector<Value> emit_special_spherical_bessel_j0__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.mul(a.value(0), a.value(0)); const Value l_series = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(1.6059043836821613e-10, anchor)); }(); return b.add(b.scalar_like(-2.505210838544172e-08, anchor), anchor); }()); return b.add(b.scalar_like(2.755731922398589e-06, anchor), anchor); }()); return b.add(b.scalar_like(-0.0001984126984126984, anchor), anchor); }()); return b.add(b.scalar_like(0.008333333333333333, anchor), anchor); }()); return b.add(b.scalar_like(-0.16666666666666666, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return {b.where(b.isinf(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where([&] { const Value anchor = b.abs(a.value(0)); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), l_series, b.div(b.sin(a.value(0)), a.value(0))))}; }(); }
 
-// special_bessel_j0 = bessel(self, "j0")  (specs/special.yaml:531)
+// special_bessel_j0 = bessel(self, "j0")  (specs/special.yaml:526)
 std::vector<Value> emit_special_bessel_j0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j0"))}; }
-// special_bessel_j0.out = bessel(self, "j0")  (specs/special.yaml:531)
+// special_bessel_j0.out = bessel(self, "j0")  (specs/special.yaml:526)
 std::vector<Value> emit_special_bessel_j0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j0"))}; }
 
-// special_bessel_j1 = bessel(self, "j1")  (specs/special.yaml:537)
+// special_bessel_j1 = bessel(self, "j1")  (specs/special.yaml:532)
 std::vector<Value> emit_special_bessel_j1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j1"))}; }
-// special_bessel_j1.out = bessel(self, "j1")  (specs/special.yaml:537)
+// special_bessel_j1.out = bessel(self, "j1")  (specs/special.yaml:532)
 std::vector<Value> emit_special_bessel_j1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j1"))}; }
 
-// special_bessel_y0 = bessel(self, "y0")  (specs/special.yaml:543)
+// special_bessel_y0 = bessel(self, "y0")  (specs/special.yaml:538)
 std::vector<Value> emit_special_bessel_y0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y0"))}; }
-// special_bessel_y0.out = bessel(self, "y0")  (specs/special.yaml:543)
+// special_bessel_y0.out = bessel(self, "y0")  (specs/special.yaml:538)
 std::vector<Value> emit_special_bessel_y0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y0"))}; }
 
-// special_bessel_y1 = bessel(self, "y1")  (specs/special.yaml:549)
+// special_bessel_y1 = bessel(self, "y1")  (specs/special.yaml:544)
 std::vector<Value> emit_special_bessel_y1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y1"))}; }
-// special_bessel_y1.out = bessel(self, "y1")  (specs/special.yaml:549)
+// special_bessel_y1.out = bessel(self, "y1")  (specs/special.yaml:544)
 std::vector<Value> emit_special_bessel_y1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y1"))}; }
 
-// special_modified_bessel_k0 = bessel(self, "k0")  (specs/special.yaml:555)
+// special_modified_bessel_k0 = bessel(self, "k0")  (specs/special.yaml:550)
 std::vector<Value> emit_special_modified_bessel_k0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0"))}; }
-// special_modified_bessel_k0.out = bessel(self, "k0")  (specs/special.yaml:555)
+// special_modified_bessel_k0.out = bessel(self, "k0")  (specs/special.yaml:550)
 std::vector<Value> emit_special_modified_bessel_k0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0"))}; }
 
-// special_modified_bessel_k1 = bessel(self, "k1")  (specs/special.yaml:561)
+// special_modified_bessel_k1 = bessel(self, "k1")  (specs/special.yaml:556)
 std::vector<Value> emit_special_modified_bessel_k1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1"))}; }
-// special_modified_bessel_k1.out = bessel(self, "k1")  (specs/special.yaml:561)
+// special_modified_bessel_k1.out = bessel(self, "k1")  (specs/special.yaml:556)
 std::vector<Value> emit_special_modified_bessel_k1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1"))}; }
 
-// special_scaled_modified_bessel_k0 = bessel(x, "k0e")  (specs/special.yaml:567)
+// special_scaled_modified_bessel_k0 = bessel(x, "k0e")  (specs/special.yaml:562)
 std::vector<Value> emit_special_scaled_modified_bessel_k0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0e"))}; }
-// special_scaled_modified_bessel_k0.out = bessel(x, "k0e")  (specs/special.yaml:567)
+// special_scaled_modified_bessel_k0.out = bessel(x, "k0e")  (specs/special.yaml:562)
 std::vector<Value> emit_special_scaled_modified_bessel_k0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0e"))}; }
 
-// special_scaled_modified_bessel_k1 = bessel(x, "k1e")  (specs/special.yaml:573)
+// special_scaled_modified_bessel_k1 = bessel(x, "k1e")  (specs/special.yaml:568)
 std::vector<Value> emit_special_scaled_modified_bessel_k1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1e"))}; }
-// special_scaled_modified_bessel_k1.out = bessel(x, "k1e")  (specs/special.yaml:573)
+// special_scaled_modified_bessel_k1.out = bessel(x, "k1e")  (specs/special.yaml:568)
 std::vector<Value> emit_special_scaled_modified_bessel_k1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1e"))}; }
 
-// special_airy_ai = bessel(x, "airy_ai")  (specs/special.yaml:579)
+// special_airy_ai = bessel(x, "airy_ai")  (specs/special.yaml:574)
 std::vector<Value> emit_special_airy_ai(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("airy_ai"))}; }
-// special_airy_ai.out = bessel(x, "airy_ai")  (specs/special.yaml:579)
+// special_airy_ai.out = bessel(x, "airy_ai")  (specs/special.yaml:574)
 std::vector<Value> emit_special_airy_ai__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("airy_ai"))}; }
 
 // fill.Scalar = fill(value, self)  (specs/tensor.yaml:3)
@@ -3668,222 +3783,282 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor_out, false, -1, {}},
-      {"masked_fill.Scalar", "specs/binary.yaml:208", Variant::Functional,
+      {"__lshift__.Tensor", "specs/binary.yaml:207", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor, false, -1, {}},
+      {"__ilshift__.Tensor", "specs/binary.yaml:207", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Tensor, false, -1, {}},
+      {"__lshift__.Tensor_out", "specs/binary.yaml:207", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor_out, false, -1, {}},
+      {"__lshift__.Scalar", "specs/binary.yaml:211", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar, false, -1, {}},
+      {"__ilshift__.Scalar", "specs/binary.yaml:211", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Scalar, false, -1, {}},
+      {"__lshift__.Scalar_out", "specs/binary.yaml:211", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar_out, false, -1, {}},
+      {"__rshift__.Tensor", "specs/binary.yaml:215", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor, false, -1, {}},
+      {"__irshift__.Tensor", "specs/binary.yaml:215", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Tensor, false, -1, {}},
+      {"__rshift__.Tensor_out", "specs/binary.yaml:215", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor_out, false, -1, {}},
+      {"__rshift__.Scalar", "specs/binary.yaml:219", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar, false, -1, {}},
+      {"__irshift__.Scalar", "specs/binary.yaml:219", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Scalar},
+       {0, 1}, Compute::Common, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Scalar, false, -1, {}},
+      {"__rshift__.Scalar_out", "specs/binary.yaml:219", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {2},
+       {2}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar_out, false, -1, {}},
+      {"masked_fill.Scalar", "specs/binary.yaml:225", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar, false, -1, {}},
-      {"masked_fill_.Scalar", "specs/binary.yaml:208", Variant::Inplace,
+      {"masked_fill_.Scalar", "specs/binary.yaml:225", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Scalar, false, -1, {}},
-      {"masked_fill.Scalar_out", "specs/binary.yaml:208", Variant::Out,
+      {"masked_fill.Scalar_out", "specs/binary.yaml:225", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar_out, false, -1, {}},
-      {"masked_fill.Tensor", "specs/binary.yaml:214", Variant::Functional,
+      {"masked_fill.Tensor", "specs/binary.yaml:231", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor, false, -1, {}},
-      {"masked_fill_.Tensor", "specs/binary.yaml:214", Variant::Inplace,
+      {"masked_fill_.Tensor", "specs/binary.yaml:231", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Tensor, false, -1, {}},
-      {"masked_fill.Tensor_out", "specs/binary.yaml:214", Variant::Out,
+      {"masked_fill.Tensor_out", "specs/binary.yaml:231", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor_out, false, -1, {}},
-      {"lerp.Scalar", "specs/binary.yaml:221", Variant::Functional,
+      {"lerp.Scalar", "specs/binary.yaml:238", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar, false, -1, {}},
-      {"lerp_.Scalar", "specs/binary.yaml:221", Variant::Inplace,
+      {"lerp_.Scalar", "specs/binary.yaml:238", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Scalar, false, -1, {}},
-      {"lerp.Scalar_out", "specs/binary.yaml:221", Variant::Out,
+      {"lerp.Scalar_out", "specs/binary.yaml:238", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar_out, false, -1, {}},
-      {"lerp.Tensor", "specs/binary.yaml:226", Variant::Functional,
+      {"lerp.Tensor", "specs/binary.yaml:243", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor, false, -1, {}},
-      {"lerp_.Tensor", "specs/binary.yaml:226", Variant::Inplace,
+      {"lerp_.Tensor", "specs/binary.yaml:243", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Tensor, false, -1, {}},
-      {"lerp.Tensor_out", "specs/binary.yaml:226", Variant::Out,
+      {"lerp.Tensor_out", "specs/binary.yaml:243", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor_out, false, -1, {}},
-      {"addcmul", "specs/binary.yaml:230", Variant::Functional,
+      {"addcmul", "specs/binary.yaml:247", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul, false, -1, {}},
-      {"addcmul_", "specs/binary.yaml:230", Variant::Inplace,
+      {"addcmul_", "specs/binary.yaml:247", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul_, false, -1, {}},
-      {"addcmul.out", "specs/binary.yaml:230", Variant::Out,
+      {"addcmul.out", "specs/binary.yaml:247", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul__out, false, -1, {}},
-      {"addcdiv", "specs/binary.yaml:235", Variant::Functional,
+      {"addcdiv", "specs/binary.yaml:252", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv, false, -1, {}},
-      {"addcdiv_", "specs/binary.yaml:235", Variant::Inplace,
+      {"addcdiv_", "specs/binary.yaml:252", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv_, false, -1, {}},
-      {"addcdiv.out", "specs/binary.yaml:235", Variant::Out,
+      {"addcdiv.out", "specs/binary.yaml:252", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv__out, false, -1, {}},
-      {"atan2", "specs/binary.yaml:242", Variant::Functional,
+      {"atan2", "specs/binary.yaml:259", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2, false, -1, {}},
-      {"atan2_", "specs/binary.yaml:242", Variant::Inplace,
+      {"atan2_", "specs/binary.yaml:259", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2_, false, -1, {}},
-      {"atan2.out", "specs/binary.yaml:242", Variant::Out,
+      {"atan2.out", "specs/binary.yaml:259", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2__out, false, -1, {}},
-      {"hypot", "specs/binary.yaml:248", Variant::Functional,
+      {"hypot", "specs/binary.yaml:265", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot, false, -1, {}},
-      {"hypot_", "specs/binary.yaml:248", Variant::Inplace,
+      {"hypot_", "specs/binary.yaml:265", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot_, false, -1, {}},
-      {"hypot.out", "specs/binary.yaml:248", Variant::Out,
+      {"hypot.out", "specs/binary.yaml:265", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot__out, false, -1, {}},
-      {"copysign.Tensor", "specs/binary.yaml:253", Variant::Functional,
+      {"copysign.Tensor", "specs/binary.yaml:270", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Tensor, false, -1, {}},
-      {"copysign_.Tensor", "specs/binary.yaml:253", Variant::Inplace,
+      {"copysign_.Tensor", "specs/binary.yaml:270", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Tensor, false, -1, {}},
-      {"copysign.out", "specs/binary.yaml:253", Variant::Out,
+      {"copysign.out", "specs/binary.yaml:270", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__out, false, -1, {}},
-      {"copysign.Scalar", "specs/binary.yaml:259", Variant::Functional,
+      {"copysign.Scalar", "specs/binary.yaml:276", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar, false, -1, {}},
-      {"copysign_.Scalar", "specs/binary.yaml:259", Variant::Inplace,
+      {"copysign_.Scalar", "specs/binary.yaml:276", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Scalar, false, -1, {}},
-      {"copysign.Scalar_out", "specs/binary.yaml:259", Variant::Out,
+      {"copysign.Scalar_out", "specs/binary.yaml:276", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar_out, false, -1, {}},
-      {"xlogy.Tensor", "specs/binary.yaml:264", Variant::Functional,
+      {"xlogy.Tensor", "specs/binary.yaml:281", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Tensor, false, -1, {}},
-      {"xlogy_.Tensor", "specs/binary.yaml:264", Variant::Inplace,
+      {"xlogy_.Tensor", "specs/binary.yaml:281", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Tensor, false, -1, {}},
-      {"xlogy.OutTensor", "specs/binary.yaml:264", Variant::Out,
+      {"xlogy.OutTensor", "specs/binary.yaml:281", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutTensor, false, -1, {}},
-      {"xlogy.Scalar_Self", "specs/binary.yaml:270", Variant::Functional,
+      {"xlogy.Scalar_Self", "specs/binary.yaml:287", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Self, false, -1, {}},
-      {"xlogy.OutScalar_Self", "specs/binary.yaml:270", Variant::Out,
+      {"xlogy.OutScalar_Self", "specs/binary.yaml:287", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Self, false, -1, {}},
-      {"xlogy.Scalar_Other", "specs/binary.yaml:275", Variant::Functional,
+      {"xlogy.Scalar_Other", "specs/binary.yaml:292", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Other, false, -1, {}},
-      {"xlogy_.Scalar_Other", "specs/binary.yaml:275", Variant::Inplace,
+      {"xlogy_.Scalar_Other", "specs/binary.yaml:292", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Scalar_Other, false, -1, {}},
-      {"xlogy.OutScalar_Other", "specs/binary.yaml:275", Variant::Out,
+      {"xlogy.OutScalar_Other", "specs/binary.yaml:292", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other, false, -1, {}},
-      {"gcd", "specs/binary.yaml:281", Variant::Functional,
+      {"gcd", "specs/binary.yaml:298", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd, false, -1, {}},
-      {"gcd_", "specs/binary.yaml:281", Variant::Inplace,
+      {"gcd_", "specs/binary.yaml:298", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd_, false, -1, {}},
-      {"gcd.out", "specs/binary.yaml:281", Variant::Out,
+      {"gcd.out", "specs/binary.yaml:298", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd__out, false, -1, {}},
-      {"lcm", "specs/binary.yaml:286", Variant::Functional,
+      {"lcm", "specs/binary.yaml:303", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm, false, -1, {}},
-      {"lcm_", "specs/binary.yaml:286", Variant::Inplace,
+      {"lcm_", "specs/binary.yaml:303", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm_, false, -1, {}},
-      {"lcm.out", "specs/binary.yaml:286", Variant::Out,
+      {"lcm.out", "specs/binary.yaml:303", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
@@ -4433,272 +4608,317 @@ const std::vector<OpSpec>& op_specs() {
        {0, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_forward, false, -1, {1, 0, -1, -1, false, 4, true, "Target {value} is out of bounds."}},
-      {"nll_loss_backward", "specs/indexing.yaml:83", Variant::Functional,
+      {"nll_loss_forward.output", "specs/indexing.yaml:75", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {5, 6},
+       {5, 6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_forward__output, false, -1, {1, 0, -1, -1, false, 4, true, "Target {value} is out of bounds."}},
+      {"nll_loss_backward", "specs/indexing.yaml:82", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward, false, -1, {}},
-      {"nll_loss_backward.grad_input", "specs/indexing.yaml:83", Variant::Out,
+      {"nll_loss_backward.grad_input", "specs/indexing.yaml:82", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss_backward__grad_input, false, -1, {}},
-      {"nll_loss2d_forward", "specs/indexing.yaml:89", Variant::Functional,
+      {"nll_loss2d_forward", "specs/indexing.yaml:88", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_forward, false, -1, {1, 0, -1, 1, false, 4, true, "Target {value} is out of bounds."}},
-      {"nll_loss2d_backward", "specs/indexing.yaml:96", Variant::Functional,
+      {"nll_loss2d_forward.output", "specs/indexing.yaml:88", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Common, {5, 6},
+       {5, 6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_forward__output, false, -1, {1, 0, -1, 1, false, 4, true, "Target {value} is out of bounds."}},
+      {"nll_loss2d_backward", "specs/indexing.yaml:94", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward, false, -1, {}},
-      {"nll_loss2d_backward.grad_input", "specs/indexing.yaml:96", Variant::Out,
+      {"nll_loss2d_backward.grad_input", "specs/indexing.yaml:94", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 3, 6}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_nll_loss2d_backward__grad_input, false, -1, {}},
-      {"index.Tensor", "specs/indexing.yaml:106", Variant::Functional,
+      {"index.Tensor", "specs/indexing.yaml:104", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index.Tensor_out", "specs/indexing.yaml:106", Variant::Out,
+      {"index.Tensor_out", "specs/indexing.yaml:104", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index__Tensor_out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put", "specs/indexing.yaml:114", Variant::Functional,
+      {"index_put", "specs/indexing.yaml:112", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put_", "specs/indexing.yaml:114", Variant::Inplace,
+      {"index_put_", "specs/indexing.yaml:112", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_put.out", "specs/indexing.yaml:114", Variant::Out,
+      {"index_put.out", "specs/indexing.yaml:112", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_put__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl", "specs/indexing.yaml:120", Variant::Functional,
+      {"_index_put_impl", "specs/indexing.yaml:118", Variant::Functional,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl_", "specs/indexing.yaml:120", Variant::Inplace,
+      {"_index_put_impl_", "specs/indexing.yaml:118", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"_index_put_impl.out", "specs/indexing.yaml:120", Variant::Out,
+      {"_index_put_impl.out", "specs/indexing.yaml:118", Variant::Out,
        {ArgKind::Tensor, ArgKind::OptionalTensorList, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {5},
        {5}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__index_put_impl__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"nonzero", "specs/indexing.yaml:128", Variant::Functional,
+      {"nonzero", "specs/indexing.yaml:126", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nonzero, true, -1, {}},
-      {"masked_select", "specs/indexing.yaml:134", Variant::Functional,
+      {"masked_select", "specs/indexing.yaml:132", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_select, true, -1, {}},
-      {"masked_scatter", "specs/indexing.yaml:142", Variant::Functional,
+      {"masked_scatter", "specs/indexing.yaml:140", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter, false, -1, {}},
-      {"masked_scatter_", "specs/indexing.yaml:142", Variant::Inplace,
+      {"masked_scatter_", "specs/indexing.yaml:140", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter_, false, -1, {}},
-      {"masked_scatter.out", "specs/indexing.yaml:142", Variant::Out,
+      {"masked_scatter.out", "specs/indexing.yaml:140", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Common, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_scatter__out, false, -1, {}},
-      {"isin.Tensor_Tensor", "specs/indexing.yaml:148", Variant::Functional,
+      {"isin.Tensor_Tensor", "specs/indexing.yaml:146", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor, false, -1, {}},
-      {"isin.Tensor_Tensor_out", "specs/indexing.yaml:148", Variant::Out,
+      {"isin.Tensor_Tensor_out", "specs/indexing.yaml:146", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Tensor_out, false, -1, {}},
-      {"isin.Tensor_Scalar", "specs/indexing.yaml:152", Variant::Functional,
+      {"isin.Tensor_Scalar", "specs/indexing.yaml:150", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar, false, -1, {}},
-      {"isin.Tensor_Scalar_out", "specs/indexing.yaml:152", Variant::Out,
+      {"isin.Tensor_Scalar_out", "specs/indexing.yaml:150", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Tensor_Scalar_out, false, -1, {}},
-      {"nonzero_static", "specs/indexing.yaml:156", Variant::Functional,
+      {"isin.Scalar_Tensor", "specs/indexing.yaml:153", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Scalar_Tensor, false, -1, {}},
+      {"isin.Scalar_Tensor_out", "specs/indexing.yaml:153", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_isin__Scalar_Tensor_out, false, -1, {}},
+      {"nonzero_static", "specs/indexing.yaml:157", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"int64"}, &emit_nonzero_static, false, -1, {}},
-      {"nonzero_static.out", "specs/indexing.yaml:156", Variant::Out,
+      {"nonzero_static.out", "specs/indexing.yaml:157", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"int64"}, &emit_nonzero_static__out, false, -1, {}},
-      {"searchsorted.Tensor", "specs/indexing.yaml:164", Variant::Functional,
+      {"searchsorted.Tensor", "specs/indexing.yaml:165", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Tensor, false, -1, {}},
+      {"searchsorted.Tensor_out", "specs/indexing.yaml:165", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {6},
+       {6}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Tensor_out, false, -1, {}},
       {"searchsorted.Scalar", "specs/indexing.yaml:171", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Scalar, false, -1, {}},
-      {"bucketize.Tensor", "specs/indexing.yaml:177", Variant::Functional,
+      {"searchsorted.Scalar_out", "specs/indexing.yaml:171", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {6},
+       {6}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_searchsorted__Scalar_out, false, -1, {}},
+      {"bucketize.Tensor", "specs/indexing.yaml:176", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Tensor, false, -1, {}},
-      {"histc", "specs/indexing.yaml:184", Variant::Functional,
+      {"bucketize.Tensor_out", "specs/indexing.yaml:176", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {4},
+       {4}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Tensor_out, false, -1, {}},
+      {"bucketize.Scalar", "specs/indexing.yaml:182", Variant::Functional,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Scalar, false, -1, {}},
+      {"bucketize.Scalar_out", "specs/indexing.yaml:182", Variant::Out,
+       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {4},
+       {4}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Scalar_out, false, -1, {}},
+      {"histc", "specs/indexing.yaml:187", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_histc, false, -1, {}},
-      {"histc.out", "specs/indexing.yaml:184", Variant::Out,
+      {"histc.out", "specs/indexing.yaml:187", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_histc__out, false, -1, {}},
-      {"_embedding_bag", "specs/indexing.yaml:194", Variant::Functional,
+      {"_embedding_bag", "specs/indexing.yaml:197", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_forward_only", "specs/indexing.yaml:203", Variant::Functional,
+      {"_embedding_bag_forward_only", "specs/indexing.yaml:206", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_forward_only, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_backward", "specs/indexing.yaml:211", Variant::Functional,
+      {"_embedding_bag_backward", "specs/indexing.yaml:214", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 10}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_backward, false, -1, {}},
-      {"_embedding_bag_dense_backward", "specs/indexing.yaml:217", Variant::Functional,
+      {"_embedding_bag_dense_backward", "specs/indexing.yaml:220", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 8}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_dense_backward, false, -1, {}},
-      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:223", Variant::Functional,
+      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:226", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward, false, -1, {}},
-      {"index_add", "specs/indexing.yaml:231", Variant::Functional,
+      {"index_add", "specs/indexing.yaml:234", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add_", "specs/indexing.yaml:231", Variant::Inplace,
+      {"index_add_", "specs/indexing.yaml:234", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add_, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add.out", "specs/indexing.yaml:231", Variant::Out,
+      {"index_add.out", "specs/indexing.yaml:234", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3, 4}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add__out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy", "specs/indexing.yaml:238", Variant::Functional,
+      {"index_copy", "specs/indexing.yaml:241", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy_", "specs/indexing.yaml:238", Variant::Inplace,
+      {"index_copy_", "specs/indexing.yaml:241", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy_, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy.out", "specs/indexing.yaml:238", Variant::Out,
+      {"index_copy.out", "specs/indexing.yaml:241", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar", "specs/indexing.yaml:246", Variant::Functional,
+      {"index_fill.int_Scalar", "specs/indexing.yaml:249", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Scalar", "specs/indexing.yaml:246", Variant::Inplace,
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:249", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar_out", "specs/indexing.yaml:246", Variant::Out,
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:249", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor", "specs/indexing.yaml:253", Variant::Functional,
+      {"index_fill.int_Tensor", "specs/indexing.yaml:256", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Tensor", "specs/indexing.yaml:253", Variant::Inplace,
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:256", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor_out", "specs/indexing.yaml:253", Variant::Out,
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:256", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_reduce", "specs/indexing.yaml:260", Variant::Functional,
+      {"index_reduce", "specs/indexing.yaml:263", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce_", "specs/indexing.yaml:260", Variant::Inplace,
+      {"index_reduce_", "specs/indexing.yaml:263", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce.out", "specs/indexing.yaml:260", Variant::Out,
+      {"index_reduce.out", "specs/indexing.yaml:263", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"take", "specs/indexing.yaml:268", Variant::Functional,
+      {"take", "specs/indexing.yaml:271", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"take.out", "specs/indexing.yaml:268", Variant::Out,
+      {"take.out", "specs/indexing.yaml:271", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put", "specs/indexing.yaml:274", Variant::Functional,
+      {"put", "specs/indexing.yaml:277", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put_", "specs/indexing.yaml:274", Variant::Inplace,
+      {"put_", "specs/indexing.yaml:277", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put.out", "specs/indexing.yaml:274", Variant::Out,
+      {"put.out", "specs/indexing.yaml:277", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
@@ -4768,212 +4988,277 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2, 3, 4}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm, false, -1, {}},
+      {"addbmm_", "specs/linalg.yaml:42", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
+       {0, 1, 2, 3, 4}, Compute::Output, {0},
+       {0}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm_, false, -1, {}},
       {"addbmm.out", "specs/linalg.yaml:42", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm__out, false, -1, {}},
-      {"mv", "specs/linalg.yaml:49", Variant::Functional,
+      {"mv", "specs/linalg.yaml:48", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv, false, -1, {}},
-      {"mv.out", "specs/linalg.yaml:49", Variant::Out,
+      {"mv.out", "specs/linalg.yaml:48", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv__out, false, -1, {}},
-      {"addmv", "specs/linalg.yaml:54", Variant::Functional,
+      {"addmv", "specs/linalg.yaml:53", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv, false, -1, {}},
-      {"addmv_", "specs/linalg.yaml:54", Variant::Inplace,
+      {"addmv_", "specs/linalg.yaml:53", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv_, false, -1, {}},
-      {"addmv.out", "specs/linalg.yaml:54", Variant::Out,
+      {"addmv.out", "specs/linalg.yaml:53", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv__out, false, -1, {}},
-      {"dot", "specs/linalg.yaml:60", Variant::Functional,
+      {"dot", "specs/linalg.yaml:59", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot, false, -1, {}},
-      {"dot.out", "specs/linalg.yaml:60", Variant::Out,
+      {"dot.out", "specs/linalg.yaml:59", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot__out, false, -1, {}},
-      {"vdot", "specs/linalg.yaml:66", Variant::Functional,
+      {"vdot", "specs/linalg.yaml:65", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot, false, -1, {}},
-      {"vdot.out", "specs/linalg.yaml:66", Variant::Out,
+      {"vdot.out", "specs/linalg.yaml:65", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot__out, false, -1, {}},
-      {"linalg_cholesky_ex", "specs/linalg.yaml:85", Variant::Functional,
+      {"linalg_cholesky_ex", "specs/linalg.yaml:84", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_cholesky_ex, false, -1, {}},
-      {"cholesky", "specs/linalg.yaml:91", Variant::Functional,
+      {"linalg_cholesky_ex.L", "specs/linalg.yaml:84", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {3, 4},
+       {3, 4}, false, false,
+       {"float32", "float64"}, &emit_linalg_cholesky_ex__L, false, -1, {}},
+      {"cholesky", "specs/linalg.yaml:89", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_cholesky, false, -1, {}},
-      {"cholesky.out", "specs/linalg.yaml:91", Variant::Out,
+      {"cholesky.out", "specs/linalg.yaml:89", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_cholesky__out, false, -1, {}},
-      {"_cholesky_solve_helper", "specs/linalg.yaml:97", Variant::Functional,
+      {"_cholesky_solve_helper", "specs/linalg.yaml:95", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__cholesky_solve_helper, false, -1, {}},
-      {"_cholesky_solve_helper.out", "specs/linalg.yaml:97", Variant::Out,
+      {"_cholesky_solve_helper.out", "specs/linalg.yaml:95", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float32", "float64"}, &emit__cholesky_solve_helper__out, false, -1, {}},
-      {"cholesky_inverse", "specs/linalg.yaml:103", Variant::Functional,
+      {"cholesky_inverse", "specs/linalg.yaml:101", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_cholesky_inverse, false, -1, {}},
-      {"cholesky_inverse.out", "specs/linalg.yaml:103", Variant::Out,
+      {"cholesky_inverse.out", "specs/linalg.yaml:101", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_cholesky_inverse__out, false, -1, {}},
-      {"triangular_solve", "specs/linalg.yaml:111", Variant::Functional,
+      {"triangular_solve", "specs/linalg.yaml:109", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_triangular_solve, false, -1, {}},
-      {"linalg_solve_triangular", "specs/linalg.yaml:117", Variant::Functional,
+      {"triangular_solve.X", "specs/linalg.yaml:109", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {5, 6},
+       {5, 6}, false, false,
+       {"float32", "float64"}, &emit_triangular_solve__X, false, -1, {}},
+      {"linalg_solve_triangular", "specs/linalg.yaml:114", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_solve_triangular, false, -1, {}},
-      {"linalg_solve_triangular.out", "specs/linalg.yaml:117", Variant::Out,
+      {"linalg_solve_triangular.out", "specs/linalg.yaml:114", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_linalg_solve_triangular__out, false, -1, {}},
-      {"linalg_lu_factor_ex", "specs/linalg.yaml:122", Variant::Functional,
+      {"linalg_lu_factor_ex", "specs/linalg.yaml:119", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_factor_ex, false, -1, {}},
-      {"linalg_lu", "specs/linalg.yaml:128", Variant::Functional,
+      {"linalg_lu_factor_ex.out", "specs/linalg.yaml:119", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {3, 4, 5},
+       {3, 4, 5}, false, false,
+       {"float32", "float64"}, &emit_linalg_lu_factor_ex__out, false, -1, {}},
+      {"linalg_lu", "specs/linalg.yaml:124", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu, false, -1, {}},
-      {"lu_unpack", "specs/linalg.yaml:137", Variant::Functional,
+      {"linalg_lu.out", "specs/linalg.yaml:124", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {2, 3, 4},
+       {2, 3, 4}, false, false,
+       {"float32", "float64"}, &emit_linalg_lu__out, false, -1, {}},
+      {"lu_unpack", "specs/linalg.yaml:132", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_lu_unpack, false, -1, {}},
-      {"linalg_lu_solve", "specs/linalg.yaml:144", Variant::Functional,
+      {"lu_unpack.out", "specs/linalg.yaml:132", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {4, 5, 6},
+       {4, 5, 6}, false, false,
+       {"float32", "float64"}, &emit_lu_unpack__out, false, -1, {}},
+      {"linalg_lu_solve", "specs/linalg.yaml:138", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_solve, false, -1, {}},
-      {"linalg_lu_solve.out", "specs/linalg.yaml:144", Variant::Out,
+      {"linalg_lu_solve.out", "specs/linalg.yaml:138", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_solve__out, false, -1, {}},
-      {"_linalg_solve_ex", "specs/linalg.yaml:150", Variant::Functional,
+      {"_linalg_solve_ex", "specs/linalg.yaml:144", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_solve_ex, false, -1, {}},
-      {"linalg_inv_ex", "specs/linalg.yaml:160", Variant::Functional,
+      {"_linalg_solve_ex.result", "specs/linalg.yaml:144", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {4, 5, 6, 7},
+       {4, 5, 6, 7}, false, false,
+       {"float32", "float64"}, &emit__linalg_solve_ex__result, false, -1, {}},
+      {"linalg_inv_ex", "specs/linalg.yaml:153", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_inv_ex, false, -1, {}},
-      {"_linalg_det", "specs/linalg.yaml:168", Variant::Functional,
+      {"linalg_inv_ex.inverse", "specs/linalg.yaml:153", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {2, 3},
+       {2, 3}, false, false,
+       {"float32", "float64"}, &emit_linalg_inv_ex__inverse, false, -1, {}},
+      {"_linalg_det", "specs/linalg.yaml:160", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_det, false, -1, {}},
-      {"_linalg_slogdet", "specs/linalg.yaml:178", Variant::Functional,
+      {"_linalg_det.result", "specs/linalg.yaml:160", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1, 2, 3},
+       {1, 2, 3}, false, false,
+       {"float32", "float64"}, &emit__linalg_det__result, false, -1, {}},
+      {"_linalg_slogdet", "specs/linalg.yaml:169", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_slogdet, false, -1, {}},
-      {"geqrf", "specs/linalg.yaml:189", Variant::Functional,
+      {"_linalg_slogdet.sign", "specs/linalg.yaml:169", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {1, 2, 3, 4},
+       {1, 2, 3, 4}, false, false,
+       {"float32", "float64"}, &emit__linalg_slogdet__sign, false, -1, {}},
+      {"geqrf", "specs/linalg.yaml:179", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_geqrf, false, -1, {}},
-      {"geqrf.a", "specs/linalg.yaml:189", Variant::Out,
+      {"geqrf.a", "specs/linalg.yaml:179", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2},
        {1, 2}, false, false,
        {"float32", "float64"}, &emit_geqrf__a, false, -1, {}},
-      {"linalg_householder_product", "specs/linalg.yaml:194", Variant::Functional,
+      {"linalg_householder_product", "specs/linalg.yaml:184", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product, false, -1, {}},
-      {"linalg_householder_product.out", "specs/linalg.yaml:194", Variant::Out,
+      {"linalg_householder_product.out", "specs/linalg.yaml:184", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product__out, false, -1, {}},
-      {"ormqr", "specs/linalg.yaml:199", Variant::Functional,
+      {"ormqr", "specs/linalg.yaml:189", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_ormqr, false, -1, {}},
-      {"ormqr.out", "specs/linalg.yaml:199", Variant::Out,
+      {"ormqr.out", "specs/linalg.yaml:189", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_ormqr__out, false, -1, {}},
-      {"linalg_qr", "specs/linalg.yaml:204", Variant::Functional,
+      {"linalg_qr", "specs/linalg.yaml:194", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_qr, false, -1, {}},
-      {"_linalg_eigh", "specs/linalg.yaml:210", Variant::Functional,
+      {"linalg_qr.out", "specs/linalg.yaml:194", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {2, 3},
+       {2, 3}, false, false,
+       {"float32", "float64"}, &emit_linalg_qr__out, false, -1, {}},
+      {"_linalg_eigh", "specs/linalg.yaml:199", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_eigh, false, -1, {}},
-      {"_linalg_svd", "specs/linalg.yaml:216", Variant::Functional,
+      {"_linalg_eigh.eigenvalues", "specs/linalg.yaml:199", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {3, 4},
+       {3, 4}, false, false,
+       {"float32", "float64"}, &emit__linalg_eigh__eigenvalues, false, -1, {}},
+      {"_linalg_svd", "specs/linalg.yaml:204", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_svd, false, -1, {}},
-      {"linalg_matrix_exp", "specs/linalg.yaml:222", Variant::Functional,
+      {"_linalg_svd.U", "specs/linalg.yaml:204", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {4, 5, 6},
+       {4, 5, 6}, false, false,
+       {"float32", "float64"}, &emit__linalg_svd__U, false, -1, {}},
+      {"linalg_matrix_exp", "specs/linalg.yaml:209", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp, false, -1, {}},
-      {"linalg_matrix_exp.out", "specs/linalg.yaml:222", Variant::Out,
+      {"linalg_matrix_exp.out", "specs/linalg.yaml:209", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp__out, false, -1, {}},
-      {"linalg_cross", "specs/linalg.yaml:227", Variant::Functional,
+      {"linalg_cross", "specs/linalg.yaml:214", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross, false, -1, {}},
-      {"linalg_cross.out", "specs/linalg.yaml:227", Variant::Out,
+      {"linalg_cross.out", "specs/linalg.yaml:214", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
@@ -5233,212 +5518,217 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::CommonFloat, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_forward, false, -1, {}},
-      {"log_sigmoid_backward", "specs/nn.yaml:155", Variant::Functional,
+      {"log_sigmoid_forward.output", "specs/nn.yaml:148", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::CommonFloat, {1, 2},
+       {1, 2}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_forward__output, false, -1, {}},
+      {"log_sigmoid_backward", "specs/nn.yaml:154", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward, false, -1, {}},
-      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:155", Variant::Out,
+      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:154", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward__grad_input, false, -1, {}},
-      {"smooth_l1_loss", "specs/nn.yaml:161", Variant::Functional,
+      {"smooth_l1_loss", "specs/nn.yaml:160", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss, false, -1, {}},
-      {"smooth_l1_loss.out", "specs/nn.yaml:161", Variant::Out,
+      {"smooth_l1_loss.out", "specs/nn.yaml:160", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss__out, false, -1, {}},
-      {"smooth_l1_loss_backward", "specs/nn.yaml:169", Variant::Functional,
+      {"smooth_l1_loss_backward", "specs/nn.yaml:168", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward, false, -1, {}},
-      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:169", Variant::Out,
+      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:168", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward__grad_input, false, -1, {}},
-      {"huber_loss", "specs/nn.yaml:177", Variant::Functional,
+      {"huber_loss", "specs/nn.yaml:176", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss, false, -1, {}},
-      {"huber_loss.out", "specs/nn.yaml:177", Variant::Out,
+      {"huber_loss.out", "specs/nn.yaml:176", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss__out, false, -1, {}},
-      {"huber_loss_backward", "specs/nn.yaml:185", Variant::Functional,
+      {"huber_loss_backward", "specs/nn.yaml:184", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward, false, -1, {}},
-      {"huber_loss_backward.out", "specs/nn.yaml:185", Variant::Out,
+      {"huber_loss_backward.out", "specs/nn.yaml:184", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward__out, false, -1, {}},
-      {"binary_cross_entropy", "specs/nn.yaml:194", Variant::Functional,
+      {"binary_cross_entropy", "specs/nn.yaml:193", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy, false, -1, {}},
-      {"binary_cross_entropy.out", "specs/nn.yaml:194", Variant::Out,
+      {"binary_cross_entropy.out", "specs/nn.yaml:193", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy__out, false, -1, {}},
-      {"binary_cross_entropy_backward", "specs/nn.yaml:201", Variant::Functional,
+      {"binary_cross_entropy_backward", "specs/nn.yaml:200", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward, false, -1, {}},
-      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:201", Variant::Out,
+      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:200", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward__grad_input, false, -1, {}},
-      {"hardswish", "specs/nn.yaml:208", Variant::Functional,
+      {"hardswish", "specs/nn.yaml:207", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish, false, -1, {}},
-      {"hardswish_", "specs/nn.yaml:208", Variant::Inplace,
+      {"hardswish_", "specs/nn.yaml:207", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_, false, -1, {}},
-      {"hardswish.out", "specs/nn.yaml:208", Variant::Out,
+      {"hardswish.out", "specs/nn.yaml:207", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish__out, false, -1, {}},
-      {"hardswish_backward", "specs/nn.yaml:213", Variant::Functional,
+      {"hardswish_backward", "specs/nn.yaml:212", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward, false, -1, {}},
-      {"hardswish_backward.out", "specs/nn.yaml:213", Variant::Out,
+      {"hardswish_backward.out", "specs/nn.yaml:212", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward__out, false, -1, {}},
-      {"mish", "specs/nn.yaml:217", Variant::Functional,
+      {"mish", "specs/nn.yaml:216", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish, false, -1, {}},
-      {"mish_", "specs/nn.yaml:217", Variant::Inplace,
+      {"mish_", "specs/nn.yaml:216", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish_, false, -1, {}},
-      {"mish.out", "specs/nn.yaml:217", Variant::Out,
+      {"mish.out", "specs/nn.yaml:216", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish__out, false, -1, {}},
-      {"glu", "specs/nn.yaml:223", Variant::Functional,
+      {"glu", "specs/nn.yaml:222", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu, false, -1, {}},
-      {"glu.out", "specs/nn.yaml:223", Variant::Out,
+      {"glu.out", "specs/nn.yaml:222", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu__out, false, -1, {}},
-      {"glu_backward", "specs/nn.yaml:228", Variant::Functional,
+      {"glu_backward", "specs/nn.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward, false, -1, {}},
-      {"glu_backward.grad_input", "specs/nn.yaml:228", Variant::Out,
+      {"glu_backward.grad_input", "specs/nn.yaml:227", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward__grad_input, false, -1, {}},
-      {"_prelu_kernel", "specs/nn.yaml:234", Variant::Functional,
+      {"_prelu_kernel", "specs/nn.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel, false, -1, {}},
-      {"_prelu_kernel_backward", "specs/nn.yaml:239", Variant::Functional,
+      {"_prelu_kernel_backward", "specs/nn.yaml:238", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel_backward, false, -1, {}},
-      {"channel_shuffle", "specs/nn.yaml:243", Variant::Functional,
+      {"channel_shuffle", "specs/nn.yaml:242", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle, false, -1, {}},
-      {"channel_shuffle.out", "specs/nn.yaml:243", Variant::Out,
+      {"channel_shuffle.out", "specs/nn.yaml:242", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle__out, false, -1, {}},
-      {"rrelu_with_noise_functional", "specs/nn.yaml:249", Variant::Functional,
+      {"rrelu_with_noise_functional", "specs/nn.yaml:248", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_functional, false, -1, {}},
-      {"rrelu_with_noise", "specs/nn.yaml:249", Variant::Inplace,
+      {"rrelu_with_noise", "specs/nn.yaml:248", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {1},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise, false, -1, {}},
-      {"rrelu_with_noise_backward", "specs/nn.yaml:257", Variant::Functional,
+      {"rrelu_with_noise_backward", "specs/nn.yaml:256", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward, false, -1, {}},
-      {"rrelu_with_noise_backward.out", "specs/nn.yaml:257", Variant::Out,
+      {"rrelu_with_noise_backward.out", "specs/nn.yaml:256", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward__out, false, -1, {}},
-      {"multi_margin_loss", "specs/nn.yaml:262", Variant::Functional,
+      {"multi_margin_loss", "specs/nn.yaml:261", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss, false, -1, {}},
-      {"multi_margin_loss.out", "specs/nn.yaml:262", Variant::Out,
+      {"multi_margin_loss.out", "specs/nn.yaml:261", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 4}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss__out, false, -1, {}},
-      {"multi_margin_loss_backward", "specs/nn.yaml:269", Variant::Functional,
+      {"multi_margin_loss_backward", "specs/nn.yaml:268", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 5}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward, false, -1, {}},
-      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:269", Variant::Out,
+      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:268", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 5}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward__grad_input, false, -1, {}},
-      {"multilabel_margin_loss_forward", "specs/nn.yaml:275", Variant::Functional,
+      {"multilabel_margin_loss_forward", "specs/nn.yaml:274", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward, false, -1, {}},
-      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:275", Variant::Out,
+      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:274", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward__output, false, -1, {}},
-      {"multilabel_margin_loss_backward", "specs/nn.yaml:281", Variant::Functional,
+      {"multilabel_margin_loss_backward", "specs/nn.yaml:280", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_backward, false, -1, {}},
-      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:281", Variant::Out,
+      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:280", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
@@ -6543,377 +6833,397 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices, false, -1, {}},
-      {"max_pool2d_with_indices_backward", "specs/pooling.yaml:15", Variant::Functional,
+      {"max_pool2d_with_indices.out", "specs/pooling.yaml:9", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {6, 7},
+       {6, 7}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices__out, false, -1, {}},
+      {"max_pool2d_with_indices_backward", "specs/pooling.yaml:14", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices_backward, false, -1, {}},
-      {"max_pool2d_with_indices_backward.grad_input", "specs/pooling.yaml:15", Variant::Out,
+      {"max_pool2d_with_indices_backward.grad_input", "specs/pooling.yaml:14", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool2d_with_indices_backward__grad_input, false, -1, {}},
-      {"max_pool3d_with_indices", "specs/pooling.yaml:21", Variant::Functional,
+      {"max_pool3d_with_indices", "specs/pooling.yaml:20", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices, false, -1, {}},
-      {"max_pool3d_with_indices_backward", "specs/pooling.yaml:27", Variant::Functional,
+      {"max_pool3d_with_indices.out", "specs/pooling.yaml:20", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {6, 7},
+       {6, 7}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices__out, false, -1, {}},
+      {"max_pool3d_with_indices_backward", "specs/pooling.yaml:25", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward, false, -1, {}},
-      {"max_pool3d_with_indices_backward.grad_input", "specs/pooling.yaml:27", Variant::Out,
+      {"max_pool3d_with_indices_backward.grad_input", "specs/pooling.yaml:25", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward__grad_input, false, -1, {}},
-      {"max_unpool2d", "specs/pooling.yaml:34", Variant::Functional,
+      {"max_unpool2d", "specs/pooling.yaml:32", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool2d, false, -1, {}},
-      {"max_unpool2d.out", "specs/pooling.yaml:34", Variant::Out,
+      {"max_unpool2d.out", "specs/pooling.yaml:32", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool2d__out, false, -1, {}},
-      {"max_unpool3d", "specs/pooling.yaml:40", Variant::Functional,
+      {"max_unpool3d", "specs/pooling.yaml:38", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool3d, false, -1, {}},
-      {"max_unpool3d.out", "specs/pooling.yaml:40", Variant::Out,
+      {"max_unpool3d.out", "specs/pooling.yaml:38", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool3d__out, false, -1, {}},
-      {"im2col", "specs/pooling.yaml:48", Variant::Functional,
+      {"im2col", "specs/pooling.yaml:46", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_im2col, false, -1, {}},
-      {"im2col.out", "specs/pooling.yaml:48", Variant::Out,
+      {"im2col.out", "specs/pooling.yaml:46", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_im2col__out, false, -1, {}},
-      {"col2im", "specs/pooling.yaml:53", Variant::Functional,
+      {"col2im", "specs/pooling.yaml:51", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_col2im, false, -1, {}},
-      {"col2im.out", "specs/pooling.yaml:53", Variant::Out,
+      {"col2im.out", "specs/pooling.yaml:51", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_col2im__out, false, -1, {}},
-      {"avg_pool2d", "specs/pooling.yaml:59", Variant::Functional,
+      {"avg_pool2d", "specs/pooling.yaml:57", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d, false, -1, {}},
-      {"avg_pool2d.out", "specs/pooling.yaml:59", Variant::Out,
+      {"avg_pool2d.out", "specs/pooling.yaml:57", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d__out, false, -1, {}},
-      {"avg_pool2d_backward", "specs/pooling.yaml:64", Variant::Functional,
+      {"avg_pool2d_backward", "specs/pooling.yaml:62", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward, false, -1, {}},
-      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:64", Variant::Out,
+      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:62", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward__grad_input, false, -1, {}},
-      {"avg_pool3d", "specs/pooling.yaml:69", Variant::Functional,
+      {"avg_pool3d", "specs/pooling.yaml:67", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d, false, -1, {}},
-      {"avg_pool3d.out", "specs/pooling.yaml:69", Variant::Out,
+      {"avg_pool3d.out", "specs/pooling.yaml:67", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d__out, false, -1, {}},
-      {"avg_pool3d_backward", "specs/pooling.yaml:74", Variant::Functional,
+      {"avg_pool3d_backward", "specs/pooling.yaml:72", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward, false, -1, {}},
-      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:74", Variant::Out,
+      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:72", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward__grad_input, false, -1, {}},
-      {"_adaptive_avg_pool2d", "specs/pooling.yaml:78", Variant::Functional,
+      {"_adaptive_avg_pool2d", "specs/pooling.yaml:76", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d, false, -1, {}},
-      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:78", Variant::Out,
+      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:76", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d__out, false, -1, {}},
-      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:83", Variant::Functional,
+      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:81", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward, false, -1, {}},
-      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:83", Variant::Out,
+      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:81", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward__out, false, -1, {}},
-      {"_adaptive_avg_pool3d", "specs/pooling.yaml:90", Variant::Functional,
+      {"_adaptive_avg_pool3d", "specs/pooling.yaml:88", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d, false, -1, {}},
-      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:90", Variant::Out,
+      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:88", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d__out, false, -1, {}},
-      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:95", Variant::Functional,
+      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:93", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward, false, -1, {}},
-      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:95", Variant::Out,
+      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:93", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward__out, false, -1, {}},
-      {"adaptive_max_pool2d", "specs/pooling.yaml:99", Variant::Functional,
+      {"adaptive_max_pool2d", "specs/pooling.yaml:97", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d, false, -1, {}},
-      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:105", Variant::Functional,
+      {"adaptive_max_pool2d.out", "specs/pooling.yaml:97", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {2, 3},
+       {2, 3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d__out, false, -1, {}},
+      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:102", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward, false, -1, {}},
-      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:105", Variant::Out,
+      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:102", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward__grad_input, false, -1, {}},
-      {"adaptive_max_pool3d", "specs/pooling.yaml:111", Variant::Functional,
+      {"adaptive_max_pool3d", "specs/pooling.yaml:108", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d, false, -1, {}},
-      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:117", Variant::Functional,
+      {"adaptive_max_pool3d.out", "specs/pooling.yaml:108", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Common, {2, 3},
+       {2, 3}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d__out, false, -1, {}},
+      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:113", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward, false, -1, {}},
-      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:117", Variant::Out,
+      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:113", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward__grad_input, false, -1, {}},
-      {"upsample_nearest1d", "specs/pooling.yaml:124", Variant::Functional,
+      {"upsample_nearest1d", "specs/pooling.yaml:120", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d, false, -1, {}},
-      {"upsample_nearest1d.out", "specs/pooling.yaml:124", Variant::Out,
+      {"upsample_nearest1d.out", "specs/pooling.yaml:120", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d__out, false, -1, {}},
-      {"upsample_nearest1d_backward", "specs/pooling.yaml:129", Variant::Functional,
+      {"upsample_nearest1d_backward", "specs/pooling.yaml:125", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward, false, -1, {}},
-      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:129", Variant::Out,
+      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:125", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward__grad_input, false, -1, {}},
-      {"upsample_nearest2d", "specs/pooling.yaml:133", Variant::Functional,
+      {"upsample_nearest2d", "specs/pooling.yaml:129", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d, false, -1, {}},
-      {"upsample_nearest2d.out", "specs/pooling.yaml:133", Variant::Out,
+      {"upsample_nearest2d.out", "specs/pooling.yaml:129", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d__out, false, -1, {}},
-      {"upsample_nearest2d_backward", "specs/pooling.yaml:138", Variant::Functional,
+      {"upsample_nearest2d_backward", "specs/pooling.yaml:134", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward, false, -1, {}},
-      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:138", Variant::Out,
+      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:134", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward__grad_input, false, -1, {}},
-      {"upsample_nearest3d", "specs/pooling.yaml:142", Variant::Functional,
+      {"upsample_nearest3d", "specs/pooling.yaml:138", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d, false, -1, {}},
-      {"upsample_nearest3d.out", "specs/pooling.yaml:142", Variant::Out,
+      {"upsample_nearest3d.out", "specs/pooling.yaml:138", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d__out, false, -1, {}},
-      {"upsample_nearest3d_backward", "specs/pooling.yaml:146", Variant::Functional,
+      {"upsample_nearest3d_backward", "specs/pooling.yaml:142", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward, false, -1, {}},
-      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:146", Variant::Out,
+      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:142", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward__grad_input, false, -1, {}},
-      {"_upsample_nearest_exact1d", "specs/pooling.yaml:150", Variant::Functional,
+      {"_upsample_nearest_exact1d", "specs/pooling.yaml:146", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d, false, -1, {}},
-      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:150", Variant::Out,
+      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:146", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d__out, false, -1, {}},
-      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:155", Variant::Functional,
+      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:151", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward, false, -1, {}},
-      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:155", Variant::Out,
+      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:151", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward__grad_input, false, -1, {}},
-      {"_upsample_nearest_exact2d", "specs/pooling.yaml:159", Variant::Functional,
+      {"_upsample_nearest_exact2d", "specs/pooling.yaml:155", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d, false, -1, {}},
-      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:159", Variant::Out,
+      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:155", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d__out, false, -1, {}},
-      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:163", Variant::Functional,
+      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:159", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward, false, -1, {}},
-      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:163", Variant::Out,
+      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:159", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward__grad_input, false, -1, {}},
-      {"_upsample_nearest_exact3d", "specs/pooling.yaml:167", Variant::Functional,
+      {"_upsample_nearest_exact3d", "specs/pooling.yaml:163", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d, false, -1, {}},
-      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:167", Variant::Out,
+      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:163", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d__out, false, -1, {}},
-      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:171", Variant::Functional,
+      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:167", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward, false, -1, {}},
-      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:171", Variant::Out,
+      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:167", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward__grad_input, false, -1, {}},
-      {"upsample_linear1d", "specs/pooling.yaml:179", Variant::Functional,
+      {"upsample_linear1d", "specs/pooling.yaml:175", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d, false, -1, {}},
-      {"upsample_linear1d.out", "specs/pooling.yaml:179", Variant::Out,
+      {"upsample_linear1d.out", "specs/pooling.yaml:175", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d__out, false, -1, {}},
-      {"upsample_linear1d_backward", "specs/pooling.yaml:184", Variant::Functional,
+      {"upsample_linear1d_backward", "specs/pooling.yaml:180", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward, false, -1, {}},
-      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:184", Variant::Out,
+      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:180", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward__grad_input, false, -1, {}},
-      {"upsample_bilinear2d", "specs/pooling.yaml:188", Variant::Functional,
+      {"upsample_bilinear2d", "specs/pooling.yaml:184", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d, false, -1, {}},
-      {"upsample_bilinear2d.out", "specs/pooling.yaml:188", Variant::Out,
+      {"upsample_bilinear2d.out", "specs/pooling.yaml:184", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d__out, false, -1, {}},
-      {"upsample_bilinear2d_backward", "specs/pooling.yaml:193", Variant::Functional,
+      {"upsample_bilinear2d_backward", "specs/pooling.yaml:189", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward, false, -1, {}},
-      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:193", Variant::Out,
+      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:189", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward__grad_input, false, -1, {}},
-      {"upsample_bicubic2d", "specs/pooling.yaml:199", Variant::Functional,
+      {"upsample_bicubic2d", "specs/pooling.yaml:195", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d, false, -1, {}},
-      {"upsample_bicubic2d.out", "specs/pooling.yaml:199", Variant::Out,
+      {"upsample_bicubic2d.out", "specs/pooling.yaml:195", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d__out, false, -1, {}},
-      {"upsample_bicubic2d_backward", "specs/pooling.yaml:204", Variant::Functional,
+      {"upsample_bicubic2d_backward", "specs/pooling.yaml:200", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d_backward, false, -1, {}},
-      {"upsample_bicubic2d_backward.grad_input", "specs/pooling.yaml:204", Variant::Out,
+      {"upsample_bicubic2d_backward.grad_input", "specs/pooling.yaml:200", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d_backward__grad_input, false, -1, {}},
-      {"upsample_trilinear3d", "specs/pooling.yaml:208", Variant::Functional,
+      {"upsample_trilinear3d", "specs/pooling.yaml:204", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d, false, -1, {}},
-      {"upsample_trilinear3d.out", "specs/pooling.yaml:208", Variant::Out,
+      {"upsample_trilinear3d.out", "specs/pooling.yaml:204", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d__out, false, -1, {}},
-      {"upsample_trilinear3d_backward", "specs/pooling.yaml:213", Variant::Functional,
+      {"upsample_trilinear3d_backward", "specs/pooling.yaml:209", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward, false, -1, {}},
-      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:213", Variant::Out,
+      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:209", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
@@ -7003,117 +7313,132 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random__to_out, false, -1, {}},
-      {"randperm.generator", "specs/random.yaml:44", Variant::Functional,
+      {"random", "specs/random.yaml:44", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Generator},
+       {}, Compute::Output, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random, false, -1, {}},
+      {"random_", "specs/random.yaml:44", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Generator},
+       {}, Compute::Output, {0},
+       {0}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random_, false, -1, {}},
+      {"random.out", "specs/random.yaml:44", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Generator, ArgKind::Tensor},
+       {}, Compute::Output, {2},
+       {2}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_random__out, false, -1, {}},
+      {"randperm.generator", "specs/random.yaml:51", Variant::Functional,
        {ArgKind::Attr, ArgKind::Generator, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_randperm__generator, false, -1, {}},
-      {"randperm.generator_out", "specs/random.yaml:44", Variant::Out,
+      {"randperm.generator_out", "specs/random.yaml:51", Variant::Out,
        {ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_randperm__generator_out, false, -1, {}},
-      {"exponential", "specs/random.yaml:50", Variant::Functional,
+      {"exponential", "specs/random.yaml:57", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_exponential, false, -1, {}},
-      {"exponential_", "specs/random.yaml:50", Variant::Inplace,
+      {"exponential_", "specs/random.yaml:57", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_exponential_, false, -1, {}},
-      {"exponential.out", "specs/random.yaml:50", Variant::Out,
+      {"exponential.out", "specs/random.yaml:57", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_exponential__out, false, -1, {}},
-      {"cauchy", "specs/random.yaml:57", Variant::Functional,
+      {"cauchy", "specs/random.yaml:64", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Generator},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cauchy, false, -1, {}},
-      {"cauchy_", "specs/random.yaml:57", Variant::Inplace,
+      {"cauchy_", "specs/random.yaml:64", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Generator},
        {0, 1, 2}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cauchy_, false, -1, {}},
-      {"cauchy.out", "specs/random.yaml:57", Variant::Out,
+      {"cauchy.out", "specs/random.yaml:64", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Generator, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_cauchy__out, false, -1, {}},
-      {"geometric", "specs/random.yaml:65", Variant::Functional,
+      {"geometric", "specs/random.yaml:72", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_geometric, false, -1, {}},
-      {"geometric_", "specs/random.yaml:65", Variant::Inplace,
+      {"geometric_", "specs/random.yaml:72", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_geometric_, false, -1, {}},
-      {"geometric.out", "specs/random.yaml:65", Variant::Out,
+      {"geometric.out", "specs/random.yaml:72", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Generator, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_geometric__out, false, -1, {}},
-      {"log_normal", "specs/random.yaml:72", Variant::Functional,
+      {"log_normal", "specs/random.yaml:79", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_normal, false, -1, {}},
-      {"log_normal_", "specs/random.yaml:72", Variant::Inplace,
+      {"log_normal_", "specs/random.yaml:79", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_normal_, false, -1, {}},
-      {"log_normal.out", "specs/random.yaml:72", Variant::Out,
+      {"log_normal.out", "specs/random.yaml:79", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
        {0}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_normal__out, false, -1, {}},
-      {"normal.Tensor_Tensor", "specs/random.yaml:78", Variant::Functional,
+      {"normal.Tensor_Tensor", "specs/random.yaml:85", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_Tensor, false, -1, {}},
-      {"normal.Tensor_Tensor_out", "specs/random.yaml:78", Variant::Out,
+      {"normal.Tensor_Tensor_out", "specs/random.yaml:85", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_Tensor_out, false, -1, {}},
-      {"normal.Tensor_float", "specs/random.yaml:82", Variant::Functional,
+      {"normal.Tensor_float", "specs/random.yaml:89", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_float, false, -1, {}},
-      {"normal.Tensor_float_out", "specs/random.yaml:82", Variant::Out,
+      {"normal.Tensor_float_out", "specs/random.yaml:89", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Generator, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_normal__Tensor_float_out, false, -1, {}},
-      {"normal.float_Tensor", "specs/random.yaml:86", Variant::Functional,
+      {"normal.float_Tensor", "specs/random.yaml:93", Variant::Functional,
        {ArgKind::Attr, ArgKind::Tensor, ArgKind::Generator},
        {1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_normal__float_Tensor, false, -1, {}},
-      {"normal.float_Tensor_out", "specs/random.yaml:86", Variant::Out,
+      {"normal.float_Tensor_out", "specs/random.yaml:93", Variant::Out,
        {ArgKind::Attr, ArgKind::Tensor, ArgKind::Generator, ArgKind::Tensor},
        {1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_normal__float_Tensor_out, false, -1, {}},
-      {"bernoulli.Tensor", "specs/random.yaml:91", Variant::Functional,
+      {"bernoulli.Tensor", "specs/random.yaml:98", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_bernoulli__Tensor, false, -1, {}},
-      {"bernoulli_.Tensor", "specs/random.yaml:91", Variant::Inplace,
+      {"bernoulli_.Tensor", "specs/random.yaml:98", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_bernoulli___Tensor, false, -1, {}},
-      {"bernoulli.Tensor_out", "specs/random.yaml:91", Variant::Out,
+      {"bernoulli.Tensor_out", "specs/random.yaml:98", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Generator, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
@@ -7223,242 +7548,297 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max__dim, false, -1, {}},
-      {"min.dim", "specs/reduction.yaml:77", Variant::Functional,
+      {"max.dim_max", "specs/reduction.yaml:70", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {3, 4},
+       {3, 4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max__dim_max, false, -1, {}},
+      {"min.dim", "specs/reduction.yaml:76", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min__dim, false, -1, {}},
-      {"argmax", "specs/reduction.yaml:85", Variant::Functional,
+      {"min.dim_min", "specs/reduction.yaml:76", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {3, 4},
+       {3, 4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_min__dim_min, false, -1, {}},
+      {"argmax", "specs/reduction.yaml:83", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmax, false, -1, {}},
-      {"argmax.out", "specs/reduction.yaml:85", Variant::Out,
+      {"argmax.out", "specs/reduction.yaml:83", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmax__out, false, -1, {}},
-      {"argmin", "specs/reduction.yaml:93", Variant::Functional,
+      {"argmin", "specs/reduction.yaml:91", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmin, false, -1, {}},
-      {"argmin.out", "specs/reduction.yaml:93", Variant::Out,
+      {"argmin.out", "specs/reduction.yaml:91", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_argmin__out, false, -1, {}},
-      {"any", "specs/reduction.yaml:102", Variant::Functional,
+      {"any", "specs/reduction.yaml:100", Variant::Functional,
        {ArgKind::Tensor},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any, false, -1, {}},
-      {"any.all_out", "specs/reduction.yaml:102", Variant::Out,
+      {"any.all_out", "specs/reduction.yaml:100", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__all_out, false, -1, {}},
-      {"any.dim", "specs/reduction.yaml:109", Variant::Functional,
+      {"any.dim", "specs/reduction.yaml:107", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dim, false, -1, {}},
-      {"any.out", "specs/reduction.yaml:109", Variant::Out,
+      {"any.out", "specs/reduction.yaml:107", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__out, false, -1, {}},
-      {"any.dims", "specs/reduction.yaml:117", Variant::Functional,
+      {"any.dims", "specs/reduction.yaml:115", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dims, false, -1, {}},
-      {"any.dims_out", "specs/reduction.yaml:117", Variant::Out,
+      {"any.dims_out", "specs/reduction.yaml:115", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_any__dims_out, false, -1, {}},
-      {"all", "specs/reduction.yaml:125", Variant::Functional,
+      {"all", "specs/reduction.yaml:123", Variant::Functional,
        {ArgKind::Tensor},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all, false, -1, {}},
-      {"all.all_out", "specs/reduction.yaml:125", Variant::Out,
+      {"all.all_out", "specs/reduction.yaml:123", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__all_out, false, -1, {}},
-      {"all.dim", "specs/reduction.yaml:132", Variant::Functional,
+      {"all.dim", "specs/reduction.yaml:130", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dim, false, -1, {}},
-      {"all.out", "specs/reduction.yaml:132", Variant::Out,
+      {"all.out", "specs/reduction.yaml:130", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__out, false, -1, {}},
-      {"all.dims", "specs/reduction.yaml:139", Variant::Functional,
+      {"all.dims", "specs/reduction.yaml:137", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dims, false, -1, {}},
-      {"all.dims_out", "specs/reduction.yaml:139", Variant::Out,
+      {"all.dims_out", "specs/reduction.yaml:137", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dims_out, false, -1, {}},
-      {"var.correction", "specs/reduction.yaml:148", Variant::Functional,
+      {"var.correction", "specs/reduction.yaml:146", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction, false, -1, {}},
-      {"var.correction_out", "specs/reduction.yaml:148", Variant::Out,
+      {"var.correction_out", "specs/reduction.yaml:146", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction_out, false, -1, {}},
-      {"std.correction", "specs/reduction.yaml:156", Variant::Functional,
+      {"std.correction", "specs/reduction.yaml:154", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction, false, -1, {}},
-      {"std.correction_out", "specs/reduction.yaml:156", Variant::Out,
+      {"std.correction_out", "specs/reduction.yaml:154", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction_out, false, -1, {}},
-      {"var_mean.correction", "specs/reduction.yaml:164", Variant::Functional,
+      {"var_mean.correction", "specs/reduction.yaml:162", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var_mean__correction, false, -1, {}},
-      {"std_mean.correction", "specs/reduction.yaml:172", Variant::Functional,
+      {"var_mean.correction_out", "specs/reduction.yaml:162", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Output, {4, 5},
+       {4, 5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_var_mean__correction_out, false, -1, {}},
+      {"std_mean.correction", "specs/reduction.yaml:169", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std_mean__correction, false, -1, {}},
-      {"logsumexp", "specs/reduction.yaml:181", Variant::Functional,
+      {"std_mean.correction_out", "specs/reduction.yaml:169", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 2}, Compute::Output, {4, 5},
+       {4, 5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_std_mean__correction_out, false, -1, {}},
+      {"logsumexp", "specs/reduction.yaml:177", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp, false, -1, {}},
-      {"logsumexp.out", "specs/reduction.yaml:181", Variant::Out,
+      {"logsumexp.out", "specs/reduction.yaml:177", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp__out, false, -1, {}},
-      {"linalg_vector_norm", "specs/reduction.yaml:189", Variant::Functional,
+      {"linalg_vector_norm", "specs/reduction.yaml:185", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm, false, -1, {}},
-      {"linalg_vector_norm.out", "specs/reduction.yaml:189", Variant::Out,
+      {"linalg_vector_norm.out", "specs/reduction.yaml:185", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm__out, false, -1, {}},
-      {"cumsum", "specs/reduction.yaml:198", Variant::Functional,
+      {"cumsum", "specs/reduction.yaml:194", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum, false, -1, {}},
-      {"cumsum_", "specs/reduction.yaml:198", Variant::Inplace,
+      {"cumsum_", "specs/reduction.yaml:194", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum_, false, -1, {}},
-      {"cumsum.out", "specs/reduction.yaml:198", Variant::Out,
+      {"cumsum.out", "specs/reduction.yaml:194", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum__out, false, -1, {}},
-      {"cumprod", "specs/reduction.yaml:204", Variant::Functional,
+      {"cumprod", "specs/reduction.yaml:200", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod, false, -1, {}},
-      {"cumprod_", "specs/reduction.yaml:204", Variant::Inplace,
+      {"cumprod_", "specs/reduction.yaml:200", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod_, false, -1, {}},
-      {"cumprod.out", "specs/reduction.yaml:204", Variant::Out,
+      {"cumprod.out", "specs/reduction.yaml:200", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod__out, false, -1, {}},
-      {"sort.stable", "specs/reduction.yaml:216", Variant::Functional,
+      {"sort.stable", "specs/reduction.yaml:212", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sort__stable, false, -1, {}},
-      {"topk", "specs/reduction.yaml:223", Variant::Functional,
+      {"sort.values_stable", "specs/reduction.yaml:212", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {4, 5},
+       {4, 5}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sort__values_stable, false, -1, {}},
+      {"topk", "specs/reduction.yaml:218", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_topk, false, -1, {}},
-      {"cummax", "specs/reduction.yaml:233", Variant::Functional,
+      {"topk.values", "specs/reduction.yaml:218", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {5, 6},
+       {5, 6}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_topk__values, false, -1, {}},
+      {"cummax", "specs/reduction.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummax, false, -1, {}},
-      {"cummin", "specs/reduction.yaml:240", Variant::Functional,
+      {"cummax.out", "specs/reduction.yaml:227", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {2, 3},
+       {2, 3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummax__out, false, -1, {}},
+      {"cummin", "specs/reduction.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummin, false, -1, {}},
-      {"_logcumsumexp", "specs/reduction.yaml:248", Variant::Functional,
+      {"cummin.out", "specs/reduction.yaml:233", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {2, 3},
+       {2, 3}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummin__out, false, -1, {}},
+      {"_logcumsumexp", "specs/reduction.yaml:240", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp, false, -1, {}},
-      {"_logcumsumexp.out", "specs/reduction.yaml:248", Variant::Out,
+      {"_logcumsumexp.out", "specs/reduction.yaml:240", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp__out, false, -1, {}},
-      {"kthvalue", "specs/reduction.yaml:257", Variant::Functional,
+      {"kthvalue", "specs/reduction.yaml:249", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_kthvalue, false, -1, {}},
-      {"median", "specs/reduction.yaml:264", Variant::Functional,
+      {"kthvalue.values", "specs/reduction.yaml:249", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {4, 5},
+       {4, 5}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_kthvalue__values, false, -1, {}},
+      {"median", "specs/reduction.yaml:255", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median, false, -1, {}},
-      {"median.out", "specs/reduction.yaml:264", Variant::Out,
+      {"median.out", "specs/reduction.yaml:255", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__out, false, -1, {}},
-      {"median.dim", "specs/reduction.yaml:270", Variant::Functional,
+      {"median.dim", "specs/reduction.yaml:261", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__dim, false, -1, {}},
-      {"nanmedian", "specs/reduction.yaml:276", Variant::Functional,
+      {"median.dim_values", "specs/reduction.yaml:261", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {3, 4},
+       {3, 4}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__dim_values, false, -1, {}},
+      {"nanmedian", "specs/reduction.yaml:266", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian, false, -1, {}},
-      {"nanmedian.out", "specs/reduction.yaml:276", Variant::Out,
+      {"nanmedian.out", "specs/reduction.yaml:266", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__out, false, -1, {}},
-      {"nanmedian.dim", "specs/reduction.yaml:282", Variant::Functional,
+      {"nanmedian.dim", "specs/reduction.yaml:272", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__dim, false, -1, {}},
-      {"trace", "specs/reduction.yaml:289", Variant::Functional,
+      {"nanmedian.dim_values", "specs/reduction.yaml:272", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {3, 4},
+       {3, 4}, false, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__dim_values, false, -1, {}},
+      {"trace", "specs/reduction.yaml:278", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trace, false, -1, {}},
-      {"trace.out", "specs/reduction.yaml:289", Variant::Out,
+      {"trace.out", "specs/reduction.yaml:278", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
@@ -7808,922 +8188,927 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_digamma__out, false, -1, {}},
-      {"special_zeta", "specs/special.yaml:54", Variant::Functional,
+      {"special_zeta", "specs/special.yaml:50", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta, false, -1, {}},
-      {"special_zeta.out", "specs/special.yaml:54", Variant::Out,
+      {"special_zeta.out", "specs/special.yaml:50", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__out, false, -1, {}},
-      {"special_i1e", "specs/special.yaml:60", Variant::Functional,
+      {"special_i1e", "specs/special.yaml:56", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1e, false, -1, {}},
-      {"special_i1e.out", "specs/special.yaml:60", Variant::Out,
+      {"special_i1e.out", "specs/special.yaml:56", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1e__out, false, -1, {}},
-      {"special_i1", "specs/special.yaml:66", Variant::Functional,
+      {"special_i1", "specs/special.yaml:62", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1, false, -1, {}},
-      {"special_i1.out", "specs/special.yaml:66", Variant::Out,
+      {"special_i1.out", "specs/special.yaml:62", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i1__out, false, -1, {}},
-      {"special_ndtri", "specs/special.yaml:73", Variant::Functional,
+      {"special_ndtri", "specs/special.yaml:69", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_ndtri, false, -1, {}},
-      {"special_ndtri.out", "specs/special.yaml:73", Variant::Out,
+      {"special_ndtri.out", "specs/special.yaml:69", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_ndtri__out, false, -1, {}},
-      {"special_log_ndtr", "specs/special.yaml:80", Variant::Functional,
+      {"special_log_ndtr", "specs/special.yaml:76", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_log_ndtr, false, -1, {}},
-      {"special_log_ndtr.out", "specs/special.yaml:80", Variant::Out,
+      {"special_log_ndtr.out", "specs/special.yaml:76", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_log_ndtr__out, false, -1, {}},
-      {"special_entr", "specs/special.yaml:87", Variant::Functional,
+      {"special_entr", "specs/special.yaml:83", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_entr, false, -1, {}},
-      {"special_entr.out", "specs/special.yaml:87", Variant::Out,
+      {"special_entr.out", "specs/special.yaml:83", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_entr__out, false, -1, {}},
-      {"special_xlog1py", "specs/special.yaml:95", Variant::Functional,
+      {"special_xlog1py", "specs/special.yaml:91", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py, false, -1, {}},
-      {"special_xlog1py.out", "specs/special.yaml:95", Variant::Out,
+      {"special_xlog1py.out", "specs/special.yaml:91", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__out, false, -1, {}},
-      {"exp2", "specs/special.yaml:103", Variant::Functional,
+      {"exp2", "specs/special.yaml:99", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_exp2, false, -1, {}},
-      {"exp2_", "specs/special.yaml:103", Variant::Inplace,
+      {"exp2_", "specs/special.yaml:99", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_exp2_, false, -1, {}},
-      {"exp2.out", "specs/special.yaml:103", Variant::Out,
+      {"exp2.out", "specs/special.yaml:99", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_exp2__out, false, -1, {}},
-      {"sinc", "specs/special.yaml:109", Variant::Functional,
+      {"sinc", "specs/special.yaml:105", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sinc, false, -1, {}},
-      {"sinc_", "specs/special.yaml:109", Variant::Inplace,
+      {"sinc_", "specs/special.yaml:105", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sinc_, false, -1, {}},
-      {"sinc.out", "specs/special.yaml:109", Variant::Out,
+      {"sinc.out", "specs/special.yaml:105", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_sinc__out, false, -1, {}},
-      {"nextafter", "specs/special.yaml:117", Variant::Functional,
+      {"nextafter", "specs/special.yaml:113", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_nextafter, false, -1, {}},
-      {"nextafter_", "specs/special.yaml:117", Variant::Inplace,
+      {"nextafter_", "specs/special.yaml:113", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float32", "float64"}, &emit_nextafter_, false, -1, {}},
-      {"nextafter.out", "specs/special.yaml:117", Variant::Out,
+      {"nextafter.out", "specs/special.yaml:113", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_nextafter__out, false, -1, {}},
-      {"angle", "specs/special.yaml:123", Variant::Functional,
+      {"angle", "specs/special.yaml:119", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_angle, false, -1, {}},
-      {"angle.out", "specs/special.yaml:123", Variant::Out,
+      {"angle.out", "specs/special.yaml:119", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_angle__out, false, -1, {}},
-      {"heaviside", "specs/special.yaml:129", Variant::Functional,
+      {"heaviside", "specs/special.yaml:125", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_heaviside, false, -1, {}},
-      {"heaviside_", "specs/special.yaml:129", Variant::Inplace,
+      {"heaviside_", "specs/special.yaml:125", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_heaviside_, false, -1, {}},
-      {"heaviside.out", "specs/special.yaml:129", Variant::Out,
+      {"heaviside.out", "specs/special.yaml:125", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_heaviside__out, false, -1, {}},
-      {"logaddexp", "specs/special.yaml:134", Variant::Functional,
+      {"logaddexp", "specs/special.yaml:130", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp, false, -1, {}},
-      {"logaddexp.out", "specs/special.yaml:134", Variant::Out,
+      {"logaddexp.out", "specs/special.yaml:130", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp__out, false, -1, {}},
-      {"logaddexp2", "specs/special.yaml:140", Variant::Functional,
+      {"logaddexp2", "specs/special.yaml:136", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp2, false, -1, {}},
-      {"logaddexp2.out", "specs/special.yaml:140", Variant::Out,
+      {"logaddexp2.out", "specs/special.yaml:136", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logaddexp2__out, false, -1, {}},
-      {"logit", "specs/special.yaml:147", Variant::Functional,
+      {"logit", "specs/special.yaml:143", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logit, false, -1, {}},
-      {"logit_", "specs/special.yaml:147", Variant::Inplace,
+      {"logit_", "specs/special.yaml:143", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logit_, false, -1, {}},
-      {"logit.out", "specs/special.yaml:147", Variant::Out,
+      {"logit.out", "specs/special.yaml:143", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logit__out, false, -1, {}},
-      {"logit_backward", "specs/special.yaml:153", Variant::Functional,
+      {"logit_backward", "specs/special.yaml:149", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logit_backward, false, -1, {}},
-      {"logit_backward.grad_input", "specs/special.yaml:153", Variant::Out,
+      {"logit_backward.grad_input", "specs/special.yaml:149", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logit_backward__grad_input, false, -1, {}},
-      {"hardshrink", "specs/special.yaml:160", Variant::Functional,
+      {"hardshrink", "specs/special.yaml:156", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink, false, -1, {}},
-      {"hardshrink.out", "specs/special.yaml:160", Variant::Out,
+      {"hardshrink.out", "specs/special.yaml:156", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink__out, false, -1, {}},
-      {"hardshrink_backward", "specs/special.yaml:165", Variant::Functional,
+      {"hardshrink_backward", "specs/special.yaml:161", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink_backward, false, -1, {}},
-      {"hardshrink_backward.grad_input", "specs/special.yaml:165", Variant::Out,
+      {"hardshrink_backward.grad_input", "specs/special.yaml:161", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardshrink_backward__grad_input, false, -1, {}},
-      {"softshrink", "specs/special.yaml:169", Variant::Functional,
+      {"softshrink", "specs/special.yaml:165", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink, false, -1, {}},
-      {"softshrink.out", "specs/special.yaml:169", Variant::Out,
+      {"softshrink.out", "specs/special.yaml:165", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink__out, false, -1, {}},
-      {"softshrink_backward", "specs/special.yaml:174", Variant::Functional,
+      {"softshrink_backward", "specs/special.yaml:170", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink_backward, false, -1, {}},
-      {"softshrink_backward.grad_input", "specs/special.yaml:174", Variant::Out,
+      {"softshrink_backward.grad_input", "specs/special.yaml:170", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softshrink_backward__grad_input, false, -1, {}},
-      {"hardsigmoid", "specs/special.yaml:178", Variant::Functional,
+      {"hardsigmoid", "specs/special.yaml:174", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid, false, -1, {}},
-      {"hardsigmoid_", "specs/special.yaml:178", Variant::Inplace,
+      {"hardsigmoid_", "specs/special.yaml:174", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid_, false, -1, {}},
-      {"hardsigmoid.out", "specs/special.yaml:178", Variant::Out,
+      {"hardsigmoid.out", "specs/special.yaml:174", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid__out, false, -1, {}},
-      {"hardsigmoid_backward", "specs/special.yaml:183", Variant::Functional,
+      {"hardsigmoid_backward", "specs/special.yaml:179", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid_backward, false, -1, {}},
-      {"hardsigmoid_backward.grad_input", "specs/special.yaml:183", Variant::Out,
+      {"hardsigmoid_backward.grad_input", "specs/special.yaml:179", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardsigmoid_backward__grad_input, false, -1, {}},
-      {"rsub.Tensor", "specs/special.yaml:189", Variant::Functional,
+      {"rsub.Tensor", "specs/special.yaml:185", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Tensor, false, -1, {}},
-      {"rsub.Tensor_out", "specs/special.yaml:189", Variant::Out,
+      {"rsub.Tensor_out", "specs/special.yaml:185", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Tensor_out, false, -1, {}},
-      {"rsub.Scalar", "specs/special.yaml:194", Variant::Functional,
+      {"rsub.Scalar", "specs/special.yaml:190", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Scalar, false, -1, {}},
-      {"rsub.Scalar_out", "specs/special.yaml:194", Variant::Out,
+      {"rsub.Scalar_out", "specs/special.yaml:190", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_rsub__Scalar_out, false, -1, {}},
-      {"nansum", "specs/special.yaml:199", Variant::Functional,
+      {"nansum", "specs/special.yaml:195", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nansum, false, -1, {}},
-      {"nansum.out", "specs/special.yaml:199", Variant::Out,
+      {"nansum.out", "specs/special.yaml:195", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nansum__out, false, -1, {}},
-      {"count_nonzero.dim_IntList", "specs/special.yaml:205", Variant::Functional,
+      {"count_nonzero.dim_IntList", "specs/special.yaml:201", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_count_nonzero__dim_IntList, false, -1, {}},
-      {"count_nonzero.dim_IntList_out", "specs/special.yaml:205", Variant::Out,
+      {"count_nonzero.dim_IntList_out", "specs/special.yaml:201", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {}, Compute::Output, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_count_nonzero__dim_IntList_out, false, -1, {}},
-      {"norm.ScalarOpt_dim", "specs/special.yaml:212", Variant::Functional,
+      {"norm.ScalarOpt_dim", "specs/special.yaml:208", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_norm__ScalarOpt_dim, false, -1, {}},
-      {"norm.out", "specs/special.yaml:212", Variant::Out,
+      {"norm.out", "specs/special.yaml:208", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_norm__out, false, -1, {}},
-      {"norm.ScalarOpt_dim_dtype", "specs/special.yaml:219", Variant::Functional,
+      {"norm.ScalarOpt_dim_dtype", "specs/special.yaml:215", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_norm__ScalarOpt_dim_dtype, false, -1, {}},
-      {"norm.dtype_out", "specs/special.yaml:219", Variant::Out,
+      {"norm.dtype_out", "specs/special.yaml:215", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_norm__dtype_out, false, -1, {}},
-      {"aminmax", "specs/special.yaml:226", Variant::Functional,
+      {"aminmax", "specs/special.yaml:222", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_aminmax, false, -1, {}},
-      {"logspace", "specs/special.yaml:233", Variant::Functional,
+      {"aminmax.out", "specs/special.yaml:222", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0}, Compute::Output, {3, 4},
+       {3, 4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_aminmax__out, false, -1, {}},
+      {"logspace", "specs/special.yaml:228", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Ignored, ArgKind::Attr, ArgKind::Ignored},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logspace, false, -1, {}},
-      {"logspace.out", "specs/special.yaml:233", Variant::Out,
+      {"logspace.out", "specs/special.yaml:228", Variant::Out,
        {ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logspace__out, false, -1, {}},
-      {"polygamma", "specs/special.yaml:244", Variant::Functional,
+      {"polygamma", "specs/special.yaml:239", Variant::Functional,
        {ArgKind::Attr, ArgKind::Tensor},
        {1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_polygamma, false, -1, {}},
-      {"polygamma.out", "specs/special.yaml:244", Variant::Out,
+      {"polygamma.out", "specs/special.yaml:239", Variant::Out,
        {ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_polygamma__out, false, -1, {}},
-      {"special_zeta.self_scalar", "specs/special.yaml:250", Variant::Functional,
+      {"special_zeta.self_scalar", "specs/special.yaml:245", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__self_scalar, false, -1, {}},
-      {"special_zeta.self_scalar_out", "specs/special.yaml:250", Variant::Out,
+      {"special_zeta.self_scalar_out", "specs/special.yaml:245", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__self_scalar_out, false, -1, {}},
-      {"special_zeta.other_scalar", "specs/special.yaml:255", Variant::Functional,
+      {"special_zeta.other_scalar", "specs/special.yaml:250", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__other_scalar, false, -1, {}},
-      {"special_zeta.other_scalar_out", "specs/special.yaml:255", Variant::Out,
+      {"special_zeta.other_scalar_out", "specs/special.yaml:250", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_zeta__other_scalar_out, false, -1, {}},
-      {"igamma", "specs/special.yaml:260", Variant::Functional,
+      {"igamma", "specs/special.yaml:255", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_igamma, false, -1, {}},
-      {"igamma_", "specs/special.yaml:260", Variant::Inplace,
+      {"igamma_", "specs/special.yaml:255", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_igamma_, false, -1, {}},
-      {"igamma.out", "specs/special.yaml:260", Variant::Out,
+      {"igamma.out", "specs/special.yaml:255", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_igamma__out, false, -1, {}},
-      {"igammac", "specs/special.yaml:266", Variant::Functional,
+      {"igammac", "specs/special.yaml:261", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_igammac, false, -1, {}},
-      {"igammac_", "specs/special.yaml:266", Variant::Inplace,
+      {"igammac_", "specs/special.yaml:261", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_igammac_, false, -1, {}},
-      {"igammac.out", "specs/special.yaml:266", Variant::Out,
+      {"igammac.out", "specs/special.yaml:261", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_igammac__out, false, -1, {}},
-      {"special_erfcx", "specs/special.yaml:274", Variant::Functional,
+      {"special_erfcx", "specs/special.yaml:269", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_erfcx, false, -1, {}},
-      {"special_erfcx.out", "specs/special.yaml:274", Variant::Out,
+      {"special_erfcx.out", "specs/special.yaml:269", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_erfcx__out, false, -1, {}},
-      {"special_xlog1py.self_scalar", "specs/special.yaml:287", Variant::Functional,
+      {"special_xlog1py.self_scalar", "specs/special.yaml:282", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__self_scalar, false, -1, {}},
-      {"special_xlog1py.self_scalar_out", "specs/special.yaml:287", Variant::Out,
+      {"special_xlog1py.self_scalar_out", "specs/special.yaml:282", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__self_scalar_out, false, -1, {}},
-      {"special_xlog1py.other_scalar", "specs/special.yaml:292", Variant::Functional,
+      {"special_xlog1py.other_scalar", "specs/special.yaml:287", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__other_scalar, false, -1, {}},
-      {"special_xlog1py.other_scalar_out", "specs/special.yaml:292", Variant::Out,
+      {"special_xlog1py.other_scalar_out", "specs/special.yaml:287", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__other_scalar_out, false, -1, {}},
-      {"i0", "specs/special.yaml:299", Variant::Functional,
+      {"i0", "specs/special.yaml:294", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_i0, false, -1, {}},
-      {"i0_", "specs/special.yaml:299", Variant::Inplace,
+      {"i0_", "specs/special.yaml:294", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_i0_, false, -1, {}},
-      {"i0.out", "specs/special.yaml:299", Variant::Out,
+      {"i0.out", "specs/special.yaml:294", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_i0__out, false, -1, {}},
-      {"special_i0e", "specs/special.yaml:305", Variant::Functional,
+      {"special_i0e", "specs/special.yaml:300", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i0e, false, -1, {}},
-      {"special_i0e.out", "specs/special.yaml:305", Variant::Out,
+      {"special_i0e.out", "specs/special.yaml:300", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i0e__out, false, -1, {}},
-      {"special_modified_bessel_i0", "specs/special.yaml:311", Variant::Functional,
+      {"special_modified_bessel_i0", "specs/special.yaml:306", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i0, false, -1, {}},
-      {"special_modified_bessel_i0.out", "specs/special.yaml:311", Variant::Out,
+      {"special_modified_bessel_i0.out", "specs/special.yaml:306", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i0__out, false, -1, {}},
-      {"special_modified_bessel_i1", "specs/special.yaml:317", Variant::Functional,
+      {"special_modified_bessel_i1", "specs/special.yaml:312", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i1, false, -1, {}},
-      {"special_modified_bessel_i1.out", "specs/special.yaml:317", Variant::Out,
+      {"special_modified_bessel_i1.out", "specs/special.yaml:312", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i1__out, false, -1, {}},
-      {"special_chebyshev_polynomial_t", "specs/special.yaml:326", Variant::Functional,
+      {"special_chebyshev_polynomial_t", "specs/special.yaml:321", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t, false, -1, {}},
-      {"special_chebyshev_polynomial_t.out", "specs/special.yaml:326", Variant::Out,
+      {"special_chebyshev_polynomial_t.out", "specs/special.yaml:321", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__out, false, -1, {}},
-      {"special_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:332", Variant::Functional,
+      {"special_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:327", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__x_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:332", Variant::Out,
+      {"special_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:327", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__x_scalar_out, false, -1, {}},
-      {"special_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:337", Variant::Functional,
+      {"special_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:332", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__n_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:337", Variant::Out,
+      {"special_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:332", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__n_scalar_out, false, -1, {}},
-      {"special_chebyshev_polynomial_u", "specs/special.yaml:342", Variant::Functional,
+      {"special_chebyshev_polynomial_u", "specs/special.yaml:337", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u, false, -1, {}},
-      {"special_chebyshev_polynomial_u.out", "specs/special.yaml:342", Variant::Out,
+      {"special_chebyshev_polynomial_u.out", "specs/special.yaml:337", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__out, false, -1, {}},
-      {"special_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:348", Variant::Functional,
+      {"special_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:343", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__x_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:348", Variant::Out,
+      {"special_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:343", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__x_scalar_out, false, -1, {}},
-      {"special_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:353", Variant::Functional,
+      {"special_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:348", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__n_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:353", Variant::Out,
+      {"special_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:348", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__n_scalar_out, false, -1, {}},
-      {"special_chebyshev_polynomial_v", "specs/special.yaml:358", Variant::Functional,
+      {"special_chebyshev_polynomial_v", "specs/special.yaml:353", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v, false, -1, {}},
-      {"special_chebyshev_polynomial_v.out", "specs/special.yaml:358", Variant::Out,
+      {"special_chebyshev_polynomial_v.out", "specs/special.yaml:353", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__out, false, -1, {}},
-      {"special_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:364", Variant::Functional,
+      {"special_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:359", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__x_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:364", Variant::Out,
+      {"special_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:359", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__x_scalar_out, false, -1, {}},
-      {"special_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:369", Variant::Functional,
+      {"special_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:364", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__n_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:369", Variant::Out,
+      {"special_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:364", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__n_scalar_out, false, -1, {}},
-      {"special_chebyshev_polynomial_w", "specs/special.yaml:374", Variant::Functional,
+      {"special_chebyshev_polynomial_w", "specs/special.yaml:369", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w, false, -1, {}},
-      {"special_chebyshev_polynomial_w.out", "specs/special.yaml:374", Variant::Out,
+      {"special_chebyshev_polynomial_w.out", "specs/special.yaml:369", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__out, false, -1, {}},
-      {"special_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:380", Variant::Functional,
+      {"special_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:375", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__x_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:380", Variant::Out,
+      {"special_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:375", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__x_scalar_out, false, -1, {}},
-      {"special_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:385", Variant::Functional,
+      {"special_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:380", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__n_scalar, false, -1, {}},
-      {"special_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:385", Variant::Out,
+      {"special_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:380", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__n_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_t", "specs/special.yaml:390", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_t", "specs/special.yaml:385", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_t.out", "specs/special.yaml:390", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_t.out", "specs/special.yaml:385", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:396", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:391", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__x_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:396", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:391", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__x_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:401", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:396", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__n_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:401", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:396", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__n_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_u", "specs/special.yaml:406", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_u", "specs/special.yaml:401", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_u.out", "specs/special.yaml:406", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_u.out", "specs/special.yaml:401", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:412", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:407", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__x_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:412", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:407", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__x_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:417", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:412", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__n_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:417", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:412", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__n_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_v", "specs/special.yaml:422", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_v", "specs/special.yaml:417", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_v.out", "specs/special.yaml:422", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_v.out", "specs/special.yaml:417", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:428", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:423", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__x_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:428", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:423", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__x_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:433", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:428", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__n_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:433", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:428", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__n_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_w", "specs/special.yaml:438", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_w", "specs/special.yaml:433", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_w.out", "specs/special.yaml:438", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_w.out", "specs/special.yaml:433", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:444", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:439", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__x_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:444", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:439", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__x_scalar_out, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:449", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:444", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__n_scalar, false, -1, {}},
-      {"special_shifted_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:449", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:444", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__n_scalar_out, false, -1, {}},
-      {"special_hermite_polynomial_h", "specs/special.yaml:454", Variant::Functional,
+      {"special_hermite_polynomial_h", "specs/special.yaml:449", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h, false, -1, {}},
-      {"special_hermite_polynomial_h.out", "specs/special.yaml:454", Variant::Out,
+      {"special_hermite_polynomial_h.out", "specs/special.yaml:449", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__out, false, -1, {}},
-      {"special_hermite_polynomial_h.x_scalar", "specs/special.yaml:460", Variant::Functional,
+      {"special_hermite_polynomial_h.x_scalar", "specs/special.yaml:455", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__x_scalar, false, -1, {}},
-      {"special_hermite_polynomial_h.x_scalar_out", "specs/special.yaml:460", Variant::Out,
+      {"special_hermite_polynomial_h.x_scalar_out", "specs/special.yaml:455", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__x_scalar_out, false, -1, {}},
-      {"special_hermite_polynomial_h.n_scalar", "specs/special.yaml:465", Variant::Functional,
+      {"special_hermite_polynomial_h.n_scalar", "specs/special.yaml:460", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__n_scalar, false, -1, {}},
-      {"special_hermite_polynomial_h.n_scalar_out", "specs/special.yaml:465", Variant::Out,
+      {"special_hermite_polynomial_h.n_scalar_out", "specs/special.yaml:460", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__n_scalar_out, false, -1, {}},
-      {"special_hermite_polynomial_he", "specs/special.yaml:470", Variant::Functional,
+      {"special_hermite_polynomial_he", "specs/special.yaml:465", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he, false, -1, {}},
-      {"special_hermite_polynomial_he.out", "specs/special.yaml:470", Variant::Out,
+      {"special_hermite_polynomial_he.out", "specs/special.yaml:465", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__out, false, -1, {}},
-      {"special_hermite_polynomial_he.x_scalar", "specs/special.yaml:476", Variant::Functional,
+      {"special_hermite_polynomial_he.x_scalar", "specs/special.yaml:471", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__x_scalar, false, -1, {}},
-      {"special_hermite_polynomial_he.x_scalar_out", "specs/special.yaml:476", Variant::Out,
+      {"special_hermite_polynomial_he.x_scalar_out", "specs/special.yaml:471", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__x_scalar_out, false, -1, {}},
-      {"special_hermite_polynomial_he.n_scalar", "specs/special.yaml:481", Variant::Functional,
+      {"special_hermite_polynomial_he.n_scalar", "specs/special.yaml:476", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__n_scalar, false, -1, {}},
-      {"special_hermite_polynomial_he.n_scalar_out", "specs/special.yaml:481", Variant::Out,
+      {"special_hermite_polynomial_he.n_scalar_out", "specs/special.yaml:476", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__n_scalar_out, false, -1, {}},
-      {"special_laguerre_polynomial_l", "specs/special.yaml:486", Variant::Functional,
+      {"special_laguerre_polynomial_l", "specs/special.yaml:481", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l, false, -1, {}},
-      {"special_laguerre_polynomial_l.out", "specs/special.yaml:486", Variant::Out,
+      {"special_laguerre_polynomial_l.out", "specs/special.yaml:481", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__out, false, -1, {}},
-      {"special_laguerre_polynomial_l.x_scalar", "specs/special.yaml:492", Variant::Functional,
+      {"special_laguerre_polynomial_l.x_scalar", "specs/special.yaml:487", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__x_scalar, false, -1, {}},
-      {"special_laguerre_polynomial_l.x_scalar_out", "specs/special.yaml:492", Variant::Out,
+      {"special_laguerre_polynomial_l.x_scalar_out", "specs/special.yaml:487", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__x_scalar_out, false, -1, {}},
-      {"special_laguerre_polynomial_l.n_scalar", "specs/special.yaml:497", Variant::Functional,
+      {"special_laguerre_polynomial_l.n_scalar", "specs/special.yaml:492", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__n_scalar, false, -1, {}},
-      {"special_laguerre_polynomial_l.n_scalar_out", "specs/special.yaml:497", Variant::Out,
+      {"special_laguerre_polynomial_l.n_scalar_out", "specs/special.yaml:492", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__n_scalar_out, false, -1, {}},
-      {"special_legendre_polynomial_p", "specs/special.yaml:502", Variant::Functional,
+      {"special_legendre_polynomial_p", "specs/special.yaml:497", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p, false, -1, {}},
-      {"special_legendre_polynomial_p.out", "specs/special.yaml:502", Variant::Out,
+      {"special_legendre_polynomial_p.out", "specs/special.yaml:497", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__out, false, -1, {}},
-      {"special_legendre_polynomial_p.x_scalar", "specs/special.yaml:508", Variant::Functional,
+      {"special_legendre_polynomial_p.x_scalar", "specs/special.yaml:503", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__x_scalar, false, -1, {}},
-      {"special_legendre_polynomial_p.x_scalar_out", "specs/special.yaml:508", Variant::Out,
+      {"special_legendre_polynomial_p.x_scalar_out", "specs/special.yaml:503", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__x_scalar_out, false, -1, {}},
-      {"special_legendre_polynomial_p.n_scalar", "specs/special.yaml:513", Variant::Functional,
+      {"special_legendre_polynomial_p.n_scalar", "specs/special.yaml:508", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__n_scalar, false, -1, {}},
-      {"special_legendre_polynomial_p.n_scalar_out", "specs/special.yaml:513", Variant::Out,
+      {"special_legendre_polynomial_p.n_scalar_out", "specs/special.yaml:508", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__n_scalar_out, false, -1, {}},
-      {"special_spherical_bessel_j0", "specs/special.yaml:519", Variant::Functional,
+      {"special_spherical_bessel_j0", "specs/special.yaml:514", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_spherical_bessel_j0, false, -1, {}},
-      {"special_spherical_bessel_j0.out", "specs/special.yaml:519", Variant::Out,
+      {"special_spherical_bessel_j0.out", "specs/special.yaml:514", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_spherical_bessel_j0__out, false, -1, {}},
-      {"special_bessel_j0", "specs/special.yaml:531", Variant::Functional,
+      {"special_bessel_j0", "specs/special.yaml:526", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j0, false, -1, {}},
-      {"special_bessel_j0.out", "specs/special.yaml:531", Variant::Out,
+      {"special_bessel_j0.out", "specs/special.yaml:526", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j0__out, false, -1, {}},
-      {"special_bessel_j1", "specs/special.yaml:537", Variant::Functional,
+      {"special_bessel_j1", "specs/special.yaml:532", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j1, false, -1, {}},
-      {"special_bessel_j1.out", "specs/special.yaml:537", Variant::Out,
+      {"special_bessel_j1.out", "specs/special.yaml:532", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j1__out, false, -1, {}},
-      {"special_bessel_y0", "specs/special.yaml:543", Variant::Functional,
+      {"special_bessel_y0", "specs/special.yaml:538", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y0, false, -1, {}},
-      {"special_bessel_y0.out", "specs/special.yaml:543", Variant::Out,
+      {"special_bessel_y0.out", "specs/special.yaml:538", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y0__out, false, -1, {}},
-      {"special_bessel_y1", "specs/special.yaml:549", Variant::Functional,
+      {"special_bessel_y1", "specs/special.yaml:544", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y1, false, -1, {}},
-      {"special_bessel_y1.out", "specs/special.yaml:549", Variant::Out,
+      {"special_bessel_y1.out", "specs/special.yaml:544", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y1__out, false, -1, {}},
-      {"special_modified_bessel_k0", "specs/special.yaml:555", Variant::Functional,
+      {"special_modified_bessel_k0", "specs/special.yaml:550", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k0, false, -1, {}},
-      {"special_modified_bessel_k0.out", "specs/special.yaml:555", Variant::Out,
+      {"special_modified_bessel_k0.out", "specs/special.yaml:550", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k0__out, false, -1, {}},
-      {"special_modified_bessel_k1", "specs/special.yaml:561", Variant::Functional,
+      {"special_modified_bessel_k1", "specs/special.yaml:556", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k1, false, -1, {}},
-      {"special_modified_bessel_k1.out", "specs/special.yaml:561", Variant::Out,
+      {"special_modified_bessel_k1.out", "specs/special.yaml:556", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k1__out, false, -1, {}},
-      {"special_scaled_modified_bessel_k0", "specs/special.yaml:567", Variant::Functional,
+      {"special_scaled_modified_bessel_k0", "specs/special.yaml:562", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k0, false, -1, {}},
-      {"special_scaled_modified_bessel_k0.out", "specs/special.yaml:567", Variant::Out,
+      {"special_scaled_modified_bessel_k0.out", "specs/special.yaml:562", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k0__out, false, -1, {}},
-      {"special_scaled_modified_bessel_k1", "specs/special.yaml:573", Variant::Functional,
+      {"special_scaled_modified_bessel_k1", "specs/special.yaml:568", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k1, false, -1, {}},
-      {"special_scaled_modified_bessel_k1.out", "specs/special.yaml:573", Variant::Out,
+      {"special_scaled_modified_bessel_k1.out", "specs/special.yaml:568", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k1__out, false, -1, {}},
-      {"special_airy_ai", "specs/special.yaml:579", Variant::Functional,
+      {"special_airy_ai", "specs/special.yaml:574", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_airy_ai, false, -1, {}},
-      {"special_airy_ai.out", "specs/special.yaml:579", Variant::Out,
+      {"special_airy_ai.out", "specs/special.yaml:574", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,

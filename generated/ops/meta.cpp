@@ -1194,6 +1194,14 @@ void meta_emit_nll_loss_forward(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_nll_loss_forward__output(torch::jit::Stack& s) {
+  at::Tensor a5 = s[5].toTensor();
+  at::Tensor a6 = s[6].toTensor();
+  auto result = at::meta::nll_loss_forward_outf(s[0].toTensor(), s[1].toTensor(), s[2].toOptional<at::Tensor>(), s[3].toInt(), s[4].toInt(), a5, a6);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_nll_loss_backward(torch::jit::Stack& s) {
   auto result = at::meta::nll_loss_backward(s[0].toTensor(), s[1].toTensor(), s[2].toTensor(), s[3].toOptional<at::Tensor>(), s[4].toInt(), s[5].toInt(), s[6].toTensor());
   s.clear();
@@ -1229,6 +1237,19 @@ void meta_emit_isin__Tensor_Scalar(torch::jit::Stack& s) {
 void meta_emit_isin__Tensor_Scalar_out(torch::jit::Stack& s) {
   at::Tensor a4 = s[4].toTensor();
   auto result = at::meta::isin_outf(s[0].toTensor(), s[1].toScalar(), s[2].toBool(), s[3].toBool(), a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isin__Scalar_Tensor(torch::jit::Stack& s) {
+  auto result = at::meta::isin(s[0].toScalar(), s[1].toTensor(), s[2].toBool(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_isin__Scalar_Tensor_out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::isin_outf(s[0].toScalar(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), a4);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1378,8 +1399,24 @@ void meta_emit_linalg_cholesky_ex(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_linalg_cholesky_ex__L(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::linalg_cholesky_ex_outf(s[0].toTensor(), s[1].toBool(), s[2].toBool(), a3, a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_triangular_solve(torch::jit::Stack& s) {
   auto result = at::meta::triangular_solve(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), s[4].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_triangular_solve__X(torch::jit::Stack& s) {
+  at::Tensor a5 = s[5].toTensor();
+  at::Tensor a6 = s[6].toTensor();
+  auto result = at::meta::triangular_solve_outf(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), s[4].toBool(), a5, a6);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1390,14 +1427,41 @@ void meta_emit_linalg_lu_factor_ex(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_linalg_lu_factor_ex__out(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  at::Tensor a4 = s[4].toTensor();
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::linalg_lu_factor_ex_outf(s[0].toTensor(), s[1].toBool(), s[2].toBool(), a3, a4, a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_linalg_lu(torch::jit::Stack& s) {
   auto result = at::meta::linalg_lu(s[0].toTensor(), s[1].toBool());
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_linalg_lu__out(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  at::Tensor a3 = s[3].toTensor();
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::linalg_lu_outf(s[0].toTensor(), s[1].toBool(), a2, a3, a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_lu_unpack(torch::jit::Stack& s) {
   auto result = at::meta::lu_unpack(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_lu_unpack__out(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  at::Tensor a5 = s[5].toTensor();
+  at::Tensor a6 = s[6].toTensor();
+  auto result = at::meta::lu_unpack_outf(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), a4, a5, a6);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1421,8 +1485,26 @@ void meta_emit__linalg_solve_ex(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit__linalg_solve_ex__result(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  at::Tensor a5 = s[5].toTensor();
+  at::Tensor a6 = s[6].toTensor();
+  at::Tensor a7 = s[7].toTensor();
+  auto result = at::meta::_linalg_solve_ex_outf(s[0].toTensor(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), a4, a5, a6, a7);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_linalg_inv_ex(torch::jit::Stack& s) {
   auto result = at::meta::linalg_inv_ex(s[0].toTensor(), s[1].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_linalg_inv_ex__inverse(torch::jit::Stack& s) {
+  at::Tensor a2 = s[2].toTensor();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::linalg_inv_ex_outf(s[0].toTensor(), s[1].toBool(), a2, a3);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1433,14 +1515,42 @@ void meta_emit__linalg_det(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit__linalg_det__result(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  at::Tensor a2 = s[2].toTensor();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::_linalg_det_outf(s[0].toTensor(), a1, a2, a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit__linalg_slogdet(torch::jit::Stack& s) {
   auto result = at::meta::_linalg_slogdet(s[0].toTensor());
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit__linalg_slogdet__sign(torch::jit::Stack& s) {
+  at::Tensor a1 = s[1].toTensor();
+  at::Tensor a2 = s[2].toTensor();
+  at::Tensor a3 = s[3].toTensor();
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::_linalg_slogdet_outf(s[0].toTensor(), a1, a2, a3, a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit__linalg_svd(torch::jit::Stack& s) {
   auto result = at::meta::_linalg_svd(s[0].toTensor(), s[1].toBool(), s[2].toBool(), s[3].toOptional<c10::string_view>());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit__linalg_svd__U(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  at::Tensor a5 = s[5].toTensor();
+  at::Tensor a6 = s[6].toTensor();
+  auto result = at::meta::_linalg_svd_outf(s[0].toTensor(), s[1].toBool(), s[2].toBool(), s[3].toOptional<c10::string_view>(), a4, a5, a6);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1698,6 +1808,18 @@ void meta_emit_max_pool2d_with_indices(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_max_pool2d_with_indices__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  const auto a2 = s[2].toDimVector();
+  const auto a3 = s[3].toDimVector();
+  const auto a4 = s[4].toDimVector();
+  at::Tensor a6 = s[6].toTensor();
+  at::Tensor a7 = s[7].toTensor();
+  auto result = at::meta::max_pool2d_with_indices_outf(s[0].toTensor(), a1, a2, a3, a4, s[5].toBool(), a6, a7);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_max_pool2d_with_indices_backward(torch::jit::Stack& s) {
   const auto a2 = s[2].toDimVector();
   const auto a3 = s[3].toDimVector();
@@ -1726,6 +1848,15 @@ void meta_emit_adaptive_max_pool2d(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_adaptive_max_pool2d__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a2 = s[2].toTensor();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::adaptive_max_pool2d_outf(s[0].toTensor(), a1, a2, a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_adaptive_max_pool2d_backward(torch::jit::Stack& s) {
   auto result = at::meta::adaptive_max_pool2d_backward(s[0].toTensor(), s[1].toTensor(), s[2].toTensor());
   s.clear();
@@ -1742,6 +1873,15 @@ void meta_emit_adaptive_max_pool2d_backward__grad_input(torch::jit::Stack& s) {
 void meta_emit_adaptive_max_pool3d(torch::jit::Stack& s) {
   const auto a1 = s[1].toDimVector();
   auto result = at::meta::adaptive_max_pool3d(s[0].toTensor(), a1);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_adaptive_max_pool3d__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a2 = s[2].toTensor();
+  at::Tensor a3 = s[3].toTensor();
+  auto result = at::meta::adaptive_max_pool3d_outf(s[0].toTensor(), a1, a2, a3);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1838,8 +1978,24 @@ void meta_emit_max__dim(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_max__dim_max(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::max_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3, a4);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_min__dim(torch::jit::Stack& s) {
   auto result = at::meta::min(s[0].toTensor(), s[1].toInt(), s[2].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_min__dim_min(torch::jit::Stack& s) {
+  at::Tensor a3 = s[3].toTensor();
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::min_outf(s[0].toTensor(), s[1].toInt(), s[2].toBool(), a3, a4);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -1987,8 +2143,24 @@ void meta_emit_sort__stable(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit_sort__values_stable(torch::jit::Stack& s) {
+  at::Tensor a4 = s[4].toTensor();
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::sort_outf(s[0].toTensor(), s[1].toOptional<bool>(), s[2].toInt(), s[3].toBool(), a4, a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_topk(torch::jit::Stack& s) {
   auto result = at::meta::topk(s[0].toTensor(), s[1].toInt(), s[2].toInt(), s[3].toBool(), s[4].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_topk__values(torch::jit::Stack& s) {
+  at::Tensor a5 = s[5].toTensor();
+  at::Tensor a6 = s[6].toTensor();
+  auto result = at::meta::topk_outf(s[0].toTensor(), s[1].toInt(), s[2].toInt(), s[3].toBool(), s[4].toBool(), a5, a6);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -3888,6 +4060,18 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // bitwise_right_shift.Tensor_Scalar_out
       nullptr,  // bitwise_right_shift.Scalar_Tensor
       nullptr,  // bitwise_right_shift.Scalar_Tensor_out
+      nullptr,  // __lshift__.Tensor
+      nullptr,  // __ilshift__.Tensor
+      nullptr,  // __lshift__.Tensor_out
+      nullptr,  // __lshift__.Scalar
+      nullptr,  // __ilshift__.Scalar
+      nullptr,  // __lshift__.Scalar_out
+      nullptr,  // __rshift__.Tensor
+      nullptr,  // __irshift__.Tensor
+      nullptr,  // __rshift__.Tensor_out
+      nullptr,  // __rshift__.Scalar
+      nullptr,  // __irshift__.Scalar
+      nullptr,  // __rshift__.Scalar_out
       nullptr,  // masked_fill.Scalar
       nullptr,  // masked_fill_.Scalar
       nullptr,  // masked_fill.Scalar_out
@@ -4041,9 +4225,11 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // embedding_renorm_
       nullptr,  // embedding_renorm.out
       &meta_emit_nll_loss_forward,  // nll_loss_forward
+      &meta_emit_nll_loss_forward__output,  // nll_loss_forward.output
       &meta_emit_nll_loss_backward,  // nll_loss_backward
       &meta_emit_nll_loss_backward__grad_input,  // nll_loss_backward.grad_input
       nullptr,  // nll_loss2d_forward
+      nullptr,  // nll_loss2d_forward.output
       nullptr,  // nll_loss2d_backward
       nullptr,  // nll_loss2d_backward.grad_input
       nullptr,  // index.Tensor
@@ -4063,11 +4249,18 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_isin__Tensor_Tensor_out,  // isin.Tensor_Tensor_out
       &meta_emit_isin__Tensor_Scalar,  // isin.Tensor_Scalar
       &meta_emit_isin__Tensor_Scalar_out,  // isin.Tensor_Scalar_out
+      &meta_emit_isin__Scalar_Tensor,  // isin.Scalar_Tensor
+      &meta_emit_isin__Scalar_Tensor_out,  // isin.Scalar_Tensor_out
       nullptr,  // nonzero_static
       nullptr,  // nonzero_static.out
       nullptr,  // searchsorted.Tensor
+      nullptr,  // searchsorted.Tensor_out
       nullptr,  // searchsorted.Scalar
+      nullptr,  // searchsorted.Scalar_out
       nullptr,  // bucketize.Tensor
+      nullptr,  // bucketize.Tensor_out
+      nullptr,  // bucketize.Scalar
+      nullptr,  // bucketize.Scalar_out
       nullptr,  // histc
       nullptr,  // histc.out
       nullptr,  // _embedding_bag
@@ -4108,6 +4301,7 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_baddbmm_,  // baddbmm_
       &meta_emit_baddbmm__out,  // baddbmm.out
       nullptr,  // addbmm
+      nullptr,  // addbmm_
       nullptr,  // addbmm.out
       nullptr,  // mv
       nullptr,  // mv.out
@@ -4119,6 +4313,7 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // vdot
       nullptr,  // vdot.out
       &meta_emit_linalg_cholesky_ex,  // linalg_cholesky_ex
+      &meta_emit_linalg_cholesky_ex__L,  // linalg_cholesky_ex.L
       nullptr,  // cholesky
       nullptr,  // cholesky.out
       nullptr,  // _cholesky_solve_helper
@@ -4126,17 +4321,25 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // cholesky_inverse
       nullptr,  // cholesky_inverse.out
       &meta_emit_triangular_solve,  // triangular_solve
+      &meta_emit_triangular_solve__X,  // triangular_solve.X
       nullptr,  // linalg_solve_triangular
       nullptr,  // linalg_solve_triangular.out
       &meta_emit_linalg_lu_factor_ex,  // linalg_lu_factor_ex
+      &meta_emit_linalg_lu_factor_ex__out,  // linalg_lu_factor_ex.out
       &meta_emit_linalg_lu,  // linalg_lu
+      &meta_emit_linalg_lu__out,  // linalg_lu.out
       &meta_emit_lu_unpack,  // lu_unpack
+      &meta_emit_lu_unpack__out,  // lu_unpack.out
       &meta_emit_linalg_lu_solve,  // linalg_lu_solve
       &meta_emit_linalg_lu_solve__out,  // linalg_lu_solve.out
       &meta_emit__linalg_solve_ex,  // _linalg_solve_ex
+      &meta_emit__linalg_solve_ex__result,  // _linalg_solve_ex.result
       &meta_emit_linalg_inv_ex,  // linalg_inv_ex
+      &meta_emit_linalg_inv_ex__inverse,  // linalg_inv_ex.inverse
       &meta_emit__linalg_det,  // _linalg_det
+      &meta_emit__linalg_det__result,  // _linalg_det.result
       &meta_emit__linalg_slogdet,  // _linalg_slogdet
+      &meta_emit__linalg_slogdet__sign,  // _linalg_slogdet.sign
       nullptr,  // geqrf
       nullptr,  // geqrf.a
       nullptr,  // linalg_householder_product
@@ -4144,8 +4347,11 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // ormqr
       nullptr,  // ormqr.out
       nullptr,  // linalg_qr
+      nullptr,  // linalg_qr.out
       nullptr,  // _linalg_eigh
+      nullptr,  // _linalg_eigh.eigenvalues
       &meta_emit__linalg_svd,  // _linalg_svd
+      &meta_emit__linalg_svd__U,  // _linalg_svd.U
       nullptr,  // linalg_matrix_exp
       nullptr,  // linalg_matrix_exp.out
       &meta_emit_linalg_cross,  // linalg_cross
@@ -4201,6 +4407,7 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // native_dropout
       nullptr,  // native_dropout_backward
       nullptr,  // log_sigmoid_forward
+      nullptr,  // log_sigmoid_forward.output
       nullptr,  // log_sigmoid_backward
       nullptr,  // log_sigmoid_backward.grad_input
       &meta_emit_smooth_l1_loss,  // smooth_l1_loss
@@ -4463,9 +4670,11 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // _fused_sgd_
       nullptr,  // _fused_sgd.out
       &meta_emit_max_pool2d_with_indices,  // max_pool2d_with_indices
+      &meta_emit_max_pool2d_with_indices__out,  // max_pool2d_with_indices.out
       &meta_emit_max_pool2d_with_indices_backward,  // max_pool2d_with_indices_backward
       &meta_emit_max_pool2d_with_indices_backward__grad_input,  // max_pool2d_with_indices_backward.grad_input
       nullptr,  // max_pool3d_with_indices
+      nullptr,  // max_pool3d_with_indices.out
       nullptr,  // max_pool3d_with_indices_backward
       nullptr,  // max_pool3d_with_indices_backward.grad_input
       nullptr,  // max_unpool2d
@@ -4493,9 +4702,11 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // _adaptive_avg_pool3d_backward
       nullptr,  // _adaptive_avg_pool3d_backward.out
       &meta_emit_adaptive_max_pool2d,  // adaptive_max_pool2d
+      &meta_emit_adaptive_max_pool2d__out,  // adaptive_max_pool2d.out
       &meta_emit_adaptive_max_pool2d_backward,  // adaptive_max_pool2d_backward
       &meta_emit_adaptive_max_pool2d_backward__grad_input,  // adaptive_max_pool2d_backward.grad_input
       &meta_emit_adaptive_max_pool3d,  // adaptive_max_pool3d
+      &meta_emit_adaptive_max_pool3d__out,  // adaptive_max_pool3d.out
       &meta_emit_adaptive_max_pool3d_backward,  // adaptive_max_pool3d_backward
       &meta_emit_adaptive_max_pool3d_backward__grad_input,  // adaptive_max_pool3d_backward.grad_input
       nullptr,  // upsample_nearest1d
@@ -4555,6 +4766,9 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // random.to
       nullptr,  // random_.to
       nullptr,  // random.to_out
+      nullptr,  // random
+      nullptr,  // random_
+      nullptr,  // random.out
       nullptr,  // randperm.generator
       nullptr,  // randperm.generator_out
       nullptr,  // exponential
@@ -4599,7 +4813,9 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // min
       nullptr,  // min.unary_out
       &meta_emit_max__dim,  // max.dim
+      &meta_emit_max__dim_max,  // max.dim_max
       &meta_emit_min__dim,  // min.dim
+      &meta_emit_min__dim_min,  // min.dim_min
       nullptr,  // argmax
       nullptr,  // argmax.out
       nullptr,  // argmin
@@ -4621,7 +4837,9 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // std.correction
       nullptr,  // std.correction_out
       nullptr,  // var_mean.correction
+      nullptr,  // var_mean.correction_out
       nullptr,  // std_mean.correction
+      nullptr,  // std_mean.correction_out
       nullptr,  // logsumexp
       nullptr,  // logsumexp.out
       &meta_emit_linalg_vector_norm,  // linalg_vector_norm
@@ -4633,18 +4851,25 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_cumprod_,  // cumprod_
       &meta_emit_cumprod__out,  // cumprod.out
       &meta_emit_sort__stable,  // sort.stable
+      &meta_emit_sort__values_stable,  // sort.values_stable
       &meta_emit_topk,  // topk
+      &meta_emit_topk__values,  // topk.values
       nullptr,  // cummax
+      nullptr,  // cummax.out
       nullptr,  // cummin
+      nullptr,  // cummin.out
       nullptr,  // _logcumsumexp
       nullptr,  // _logcumsumexp.out
       nullptr,  // kthvalue
+      nullptr,  // kthvalue.values
       nullptr,  // median
       nullptr,  // median.out
       nullptr,  // median.dim
+      nullptr,  // median.dim_values
       nullptr,  // nanmedian
       nullptr,  // nanmedian.out
       nullptr,  // nanmedian.dim
+      nullptr,  // nanmedian.dim_values
       nullptr,  // trace
       nullptr,  // trace.out
       nullptr,  // flip
@@ -4779,6 +5004,7 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // norm.ScalarOpt_dim_dtype
       nullptr,  // norm.dtype_out
       nullptr,  // aminmax
+      nullptr,  // aminmax.out
       nullptr,  // logspace
       &meta_emit_logspace__out,  // logspace.out
       &meta_emit_polygamma,  // polygamma

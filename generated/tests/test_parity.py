@@ -745,7 +745,7 @@ def test_bitwise_right_shift_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_fill_Scalar(dtype):
-    # specs/binary.yaml:208
+    # specs/binary.yaml:225
     check_opinfo(
         "masked_fill",
         dtype,
@@ -757,7 +757,7 @@ def test_masked_fill_Scalar(dtype):
 
 
 def test_masked_fill_Scalar_compiled():
-    # specs/binary.yaml:208: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:225: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_fill",
         overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
@@ -768,7 +768,7 @@ def test_masked_fill_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_fill_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:208: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:225: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_fill",
         dtype,
@@ -782,7 +782,7 @@ def test_masked_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lerp_Scalar(dtype):
-    # specs/binary.yaml:221
+    # specs/binary.yaml:238
     check_opinfo(
         "lerp",
         dtype,
@@ -794,7 +794,7 @@ def test_lerp_Scalar(dtype):
 
 
 def test_lerp_Scalar_compiled():
-    # specs/binary.yaml:221: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:238: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lerp",
         overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
@@ -805,7 +805,7 @@ def test_lerp_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_lerp_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:221: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:238: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lerp",
         dtype,
@@ -819,7 +819,7 @@ def test_lerp_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addcmul(dtype):
-    # specs/binary.yaml:230
+    # specs/binary.yaml:247
     check_opinfo(
         "addcmul",
         dtype,
@@ -831,7 +831,7 @@ def test_addcmul(dtype):
 
 
 def test_addcmul_compiled():
-    # specs/binary.yaml:230: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:247: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcmul",
         overloads=["addcmul", "addcmul_", "addcmul.out"],
@@ -842,7 +842,7 @@ def test_addcmul_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addcmul_other_dtypes(dtype):
-    # specs/binary.yaml:230: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:247: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcmul",
         dtype,
@@ -856,7 +856,7 @@ def test_addcmul_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_addcdiv(dtype):
-    # specs/binary.yaml:235
+    # specs/binary.yaml:252
     check_opinfo(
         "addcdiv",
         dtype,
@@ -868,7 +868,7 @@ def test_addcdiv(dtype):
 
 
 def test_addcdiv_compiled():
-    # specs/binary.yaml:235: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:252: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcdiv",
         overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
@@ -879,7 +879,7 @@ def test_addcdiv_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_addcdiv_other_dtypes(dtype):
-    # specs/binary.yaml:235: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:252: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcdiv",
         dtype,
@@ -893,7 +893,7 @@ def test_addcdiv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan2(dtype):
-    # specs/binary.yaml:242
+    # specs/binary.yaml:259
     check_opinfo(
         "atan2",
         dtype,
@@ -905,7 +905,7 @@ def test_atan2(dtype):
 
 
 def test_atan2_compiled():
-    # specs/binary.yaml:242: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:259: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan2",
         overloads=["atan2", "atan2_", "atan2.out"],
@@ -916,7 +916,7 @@ def test_atan2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan2_other_dtypes(dtype):
-    # specs/binary.yaml:242: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:259: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan2",
         dtype,
@@ -930,7 +930,7 @@ def test_atan2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hypot(dtype):
-    # specs/binary.yaml:248
+    # specs/binary.yaml:265
     check_opinfo(
         "hypot",
         dtype,
@@ -942,7 +942,7 @@ def test_hypot(dtype):
 
 
 def test_hypot_compiled():
-    # specs/binary.yaml:248: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:265: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "hypot",
         overloads=["hypot", "hypot_", "hypot.out"],
@@ -953,7 +953,7 @@ def test_hypot_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hypot_other_dtypes(dtype):
-    # specs/binary.yaml:248: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:265: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "hypot",
         dtype,
@@ -967,7 +967,7 @@ def test_hypot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_copysign_Tensor(dtype):
-    # specs/binary.yaml:253
+    # specs/binary.yaml:270
     check_opinfo(
         "copysign",
         dtype,
@@ -979,7 +979,7 @@ def test_copysign_Tensor(dtype):
 
 
 def test_copysign_Tensor_compiled():
-    # specs/binary.yaml:253: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:270: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "copysign",
         overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
@@ -990,7 +990,7 @@ def test_copysign_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_copysign_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:253: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:270: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "copysign",
         dtype,
@@ -1004,7 +1004,7 @@ def test_copysign_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_xlogy_Tensor(dtype):
-    # specs/binary.yaml:264
+    # specs/binary.yaml:281
     check_opinfo(
         "xlogy",
         dtype,
@@ -1016,7 +1016,7 @@ def test_xlogy_Tensor(dtype):
 
 
 def test_xlogy_Tensor_compiled():
-    # specs/binary.yaml:264: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:281: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "xlogy",
         overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
@@ -1027,7 +1027,7 @@ def test_xlogy_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_xlogy_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:264: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:281: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "xlogy",
         dtype,
@@ -1041,7 +1041,7 @@ def test_xlogy_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_gcd(dtype):
-    # specs/binary.yaml:281
+    # specs/binary.yaml:298
     check_opinfo(
         "gcd",
         dtype,
@@ -1053,7 +1053,7 @@ def test_gcd(dtype):
 
 
 def test_gcd_compiled():
-    # specs/binary.yaml:281: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:298: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "gcd",
         overloads=["gcd", "gcd_", "gcd.out"],
@@ -1064,7 +1064,7 @@ def test_gcd_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_lcm(dtype):
-    # specs/binary.yaml:286
+    # specs/binary.yaml:303
     check_opinfo(
         "lcm",
         dtype,
@@ -1076,7 +1076,7 @@ def test_lcm(dtype):
 
 
 def test_lcm_compiled():
-    # specs/binary.yaml:286: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:303: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lcm",
         overloads=["lcm", "lcm_", "lcm.out"],
@@ -2121,8 +2121,8 @@ def test_nll_loss_forward(dtype):
     check_opinfo(
         "nn.functional.nll_loss",
         dtype,
-        overloads=["nll_loss_forward"],
-        variants=["Functional"],
+        overloads=["nll_loss_forward", "nll_loss_forward.output"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -2132,7 +2132,7 @@ def test_nll_loss_forward_compiled():
     # specs/indexing.yaml:75: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.nll_loss",
-        overloads=["nll_loss_forward"],
+        overloads=["nll_loss_forward", "nll_loss_forward.output"],
         atol=1e-5,
         rtol=1.3e-06,
     )
@@ -2140,7 +2140,7 @@ def test_nll_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_Tensor(dtype):
-    # specs/indexing.yaml:106
+    # specs/indexing.yaml:104
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2152,7 +2152,7 @@ def test_index_Tensor(dtype):
 
 
 def test_index_Tensor_compiled():
-    # specs/indexing.yaml:106: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:104: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__getitem__",
         overloads=["index.Tensor", "index.Tensor_out"],
@@ -2163,7 +2163,7 @@ def test_index_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:106: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:104: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__getitem__",
         dtype,
@@ -2177,7 +2177,7 @@ def test_index_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_put(dtype):
-    # specs/indexing.yaml:114
+    # specs/indexing.yaml:112
     check_opinfo(
         "index_put",
         dtype,
@@ -2189,7 +2189,7 @@ def test_index_put(dtype):
 
 
 def test_index_put_compiled():
-    # specs/indexing.yaml:114: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:112: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_put",
         overloads=["index_put", "index_put_", "index_put.out"],
@@ -2200,7 +2200,7 @@ def test_index_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_put_other_dtypes(dtype):
-    # specs/indexing.yaml:114: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:112: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_put",
         dtype,
@@ -2214,7 +2214,7 @@ def test_index_put_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_nonzero(dtype):
-    # specs/indexing.yaml:128
+    # specs/indexing.yaml:126
     check_opinfo(
         "nonzero",
         dtype,
@@ -2226,7 +2226,7 @@ def test_nonzero(dtype):
 
 
 def test_nonzero_compiled():
-    # specs/indexing.yaml:128: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:126: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero",
         overloads=["nonzero"],
@@ -2238,7 +2238,7 @@ def test_nonzero_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nonzero_other_dtypes(dtype):
-    # specs/indexing.yaml:128: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:126: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nonzero",
         dtype,
@@ -2252,7 +2252,7 @@ def test_nonzero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_select(dtype):
-    # specs/indexing.yaml:134
+    # specs/indexing.yaml:132
     check_opinfo(
         "masked_select",
         dtype,
@@ -2264,7 +2264,7 @@ def test_masked_select(dtype):
 
 
 def test_masked_select_compiled():
-    # specs/indexing.yaml:134: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:132: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_select",
         overloads=["masked_select"],
@@ -2276,7 +2276,7 @@ def test_masked_select_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_select_other_dtypes(dtype):
-    # specs/indexing.yaml:134: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:132: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_select",
         dtype,
@@ -2290,7 +2290,7 @@ def test_masked_select_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_scatter(dtype):
-    # specs/indexing.yaml:142
+    # specs/indexing.yaml:140
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2302,7 +2302,7 @@ def test_masked_scatter(dtype):
 
 
 def test_masked_scatter_compiled():
-    # specs/indexing.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:140: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_scatter",
         overloads=["masked_scatter", "masked_scatter_", "masked_scatter.out"],
@@ -2313,7 +2313,7 @@ def test_masked_scatter_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_scatter_other_dtypes(dtype):
-    # specs/indexing.yaml:142: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:140: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_scatter",
         dtype,
@@ -2327,7 +2327,7 @@ def test_masked_scatter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_isin_Tensor_Tensor(dtype):
-    # specs/indexing.yaml:148
+    # specs/indexing.yaml:146
     check_opinfo(
         "isin",
         dtype,
@@ -2339,7 +2339,7 @@ def test_isin_Tensor_Tensor(dtype):
 
 
 def test_isin_Tensor_Tensor_compiled():
-    # specs/indexing.yaml:148: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:146: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "isin",
         overloads=["isin.Tensor_Tensor", "isin.Tensor_Tensor_out"],
@@ -2350,7 +2350,7 @@ def test_isin_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_isin_Tensor_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:148: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:146: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "isin",
         dtype,
@@ -2364,7 +2364,7 @@ def test_isin_Tensor_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64"])
 def test_nonzero_static(dtype):
-    # specs/indexing.yaml:156
+    # specs/indexing.yaml:157
     check_opinfo(
         "nonzero_static",
         dtype,
@@ -2376,7 +2376,7 @@ def test_nonzero_static(dtype):
 
 
 def test_nonzero_static_compiled():
-    # specs/indexing.yaml:156: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:157: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nonzero_static",
         overloads=["nonzero_static", "nonzero_static.out"],
@@ -2387,22 +2387,22 @@ def test_nonzero_static_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_searchsorted_Tensor(dtype):
-    # specs/indexing.yaml:164
+    # specs/indexing.yaml:165
     check_opinfo(
         "searchsorted",
         dtype,
-        overloads=["searchsorted.Tensor"],
-        variants=["Functional"],
+        overloads=["searchsorted.Tensor", "searchsorted.Tensor_out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_searchsorted_Tensor_compiled():
-    # specs/indexing.yaml:164: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:165: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "searchsorted",
-        overloads=["searchsorted.Tensor"],
+        overloads=["searchsorted.Tensor", "searchsorted.Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -2410,12 +2410,12 @@ def test_searchsorted_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_searchsorted_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:164: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:165: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "searchsorted",
         dtype,
-        overloads=["searchsorted.Tensor"],
-        variants=["Functional"],
+        overloads=["searchsorted.Tensor", "searchsorted.Tensor_out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -2424,22 +2424,22 @@ def test_searchsorted_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_bucketize_Tensor(dtype):
-    # specs/indexing.yaml:177
+    # specs/indexing.yaml:176
     check_opinfo(
         "bucketize",
         dtype,
-        overloads=["bucketize.Tensor"],
-        variants=["Functional"],
+        overloads=["bucketize.Tensor", "bucketize.Tensor_out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_bucketize_Tensor_compiled():
-    # specs/indexing.yaml:177: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:176: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bucketize",
-        overloads=["bucketize.Tensor"],
+        overloads=["bucketize.Tensor", "bucketize.Tensor_out"],
         atol=None,
         rtol=None,
     )
@@ -2447,12 +2447,12 @@ def test_bucketize_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_bucketize_Tensor_other_dtypes(dtype):
-    # specs/indexing.yaml:177: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:176: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "bucketize",
         dtype,
-        overloads=["bucketize.Tensor"],
-        variants=["Functional"],
+        overloads=["bucketize.Tensor", "bucketize.Tensor_out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -2461,7 +2461,7 @@ def test_bucketize_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_histc(dtype):
-    # specs/indexing.yaml:184
+    # specs/indexing.yaml:187
     check_opinfo(
         "histc",
         dtype,
@@ -2473,7 +2473,7 @@ def test_histc(dtype):
 
 
 def test_histc_compiled():
-    # specs/indexing.yaml:184: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:187: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "histc",
         overloads=["histc", "histc.out"],
@@ -2484,7 +2484,7 @@ def test_histc_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_histc_other_dtypes(dtype):
-    # specs/indexing.yaml:184: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:187: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "histc",
         dtype,
@@ -2498,7 +2498,7 @@ def test_histc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__embedding_bag(dtype):
-    # specs/indexing.yaml:194
+    # specs/indexing.yaml:197
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2510,7 +2510,7 @@ def test__embedding_bag(dtype):
 
 
 def test__embedding_bag_compiled():
-    # specs/indexing.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:197: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.embedding_bag",
         overloads=["_embedding_bag"],
@@ -2521,7 +2521,7 @@ def test__embedding_bag_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_add(dtype):
-    # specs/indexing.yaml:231
+    # specs/indexing.yaml:234
     check_opinfo(
         "index_add",
         dtype,
@@ -2533,7 +2533,7 @@ def test_index_add(dtype):
 
 
 def test_index_add_compiled():
-    # specs/indexing.yaml:231: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:234: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_add",
         overloads=["index_add", "index_add_", "index_add.out"],
@@ -2544,7 +2544,7 @@ def test_index_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_add_other_dtypes(dtype):
-    # specs/indexing.yaml:231: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:234: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_add",
         dtype,
@@ -2558,7 +2558,7 @@ def test_index_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_copy(dtype):
-    # specs/indexing.yaml:238
+    # specs/indexing.yaml:241
     check_opinfo(
         "index_copy",
         dtype,
@@ -2570,7 +2570,7 @@ def test_index_copy(dtype):
 
 
 def test_index_copy_compiled():
-    # specs/indexing.yaml:238: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:241: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_copy",
         overloads=["index_copy", "index_copy_", "index_copy.out"],
@@ -2581,7 +2581,7 @@ def test_index_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_copy_other_dtypes(dtype):
-    # specs/indexing.yaml:238: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:241: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_copy",
         dtype,
@@ -2595,7 +2595,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:246
+    # specs/indexing.yaml:249
     check_opinfo(
         "index_fill",
         dtype,
@@ -2607,7 +2607,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:246: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:249: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2618,7 +2618,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:246: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:249: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2632,7 +2632,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:260
+    # specs/indexing.yaml:263
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2644,7 +2644,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:260: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:263: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2655,7 +2655,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:260: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:263: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2669,7 +2669,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:268
+    # specs/indexing.yaml:271
     check_opinfo(
         "take",
         dtype,
@@ -2681,7 +2681,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:268: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:271: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2692,7 +2692,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:268: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:271: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2706,7 +2706,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:274
+    # specs/indexing.yaml:277
     check_opinfo(
         "put",
         dtype,
@@ -2718,7 +2718,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:274: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:277: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2729,7 +2729,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:274: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:277: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,
@@ -2895,8 +2895,8 @@ def test_addbmm(dtype):
     check_opinfo(
         "addbmm",
         dtype,
-        overloads=["addbmm", "addbmm.out"],
-        variants=["Functional", "Out"],
+        overloads=["addbmm", "addbmm_", "addbmm.out"],
+        variants=["Functional", "Inplace", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -2906,7 +2906,7 @@ def test_addbmm_compiled():
     # specs/linalg.yaml:42: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addbmm",
-        overloads=["addbmm", "addbmm.out"],
+        overloads=["addbmm", "addbmm_", "addbmm.out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -2918,8 +2918,8 @@ def test_addbmm_other_dtypes(dtype):
     check_opinfo(
         "addbmm",
         dtype,
-        overloads=["addbmm", "addbmm.out"],
-        variants=["Functional", "Out"],
+        overloads=["addbmm", "addbmm_", "addbmm.out"],
+        variants=["Functional", "Inplace", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -2928,7 +2928,7 @@ def test_addbmm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mv(dtype):
-    # specs/linalg.yaml:49
+    # specs/linalg.yaml:48
     check_opinfo(
         "mv",
         dtype,
@@ -2940,7 +2940,7 @@ def test_mv(dtype):
 
 
 def test_mv_compiled():
-    # specs/linalg.yaml:49: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:48: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "mv",
         overloads=["mv", "mv.out"],
@@ -2951,7 +2951,7 @@ def test_mv_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_mv_other_dtypes(dtype):
-    # specs/linalg.yaml:49: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:48: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "mv",
         dtype,
@@ -2965,7 +2965,7 @@ def test_mv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addmv(dtype):
-    # specs/linalg.yaml:54
+    # specs/linalg.yaml:53
     check_opinfo(
         "addmv",
         dtype,
@@ -2977,7 +2977,7 @@ def test_addmv(dtype):
 
 
 def test_addmv_compiled():
-    # specs/linalg.yaml:54: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:53: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addmv",
         overloads=["addmv", "addmv_", "addmv.out"],
@@ -2988,7 +2988,7 @@ def test_addmv_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addmv_other_dtypes(dtype):
-    # specs/linalg.yaml:54: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:53: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addmv",
         dtype,
@@ -3002,7 +3002,7 @@ def test_addmv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_dot(dtype):
-    # specs/linalg.yaml:60
+    # specs/linalg.yaml:59
     check_opinfo(
         "dot",
         dtype,
@@ -3014,7 +3014,7 @@ def test_dot(dtype):
 
 
 def test_dot_compiled():
-    # specs/linalg.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:59: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "dot",
         overloads=["dot", "dot.out"],
@@ -3025,7 +3025,7 @@ def test_dot_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_dot_other_dtypes(dtype):
-    # specs/linalg.yaml:60: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:59: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "dot",
         dtype,
@@ -3039,7 +3039,7 @@ def test_dot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_vdot(dtype):
-    # specs/linalg.yaml:66
+    # specs/linalg.yaml:65
     check_opinfo(
         "vdot",
         dtype,
@@ -3051,7 +3051,7 @@ def test_vdot(dtype):
 
 
 def test_vdot_compiled():
-    # specs/linalg.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:65: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "vdot",
         overloads=["vdot", "vdot.out"],
@@ -3062,7 +3062,7 @@ def test_vdot_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_vdot_other_dtypes(dtype):
-    # specs/linalg.yaml:66: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:65: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "vdot",
         dtype,
@@ -3076,22 +3076,22 @@ def test_vdot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_cholesky_ex(dtype):
-    # specs/linalg.yaml:85
+    # specs/linalg.yaml:84
     check_opinfo(
         "linalg.cholesky_ex",
         dtype,
-        overloads=["linalg_cholesky_ex"],
-        variants=["Functional"],
+        overloads=["linalg_cholesky_ex", "linalg_cholesky_ex.L"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
     )
 
 
 def test_linalg_cholesky_ex_compiled():
-    # specs/linalg.yaml:85: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:84: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.cholesky_ex",
-        overloads=["linalg_cholesky_ex"],
+        overloads=["linalg_cholesky_ex", "linalg_cholesky_ex.L"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -3099,12 +3099,12 @@ def test_linalg_cholesky_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_cholesky_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:85: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:84: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.cholesky_ex",
         dtype,
-        overloads=["linalg_cholesky_ex"],
-        variants=["Functional"],
+        overloads=["linalg_cholesky_ex", "linalg_cholesky_ex.L"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
         max_samples=3,
@@ -3113,7 +3113,7 @@ def test_linalg_cholesky_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_cholesky(dtype):
-    # specs/linalg.yaml:91
+    # specs/linalg.yaml:89
     check_opinfo(
         "cholesky",
         dtype,
@@ -3125,7 +3125,7 @@ def test_cholesky(dtype):
 
 
 def test_cholesky_compiled():
-    # specs/linalg.yaml:91: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:89: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky",
         overloads=["cholesky", "cholesky.out"],
@@ -3136,7 +3136,7 @@ def test_cholesky_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_cholesky_other_dtypes(dtype):
-    # specs/linalg.yaml:91: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:89: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky",
         dtype,
@@ -3150,7 +3150,7 @@ def test_cholesky_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__cholesky_solve_helper(dtype):
-    # specs/linalg.yaml:97
+    # specs/linalg.yaml:95
     check_opinfo(
         "cholesky_solve",
         dtype,
@@ -3162,7 +3162,7 @@ def test__cholesky_solve_helper(dtype):
 
 
 def test__cholesky_solve_helper_compiled():
-    # specs/linalg.yaml:97: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:95: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky_solve",
         overloads=["_cholesky_solve_helper", "_cholesky_solve_helper.out"],
@@ -3173,7 +3173,7 @@ def test__cholesky_solve_helper_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__cholesky_solve_helper_other_dtypes(dtype):
-    # specs/linalg.yaml:97: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:95: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky_solve",
         dtype,
@@ -3187,7 +3187,7 @@ def test__cholesky_solve_helper_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_cholesky_inverse(dtype):
-    # specs/linalg.yaml:103
+    # specs/linalg.yaml:101
     check_opinfo(
         "cholesky_inverse",
         dtype,
@@ -3199,7 +3199,7 @@ def test_cholesky_inverse(dtype):
 
 
 def test_cholesky_inverse_compiled():
-    # specs/linalg.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:101: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky_inverse",
         overloads=["cholesky_inverse", "cholesky_inverse.out"],
@@ -3210,7 +3210,7 @@ def test_cholesky_inverse_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_cholesky_inverse_other_dtypes(dtype):
-    # specs/linalg.yaml:103: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:101: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky_inverse",
         dtype,
@@ -3224,22 +3224,22 @@ def test_cholesky_inverse_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_triangular_solve(dtype):
-    # specs/linalg.yaml:111
+    # specs/linalg.yaml:109
     check_opinfo(
         "triangular_solve",
         dtype,
-        overloads=["triangular_solve"],
-        variants=["Functional"],
+        overloads=["triangular_solve", "triangular_solve.X"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test_triangular_solve_compiled():
-    # specs/linalg.yaml:111: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:109: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "triangular_solve",
-        overloads=["triangular_solve"],
+        overloads=["triangular_solve", "triangular_solve.X"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3247,12 +3247,12 @@ def test_triangular_solve_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_triangular_solve_other_dtypes(dtype):
-    # specs/linalg.yaml:111: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:109: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "triangular_solve",
         dtype,
-        overloads=["triangular_solve"],
-        variants=["Functional"],
+        overloads=["triangular_solve", "triangular_solve.X"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3261,7 +3261,7 @@ def test_triangular_solve_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_solve_triangular(dtype):
-    # specs/linalg.yaml:117
+    # specs/linalg.yaml:114
     check_opinfo(
         "linalg.solve_triangular",
         dtype,
@@ -3273,7 +3273,7 @@ def test_linalg_solve_triangular(dtype):
 
 
 def test_linalg_solve_triangular_compiled():
-    # specs/linalg.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:114: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.solve_triangular",
         overloads=["linalg_solve_triangular", "linalg_solve_triangular.out"],
@@ -3284,7 +3284,7 @@ def test_linalg_solve_triangular_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_solve_triangular_other_dtypes(dtype):
-    # specs/linalg.yaml:117: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:114: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.solve_triangular",
         dtype,
@@ -3298,22 +3298,22 @@ def test_linalg_solve_triangular_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu_factor_ex(dtype):
-    # specs/linalg.yaml:122
+    # specs/linalg.yaml:119
     check_opinfo(
         "linalg.lu_factor_ex",
         dtype,
-        overloads=["linalg_lu_factor_ex"],
-        variants=["Functional"],
+        overloads=["linalg_lu_factor_ex", "linalg_lu_factor_ex.out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
     )
 
 
 def test_linalg_lu_factor_ex_compiled():
-    # specs/linalg.yaml:122: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:119: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu_factor_ex",
-        overloads=["linalg_lu_factor_ex"],
+        overloads=["linalg_lu_factor_ex", "linalg_lu_factor_ex.out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -3321,12 +3321,12 @@ def test_linalg_lu_factor_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_factor_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:122: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:119: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu_factor_ex",
         dtype,
-        overloads=["linalg_lu_factor_ex"],
-        variants=["Functional"],
+        overloads=["linalg_lu_factor_ex", "linalg_lu_factor_ex.out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
         max_samples=3,
@@ -3335,22 +3335,22 @@ def test_linalg_lu_factor_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu(dtype):
-    # specs/linalg.yaml:128
+    # specs/linalg.yaml:124
     check_opinfo(
         "linalg.lu",
         dtype,
-        overloads=["linalg_lu"],
-        variants=["Functional"],
+        overloads=["linalg_lu", "linalg_lu.out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
     )
 
 
 def test_linalg_lu_compiled():
-    # specs/linalg.yaml:128: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:124: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu",
-        overloads=["linalg_lu"],
+        overloads=["linalg_lu", "linalg_lu.out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -3358,12 +3358,12 @@ def test_linalg_lu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_other_dtypes(dtype):
-    # specs/linalg.yaml:128: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:124: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu",
         dtype,
-        overloads=["linalg_lu"],
-        variants=["Functional"],
+        overloads=["linalg_lu", "linalg_lu.out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
         max_samples=3,
@@ -3372,22 +3372,22 @@ def test_linalg_lu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_lu_unpack(dtype):
-    # specs/linalg.yaml:137
+    # specs/linalg.yaml:132
     check_opinfo(
         "lu_unpack",
         dtype,
-        overloads=["lu_unpack"],
-        variants=["Functional"],
+        overloads=["lu_unpack", "lu_unpack.out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
     )
 
 
 def test_lu_unpack_compiled():
-    # specs/linalg.yaml:137: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:132: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lu_unpack",
-        overloads=["lu_unpack"],
+        overloads=["lu_unpack", "lu_unpack.out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -3395,12 +3395,12 @@ def test_lu_unpack_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_lu_unpack_other_dtypes(dtype):
-    # specs/linalg.yaml:137: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:132: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lu_unpack",
         dtype,
-        overloads=["lu_unpack"],
-        variants=["Functional"],
+        overloads=["lu_unpack", "lu_unpack.out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
         max_samples=3,
@@ -3409,7 +3409,7 @@ def test_lu_unpack_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu_solve(dtype):
-    # specs/linalg.yaml:144
+    # specs/linalg.yaml:138
     check_opinfo(
         "linalg.lu_solve",
         dtype,
@@ -3421,7 +3421,7 @@ def test_linalg_lu_solve(dtype):
 
 
 def test_linalg_lu_solve_compiled():
-    # specs/linalg.yaml:144: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:138: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu_solve",
         overloads=["linalg_lu_solve", "linalg_lu_solve.out"],
@@ -3432,7 +3432,7 @@ def test_linalg_lu_solve_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_solve_other_dtypes(dtype):
-    # specs/linalg.yaml:144: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:138: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu_solve",
         dtype,
@@ -3446,22 +3446,22 @@ def test_linalg_lu_solve_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_solve_ex(dtype):
-    # specs/linalg.yaml:150
+    # specs/linalg.yaml:144
     check_opinfo(
         "linalg.solve",
         dtype,
-        overloads=["_linalg_solve_ex"],
-        variants=["Functional"],
+        overloads=["_linalg_solve_ex", "_linalg_solve_ex.result"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test__linalg_solve_ex_compiled():
-    # specs/linalg.yaml:150: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:144: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.solve",
-        overloads=["_linalg_solve_ex"],
+        overloads=["_linalg_solve_ex", "_linalg_solve_ex.result"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3469,12 +3469,12 @@ def test__linalg_solve_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_solve_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:150: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:144: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.solve",
         dtype,
-        overloads=["_linalg_solve_ex"],
-        variants=["Functional"],
+        overloads=["_linalg_solve_ex", "_linalg_solve_ex.result"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3483,22 +3483,22 @@ def test__linalg_solve_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_inv_ex(dtype):
-    # specs/linalg.yaml:160
+    # specs/linalg.yaml:153
     check_opinfo(
         "linalg.inv_ex",
         dtype,
-        overloads=["linalg_inv_ex"],
-        variants=["Functional"],
+        overloads=["linalg_inv_ex", "linalg_inv_ex.inverse"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test_linalg_inv_ex_compiled():
-    # specs/linalg.yaml:160: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:153: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.inv_ex",
-        overloads=["linalg_inv_ex"],
+        overloads=["linalg_inv_ex", "linalg_inv_ex.inverse"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3506,12 +3506,12 @@ def test_linalg_inv_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_inv_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:160: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:153: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.inv_ex",
         dtype,
-        overloads=["linalg_inv_ex"],
-        variants=["Functional"],
+        overloads=["linalg_inv_ex", "linalg_inv_ex.inverse"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3520,22 +3520,22 @@ def test_linalg_inv_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_det(dtype):
-    # specs/linalg.yaml:168
+    # specs/linalg.yaml:160
     check_opinfo(
         "linalg.det",
         dtype,
-        overloads=["_linalg_det"],
-        variants=["Functional"],
+        overloads=["_linalg_det", "_linalg_det.result"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test__linalg_det_compiled():
-    # specs/linalg.yaml:168: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:160: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.det",
-        overloads=["_linalg_det"],
+        overloads=["_linalg_det", "_linalg_det.result"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3543,12 +3543,12 @@ def test__linalg_det_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_det_other_dtypes(dtype):
-    # specs/linalg.yaml:168: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:160: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.det",
         dtype,
-        overloads=["_linalg_det"],
-        variants=["Functional"],
+        overloads=["_linalg_det", "_linalg_det.result"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3557,22 +3557,22 @@ def test__linalg_det_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_slogdet(dtype):
-    # specs/linalg.yaml:178
+    # specs/linalg.yaml:169
     check_opinfo(
         "linalg.slogdet",
         dtype,
-        overloads=["_linalg_slogdet"],
-        variants=["Functional"],
+        overloads=["_linalg_slogdet", "_linalg_slogdet.sign"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test__linalg_slogdet_compiled():
-    # specs/linalg.yaml:178: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:169: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.slogdet",
-        overloads=["_linalg_slogdet"],
+        overloads=["_linalg_slogdet", "_linalg_slogdet.sign"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3580,12 +3580,12 @@ def test__linalg_slogdet_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_slogdet_other_dtypes(dtype):
-    # specs/linalg.yaml:178: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:169: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.slogdet",
         dtype,
-        overloads=["_linalg_slogdet"],
-        variants=["Functional"],
+        overloads=["_linalg_slogdet", "_linalg_slogdet.sign"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3594,7 +3594,7 @@ def test__linalg_slogdet_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_geqrf(dtype):
-    # specs/linalg.yaml:189
+    # specs/linalg.yaml:179
     check_opinfo(
         "geqrf",
         dtype,
@@ -3606,7 +3606,7 @@ def test_geqrf(dtype):
 
 
 def test_geqrf_compiled():
-    # specs/linalg.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:179: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "geqrf",
         overloads=["geqrf", "geqrf.a"],
@@ -3617,7 +3617,7 @@ def test_geqrf_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_geqrf_other_dtypes(dtype):
-    # specs/linalg.yaml:189: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:179: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "geqrf",
         dtype,
@@ -3631,7 +3631,7 @@ def test_geqrf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_householder_product(dtype):
-    # specs/linalg.yaml:194
+    # specs/linalg.yaml:184
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3643,7 +3643,7 @@ def test_linalg_householder_product(dtype):
 
 
 def test_linalg_householder_product_compiled():
-    # specs/linalg.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:184: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.householder_product",
         overloads=["linalg_householder_product", "linalg_householder_product.out"],
@@ -3654,7 +3654,7 @@ def test_linalg_householder_product_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_householder_product_other_dtypes(dtype):
-    # specs/linalg.yaml:194: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:184: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3668,7 +3668,7 @@ def test_linalg_householder_product_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_ormqr(dtype):
-    # specs/linalg.yaml:199
+    # specs/linalg.yaml:189
     check_opinfo(
         "ormqr",
         dtype,
@@ -3680,7 +3680,7 @@ def test_ormqr(dtype):
 
 
 def test_ormqr_compiled():
-    # specs/linalg.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:189: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "ormqr",
         overloads=["ormqr", "ormqr.out"],
@@ -3691,7 +3691,7 @@ def test_ormqr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_ormqr_other_dtypes(dtype):
-    # specs/linalg.yaml:199: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:189: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "ormqr",
         dtype,
@@ -3705,22 +3705,22 @@ def test_ormqr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_qr(dtype):
-    # specs/linalg.yaml:204
+    # specs/linalg.yaml:194
     check_opinfo(
         "linalg.qr",
         dtype,
-        overloads=["linalg_qr"],
-        variants=["Functional"],
+        overloads=["linalg_qr", "linalg_qr.out"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test_linalg_qr_compiled():
-    # specs/linalg.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:194: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.qr",
-        overloads=["linalg_qr"],
+        overloads=["linalg_qr", "linalg_qr.out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3728,12 +3728,12 @@ def test_linalg_qr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_qr_other_dtypes(dtype):
-    # specs/linalg.yaml:204: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:194: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.qr",
         dtype,
-        overloads=["linalg_qr"],
-        variants=["Functional"],
+        overloads=["linalg_qr", "linalg_qr.out"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3742,22 +3742,22 @@ def test_linalg_qr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_eigh(dtype):
-    # specs/linalg.yaml:210
+    # specs/linalg.yaml:199
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
-        overloads=["_linalg_eigh"],
-        variants=["Functional"],
+        overloads=["_linalg_eigh", "_linalg_eigh.eigenvalues"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test__linalg_eigh_compiled():
-    # specs/linalg.yaml:210: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:199: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.eigvalsh",
-        overloads=["_linalg_eigh"],
+        overloads=["_linalg_eigh", "_linalg_eigh.eigenvalues"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3765,12 +3765,12 @@ def test__linalg_eigh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_eigh_other_dtypes(dtype):
-    # specs/linalg.yaml:210: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:199: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
-        overloads=["_linalg_eigh"],
-        variants=["Functional"],
+        overloads=["_linalg_eigh", "_linalg_eigh.eigenvalues"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3779,22 +3779,22 @@ def test__linalg_eigh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_svd(dtype):
-    # specs/linalg.yaml:216
+    # specs/linalg.yaml:204
     check_opinfo(
         "linalg.svdvals",
         dtype,
-        overloads=["_linalg_svd"],
-        variants=["Functional"],
+        overloads=["_linalg_svd", "_linalg_svd.U"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test__linalg_svd_compiled():
-    # specs/linalg.yaml:216: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:204: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.svdvals",
-        overloads=["_linalg_svd"],
+        overloads=["_linalg_svd", "_linalg_svd.U"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -3802,12 +3802,12 @@ def test__linalg_svd_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_svd_other_dtypes(dtype):
-    # specs/linalg.yaml:216: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:204: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.svdvals",
         dtype,
-        overloads=["_linalg_svd"],
-        variants=["Functional"],
+        overloads=["_linalg_svd", "_linalg_svd.U"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -3816,7 +3816,7 @@ def test__linalg_svd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_matrix_exp(dtype):
-    # specs/linalg.yaml:222
+    # specs/linalg.yaml:209
     check_opinfo(
         "matrix_exp",
         dtype,
@@ -3828,7 +3828,7 @@ def test_linalg_matrix_exp(dtype):
 
 
 def test_linalg_matrix_exp_compiled():
-    # specs/linalg.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:209: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "matrix_exp",
         overloads=["linalg_matrix_exp", "linalg_matrix_exp.out"],
@@ -3839,7 +3839,7 @@ def test_linalg_matrix_exp_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_linalg_cross(dtype):
-    # specs/linalg.yaml:227
+    # specs/linalg.yaml:214
     check_opinfo(
         "linalg.cross",
         dtype,
@@ -3851,7 +3851,7 @@ def test_linalg_cross(dtype):
 
 
 def test_linalg_cross_compiled():
-    # specs/linalg.yaml:227: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:214: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.cross",
         overloads=["linalg_cross", "linalg_cross.out"],
@@ -3862,7 +3862,7 @@ def test_linalg_cross_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_linalg_cross_other_dtypes(dtype):
-    # specs/linalg.yaml:227: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:214: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.cross",
         dtype,
@@ -4347,8 +4347,8 @@ def test_log_sigmoid_forward(dtype):
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
-        overloads=["log_sigmoid_forward"],
-        variants=["Functional"],
+        overloads=["log_sigmoid_forward", "log_sigmoid_forward.output"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
@@ -4358,7 +4358,7 @@ def test_log_sigmoid_forward_compiled():
     # specs/nn.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.logsigmoid",
-        overloads=["log_sigmoid_forward"],
+        overloads=["log_sigmoid_forward", "log_sigmoid_forward.output"],
         atol=None,
         rtol=None,
     )
@@ -4370,8 +4370,8 @@ def test_log_sigmoid_forward_other_dtypes(dtype):
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
-        overloads=["log_sigmoid_forward"],
-        variants=["Functional"],
+        overloads=["log_sigmoid_forward", "log_sigmoid_forward.output"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -4380,7 +4380,7 @@ def test_log_sigmoid_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_smooth_l1_loss(dtype):
-    # specs/nn.yaml:161
+    # specs/nn.yaml:160
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -4392,7 +4392,7 @@ def test_smooth_l1_loss(dtype):
 
 
 def test_smooth_l1_loss_compiled():
-    # specs/nn.yaml:161: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:160: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.smooth_l1_loss",
         overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
@@ -4403,7 +4403,7 @@ def test_smooth_l1_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_smooth_l1_loss_other_dtypes(dtype):
-    # specs/nn.yaml:161: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:160: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -4417,7 +4417,7 @@ def test_smooth_l1_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_huber_loss(dtype):
-    # specs/nn.yaml:177
+    # specs/nn.yaml:176
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -4429,7 +4429,7 @@ def test_huber_loss(dtype):
 
 
 def test_huber_loss_compiled():
-    # specs/nn.yaml:177: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:176: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.huber_loss",
         overloads=["huber_loss", "huber_loss.out"],
@@ -4440,7 +4440,7 @@ def test_huber_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_huber_loss_other_dtypes(dtype):
-    # specs/nn.yaml:177: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:176: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -4454,7 +4454,7 @@ def test_huber_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_binary_cross_entropy(dtype):
-    # specs/nn.yaml:194
+    # specs/nn.yaml:193
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -4466,7 +4466,7 @@ def test_binary_cross_entropy(dtype):
 
 
 def test_binary_cross_entropy_compiled():
-    # specs/nn.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:193: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.binary_cross_entropy",
         overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
@@ -4477,7 +4477,7 @@ def test_binary_cross_entropy_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_binary_cross_entropy_other_dtypes(dtype):
-    # specs/nn.yaml:194: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:193: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -4491,7 +4491,7 @@ def test_binary_cross_entropy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hardswish(dtype):
-    # specs/nn.yaml:208
+    # specs/nn.yaml:207
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -4503,7 +4503,7 @@ def test_hardswish(dtype):
 
 
 def test_hardswish_compiled():
-    # specs/nn.yaml:208: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:207: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardswish",
         overloads=["hardswish", "hardswish_", "hardswish.out"],
@@ -4514,7 +4514,7 @@ def test_hardswish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hardswish_other_dtypes(dtype):
-    # specs/nn.yaml:208: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:207: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -4528,7 +4528,7 @@ def test_hardswish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mish(dtype):
-    # specs/nn.yaml:217
+    # specs/nn.yaml:216
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -4540,7 +4540,7 @@ def test_mish(dtype):
 
 
 def test_mish_compiled():
-    # specs/nn.yaml:217: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:216: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.mish",
         overloads=["mish", "mish_", "mish.out"],
@@ -4551,7 +4551,7 @@ def test_mish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mish_other_dtypes(dtype):
-    # specs/nn.yaml:217: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:216: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -4565,7 +4565,7 @@ def test_mish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_glu(dtype):
-    # specs/nn.yaml:223
+    # specs/nn.yaml:222
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -4577,7 +4577,7 @@ def test_glu(dtype):
 
 
 def test_glu_compiled():
-    # specs/nn.yaml:223: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:222: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.glu",
         overloads=["glu", "glu.out"],
@@ -4588,7 +4588,7 @@ def test_glu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_glu_other_dtypes(dtype):
-    # specs/nn.yaml:223: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:222: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -4602,7 +4602,7 @@ def test_glu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__prelu_kernel(dtype):
-    # specs/nn.yaml:234
+    # specs/nn.yaml:233
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -4614,7 +4614,7 @@ def test__prelu_kernel(dtype):
 
 
 def test__prelu_kernel_compiled():
-    # specs/nn.yaml:234: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:233: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.prelu",
         overloads=["_prelu_kernel"],
@@ -4625,7 +4625,7 @@ def test__prelu_kernel_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__prelu_kernel_other_dtypes(dtype):
-    # specs/nn.yaml:234: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:233: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -4639,7 +4639,7 @@ def test__prelu_kernel_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_channel_shuffle(dtype):
-    # specs/nn.yaml:243
+    # specs/nn.yaml:242
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -4651,7 +4651,7 @@ def test_channel_shuffle(dtype):
 
 
 def test_channel_shuffle_compiled():
-    # specs/nn.yaml:243: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:242: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.channel_shuffle",
         overloads=["channel_shuffle", "channel_shuffle.out"],
@@ -4662,7 +4662,7 @@ def test_channel_shuffle_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_channel_shuffle_other_dtypes(dtype):
-    # specs/nn.yaml:243: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:242: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -4676,7 +4676,7 @@ def test_channel_shuffle_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multi_margin_loss(dtype):
-    # specs/nn.yaml:262
+    # specs/nn.yaml:261
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4688,7 +4688,7 @@ def test_multi_margin_loss(dtype):
 
 
 def test_multi_margin_loss_compiled():
-    # specs/nn.yaml:262: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:261: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multi_margin_loss",
         overloads=["multi_margin_loss", "multi_margin_loss.out"],
@@ -4699,7 +4699,7 @@ def test_multi_margin_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multi_margin_loss_other_dtypes(dtype):
-    # specs/nn.yaml:262: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:261: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4713,7 +4713,7 @@ def test_multi_margin_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multilabel_margin_loss_forward(dtype):
-    # specs/nn.yaml:275
+    # specs/nn.yaml:274
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -4725,7 +4725,7 @@ def test_multilabel_margin_loss_forward(dtype):
 
 
 def test_multilabel_margin_loss_forward_compiled():
-    # specs/nn.yaml:275: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:274: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multilabel_margin_loss",
         overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
@@ -4736,7 +4736,7 @@ def test_multilabel_margin_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multilabel_margin_loss_forward_other_dtypes(dtype):
-    # specs/nn.yaml:275: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:274: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -6367,8 +6367,8 @@ def test_max_pool2d_with_indices(dtype):
     check_opinfo(
         "nn.functional.max_pool2d",
         dtype,
-        overloads=["max_pool2d_with_indices"],
-        variants=["Functional"],
+        overloads=["max_pool2d_with_indices", "max_pool2d_with_indices.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
@@ -6378,7 +6378,7 @@ def test_max_pool2d_with_indices_compiled():
     # specs/pooling.yaml:9: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.max_pool2d",
-        overloads=["max_pool2d_with_indices"],
+        overloads=["max_pool2d_with_indices", "max_pool2d_with_indices.out"],
         atol=None,
         rtol=None,
     )
@@ -6390,8 +6390,8 @@ def test_max_pool2d_with_indices_other_dtypes(dtype):
     check_opinfo(
         "nn.functional.max_pool2d",
         dtype,
-        overloads=["max_pool2d_with_indices"],
-        variants=["Functional"],
+        overloads=["max_pool2d_with_indices", "max_pool2d_with_indices.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -6400,7 +6400,7 @@ def test_max_pool2d_with_indices_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_max_pool2d_with_indices_backward(dtype):
-    # specs/pooling.yaml:15
+    # specs/pooling.yaml:14
     check_opinfo(
         "nn.functional.max_pool1d",
         dtype,
@@ -6412,7 +6412,7 @@ def test_max_pool2d_with_indices_backward(dtype):
 
 
 def test_max_pool2d_with_indices_backward_compiled():
-    # specs/pooling.yaml:15: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:14: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.max_pool1d",
         overloads=["max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward.grad_input"],
@@ -6423,7 +6423,7 @@ def test_max_pool2d_with_indices_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_max_pool2d_with_indices_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:15: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:14: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.max_pool1d",
         dtype,
@@ -6437,22 +6437,22 @@ def test_max_pool2d_with_indices_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_max_pool3d_with_indices(dtype):
-    # specs/pooling.yaml:21
+    # specs/pooling.yaml:20
     check_opinfo(
         "nn.functional.max_pool3d",
         dtype,
-        overloads=["max_pool3d_with_indices"],
-        variants=["Functional"],
+        overloads=["max_pool3d_with_indices", "max_pool3d_with_indices.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_max_pool3d_with_indices_compiled():
-    # specs/pooling.yaml:21: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:20: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.max_pool3d",
-        overloads=["max_pool3d_with_indices"],
+        overloads=["max_pool3d_with_indices", "max_pool3d_with_indices.out"],
         atol=None,
         rtol=None,
     )
@@ -6460,12 +6460,12 @@ def test_max_pool3d_with_indices_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_pool3d_with_indices_other_dtypes(dtype):
-    # specs/pooling.yaml:21: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:20: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.max_pool3d",
         dtype,
-        overloads=["max_pool3d_with_indices"],
-        variants=["Functional"],
+        overloads=["max_pool3d_with_indices", "max_pool3d_with_indices.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -6474,7 +6474,7 @@ def test_max_pool3d_with_indices_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_max_unpool2d(dtype):
-    # specs/pooling.yaml:34
+    # specs/pooling.yaml:32
     check_opinfo(
         "nn.functional.max_unpool2d",
         dtype,
@@ -6486,7 +6486,7 @@ def test_max_unpool2d(dtype):
 
 
 def test_max_unpool2d_compiled():
-    # specs/pooling.yaml:34: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:32: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.max_unpool2d",
         overloads=["max_unpool2d", "max_unpool2d.out"],
@@ -6497,7 +6497,7 @@ def test_max_unpool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_unpool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:34: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:32: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.max_unpool2d",
         dtype,
@@ -6511,7 +6511,7 @@ def test_max_unpool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_max_unpool3d(dtype):
-    # specs/pooling.yaml:40
+    # specs/pooling.yaml:38
     check_opinfo(
         "nn.functional.max_unpool3d",
         dtype,
@@ -6523,7 +6523,7 @@ def test_max_unpool3d(dtype):
 
 
 def test_max_unpool3d_compiled():
-    # specs/pooling.yaml:40: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:38: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.max_unpool3d",
         overloads=["max_unpool3d", "max_unpool3d.out"],
@@ -6534,7 +6534,7 @@ def test_max_unpool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_unpool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:40: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:38: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.max_unpool3d",
         dtype,
@@ -6548,7 +6548,7 @@ def test_max_unpool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_im2col(dtype):
-    # specs/pooling.yaml:48
+    # specs/pooling.yaml:46
     check_opinfo(
         "nn.functional.unfold",
         dtype,
@@ -6560,7 +6560,7 @@ def test_im2col(dtype):
 
 
 def test_im2col_compiled():
-    # specs/pooling.yaml:48: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:46: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.unfold",
         overloads=["im2col", "im2col.out"],
@@ -6571,7 +6571,7 @@ def test_im2col_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_im2col_other_dtypes(dtype):
-    # specs/pooling.yaml:48: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:46: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.unfold",
         dtype,
@@ -6585,7 +6585,7 @@ def test_im2col_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d(dtype):
-    # specs/pooling.yaml:59
+    # specs/pooling.yaml:57
     check_opinfo(
         "nn.functional.avg_pool2d",
         dtype,
@@ -6597,7 +6597,7 @@ def test_avg_pool2d(dtype):
 
 
 def test_avg_pool2d_compiled():
-    # specs/pooling.yaml:59: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:57: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool2d",
         overloads=["avg_pool2d", "avg_pool2d.out"],
@@ -6608,7 +6608,7 @@ def test_avg_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:59: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:57: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool2d",
         dtype,
@@ -6622,7 +6622,7 @@ def test_avg_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d_backward(dtype):
-    # specs/pooling.yaml:64
+    # specs/pooling.yaml:62
     check_opinfo(
         "nn.functional.avg_pool1d",
         dtype,
@@ -6634,7 +6634,7 @@ def test_avg_pool2d_backward(dtype):
 
 
 def test_avg_pool2d_backward_compiled():
-    # specs/pooling.yaml:64: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:62: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool1d",
         overloads=["avg_pool2d_backward", "avg_pool2d_backward.grad_input"],
@@ -6645,7 +6645,7 @@ def test_avg_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:64: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:62: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool1d",
         dtype,
@@ -6659,7 +6659,7 @@ def test_avg_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool3d(dtype):
-    # specs/pooling.yaml:69
+    # specs/pooling.yaml:67
     check_opinfo(
         "nn.functional.avg_pool3d",
         dtype,
@@ -6671,7 +6671,7 @@ def test_avg_pool3d(dtype):
 
 
 def test_avg_pool3d_compiled():
-    # specs/pooling.yaml:69: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:67: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool3d",
         overloads=["avg_pool3d", "avg_pool3d.out"],
@@ -6682,7 +6682,7 @@ def test_avg_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:69: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:67: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool3d",
         dtype,
@@ -6696,7 +6696,7 @@ def test_avg_pool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d(dtype):
-    # specs/pooling.yaml:78
+    # specs/pooling.yaml:76
     check_opinfo(
         "nn.functional.adaptive_avg_pool2d",
         dtype,
@@ -6708,7 +6708,7 @@ def test__adaptive_avg_pool2d(dtype):
 
 
 def test__adaptive_avg_pool2d_compiled():
-    # specs/pooling.yaml:78: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:76: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool2d",
         overloads=["_adaptive_avg_pool2d", "_adaptive_avg_pool2d.out"],
@@ -6719,7 +6719,7 @@ def test__adaptive_avg_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__adaptive_avg_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:78: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:76: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_avg_pool2d",
         dtype,
@@ -6733,7 +6733,7 @@ def test__adaptive_avg_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d_backward(dtype):
-    # specs/pooling.yaml:83
+    # specs/pooling.yaml:81
     check_opinfo(
         "nn.functional.adaptive_avg_pool1d",
         dtype,
@@ -6745,7 +6745,7 @@ def test__adaptive_avg_pool2d_backward(dtype):
 
 
 def test__adaptive_avg_pool2d_backward_compiled():
-    # specs/pooling.yaml:83: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:81: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool1d",
         overloads=["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward.out"],
@@ -6756,7 +6756,7 @@ def test__adaptive_avg_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__adaptive_avg_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:83: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:81: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_avg_pool1d",
         dtype,
@@ -6770,7 +6770,7 @@ def test__adaptive_avg_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__adaptive_avg_pool3d(dtype):
-    # specs/pooling.yaml:90
+    # specs/pooling.yaml:88
     check_opinfo(
         "nn.functional.adaptive_avg_pool3d",
         dtype,
@@ -6782,7 +6782,7 @@ def test__adaptive_avg_pool3d(dtype):
 
 
 def test__adaptive_avg_pool3d_compiled():
-    # specs/pooling.yaml:90: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:88: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool3d",
         overloads=["_adaptive_avg_pool3d", "_adaptive_avg_pool3d.out"],
@@ -6793,22 +6793,22 @@ def test__adaptive_avg_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d(dtype):
-    # specs/pooling.yaml:99
+    # specs/pooling.yaml:97
     check_opinfo(
         "nn.functional.adaptive_max_pool2d",
         dtype,
-        overloads=["adaptive_max_pool2d"],
-        variants=["Functional"],
+        overloads=["adaptive_max_pool2d", "adaptive_max_pool2d.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_adaptive_max_pool2d_compiled():
-    # specs/pooling.yaml:99: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:97: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool2d",
-        overloads=["adaptive_max_pool2d"],
+        overloads=["adaptive_max_pool2d", "adaptive_max_pool2d.out"],
         atol=None,
         rtol=None,
     )
@@ -6816,12 +6816,12 @@ def test_adaptive_max_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:99: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:97: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool2d",
         dtype,
-        overloads=["adaptive_max_pool2d"],
-        variants=["Functional"],
+        overloads=["adaptive_max_pool2d", "adaptive_max_pool2d.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -6830,7 +6830,7 @@ def test_adaptive_max_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d_backward(dtype):
-    # specs/pooling.yaml:105
+    # specs/pooling.yaml:102
     check_opinfo(
         "nn.functional.adaptive_max_pool1d",
         dtype,
@@ -6842,7 +6842,7 @@ def test_adaptive_max_pool2d_backward(dtype):
 
 
 def test_adaptive_max_pool2d_backward_compiled():
-    # specs/pooling.yaml:105: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:102: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool1d",
         overloads=["adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward.grad_input"],
@@ -6853,7 +6853,7 @@ def test_adaptive_max_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:105: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:102: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool1d",
         dtype,
@@ -6867,22 +6867,22 @@ def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool3d(dtype):
-    # specs/pooling.yaml:111
+    # specs/pooling.yaml:108
     check_opinfo(
         "nn.functional.adaptive_max_pool3d",
         dtype,
-        overloads=["adaptive_max_pool3d"],
-        variants=["Functional"],
+        overloads=["adaptive_max_pool3d", "adaptive_max_pool3d.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_adaptive_max_pool3d_compiled():
-    # specs/pooling.yaml:111: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:108: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool3d",
-        overloads=["adaptive_max_pool3d"],
+        overloads=["adaptive_max_pool3d", "adaptive_max_pool3d.out"],
         atol=None,
         rtol=None,
     )
@@ -6890,12 +6890,12 @@ def test_adaptive_max_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:111: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:108: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool3d",
         dtype,
-        overloads=["adaptive_max_pool3d"],
-        variants=["Functional"],
+        overloads=["adaptive_max_pool3d", "adaptive_max_pool3d.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -6904,7 +6904,7 @@ def test_adaptive_max_pool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest1d(dtype):
-    # specs/pooling.yaml:124
+    # specs/pooling.yaml:120
     check_opinfo(
         "nn.functional.interpolate.nearest",
         dtype,
@@ -6916,7 +6916,7 @@ def test_upsample_nearest1d(dtype):
 
 
 def test_upsample_nearest1d_compiled():
-    # specs/pooling.yaml:124: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:120: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.nearest",
         overloads=["upsample_nearest1d", "upsample_nearest1d.out"],
@@ -6927,7 +6927,7 @@ def test_upsample_nearest1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test_upsample_nearest1d_other_dtypes(dtype):
-    # specs/pooling.yaml:124: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:120: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.nearest",
         dtype,
@@ -6941,7 +6941,7 @@ def test_upsample_nearest1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest2d(dtype):
-    # specs/pooling.yaml:133
+    # specs/pooling.yaml:129
     check_opinfo(
         "nn.functional.upsample_nearest",
         dtype,
@@ -6953,7 +6953,7 @@ def test_upsample_nearest2d(dtype):
 
 
 def test_upsample_nearest2d_compiled():
-    # specs/pooling.yaml:133: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:129: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.upsample_nearest",
         overloads=["upsample_nearest2d", "upsample_nearest2d.out"],
@@ -6964,7 +6964,7 @@ def test_upsample_nearest2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test_upsample_nearest2d_other_dtypes(dtype):
-    # specs/pooling.yaml:133: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:129: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.upsample_nearest",
         dtype,
@@ -6978,7 +6978,7 @@ def test_upsample_nearest2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__upsample_nearest_exact1d(dtype):
-    # specs/pooling.yaml:150
+    # specs/pooling.yaml:146
     check_opinfo(
         "nn.functional.interpolate.nearest-exact",
         dtype,
@@ -6990,7 +6990,7 @@ def test__upsample_nearest_exact1d(dtype):
 
 
 def test__upsample_nearest_exact1d_compiled():
-    # specs/pooling.yaml:150: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:146: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.nearest-exact",
         overloads=["_upsample_nearest_exact1d", "_upsample_nearest_exact1d.out"],
@@ -7001,7 +7001,7 @@ def test__upsample_nearest_exact1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test__upsample_nearest_exact1d_other_dtypes(dtype):
-    # specs/pooling.yaml:150: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:146: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.nearest-exact",
         dtype,
@@ -7015,7 +7015,7 @@ def test__upsample_nearest_exact1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_linear1d(dtype):
-    # specs/pooling.yaml:179
+    # specs/pooling.yaml:175
     check_opinfo(
         "nn.functional.interpolate.linear",
         dtype,
@@ -7027,7 +7027,7 @@ def test_upsample_linear1d(dtype):
 
 
 def test_upsample_linear1d_compiled():
-    # specs/pooling.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:175: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.linear",
         overloads=["upsample_linear1d", "upsample_linear1d.out"],
@@ -7038,7 +7038,7 @@ def test_upsample_linear1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d(dtype):
-    # specs/pooling.yaml:188
+    # specs/pooling.yaml:184
     check_opinfo(
         "nn.functional.interpolate.bilinear",
         dtype,
@@ -7050,7 +7050,7 @@ def test_upsample_bilinear2d(dtype):
 
 
 def test_upsample_bilinear2d_compiled():
-    # specs/pooling.yaml:188: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:184: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.bilinear",
         overloads=["upsample_bilinear2d", "upsample_bilinear2d.out"],
@@ -7061,7 +7061,7 @@ def test_upsample_bilinear2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_upsample_bilinear2d_other_dtypes(dtype):
-    # specs/pooling.yaml:188: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:184: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.bilinear",
         dtype,
@@ -7075,7 +7075,7 @@ def test_upsample_bilinear2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d_backward(dtype):
-    # specs/pooling.yaml:193
+    # specs/pooling.yaml:189
     check_opinfo(
         "nn.functional.upsample_bilinear",
         dtype,
@@ -7087,7 +7087,7 @@ def test_upsample_bilinear2d_backward(dtype):
 
 
 def test_upsample_bilinear2d_backward_compiled():
-    # specs/pooling.yaml:193: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:189: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.upsample_bilinear",
         overloads=["upsample_bilinear2d_backward", "upsample_bilinear2d_backward.grad_input"],
@@ -7098,7 +7098,7 @@ def test_upsample_bilinear2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_upsample_bilinear2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:193: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:189: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.upsample_bilinear",
         dtype,
@@ -7112,7 +7112,7 @@ def test_upsample_bilinear2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_bicubic2d(dtype):
-    # specs/pooling.yaml:199
+    # specs/pooling.yaml:195
     check_opinfo(
         "nn.functional.interpolate.bicubic",
         dtype,
@@ -7124,7 +7124,7 @@ def test_upsample_bicubic2d(dtype):
 
 
 def test_upsample_bicubic2d_compiled():
-    # specs/pooling.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:195: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.bicubic",
         overloads=["upsample_bicubic2d", "upsample_bicubic2d.out"],
@@ -7135,7 +7135,7 @@ def test_upsample_bicubic2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_trilinear3d(dtype):
-    # specs/pooling.yaml:208
+    # specs/pooling.yaml:204
     check_opinfo(
         "nn.functional.interpolate.trilinear",
         dtype,
@@ -7147,7 +7147,7 @@ def test_upsample_trilinear3d(dtype):
 
 
 def test_upsample_trilinear3d_compiled():
-    # specs/pooling.yaml:208: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:204: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.trilinear",
         overloads=["upsample_trilinear3d", "upsample_trilinear3d.out"],
@@ -7421,8 +7421,8 @@ def test_max_dim(dtype):
     check_opinfo(
         "max.reduction_with_dim",
         dtype,
-        overloads=["max.dim"],
-        variants=["Functional"],
+        overloads=["max.dim", "max.dim_max"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
@@ -7432,7 +7432,7 @@ def test_max_dim_compiled():
     # specs/reduction.yaml:70: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "max.reduction_with_dim",
-        overloads=["max.dim"],
+        overloads=["max.dim", "max.dim_max"],
         atol=None,
         rtol=None,
     )
@@ -7444,8 +7444,8 @@ def test_max_dim_other_dtypes(dtype):
     check_opinfo(
         "max.reduction_with_dim",
         dtype,
-        overloads=["max.dim"],
-        variants=["Functional"],
+        overloads=["max.dim", "max.dim_max"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -7454,22 +7454,22 @@ def test_max_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_min_dim(dtype):
-    # specs/reduction.yaml:77
+    # specs/reduction.yaml:76
     check_opinfo(
         "min.reduction_with_dim",
         dtype,
-        overloads=["min.dim"],
-        variants=["Functional"],
+        overloads=["min.dim", "min.dim_min"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_min_dim_compiled():
-    # specs/reduction.yaml:77: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:76: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "min.reduction_with_dim",
-        overloads=["min.dim"],
+        overloads=["min.dim", "min.dim_min"],
         atol=None,
         rtol=None,
     )
@@ -7477,12 +7477,12 @@ def test_min_dim_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_min_dim_other_dtypes(dtype):
-    # specs/reduction.yaml:77: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:76: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "min.reduction_with_dim",
         dtype,
-        overloads=["min.dim"],
-        variants=["Functional"],
+        overloads=["min.dim", "min.dim_min"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -7491,7 +7491,7 @@ def test_min_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_argmax(dtype):
-    # specs/reduction.yaml:85
+    # specs/reduction.yaml:83
     check_opinfo(
         "argmax",
         dtype,
@@ -7503,7 +7503,7 @@ def test_argmax(dtype):
 
 
 def test_argmax_compiled():
-    # specs/reduction.yaml:85: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:83: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "argmax",
         overloads=["argmax", "argmax.out"],
@@ -7514,7 +7514,7 @@ def test_argmax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_argmax_other_dtypes(dtype):
-    # specs/reduction.yaml:85: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:83: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "argmax",
         dtype,
@@ -7528,7 +7528,7 @@ def test_argmax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_argmin(dtype):
-    # specs/reduction.yaml:93
+    # specs/reduction.yaml:91
     check_opinfo(
         "argmin",
         dtype,
@@ -7540,7 +7540,7 @@ def test_argmin(dtype):
 
 
 def test_argmin_compiled():
-    # specs/reduction.yaml:93: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:91: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "argmin",
         overloads=["argmin", "argmin.out"],
@@ -7551,7 +7551,7 @@ def test_argmin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_argmin_other_dtypes(dtype):
-    # specs/reduction.yaml:93: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:91: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "argmin",
         dtype,
@@ -7565,7 +7565,7 @@ def test_argmin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_any_dims(dtype):
-    # specs/reduction.yaml:117
+    # specs/reduction.yaml:115
     check_opinfo(
         "any",
         dtype,
@@ -7577,7 +7577,7 @@ def test_any_dims(dtype):
 
 
 def test_any_dims_compiled():
-    # specs/reduction.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:115: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "any",
         overloads=["any.dims", "any.dims_out"],
@@ -7588,7 +7588,7 @@ def test_any_dims_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_any_dims_other_dtypes(dtype):
-    # specs/reduction.yaml:117: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:115: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "any",
         dtype,
@@ -7602,7 +7602,7 @@ def test_any_dims_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_all_dims(dtype):
-    # specs/reduction.yaml:139
+    # specs/reduction.yaml:137
     check_opinfo(
         "all",
         dtype,
@@ -7614,7 +7614,7 @@ def test_all_dims(dtype):
 
 
 def test_all_dims_compiled():
-    # specs/reduction.yaml:139: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:137: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "all",
         overloads=["all.dims", "all.dims_out"],
@@ -7625,7 +7625,7 @@ def test_all_dims_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_all_dims_other_dtypes(dtype):
-    # specs/reduction.yaml:139: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:137: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "all",
         dtype,
@@ -7639,7 +7639,7 @@ def test_all_dims_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_correction(dtype):
-    # specs/reduction.yaml:148
+    # specs/reduction.yaml:146
     check_opinfo(
         "var",
         dtype,
@@ -7651,7 +7651,7 @@ def test_var_correction(dtype):
 
 
 def test_var_correction_compiled():
-    # specs/reduction.yaml:148: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:146: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var",
         overloads=["var.correction", "var.correction_out"],
@@ -7662,7 +7662,7 @@ def test_var_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:148: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:146: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var",
         dtype,
@@ -7676,7 +7676,7 @@ def test_var_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_correction(dtype):
-    # specs/reduction.yaml:156
+    # specs/reduction.yaml:154
     check_opinfo(
         "std",
         dtype,
@@ -7688,7 +7688,7 @@ def test_std_correction(dtype):
 
 
 def test_std_correction_compiled():
-    # specs/reduction.yaml:156: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:154: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std",
         overloads=["std.correction", "std.correction_out"],
@@ -7699,7 +7699,7 @@ def test_std_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:156: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:154: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std",
         dtype,
@@ -7713,22 +7713,22 @@ def test_std_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_mean_correction(dtype):
-    # specs/reduction.yaml:164
+    # specs/reduction.yaml:162
     check_opinfo(
         "var_mean",
         dtype,
-        overloads=["var_mean.correction"],
-        variants=["Functional"],
+        overloads=["var_mean.correction", "var_mean.correction_out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
     )
 
 
 def test_var_mean_correction_compiled():
-    # specs/reduction.yaml:164: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:162: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var_mean",
-        overloads=["var_mean.correction"],
+        overloads=["var_mean.correction", "var_mean.correction_out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -7736,12 +7736,12 @@ def test_var_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:164: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:162: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var_mean",
         dtype,
-        overloads=["var_mean.correction"],
-        variants=["Functional"],
+        overloads=["var_mean.correction", "var_mean.correction_out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
         max_samples=3,
@@ -7750,22 +7750,22 @@ def test_var_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_mean_correction(dtype):
-    # specs/reduction.yaml:172
+    # specs/reduction.yaml:169
     check_opinfo(
         "std_mean",
         dtype,
-        overloads=["std_mean.correction"],
-        variants=["Functional"],
+        overloads=["std_mean.correction", "std_mean.correction_out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
     )
 
 
 def test_std_mean_correction_compiled():
-    # specs/reduction.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:169: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std_mean",
-        overloads=["std_mean.correction"],
+        overloads=["std_mean.correction", "std_mean.correction_out"],
         atol=1e-5,
         rtol=1e-5,
     )
@@ -7773,12 +7773,12 @@ def test_std_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:172: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:169: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std_mean",
         dtype,
-        overloads=["std_mean.correction"],
-        variants=["Functional"],
+        overloads=["std_mean.correction", "std_mean.correction_out"],
+        variants=["Functional", "Out"],
         atol=1e-5,
         rtol=1e-5,
         max_samples=3,
@@ -7787,7 +7787,7 @@ def test_std_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_logsumexp(dtype):
-    # specs/reduction.yaml:181
+    # specs/reduction.yaml:177
     check_opinfo(
         "logsumexp",
         dtype,
@@ -7799,7 +7799,7 @@ def test_logsumexp(dtype):
 
 
 def test_logsumexp_compiled():
-    # specs/reduction.yaml:181: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:177: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logsumexp",
         overloads=["logsumexp", "logsumexp.out"],
@@ -7810,7 +7810,7 @@ def test_logsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_linalg_vector_norm(dtype):
-    # specs/reduction.yaml:189
+    # specs/reduction.yaml:185
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -7822,7 +7822,7 @@ def test_linalg_vector_norm(dtype):
 
 
 def test_linalg_vector_norm_compiled():
-    # specs/reduction.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:185: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.vector_norm",
         overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
@@ -7833,7 +7833,7 @@ def test_linalg_vector_norm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_linalg_vector_norm_other_dtypes(dtype):
-    # specs/reduction.yaml:189: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:185: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -7847,7 +7847,7 @@ def test_linalg_vector_norm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumsum(dtype):
-    # specs/reduction.yaml:198
+    # specs/reduction.yaml:194
     check_opinfo(
         "cumsum",
         dtype,
@@ -7859,7 +7859,7 @@ def test_cumsum(dtype):
 
 
 def test_cumsum_compiled():
-    # specs/reduction.yaml:198: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:194: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumsum",
         overloads=["cumsum", "cumsum_", "cumsum.out"],
@@ -7870,7 +7870,7 @@ def test_cumsum_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumsum_other_dtypes(dtype):
-    # specs/reduction.yaml:198: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:194: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumsum",
         dtype,
@@ -7884,7 +7884,7 @@ def test_cumsum_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumprod(dtype):
-    # specs/reduction.yaml:204
+    # specs/reduction.yaml:200
     check_opinfo(
         "cumprod",
         dtype,
@@ -7896,7 +7896,7 @@ def test_cumprod(dtype):
 
 
 def test_cumprod_compiled():
-    # specs/reduction.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:200: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumprod",
         overloads=["cumprod", "cumprod_", "cumprod.out"],
@@ -7907,7 +7907,7 @@ def test_cumprod_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumprod_other_dtypes(dtype):
-    # specs/reduction.yaml:204: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:200: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumprod",
         dtype,
@@ -7921,22 +7921,22 @@ def test_cumprod_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "float32"])
 def test_sort_stable(dtype):
-    # specs/reduction.yaml:216
+    # specs/reduction.yaml:212
     check_opinfo(
         "sort",
         dtype,
-        overloads=["sort.stable"],
-        variants=["Functional"],
+        overloads=["sort.stable", "sort.values_stable"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_sort_stable_compiled():
-    # specs/reduction.yaml:216: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:212: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sort",
-        overloads=["sort.stable"],
+        overloads=["sort.stable", "sort.values_stable"],
         atol=None,
         rtol=None,
     )
@@ -7944,22 +7944,22 @@ def test_sort_stable_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_topk(dtype):
-    # specs/reduction.yaml:223
+    # specs/reduction.yaml:218
     check_opinfo(
         "topk",
         dtype,
-        overloads=["topk"],
-        variants=["Functional"],
+        overloads=["topk", "topk.values"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_topk_compiled():
-    # specs/reduction.yaml:223: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:218: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "topk",
-        overloads=["topk"],
+        overloads=["topk", "topk.values"],
         atol=None,
         rtol=None,
     )
@@ -7967,22 +7967,22 @@ def test_topk_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummax(dtype):
-    # specs/reduction.yaml:233
+    # specs/reduction.yaml:227
     check_opinfo(
         "cummax",
         dtype,
-        overloads=["cummax"],
-        variants=["Functional"],
+        overloads=["cummax", "cummax.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_cummax_compiled():
-    # specs/reduction.yaml:233: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:227: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummax",
-        overloads=["cummax"],
+        overloads=["cummax", "cummax.out"],
         atol=None,
         rtol=None,
     )
@@ -7990,12 +7990,12 @@ def test_cummax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummax_other_dtypes(dtype):
-    # specs/reduction.yaml:233: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:227: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummax",
         dtype,
-        overloads=["cummax"],
-        variants=["Functional"],
+        overloads=["cummax", "cummax.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -8004,22 +8004,22 @@ def test_cummax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummin(dtype):
-    # specs/reduction.yaml:240
+    # specs/reduction.yaml:233
     check_opinfo(
         "cummin",
         dtype,
-        overloads=["cummin"],
-        variants=["Functional"],
+        overloads=["cummin", "cummin.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_cummin_compiled():
-    # specs/reduction.yaml:240: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:233: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummin",
-        overloads=["cummin"],
+        overloads=["cummin", "cummin.out"],
         atol=None,
         rtol=None,
     )
@@ -8027,12 +8027,12 @@ def test_cummin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummin_other_dtypes(dtype):
-    # specs/reduction.yaml:240: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:233: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummin",
         dtype,
-        overloads=["cummin"],
-        variants=["Functional"],
+        overloads=["cummin", "cummin.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -8041,7 +8041,7 @@ def test_cummin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__logcumsumexp(dtype):
-    # specs/reduction.yaml:248
+    # specs/reduction.yaml:240
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -8055,7 +8055,7 @@ def test__logcumsumexp(dtype):
 
 
 def test__logcumsumexp_compiled():
-    # specs/reduction.yaml:248: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:240: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logcumsumexp",
         overloads=["_logcumsumexp", "_logcumsumexp.out"],
@@ -8066,7 +8066,7 @@ def test__logcumsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__logcumsumexp_other_dtypes(dtype):
-    # specs/reduction.yaml:248: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:240: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -8082,22 +8082,22 @@ def test__logcumsumexp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_kthvalue(dtype):
-    # specs/reduction.yaml:257
+    # specs/reduction.yaml:249
     check_opinfo(
         "kthvalue",
         dtype,
-        overloads=["kthvalue"],
-        variants=["Functional"],
+        overloads=["kthvalue", "kthvalue.values"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_kthvalue_compiled():
-    # specs/reduction.yaml:257: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:249: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "kthvalue",
-        overloads=["kthvalue"],
+        overloads=["kthvalue", "kthvalue.values"],
         atol=None,
         rtol=None,
     )
@@ -8105,7 +8105,7 @@ def test_kthvalue_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_median(dtype):
-    # specs/reduction.yaml:264
+    # specs/reduction.yaml:255
     check_opinfo(
         "median",
         dtype,
@@ -8117,7 +8117,7 @@ def test_median(dtype):
 
 
 def test_median_compiled():
-    # specs/reduction.yaml:264: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:255: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "median",
         overloads=["median", "median.out"],
@@ -8128,7 +8128,7 @@ def test_median_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_median_other_dtypes(dtype):
-    # specs/reduction.yaml:264: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:255: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "median",
         dtype,
@@ -8142,7 +8142,7 @@ def test_median_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_nanmedian(dtype):
-    # specs/reduction.yaml:276
+    # specs/reduction.yaml:266
     check_opinfo(
         "nanmedian",
         dtype,
@@ -8154,7 +8154,7 @@ def test_nanmedian(dtype):
 
 
 def test_nanmedian_compiled():
-    # specs/reduction.yaml:276: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:266: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nanmedian",
         overloads=["nanmedian", "nanmedian.out"],
@@ -8165,7 +8165,7 @@ def test_nanmedian_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nanmedian_other_dtypes(dtype):
-    # specs/reduction.yaml:276: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:266: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nanmedian",
         dtype,
@@ -8179,7 +8179,7 @@ def test_nanmedian_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_trace(dtype):
-    # specs/reduction.yaml:289
+    # specs/reduction.yaml:278
     check_opinfo(
         "trace",
         dtype,
@@ -8191,7 +8191,7 @@ def test_trace(dtype):
 
 
 def test_trace_compiled():
-    # specs/reduction.yaml:289: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:278: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "trace",
         overloads=["trace", "trace.out"],
@@ -8202,7 +8202,7 @@ def test_trace_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_trace_other_dtypes(dtype):
-    # specs/reduction.yaml:289: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:278: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "trace",
         dtype,
@@ -8882,7 +8882,7 @@ def test_digamma_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_zeta(dtype):
-    # specs/special.yaml:54
+    # specs/special.yaml:50
     check_opinfo(
         "special.zeta",
         dtype,
@@ -8894,7 +8894,7 @@ def test_special_zeta(dtype):
 
 
 def test_special_zeta_compiled():
-    # specs/special.yaml:54: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:50: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.zeta",
         overloads=["special_zeta", "special_zeta.out"],
@@ -8905,7 +8905,7 @@ def test_special_zeta_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_zeta_other_dtypes(dtype):
-    # specs/special.yaml:54: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:50: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.zeta",
         dtype,
@@ -8919,7 +8919,7 @@ def test_special_zeta_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_i1e(dtype):
-    # specs/special.yaml:60
+    # specs/special.yaml:56
     check_opinfo(
         "special.i1e",
         dtype,
@@ -8931,7 +8931,7 @@ def test_special_i1e(dtype):
 
 
 def test_special_i1e_compiled():
-    # specs/special.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:56: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.i1e",
         overloads=["special_i1e", "special_i1e.out"],
@@ -8942,7 +8942,7 @@ def test_special_i1e_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_i1e_other_dtypes(dtype):
-    # specs/special.yaml:60: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:56: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.i1e",
         dtype,
@@ -8956,7 +8956,7 @@ def test_special_i1e_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_i1(dtype):
-    # specs/special.yaml:66
+    # specs/special.yaml:62
     check_opinfo(
         "special.i1",
         dtype,
@@ -8968,7 +8968,7 @@ def test_special_i1(dtype):
 
 
 def test_special_i1_compiled():
-    # specs/special.yaml:66: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:62: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.i1",
         overloads=["special_i1", "special_i1.out"],
@@ -8979,7 +8979,7 @@ def test_special_i1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_i1_other_dtypes(dtype):
-    # specs/special.yaml:66: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:62: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.i1",
         dtype,
@@ -8993,7 +8993,7 @@ def test_special_i1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_ndtri(dtype):
-    # specs/special.yaml:73
+    # specs/special.yaml:69
     check_opinfo(
         "special.ndtri",
         dtype,
@@ -9005,7 +9005,7 @@ def test_special_ndtri(dtype):
 
 
 def test_special_ndtri_compiled():
-    # specs/special.yaml:73: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:69: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.ndtri",
         overloads=["special_ndtri", "special_ndtri.out"],
@@ -9016,7 +9016,7 @@ def test_special_ndtri_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_ndtri_other_dtypes(dtype):
-    # specs/special.yaml:73: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:69: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.ndtri",
         dtype,
@@ -9030,7 +9030,7 @@ def test_special_ndtri_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_log_ndtr(dtype):
-    # specs/special.yaml:80
+    # specs/special.yaml:76
     check_opinfo(
         "special.log_ndtr",
         dtype,
@@ -9042,7 +9042,7 @@ def test_special_log_ndtr(dtype):
 
 
 def test_special_log_ndtr_compiled():
-    # specs/special.yaml:80: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:76: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.log_ndtr",
         overloads=["special_log_ndtr", "special_log_ndtr.out"],
@@ -9053,7 +9053,7 @@ def test_special_log_ndtr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_log_ndtr_other_dtypes(dtype):
-    # specs/special.yaml:80: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:76: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.log_ndtr",
         dtype,
@@ -9067,7 +9067,7 @@ def test_special_log_ndtr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_entr(dtype):
-    # specs/special.yaml:87
+    # specs/special.yaml:83
     check_opinfo(
         "special.entr",
         dtype,
@@ -9079,7 +9079,7 @@ def test_special_entr(dtype):
 
 
 def test_special_entr_compiled():
-    # specs/special.yaml:87: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:83: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.entr",
         overloads=["special_entr", "special_entr.out"],
@@ -9090,7 +9090,7 @@ def test_special_entr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_entr_other_dtypes(dtype):
-    # specs/special.yaml:87: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:83: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.entr",
         dtype,
@@ -9104,7 +9104,7 @@ def test_special_entr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_xlog1py(dtype):
-    # specs/special.yaml:95
+    # specs/special.yaml:91
     check_opinfo(
         "special.xlog1py",
         dtype,
@@ -9116,7 +9116,7 @@ def test_special_xlog1py(dtype):
 
 
 def test_special_xlog1py_compiled():
-    # specs/special.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:91: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.xlog1py",
         overloads=["special_xlog1py", "special_xlog1py.out"],
@@ -9127,7 +9127,7 @@ def test_special_xlog1py_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_xlog1py_other_dtypes(dtype):
-    # specs/special.yaml:95: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:91: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.xlog1py",
         dtype,
@@ -9141,7 +9141,7 @@ def test_special_xlog1py_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_exp2(dtype):
-    # specs/special.yaml:103
+    # specs/special.yaml:99
     check_opinfo(
         "exp2",
         dtype,
@@ -9153,7 +9153,7 @@ def test_exp2(dtype):
 
 
 def test_exp2_compiled():
-    # specs/special.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:99: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "exp2",
         overloads=["exp2", "exp2_", "exp2.out"],
@@ -9164,7 +9164,7 @@ def test_exp2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_exp2_other_dtypes(dtype):
-    # specs/special.yaml:103: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:99: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "exp2",
         dtype,
@@ -9178,7 +9178,7 @@ def test_exp2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_sinc(dtype):
-    # specs/special.yaml:109
+    # specs/special.yaml:105
     check_opinfo(
         "sinc",
         dtype,
@@ -9190,7 +9190,7 @@ def test_sinc(dtype):
 
 
 def test_sinc_compiled():
-    # specs/special.yaml:109: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:105: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sinc",
         overloads=["sinc", "sinc_", "sinc.out"],
@@ -9201,7 +9201,7 @@ def test_sinc_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_sinc_other_dtypes(dtype):
-    # specs/special.yaml:109: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:105: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "sinc",
         dtype,
@@ -9215,7 +9215,7 @@ def test_sinc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_nextafter(dtype):
-    # specs/special.yaml:117
+    # specs/special.yaml:113
     check_opinfo(
         "nextafter",
         dtype,
@@ -9227,7 +9227,7 @@ def test_nextafter(dtype):
 
 
 def test_nextafter_compiled():
-    # specs/special.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:113: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nextafter",
         overloads=["nextafter", "nextafter_", "nextafter.out"],
@@ -9238,7 +9238,7 @@ def test_nextafter_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_nextafter_other_dtypes(dtype):
-    # specs/special.yaml:117: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:113: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nextafter",
         dtype,
@@ -9252,7 +9252,7 @@ def test_nextafter_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_angle(dtype):
-    # specs/special.yaml:123
+    # specs/special.yaml:119
     check_opinfo(
         "angle",
         dtype,
@@ -9264,7 +9264,7 @@ def test_angle(dtype):
 
 
 def test_angle_compiled():
-    # specs/special.yaml:123: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:119: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "angle",
         overloads=["angle", "angle.out"],
@@ -9275,7 +9275,7 @@ def test_angle_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_angle_other_dtypes(dtype):
-    # specs/special.yaml:123: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:119: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "angle",
         dtype,
@@ -9289,7 +9289,7 @@ def test_angle_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_heaviside(dtype):
-    # specs/special.yaml:129
+    # specs/special.yaml:125
     check_opinfo(
         "heaviside",
         dtype,
@@ -9301,7 +9301,7 @@ def test_heaviside(dtype):
 
 
 def test_heaviside_compiled():
-    # specs/special.yaml:129: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:125: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "heaviside",
         overloads=["heaviside", "heaviside_", "heaviside.out"],
@@ -9312,7 +9312,7 @@ def test_heaviside_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_heaviside_other_dtypes(dtype):
-    # specs/special.yaml:129: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:125: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "heaviside",
         dtype,
@@ -9326,7 +9326,7 @@ def test_heaviside_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_logaddexp(dtype):
-    # specs/special.yaml:134
+    # specs/special.yaml:130
     check_opinfo(
         "logaddexp",
         dtype,
@@ -9338,7 +9338,7 @@ def test_logaddexp(dtype):
 
 
 def test_logaddexp_compiled():
-    # specs/special.yaml:134: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:130: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logaddexp",
         overloads=["logaddexp", "logaddexp.out"],
@@ -9349,7 +9349,7 @@ def test_logaddexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_logaddexp_other_dtypes(dtype):
-    # specs/special.yaml:134: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:130: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logaddexp",
         dtype,
@@ -9363,7 +9363,7 @@ def test_logaddexp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_logaddexp2(dtype):
-    # specs/special.yaml:140
+    # specs/special.yaml:136
     check_opinfo(
         "logaddexp2",
         dtype,
@@ -9375,7 +9375,7 @@ def test_logaddexp2(dtype):
 
 
 def test_logaddexp2_compiled():
-    # specs/special.yaml:140: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:136: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logaddexp2",
         overloads=["logaddexp2", "logaddexp2.out"],
@@ -9386,7 +9386,7 @@ def test_logaddexp2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_logaddexp2_other_dtypes(dtype):
-    # specs/special.yaml:140: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:136: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logaddexp2",
         dtype,
@@ -9400,7 +9400,7 @@ def test_logaddexp2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_logit(dtype):
-    # specs/special.yaml:147
+    # specs/special.yaml:143
     check_opinfo(
         "logit",
         dtype,
@@ -9412,7 +9412,7 @@ def test_logit(dtype):
 
 
 def test_logit_compiled():
-    # specs/special.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:143: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logit",
         overloads=["logit", "logit_", "logit.out"],
@@ -9423,7 +9423,7 @@ def test_logit_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hardshrink(dtype):
-    # specs/special.yaml:160
+    # specs/special.yaml:156
     check_opinfo(
         "nn.functional.hardshrink",
         dtype,
@@ -9435,7 +9435,7 @@ def test_hardshrink(dtype):
 
 
 def test_hardshrink_compiled():
-    # specs/special.yaml:160: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:156: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardshrink",
         overloads=["hardshrink", "hardshrink.out"],
@@ -9446,7 +9446,7 @@ def test_hardshrink_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hardshrink_other_dtypes(dtype):
-    # specs/special.yaml:160: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:156: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardshrink",
         dtype,
@@ -9460,7 +9460,7 @@ def test_hardshrink_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_softshrink(dtype):
-    # specs/special.yaml:169
+    # specs/special.yaml:165
     check_opinfo(
         "nn.functional.softshrink",
         dtype,
@@ -9472,7 +9472,7 @@ def test_softshrink(dtype):
 
 
 def test_softshrink_compiled():
-    # specs/special.yaml:169: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:165: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.softshrink",
         overloads=["softshrink", "softshrink.out"],
@@ -9483,7 +9483,7 @@ def test_softshrink_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_softshrink_other_dtypes(dtype):
-    # specs/special.yaml:169: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:165: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.softshrink",
         dtype,
@@ -9497,7 +9497,7 @@ def test_softshrink_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hardsigmoid(dtype):
-    # specs/special.yaml:178
+    # specs/special.yaml:174
     check_opinfo(
         "nn.functional.hardsigmoid",
         dtype,
@@ -9509,7 +9509,7 @@ def test_hardsigmoid(dtype):
 
 
 def test_hardsigmoid_compiled():
-    # specs/special.yaml:178: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:174: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardsigmoid",
         overloads=["hardsigmoid", "hardsigmoid_", "hardsigmoid.out"],
@@ -9520,7 +9520,7 @@ def test_hardsigmoid_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hardsigmoid_other_dtypes(dtype):
-    # specs/special.yaml:178: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:174: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardsigmoid",
         dtype,
@@ -9534,7 +9534,7 @@ def test_hardsigmoid_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_rsub_Tensor(dtype):
-    # specs/special.yaml:189
+    # specs/special.yaml:185
     check_opinfo(
         "rsub",
         dtype,
@@ -9546,7 +9546,7 @@ def test_rsub_Tensor(dtype):
 
 
 def test_rsub_Tensor_compiled():
-    # specs/special.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:185: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "rsub",
         overloads=["rsub.Tensor", "rsub.Tensor_out"],
@@ -9557,7 +9557,7 @@ def test_rsub_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_rsub_Tensor_other_dtypes(dtype):
-    # specs/special.yaml:189: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:185: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "rsub",
         dtype,
@@ -9571,7 +9571,7 @@ def test_rsub_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_nansum(dtype):
-    # specs/special.yaml:199
+    # specs/special.yaml:195
     check_opinfo(
         "nansum",
         dtype,
@@ -9583,7 +9583,7 @@ def test_nansum(dtype):
 
 
 def test_nansum_compiled():
-    # specs/special.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:195: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nansum",
         overloads=["nansum", "nansum.out"],
@@ -9594,7 +9594,7 @@ def test_nansum_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nansum_other_dtypes(dtype):
-    # specs/special.yaml:199: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:195: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nansum",
         dtype,
@@ -9608,7 +9608,7 @@ def test_nansum_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_count_nonzero_dim_IntList(dtype):
-    # specs/special.yaml:205
+    # specs/special.yaml:201
     check_opinfo(
         "count_nonzero",
         dtype,
@@ -9620,7 +9620,7 @@ def test_count_nonzero_dim_IntList(dtype):
 
 
 def test_count_nonzero_dim_IntList_compiled():
-    # specs/special.yaml:205: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:201: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "count_nonzero",
         overloads=["count_nonzero.dim_IntList", "count_nonzero.dim_IntList_out"],
@@ -9631,7 +9631,7 @@ def test_count_nonzero_dim_IntList_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_count_nonzero_dim_IntList_other_dtypes(dtype):
-    # specs/special.yaml:205: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:201: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "count_nonzero",
         dtype,
@@ -9645,7 +9645,7 @@ def test_count_nonzero_dim_IntList_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_norm_ScalarOpt_dim(dtype):
-    # specs/special.yaml:212
+    # specs/special.yaml:208
     check_opinfo(
         "dist",
         dtype,
@@ -9657,7 +9657,7 @@ def test_norm_ScalarOpt_dim(dtype):
 
 
 def test_norm_ScalarOpt_dim_compiled():
-    # specs/special.yaml:212: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:208: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "dist",
         overloads=["norm.ScalarOpt_dim", "norm.out"],
@@ -9668,7 +9668,7 @@ def test_norm_ScalarOpt_dim_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_norm_ScalarOpt_dim_other_dtypes(dtype):
-    # specs/special.yaml:212: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:208: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "dist",
         dtype,
@@ -9682,22 +9682,22 @@ def test_norm_ScalarOpt_dim_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_aminmax(dtype):
-    # specs/special.yaml:226
+    # specs/special.yaml:222
     check_opinfo(
         "aminmax",
         dtype,
-        overloads=["aminmax"],
-        variants=["Functional"],
+        overloads=["aminmax", "aminmax.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
     )
 
 
 def test_aminmax_compiled():
-    # specs/special.yaml:226: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:222: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "aminmax",
-        overloads=["aminmax"],
+        overloads=["aminmax", "aminmax.out"],
         atol=None,
         rtol=None,
     )
@@ -9705,12 +9705,12 @@ def test_aminmax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_aminmax_other_dtypes(dtype):
-    # specs/special.yaml:226: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:222: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "aminmax",
         dtype,
-        overloads=["aminmax"],
-        variants=["Functional"],
+        overloads=["aminmax", "aminmax.out"],
+        variants=["Functional", "Out"],
         atol=None,
         rtol=None,
         max_samples=3,
@@ -9719,7 +9719,7 @@ def test_aminmax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_logspace(dtype):
-    # specs/special.yaml:233
+    # specs/special.yaml:228
     check_opinfo(
         "logspace",
         dtype,
@@ -9731,7 +9731,7 @@ def test_logspace(dtype):
 
 
 def test_logspace_compiled():
-    # specs/special.yaml:233: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:228: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logspace",
         overloads=["logspace", "logspace.out"],
@@ -9742,7 +9742,7 @@ def test_logspace_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_polygamma(dtype):
-    # specs/special.yaml:244
+    # specs/special.yaml:239
     check_opinfo(
         "polygamma.polygamma_n_1",
         dtype,
@@ -9754,7 +9754,7 @@ def test_polygamma(dtype):
 
 
 def test_polygamma_compiled():
-    # specs/special.yaml:244: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:239: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "polygamma.polygamma_n_1",
         overloads=["polygamma", "polygamma.out"],
@@ -9765,7 +9765,7 @@ def test_polygamma_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_polygamma_other_dtypes(dtype):
-    # specs/special.yaml:244: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:239: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "polygamma.polygamma_n_1",
         dtype,
@@ -9779,7 +9779,7 @@ def test_polygamma_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_igamma(dtype):
-    # specs/special.yaml:260
+    # specs/special.yaml:255
     check_opinfo(
         "igamma",
         dtype,
@@ -9791,7 +9791,7 @@ def test_igamma(dtype):
 
 
 def test_igamma_compiled():
-    # specs/special.yaml:260: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:255: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "igamma",
         overloads=["igamma", "igamma_", "igamma.out"],
@@ -9802,7 +9802,7 @@ def test_igamma_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_igammac(dtype):
-    # specs/special.yaml:266
+    # specs/special.yaml:261
     check_opinfo(
         "igammac",
         dtype,
@@ -9814,7 +9814,7 @@ def test_igammac(dtype):
 
 
 def test_igammac_compiled():
-    # specs/special.yaml:266: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:261: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "igammac",
         overloads=["igammac", "igammac_", "igammac.out"],
@@ -9825,7 +9825,7 @@ def test_igammac_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_erfcx(dtype):
-    # specs/special.yaml:274
+    # specs/special.yaml:269
     check_opinfo(
         "special.erfcx",
         dtype,
@@ -9837,7 +9837,7 @@ def test_special_erfcx(dtype):
 
 
 def test_special_erfcx_compiled():
-    # specs/special.yaml:274: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:269: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.erfcx",
         overloads=["special_erfcx", "special_erfcx.out"],
@@ -9848,7 +9848,7 @@ def test_special_erfcx_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_erfcx_other_dtypes(dtype):
-    # specs/special.yaml:274: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:269: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.erfcx",
         dtype,
@@ -9862,7 +9862,7 @@ def test_special_erfcx_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_i0(dtype):
-    # specs/special.yaml:299
+    # specs/special.yaml:294
     check_opinfo(
         "i0",
         dtype,
@@ -9874,7 +9874,7 @@ def test_i0(dtype):
 
 
 def test_i0_compiled():
-    # specs/special.yaml:299: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:294: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "i0",
         overloads=["i0", "i0_", "i0.out"],
@@ -9885,7 +9885,7 @@ def test_i0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_i0_other_dtypes(dtype):
-    # specs/special.yaml:299: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:294: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "i0",
         dtype,
@@ -9899,7 +9899,7 @@ def test_i0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_i0e(dtype):
-    # specs/special.yaml:305
+    # specs/special.yaml:300
     check_opinfo(
         "special.i0e",
         dtype,
@@ -9911,7 +9911,7 @@ def test_special_i0e(dtype):
 
 
 def test_special_i0e_compiled():
-    # specs/special.yaml:305: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:300: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.i0e",
         overloads=["special_i0e", "special_i0e.out"],
@@ -9922,7 +9922,7 @@ def test_special_i0e_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_i0e_other_dtypes(dtype):
-    # specs/special.yaml:305: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:300: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.i0e",
         dtype,
@@ -9936,7 +9936,7 @@ def test_special_i0e_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_i0(dtype):
-    # specs/special.yaml:311
+    # specs/special.yaml:306
     check_opinfo(
         "special.modified_bessel_i0",
         dtype,
@@ -9948,7 +9948,7 @@ def test_special_modified_bessel_i0(dtype):
 
 
 def test_special_modified_bessel_i0_compiled():
-    # specs/special.yaml:311: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:306: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_i0",
         overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
@@ -9959,7 +9959,7 @@ def test_special_modified_bessel_i0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_i0_other_dtypes(dtype):
-    # specs/special.yaml:311: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:306: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_i0",
         dtype,
@@ -9973,7 +9973,7 @@ def test_special_modified_bessel_i0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_i1(dtype):
-    # specs/special.yaml:317
+    # specs/special.yaml:312
     check_opinfo(
         "special.modified_bessel_i1",
         dtype,
@@ -9985,7 +9985,7 @@ def test_special_modified_bessel_i1(dtype):
 
 
 def test_special_modified_bessel_i1_compiled():
-    # specs/special.yaml:317: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:312: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_i1",
         overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
@@ -9996,7 +9996,7 @@ def test_special_modified_bessel_i1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_i1_other_dtypes(dtype):
-    # specs/special.yaml:317: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:312: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_i1",
         dtype,
@@ -10010,7 +10010,7 @@ def test_special_modified_bessel_i1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_t(dtype):
-    # specs/special.yaml:326
+    # specs/special.yaml:321
     check_opinfo(
         "special.chebyshev_polynomial_t",
         dtype,
@@ -10022,7 +10022,7 @@ def test_special_chebyshev_polynomial_t(dtype):
 
 
 def test_special_chebyshev_polynomial_t_compiled():
-    # specs/special.yaml:326: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:321: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_t",
         overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
@@ -10033,7 +10033,7 @@ def test_special_chebyshev_polynomial_t_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_t_other_dtypes(dtype):
-    # specs/special.yaml:326: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:321: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_t",
         dtype,
@@ -10047,7 +10047,7 @@ def test_special_chebyshev_polynomial_t_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_u(dtype):
-    # specs/special.yaml:342
+    # specs/special.yaml:337
     check_opinfo(
         "special.chebyshev_polynomial_u",
         dtype,
@@ -10059,7 +10059,7 @@ def test_special_chebyshev_polynomial_u(dtype):
 
 
 def test_special_chebyshev_polynomial_u_compiled():
-    # specs/special.yaml:342: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:337: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_u",
         overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
@@ -10070,7 +10070,7 @@ def test_special_chebyshev_polynomial_u_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_u_other_dtypes(dtype):
-    # specs/special.yaml:342: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:337: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_u",
         dtype,
@@ -10084,7 +10084,7 @@ def test_special_chebyshev_polynomial_u_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_v(dtype):
-    # specs/special.yaml:358
+    # specs/special.yaml:353
     check_opinfo(
         "special.chebyshev_polynomial_v",
         dtype,
@@ -10096,7 +10096,7 @@ def test_special_chebyshev_polynomial_v(dtype):
 
 
 def test_special_chebyshev_polynomial_v_compiled():
-    # specs/special.yaml:358: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:353: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_v",
         overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
@@ -10107,7 +10107,7 @@ def test_special_chebyshev_polynomial_v_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_v_other_dtypes(dtype):
-    # specs/special.yaml:358: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:353: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_v",
         dtype,
@@ -10121,7 +10121,7 @@ def test_special_chebyshev_polynomial_v_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_w(dtype):
-    # specs/special.yaml:374
+    # specs/special.yaml:369
     check_opinfo(
         "special.chebyshev_polynomial_w",
         dtype,
@@ -10133,7 +10133,7 @@ def test_special_chebyshev_polynomial_w(dtype):
 
 
 def test_special_chebyshev_polynomial_w_compiled():
-    # specs/special.yaml:374: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:369: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_w",
         overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
@@ -10144,7 +10144,7 @@ def test_special_chebyshev_polynomial_w_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_w_other_dtypes(dtype):
-    # specs/special.yaml:374: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:369: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_w",
         dtype,
@@ -10158,7 +10158,7 @@ def test_special_chebyshev_polynomial_w_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_t(dtype):
-    # specs/special.yaml:390
+    # specs/special.yaml:385
     check_opinfo(
         "special.shifted_chebyshev_polynomial_t",
         dtype,
@@ -10170,7 +10170,7 @@ def test_special_shifted_chebyshev_polynomial_t(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_t_compiled():
-    # specs/special.yaml:390: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:385: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_t",
         overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
@@ -10181,7 +10181,7 @@ def test_special_shifted_chebyshev_polynomial_t_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_t_other_dtypes(dtype):
-    # specs/special.yaml:390: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:385: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_t",
         dtype,
@@ -10195,7 +10195,7 @@ def test_special_shifted_chebyshev_polynomial_t_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_u(dtype):
-    # specs/special.yaml:406
+    # specs/special.yaml:401
     check_opinfo(
         "special.shifted_chebyshev_polynomial_u",
         dtype,
@@ -10207,7 +10207,7 @@ def test_special_shifted_chebyshev_polynomial_u(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_u_compiled():
-    # specs/special.yaml:406: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:401: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_u",
         overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
@@ -10218,7 +10218,7 @@ def test_special_shifted_chebyshev_polynomial_u_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_u_other_dtypes(dtype):
-    # specs/special.yaml:406: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:401: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_u",
         dtype,
@@ -10232,7 +10232,7 @@ def test_special_shifted_chebyshev_polynomial_u_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_v(dtype):
-    # specs/special.yaml:422
+    # specs/special.yaml:417
     check_opinfo(
         "special.shifted_chebyshev_polynomial_v",
         dtype,
@@ -10244,7 +10244,7 @@ def test_special_shifted_chebyshev_polynomial_v(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_v_compiled():
-    # specs/special.yaml:422: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:417: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_v",
         overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
@@ -10255,7 +10255,7 @@ def test_special_shifted_chebyshev_polynomial_v_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_v_other_dtypes(dtype):
-    # specs/special.yaml:422: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:417: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_v",
         dtype,
@@ -10269,7 +10269,7 @@ def test_special_shifted_chebyshev_polynomial_v_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_w(dtype):
-    # specs/special.yaml:438
+    # specs/special.yaml:433
     check_opinfo(
         "special.shifted_chebyshev_polynomial_w",
         dtype,
@@ -10281,7 +10281,7 @@ def test_special_shifted_chebyshev_polynomial_w(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_w_compiled():
-    # specs/special.yaml:438: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:433: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_w",
         overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
@@ -10292,7 +10292,7 @@ def test_special_shifted_chebyshev_polynomial_w_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_w_other_dtypes(dtype):
-    # specs/special.yaml:438: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:433: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_w",
         dtype,
@@ -10306,7 +10306,7 @@ def test_special_shifted_chebyshev_polynomial_w_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_hermite_polynomial_h(dtype):
-    # specs/special.yaml:454
+    # specs/special.yaml:449
     check_opinfo(
         "special.hermite_polynomial_h",
         dtype,
@@ -10318,7 +10318,7 @@ def test_special_hermite_polynomial_h(dtype):
 
 
 def test_special_hermite_polynomial_h_compiled():
-    # specs/special.yaml:454: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:449: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.hermite_polynomial_h",
         overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
@@ -10329,7 +10329,7 @@ def test_special_hermite_polynomial_h_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_hermite_polynomial_h_other_dtypes(dtype):
-    # specs/special.yaml:454: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:449: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.hermite_polynomial_h",
         dtype,
@@ -10343,7 +10343,7 @@ def test_special_hermite_polynomial_h_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_hermite_polynomial_he(dtype):
-    # specs/special.yaml:470
+    # specs/special.yaml:465
     check_opinfo(
         "special.hermite_polynomial_he",
         dtype,
@@ -10355,7 +10355,7 @@ def test_special_hermite_polynomial_he(dtype):
 
 
 def test_special_hermite_polynomial_he_compiled():
-    # specs/special.yaml:470: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:465: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.hermite_polynomial_he",
         overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
@@ -10366,7 +10366,7 @@ def test_special_hermite_polynomial_he_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_hermite_polynomial_he_other_dtypes(dtype):
-    # specs/special.yaml:470: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:465: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.hermite_polynomial_he",
         dtype,
@@ -10380,7 +10380,7 @@ def test_special_hermite_polynomial_he_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_laguerre_polynomial_l(dtype):
-    # specs/special.yaml:486
+    # specs/special.yaml:481
     check_opinfo(
         "special.laguerre_polynomial_l",
         dtype,
@@ -10392,7 +10392,7 @@ def test_special_laguerre_polynomial_l(dtype):
 
 
 def test_special_laguerre_polynomial_l_compiled():
-    # specs/special.yaml:486: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:481: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.laguerre_polynomial_l",
         overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
@@ -10403,7 +10403,7 @@ def test_special_laguerre_polynomial_l_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_laguerre_polynomial_l_other_dtypes(dtype):
-    # specs/special.yaml:486: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:481: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.laguerre_polynomial_l",
         dtype,
@@ -10417,7 +10417,7 @@ def test_special_laguerre_polynomial_l_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_legendre_polynomial_p(dtype):
-    # specs/special.yaml:502
+    # specs/special.yaml:497
     check_opinfo(
         "special.legendre_polynomial_p",
         dtype,
@@ -10429,7 +10429,7 @@ def test_special_legendre_polynomial_p(dtype):
 
 
 def test_special_legendre_polynomial_p_compiled():
-    # specs/special.yaml:502: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:497: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.legendre_polynomial_p",
         overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
@@ -10440,7 +10440,7 @@ def test_special_legendre_polynomial_p_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_legendre_polynomial_p_other_dtypes(dtype):
-    # specs/special.yaml:502: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:497: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.legendre_polynomial_p",
         dtype,
@@ -10454,7 +10454,7 @@ def test_special_legendre_polynomial_p_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_spherical_bessel_j0(dtype):
-    # specs/special.yaml:519
+    # specs/special.yaml:514
     check_opinfo(
         "special.spherical_bessel_j0",
         dtype,
@@ -10466,7 +10466,7 @@ def test_special_spherical_bessel_j0(dtype):
 
 
 def test_special_spherical_bessel_j0_compiled():
-    # specs/special.yaml:519: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:514: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.spherical_bessel_j0",
         overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
@@ -10477,7 +10477,7 @@ def test_special_spherical_bessel_j0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_spherical_bessel_j0_other_dtypes(dtype):
-    # specs/special.yaml:519: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:514: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.spherical_bessel_j0",
         dtype,
@@ -10491,7 +10491,7 @@ def test_special_spherical_bessel_j0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_j0(dtype):
-    # specs/special.yaml:531
+    # specs/special.yaml:526
     check_opinfo(
         "special.bessel_j0",
         dtype,
@@ -10503,7 +10503,7 @@ def test_special_bessel_j0(dtype):
 
 
 def test_special_bessel_j0_compiled():
-    # specs/special.yaml:531: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:526: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_j0",
         overloads=["special_bessel_j0", "special_bessel_j0.out"],
@@ -10514,7 +10514,7 @@ def test_special_bessel_j0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_j0_other_dtypes(dtype):
-    # specs/special.yaml:531: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:526: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_j0",
         dtype,
@@ -10528,7 +10528,7 @@ def test_special_bessel_j0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_j1(dtype):
-    # specs/special.yaml:537
+    # specs/special.yaml:532
     check_opinfo(
         "special.bessel_j1",
         dtype,
@@ -10540,7 +10540,7 @@ def test_special_bessel_j1(dtype):
 
 
 def test_special_bessel_j1_compiled():
-    # specs/special.yaml:537: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:532: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_j1",
         overloads=["special_bessel_j1", "special_bessel_j1.out"],
@@ -10551,7 +10551,7 @@ def test_special_bessel_j1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_j1_other_dtypes(dtype):
-    # specs/special.yaml:537: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:532: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_j1",
         dtype,
@@ -10565,7 +10565,7 @@ def test_special_bessel_j1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_y0(dtype):
-    # specs/special.yaml:543
+    # specs/special.yaml:538
     check_opinfo(
         "special.bessel_y0",
         dtype,
@@ -10577,7 +10577,7 @@ def test_special_bessel_y0(dtype):
 
 
 def test_special_bessel_y0_compiled():
-    # specs/special.yaml:543: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:538: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_y0",
         overloads=["special_bessel_y0", "special_bessel_y0.out"],
@@ -10588,7 +10588,7 @@ def test_special_bessel_y0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_y0_other_dtypes(dtype):
-    # specs/special.yaml:543: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:538: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_y0",
         dtype,
@@ -10602,7 +10602,7 @@ def test_special_bessel_y0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_y1(dtype):
-    # specs/special.yaml:549
+    # specs/special.yaml:544
     check_opinfo(
         "special.bessel_y1",
         dtype,
@@ -10614,7 +10614,7 @@ def test_special_bessel_y1(dtype):
 
 
 def test_special_bessel_y1_compiled():
-    # specs/special.yaml:549: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:544: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_y1",
         overloads=["special_bessel_y1", "special_bessel_y1.out"],
@@ -10625,7 +10625,7 @@ def test_special_bessel_y1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_y1_other_dtypes(dtype):
-    # specs/special.yaml:549: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:544: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_y1",
         dtype,
@@ -10639,7 +10639,7 @@ def test_special_bessel_y1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_k0(dtype):
-    # specs/special.yaml:555
+    # specs/special.yaml:550
     check_opinfo(
         "special.modified_bessel_k0",
         dtype,
@@ -10651,7 +10651,7 @@ def test_special_modified_bessel_k0(dtype):
 
 
 def test_special_modified_bessel_k0_compiled():
-    # specs/special.yaml:555: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:550: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_k0",
         overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
@@ -10662,7 +10662,7 @@ def test_special_modified_bessel_k0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_k0_other_dtypes(dtype):
-    # specs/special.yaml:555: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:550: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_k0",
         dtype,
@@ -10676,7 +10676,7 @@ def test_special_modified_bessel_k0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_k1(dtype):
-    # specs/special.yaml:561
+    # specs/special.yaml:556
     check_opinfo(
         "special.modified_bessel_k1",
         dtype,
@@ -10688,7 +10688,7 @@ def test_special_modified_bessel_k1(dtype):
 
 
 def test_special_modified_bessel_k1_compiled():
-    # specs/special.yaml:561: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:556: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_k1",
         overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
@@ -10699,7 +10699,7 @@ def test_special_modified_bessel_k1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_k1_other_dtypes(dtype):
-    # specs/special.yaml:561: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:556: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_k1",
         dtype,
@@ -10713,7 +10713,7 @@ def test_special_modified_bessel_k1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_scaled_modified_bessel_k0(dtype):
-    # specs/special.yaml:567
+    # specs/special.yaml:562
     check_opinfo(
         "special.scaled_modified_bessel_k0",
         dtype,
@@ -10725,7 +10725,7 @@ def test_special_scaled_modified_bessel_k0(dtype):
 
 
 def test_special_scaled_modified_bessel_k0_compiled():
-    # specs/special.yaml:567: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:562: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.scaled_modified_bessel_k0",
         overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
@@ -10736,7 +10736,7 @@ def test_special_scaled_modified_bessel_k0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_scaled_modified_bessel_k0_other_dtypes(dtype):
-    # specs/special.yaml:567: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:562: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.scaled_modified_bessel_k0",
         dtype,
@@ -10750,7 +10750,7 @@ def test_special_scaled_modified_bessel_k0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_scaled_modified_bessel_k1(dtype):
-    # specs/special.yaml:573
+    # specs/special.yaml:568
     check_opinfo(
         "special.scaled_modified_bessel_k1",
         dtype,
@@ -10762,7 +10762,7 @@ def test_special_scaled_modified_bessel_k1(dtype):
 
 
 def test_special_scaled_modified_bessel_k1_compiled():
-    # specs/special.yaml:573: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:568: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.scaled_modified_bessel_k1",
         overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
@@ -10773,7 +10773,7 @@ def test_special_scaled_modified_bessel_k1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_scaled_modified_bessel_k1_other_dtypes(dtype):
-    # specs/special.yaml:573: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:568: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.scaled_modified_bessel_k1",
         dtype,
@@ -10787,7 +10787,7 @@ def test_special_scaled_modified_bessel_k1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_airy_ai(dtype):
-    # specs/special.yaml:579
+    # specs/special.yaml:574
     check_opinfo(
         "special.airy_ai",
         dtype,
@@ -10799,7 +10799,7 @@ def test_special_airy_ai(dtype):
 
 
 def test_special_airy_ai_compiled():
-    # specs/special.yaml:579: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:574: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.airy_ai",
         overloads=["special_airy_ai", "special_airy_ai.out"],
@@ -10810,7 +10810,7 @@ def test_special_airy_ai_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_airy_ai_other_dtypes(dtype):
-    # specs/special.yaml:579: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:574: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.airy_ai",
         dtype,

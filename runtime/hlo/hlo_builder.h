@@ -367,6 +367,9 @@ class Builder {
   Value multinomial(const Value& state, const Value& probs, int64_t num_samples, bool replacement);
   // Integers uniform in [low, high) in like's shape and element type (random_, randint).
   Value random_integers(const Value& state, const Value& like, int64_t low, int64_t high);
+  // random_() without bounds, as CPU draws it: integers in [0, 2^mantissa digits] for floats and
+  // [0, the type's max] for integers (int64: [0, 2^63 - 2], from 53 random bits).
+  Value random_full_range(const Value& state, const Value& like);
   // A random permutation of 0..n-1 (int64): the order that sorts n uniform keys (randperm).
   Value random_permutation(const Value& state, int64_t n);
 

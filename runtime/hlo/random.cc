@@ -2,6 +2,8 @@
 #include "hlo/hlo_builder.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 
 #include "hlo/builder_internal.h"
 
@@ -85,6 +87,24 @@ Value Builder::random_integers(const Value& state, const Value& like, int64_t lo
   Value drawn = convert(floor(mul(u, constant(span, ElementType::F64))), ElementType::S64);
   drawn = minimum(drawn, constant_int(high - low - 1, ElementType::S64));
   return convert(add(drawn, constant_int(low, ElementType::S64)), like.element());
+}
+
+Value Builder::random_full_range(const Value& state, const Value& like) {
+  int64_t inclusive_max = 0;
+  switch (like.element()) {
+    case ElementType::Pred: inclusive_max = 1; break;
+    case ElementType::S8: inclusive_max = INT8_MAX; break;
+    case ElementType::U8: inclusive_max = UINT8_MAX; break;
+    case ElementType::S16: inclusive_max = INT16_MAX; break;
+    case ElementType::S32: inclusive_max = INT32_MAX; break;
+    case ElementType::S64: inclusive_max = INT64_MAX - 1; break;  // high = max + 1 must fit
+    case ElementType::F16: inclusive_max = int64_t{1} << 11; break;
+    case ElementType::BF16: inclusive_max = int64_t{1} << 8; break;
+    case ElementType::F32: inclusive_max = int64_t{1} << 24; break;
+    case ElementType::F64: inclusive_max = int64_t{1} << 53; break;
+    default: fail("random_: not implemented for " + std::string(mlir_name(like.element())));
+  }
+  return random_integers(state, like, 0, inclusive_max + 1);
 }
 
 Value Builder::random_permutation(const Value& state, int64_t n) {
