@@ -302,10 +302,17 @@ def _exported_meta_functions() -> frozenset[str]:
     return frozenset(line.split(" ", 2)[2] for line in out.splitlines() if " at::meta::" in line)
 
 
+# C++ Meta kernels that set a placeholder shape their CPU kernels resize away (isin of a Scalar:
+# [0], then 0-d): the dispatcher's Meta path, where PyTorch's Python registration is right, runs instead.
+_PLACEHOLDER_META = {"isin.Scalar_Tensor", "isin.Scalar_Tensor_out"}
+
+
 def _meta_call(f) -> "MetaCall | None":
     from torchgen.api.types import CppSignatureGroup
     from torchgen.context import native_function_manager
 
+    if str(f.func.name) in _PLACEHOLDER_META:
+        return None
     with native_function_manager(f):
         sig = CppSignatureGroup.from_native_function(f, method=False, fallback_binding=False).most_faithful_signature()
         name = sig.name()

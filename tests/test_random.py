@@ -199,3 +199,18 @@ def test_more_distributions(no_fallback):
     first = torch.empty(100, device="tpu").exponential_().cpu()
     torch.manual_seed(3)
     assert torch.equal(torch.empty(100, device="tpu").exponential_().cpu(), first)
+
+
+@pytest.mark.parametrize("dtype,top", [(torch.float32, 2**24), (torch.bfloat16, 2**8), (torch.int16, 2**15 - 1),
+                                       (torch.uint8, 255), (torch.bool, 1)])
+def test_random_without_bounds_spans_cpus_range(dtype, top, no_fallback):
+    """x.random_() draws integers in [0, 2^mantissa digits] for floats and [0, max] for integers."""
+    torch.manual_seed(5)
+    draws = torch.empty(20_000, dtype=dtype, device="tpu").random_().cpu()
+    values = draws.double()
+    assert draws.dtype == dtype and values.min() >= 0 and values.max() <= top
+    assert torch.equal(values, values.floor())
+    # uniform over [0, top]: the mean is top/2 (many standard errors wide), and both ends are reached
+    assert abs(values.mean().item() - top / 2) < 0.05 * top
+    if top <= 255:
+        assert values.min() == 0 and values.max() == top

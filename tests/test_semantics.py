@@ -633,3 +633,36 @@ def test_save_and_load_of_tpu_tensors(tmp_path):
     fresh.load_state_dict(torch.load(tmp_path / "model.pt"))
     x = torch.randn(4, 5)
     assert torch.equal(fresh(x.to(TPU)).cpu(), model(x.to(TPU)).cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64])
+def test_shift_operators_match_cpu(dtype, no_fallback):
+    """x << n, x >> n, <<= and >>= (aten::__lshift__ and friends, not bitwise_*_shift), by tensors and
+    by numbers, including shifts past the width."""
+    cpu = torch.tensor([0, 1, 3, 7, 100, 127], dtype=dtype)
+    if dtype.is_signed:
+        cpu = torch.cat([cpu, -cpu])
+    amounts = torch.arange(cpu.numel(), dtype=dtype) % 9
+    t, n = tpu(cpu), tpu(amounts)
+    assert_equal_cpu(t << n, cpu << amounts, exact=True)
+    assert_equal_cpu(t >> n, cpu >> amounts, exact=True)
+    assert_equal_cpu(t << 3, cpu << 3, exact=True)
+    assert_equal_cpu(t >> 2, cpu >> 2, exact=True)
+    ref, out = cpu.clone(), t.clone()
+    ref <<= 2
+    out <<= 2
+    assert_equal_cpu(out, ref, exact=True)
+    ref >>= amounts
+    out >>= n
+    assert_equal_cpu(out, ref, exact=True)
+
+
+def test_isin_and_bucketize_of_a_number(no_fallback):
+    """torch.isin(2, t) and torch.bucketize(2, boundaries): a Python number against a tpu tensor."""
+    cpu = torch.tensor([1, 4, 2, 9])
+    boundaries = torch.tensor([1.0, 2.5, 3.0, 8.0])
+    assert_equal_cpu(torch.isin(2, tpu(cpu)), torch.isin(2, cpu), exact=True)
+    assert_equal_cpu(torch.isin(3, tpu(cpu), invert=True), torch.isin(3, cpu, invert=True), exact=True)
+    for value, right, int32 in ((2.7, False, False), (3, True, True), (0.5, False, True)):
+        assert_equal_cpu(torch.bucketize(value, tpu(boundaries), right=right, out_int32=int32),
+                         torch.bucketize(value, boundaries, right=right, out_int32=int32), exact=True)

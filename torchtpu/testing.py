@@ -155,6 +155,16 @@ def _check_gradients(info, name, torch_dtype, atol, rtol, max_samples=None):
                 assert_same(actual, wanted, atol, rtol, f"{context} gradient {i}")
 
 
+def _empty_outs(result, device):
+    """Empty out= tensors shaped like `result` (a tensor, or a tuple of them) on `device`, in the
+    same structure, or None where the result has no out= form to compare (a list, a non-tensor)."""
+    if isinstance(result, torch.Tensor):
+        return torch.empty_like(result, device=device)
+    if isinstance(result, tuple) and result and all(isinstance(r, torch.Tensor) for r in result):
+        return tuple(torch.empty_like(r, device=device) for r in result)
+    return None
+
+
 def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str], atol=None, rtol=None,
                  grad_atol=None, grad_rtol=None, max_samples=None):
     """Runs every OpInfo sample of `name` on tpu and CPU, for each variant (Functional / Inplace /
@@ -186,7 +196,7 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
             try:
                 expected = fn(cpu_input, *cpu_args, **cpu_kwargs)
                 if variant == "Out":
-                    out = torch.empty_like(expected) if isinstance(expected, torch.Tensor) else None
+                    out = _empty_outs(expected, "cpu")
                     if out is None:
                         continue
                     expected = fn(cpu_input, *cpu_args, **cpu_kwargs, out=out)
@@ -194,9 +204,12 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
                 continue  # CPU itself rejects this sample
             tpu_input, tpu_args, tpu_kwargs = _on_tpu(sample)
             if variant == "Out":
-                tpu_out = torch.empty_like(expected, device="tpu")
+                tpu_out = _empty_outs(expected, "tpu")
                 actual = fn(tpu_input, *tpu_args, **tpu_kwargs, out=tpu_out)
-                assert actual is tpu_out, f"{context}: out= did not return out"
+                returned = actual if isinstance(tpu_out, tuple) else (actual,)
+                given = tpu_out if isinstance(tpu_out, tuple) else (tpu_out,)
+                assert len(returned) == len(given) and all(r is g for r, g in zip(returned, given)), \
+                    f"{context}: out= did not return its out tensors"
             else:
                 actual = fn(tpu_input, *tpu_args, **tpu_kwargs)
             if variant == "Inplace":

@@ -1241,19 +1241,6 @@ void meta_emit_isin__Tensor_Scalar_out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
-void meta_emit_isin__Scalar_Tensor(torch::jit::Stack& s) {
-  auto result = at::meta::isin(s[0].toScalar(), s[1].toTensor(), s[2].toBool(), s[3].toBool());
-  s.clear();
-  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
-}
-
-void meta_emit_isin__Scalar_Tensor_out(torch::jit::Stack& s) {
-  at::Tensor a4 = s[4].toTensor();
-  auto result = at::meta::isin_outf(s[0].toScalar(), s[1].toTensor(), s[2].toBool(), s[3].toBool(), a4);
-  s.clear();
-  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
-}
-
 void meta_emit_index_add(torch::jit::Stack& s) {
   auto result = at::meta::index_add(s[0].toTensor(), s[1].toInt(), s[2].toTensor(), s[3].toTensor(), s[4].toScalar());
   s.clear();
@@ -4249,8 +4236,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_isin__Tensor_Tensor_out,  // isin.Tensor_Tensor_out
       &meta_emit_isin__Tensor_Scalar,  // isin.Tensor_Scalar
       &meta_emit_isin__Tensor_Scalar_out,  // isin.Tensor_Scalar_out
-      &meta_emit_isin__Scalar_Tensor,  // isin.Scalar_Tensor
-      &meta_emit_isin__Scalar_Tensor_out,  // isin.Scalar_Tensor_out
+      nullptr,  // isin.Scalar_Tensor
+      nullptr,  // isin.Scalar_Tensor_out
       nullptr,  // nonzero_static
       nullptr,  // nonzero_static.out
       nullptr,  // searchsorted.Tensor
