@@ -858,143 +858,141 @@ std::vector<Value> emit_baddbmm_(Builder& b, const EmitArgs& a) { return {b.add(
 // baddbmm.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(bmm(batch1, batch2), alpha))  (specs/linalg.yaml:34)
 std::vector<Value> emit_baddbmm__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.bmm(a.value(1), a.value(2)), a.value(4)))}; }
 
-// addbmm = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
+// addbmm = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:44)
 std::vector<Value> emit_addbmm(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
-// addbmm_ = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
-std::vector<Value> emit_addbmm_(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
-// addbmm.out = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
+// addbmm.out = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:44)
 std::vector<Value> emit_addbmm__out(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
 
-// mv = mv(self, vec)  (specs/linalg.yaml:48)
+// mv = mv(self, vec)  (specs/linalg.yaml:51)
 std::vector<Value> emit_mv(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
-// mv.out = mv(self, vec)  (specs/linalg.yaml:48)
+// mv.out = mv(self, vec)  (specs/linalg.yaml:51)
 std::vector<Value> emit_mv__out(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
 
-// addmv = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:53)
+// addmv = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:56)
 std::vector<Value> emit_addmv(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
-// addmv_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:53)
+// addmv_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:56)
 std::vector<Value> emit_addmv_(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
-// addmv.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:53)
+// addmv.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:56)
 std::vector<Value> emit_addmv__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
 
-// dot = dot(self, tensor)  (specs/linalg.yaml:59)
+// dot = dot(self, tensor)  (specs/linalg.yaml:62)
 std::vector<Value> emit_dot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
-// dot.out = dot(self, tensor)  (specs/linalg.yaml:59)
+// dot.out = dot(self, tensor)  (specs/linalg.yaml:62)
 std::vector<Value> emit_dot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
-// vdot = dot(self, other)  (specs/linalg.yaml:65)
+// vdot = dot(self, other)  (specs/linalg.yaml:68)
 std::vector<Value> emit_vdot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
-// vdot.out = dot(self, other)  (specs/linalg.yaml:65)
+// vdot.out = dot(self, other)  (specs/linalg.yaml:68)
 std::vector<Value> emit_vdot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
-// linalg_cholesky_ex = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:84)
+// linalg_cholesky_ex = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:87)
 std::vector<Value> emit_linalg_cholesky_ex(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0), b.cholesky(a.value(0), a.boolean(1), 1)}; }
-// linalg_cholesky_ex.L = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:84)
+// linalg_cholesky_ex.L = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:87)
 std::vector<Value> emit_linalg_cholesky_ex__L(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0), b.cholesky(a.value(0), a.boolean(1), 1)}; }
 
-// cholesky = cholesky(self, upper, 0)  (specs/linalg.yaml:89)
+// cholesky = cholesky(self, upper, 0)  (specs/linalg.yaml:92)
 std::vector<Value> emit_cholesky(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
-// cholesky.out = cholesky(self, upper, 0)  (specs/linalg.yaml:89)
+// cholesky.out = cholesky(self, upper, 0)  (specs/linalg.yaml:92)
 std::vector<Value> emit_cholesky__out(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
 
-// _cholesky_solve_helper = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:95)
+// _cholesky_solve_helper = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:98)
 std::vector<Value> emit__cholesky_solve_helper(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
-// _cholesky_solve_helper.out = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:95)
+// _cholesky_solve_helper.out = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:98)
 std::vector<Value> emit__cholesky_solve_helper__out(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
 
-// cholesky_inverse = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:101)
+// cholesky_inverse = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:104)
 std::vector<Value> emit_cholesky_inverse(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
-// cholesky_inverse.out = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:101)
+// cholesky_inverse.out = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:104)
 std::vector<Value> emit_cholesky_inverse__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
 
-// triangular_solve = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:109)
+// triangular_solve = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:112)
 std::vector<Value> emit_triangular_solve(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(1), a.value(0), true, !a.boolean(2), a.boolean(3), a.boolean(4)), a.value(1)}; }
-// triangular_solve.X = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:109)
+// triangular_solve.X = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:112)
 std::vector<Value> emit_triangular_solve__X(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(1), a.value(0), true, !a.boolean(2), a.boolean(3), a.boolean(4)), a.value(1)}; }
 
-// linalg_solve_triangular = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:114)
+// linalg_solve_triangular = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
 std::vector<Value> emit_linalg_solve_triangular(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
-// linalg_solve_triangular.out = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:114)
+// linalg_solve_triangular.out = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
 std::vector<Value> emit_linalg_solve_triangular__out(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
 
-// linalg_lu_factor_ex = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:119)
+// linalg_lu_factor_ex = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:122)
 std::vector<Value> emit_linalg_lu_factor_ex(Builder& b, const EmitArgs& a) { return {b.lu_factor(a.value(0), a.boolean(1), 0), b.lu_factor(a.value(0), a.boolean(1), 1), b.lu_factor(a.value(0), a.boolean(1), 2)}; }
-// linalg_lu_factor_ex.out = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:119)
+// linalg_lu_factor_ex.out = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:122)
 std::vector<Value> emit_linalg_lu_factor_ex__out(Builder& b, const EmitArgs& a) { return {b.lu_factor(a.value(0), a.boolean(1), 0), b.lu_factor(a.value(0), a.boolean(1), 1), b.lu_factor(a.value(0), a.boolean(1), 2)}; }
 
-// linalg_lu = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:124)
+// linalg_lu = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:127)
 std::vector<Value> emit_linalg_lu(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_row_swaps = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_row_swaps, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_row_swaps, true, true, 1), b.lu_unpack(l_lu, l_row_swaps, true, true, 2)}; }(); }
-// linalg_lu.out = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:124)
+// linalg_lu.out = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:127)
 std::vector<Value> emit_linalg_lu__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_row_swaps = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_row_swaps, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_row_swaps, true, true, 1), b.lu_unpack(l_lu, l_row_swaps, true, true, 2)}; }(); }
 
-// lu_unpack = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:132)
+// lu_unpack = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:135)
 std::vector<Value> emit_lu_unpack(Builder& b, const EmitArgs& a) { return {b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 0), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 1), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 2)}; }
-// lu_unpack.out = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:132)
+// lu_unpack.out = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:135)
 std::vector<Value> emit_lu_unpack__out(Builder& b, const EmitArgs& a) { return {b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 0), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 1), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 2)}; }
 
-// linalg_lu_solve = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:138)
+// linalg_lu_solve = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:141)
 std::vector<Value> emit_linalg_lu_solve(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:138)
+// linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:141)
 std::vector<Value> emit_linalg_lu_solve__out(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// _linalg_solve_ex = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:144)
+// _linalg_solve_ex = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:147)
 std::vector<Value> emit__linalg_solve_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_row_swaps = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_row_swaps, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_row_swaps, b.lu_factor(a.value(0), true, 2)}; }(); }
-// _linalg_solve_ex.result = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:144)
+// _linalg_solve_ex.result = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:147)
 std::vector<Value> emit__linalg_solve_ex__result(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_row_swaps = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_row_swaps, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_row_swaps, b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:153)
+// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:156)
 std::vector<Value> emit_linalg_inv_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
-// linalg_inv_ex.inverse = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:153)
+// linalg_inv_ex.inverse = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:156)
 std::vector<Value> emit_linalg_inv_ex__inverse(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:160)
+// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:163)
 std::vector<Value> emit__linalg_det(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 0), l_lu, l_row_swaps}; }(); }
-// _linalg_det.result = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:160)
+// _linalg_det.result = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:163)
 std::vector<Value> emit__linalg_det__result(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 0), l_lu, l_row_swaps}; }(); }
 
-// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:169)
+// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:172)
 std::vector<Value> emit__linalg_slogdet(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 1), b.lu_det(l_lu, l_row_swaps, 2), l_lu, l_row_swaps}; }(); }
-// _linalg_slogdet.sign = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:169)
+// _linalg_slogdet.sign = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:172)
 std::vector<Value> emit__linalg_slogdet__sign(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 1), b.lu_det(l_lu, l_row_swaps, 2), l_lu, l_row_swaps}; }(); }
 
-// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:179)
+// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:182)
 std::vector<Value> emit_geqrf(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
-// geqrf.a = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:179)
+// geqrf.a = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:182)
 std::vector<Value> emit_geqrf__a(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
 
-// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:184)
+// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:187)
 std::vector<Value> emit_linalg_householder_product(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
-// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:184)
+// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:187)
 std::vector<Value> emit_linalg_householder_product__out(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
 
-// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:189)
+// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:192)
 std::vector<Value> emit_ormqr(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:189)
+// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:192)
 std::vector<Value> emit_ormqr__out(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:194)
+// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:197)
 std::vector<Value> emit_linalg_qr(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
-// linalg_qr.out = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:194)
+// linalg_qr.out = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:197)
 std::vector<Value> emit_linalg_qr__out(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
 
-// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:199)
+// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:202)
 std::vector<Value> emit__linalg_eigh(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
-// _linalg_eigh.eigenvalues = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:199)
+// _linalg_eigh.eigenvalues = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:202)
 std::vector<Value> emit__linalg_eigh__eigenvalues(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
 
-// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:204)
+// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:207)
 std::vector<Value> emit__linalg_svd(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
-// _linalg_svd.U = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:204)
+// _linalg_svd.U = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:207)
 std::vector<Value> emit__linalg_svd__U(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
 
-// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:209)
+// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:212)
 std::vector<Value> emit_linalg_matrix_exp(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
-// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:209)
+// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:212)
 std::vector<Value> emit_linalg_matrix_exp__out(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
 
-// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:214)
+// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:217)
 std::vector<Value> emit_linalg_cross(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
-// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:214)
+// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:217)
 std::vector<Value> emit_linalg_cross__out(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
 
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
@@ -4983,282 +4981,277 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_baddbmm__out, false, -1, {}},
-      {"addbmm", "specs/linalg.yaml:42", Variant::Functional,
+      {"addbmm", "specs/linalg.yaml:44", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm, false, -1, {}},
-      {"addbmm_", "specs/linalg.yaml:42", Variant::Inplace,
-       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
-       {0, 1, 2, 3, 4}, Compute::Output, {0},
-       {0}, false, false,
-       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm_, false, -1, {}},
-      {"addbmm.out", "specs/linalg.yaml:42", Variant::Out,
+      {"addbmm.out", "specs/linalg.yaml:44", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm__out, false, -1, {}},
-      {"mv", "specs/linalg.yaml:48", Variant::Functional,
+      {"mv", "specs/linalg.yaml:51", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv, false, -1, {}},
-      {"mv.out", "specs/linalg.yaml:48", Variant::Out,
+      {"mv.out", "specs/linalg.yaml:51", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv__out, false, -1, {}},
-      {"addmv", "specs/linalg.yaml:53", Variant::Functional,
+      {"addmv", "specs/linalg.yaml:56", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv, false, -1, {}},
-      {"addmv_", "specs/linalg.yaml:53", Variant::Inplace,
+      {"addmv_", "specs/linalg.yaml:56", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv_, false, -1, {}},
-      {"addmv.out", "specs/linalg.yaml:53", Variant::Out,
+      {"addmv.out", "specs/linalg.yaml:56", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv__out, false, -1, {}},
-      {"dot", "specs/linalg.yaml:59", Variant::Functional,
+      {"dot", "specs/linalg.yaml:62", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot, false, -1, {}},
-      {"dot.out", "specs/linalg.yaml:59", Variant::Out,
+      {"dot.out", "specs/linalg.yaml:62", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot__out, false, -1, {}},
-      {"vdot", "specs/linalg.yaml:65", Variant::Functional,
+      {"vdot", "specs/linalg.yaml:68", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot, false, -1, {}},
-      {"vdot.out", "specs/linalg.yaml:65", Variant::Out,
+      {"vdot.out", "specs/linalg.yaml:68", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot__out, false, -1, {}},
-      {"linalg_cholesky_ex", "specs/linalg.yaml:84", Variant::Functional,
+      {"linalg_cholesky_ex", "specs/linalg.yaml:87", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_cholesky_ex, false, -1, {}},
-      {"linalg_cholesky_ex.L", "specs/linalg.yaml:84", Variant::Out,
+      {"linalg_cholesky_ex.L", "specs/linalg.yaml:87", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float32", "float64"}, &emit_linalg_cholesky_ex__L, false, -1, {}},
-      {"cholesky", "specs/linalg.yaml:89", Variant::Functional,
+      {"cholesky", "specs/linalg.yaml:92", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_cholesky, false, -1, {}},
-      {"cholesky.out", "specs/linalg.yaml:89", Variant::Out,
+      {"cholesky.out", "specs/linalg.yaml:92", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_cholesky__out, false, -1, {}},
-      {"_cholesky_solve_helper", "specs/linalg.yaml:95", Variant::Functional,
+      {"_cholesky_solve_helper", "specs/linalg.yaml:98", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__cholesky_solve_helper, false, -1, {}},
-      {"_cholesky_solve_helper.out", "specs/linalg.yaml:95", Variant::Out,
+      {"_cholesky_solve_helper.out", "specs/linalg.yaml:98", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float32", "float64"}, &emit__cholesky_solve_helper__out, false, -1, {}},
-      {"cholesky_inverse", "specs/linalg.yaml:101", Variant::Functional,
+      {"cholesky_inverse", "specs/linalg.yaml:104", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_cholesky_inverse, false, -1, {}},
-      {"cholesky_inverse.out", "specs/linalg.yaml:101", Variant::Out,
+      {"cholesky_inverse.out", "specs/linalg.yaml:104", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_cholesky_inverse__out, false, -1, {}},
-      {"triangular_solve", "specs/linalg.yaml:109", Variant::Functional,
+      {"triangular_solve", "specs/linalg.yaml:112", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_triangular_solve, false, -1, {}},
-      {"triangular_solve.X", "specs/linalg.yaml:109", Variant::Out,
+      {"triangular_solve.X", "specs/linalg.yaml:112", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5, 6},
        {5, 6}, false, false,
        {"float32", "float64"}, &emit_triangular_solve__X, false, -1, {}},
-      {"linalg_solve_triangular", "specs/linalg.yaml:114", Variant::Functional,
+      {"linalg_solve_triangular", "specs/linalg.yaml:117", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_solve_triangular, false, -1, {}},
-      {"linalg_solve_triangular.out", "specs/linalg.yaml:114", Variant::Out,
+      {"linalg_solve_triangular.out", "specs/linalg.yaml:117", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_linalg_solve_triangular__out, false, -1, {}},
-      {"linalg_lu_factor_ex", "specs/linalg.yaml:119", Variant::Functional,
+      {"linalg_lu_factor_ex", "specs/linalg.yaml:122", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_factor_ex, false, -1, {}},
-      {"linalg_lu_factor_ex.out", "specs/linalg.yaml:119", Variant::Out,
+      {"linalg_lu_factor_ex.out", "specs/linalg.yaml:122", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4, 5},
        {3, 4, 5}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_factor_ex__out, false, -1, {}},
-      {"linalg_lu", "specs/linalg.yaml:124", Variant::Functional,
+      {"linalg_lu", "specs/linalg.yaml:127", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu, false, -1, {}},
-      {"linalg_lu.out", "specs/linalg.yaml:124", Variant::Out,
+      {"linalg_lu.out", "specs/linalg.yaml:127", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3, 4},
        {2, 3, 4}, false, false,
        {"float32", "float64"}, &emit_linalg_lu__out, false, -1, {}},
-      {"lu_unpack", "specs/linalg.yaml:132", Variant::Functional,
+      {"lu_unpack", "specs/linalg.yaml:135", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_lu_unpack, false, -1, {}},
-      {"lu_unpack.out", "specs/linalg.yaml:132", Variant::Out,
+      {"lu_unpack.out", "specs/linalg.yaml:135", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {4, 5, 6},
        {4, 5, 6}, false, false,
        {"float32", "float64"}, &emit_lu_unpack__out, false, -1, {}},
-      {"linalg_lu_solve", "specs/linalg.yaml:138", Variant::Functional,
+      {"linalg_lu_solve", "specs/linalg.yaml:141", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_solve, false, -1, {}},
-      {"linalg_lu_solve.out", "specs/linalg.yaml:138", Variant::Out,
+      {"linalg_lu_solve.out", "specs/linalg.yaml:141", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_solve__out, false, -1, {}},
-      {"_linalg_solve_ex", "specs/linalg.yaml:144", Variant::Functional,
+      {"_linalg_solve_ex", "specs/linalg.yaml:147", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_solve_ex, false, -1, {}},
-      {"_linalg_solve_ex.result", "specs/linalg.yaml:144", Variant::Out,
+      {"_linalg_solve_ex.result", "specs/linalg.yaml:147", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4, 5, 6, 7},
        {4, 5, 6, 7}, false, false,
        {"float32", "float64"}, &emit__linalg_solve_ex__result, false, -1, {}},
-      {"linalg_inv_ex", "specs/linalg.yaml:153", Variant::Functional,
+      {"linalg_inv_ex", "specs/linalg.yaml:156", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_inv_ex, false, -1, {}},
-      {"linalg_inv_ex.inverse", "specs/linalg.yaml:153", Variant::Out,
+      {"linalg_inv_ex.inverse", "specs/linalg.yaml:156", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3},
        {2, 3}, false, false,
        {"float32", "float64"}, &emit_linalg_inv_ex__inverse, false, -1, {}},
-      {"_linalg_det", "specs/linalg.yaml:160", Variant::Functional,
+      {"_linalg_det", "specs/linalg.yaml:163", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_det, false, -1, {}},
-      {"_linalg_det.result", "specs/linalg.yaml:160", Variant::Out,
+      {"_linalg_det.result", "specs/linalg.yaml:163", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2, 3},
        {1, 2, 3}, false, false,
        {"float32", "float64"}, &emit__linalg_det__result, false, -1, {}},
-      {"_linalg_slogdet", "specs/linalg.yaml:169", Variant::Functional,
+      {"_linalg_slogdet", "specs/linalg.yaml:172", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_slogdet, false, -1, {}},
-      {"_linalg_slogdet.sign", "specs/linalg.yaml:169", Variant::Out,
+      {"_linalg_slogdet.sign", "specs/linalg.yaml:172", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2, 3, 4},
        {1, 2, 3, 4}, false, false,
        {"float32", "float64"}, &emit__linalg_slogdet__sign, false, -1, {}},
-      {"geqrf", "specs/linalg.yaml:179", Variant::Functional,
+      {"geqrf", "specs/linalg.yaml:182", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_geqrf, false, -1, {}},
-      {"geqrf.a", "specs/linalg.yaml:179", Variant::Out,
+      {"geqrf.a", "specs/linalg.yaml:182", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2},
        {1, 2}, false, false,
        {"float32", "float64"}, &emit_geqrf__a, false, -1, {}},
-      {"linalg_householder_product", "specs/linalg.yaml:184", Variant::Functional,
+      {"linalg_householder_product", "specs/linalg.yaml:187", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product, false, -1, {}},
-      {"linalg_householder_product.out", "specs/linalg.yaml:184", Variant::Out,
+      {"linalg_householder_product.out", "specs/linalg.yaml:187", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product__out, false, -1, {}},
-      {"ormqr", "specs/linalg.yaml:189", Variant::Functional,
+      {"ormqr", "specs/linalg.yaml:192", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_ormqr, false, -1, {}},
-      {"ormqr.out", "specs/linalg.yaml:189", Variant::Out,
+      {"ormqr.out", "specs/linalg.yaml:192", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_ormqr__out, false, -1, {}},
-      {"linalg_qr", "specs/linalg.yaml:194", Variant::Functional,
+      {"linalg_qr", "specs/linalg.yaml:197", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_qr, false, -1, {}},
-      {"linalg_qr.out", "specs/linalg.yaml:194", Variant::Out,
+      {"linalg_qr.out", "specs/linalg.yaml:197", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3},
        {2, 3}, false, false,
        {"float32", "float64"}, &emit_linalg_qr__out, false, -1, {}},
-      {"_linalg_eigh", "specs/linalg.yaml:199", Variant::Functional,
+      {"_linalg_eigh", "specs/linalg.yaml:202", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_eigh, false, -1, {}},
-      {"_linalg_eigh.eigenvalues", "specs/linalg.yaml:199", Variant::Out,
+      {"_linalg_eigh.eigenvalues", "specs/linalg.yaml:202", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float32", "float64"}, &emit__linalg_eigh__eigenvalues, false, -1, {}},
-      {"_linalg_svd", "specs/linalg.yaml:204", Variant::Functional,
+      {"_linalg_svd", "specs/linalg.yaml:207", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_svd, false, -1, {}},
-      {"_linalg_svd.U", "specs/linalg.yaml:204", Variant::Out,
+      {"_linalg_svd.U", "specs/linalg.yaml:207", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {4, 5, 6},
        {4, 5, 6}, false, false,
        {"float32", "float64"}, &emit__linalg_svd__U, false, -1, {}},
-      {"linalg_matrix_exp", "specs/linalg.yaml:209", Variant::Functional,
+      {"linalg_matrix_exp", "specs/linalg.yaml:212", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp, false, -1, {}},
-      {"linalg_matrix_exp.out", "specs/linalg.yaml:209", Variant::Out,
+      {"linalg_matrix_exp.out", "specs/linalg.yaml:212", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp__out, false, -1, {}},
-      {"linalg_cross", "specs/linalg.yaml:214", Variant::Functional,
+      {"linalg_cross", "specs/linalg.yaml:217", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross, false, -1, {}},
-      {"linalg_cross.out", "specs/linalg.yaml:214", Variant::Out,
+      {"linalg_cross.out", "specs/linalg.yaml:217", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,

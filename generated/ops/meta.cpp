@@ -4288,7 +4288,6 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_baddbmm_,  // baddbmm_
       &meta_emit_baddbmm__out,  // baddbmm.out
       nullptr,  // addbmm
-      nullptr,  // addbmm_
       nullptr,  // addbmm.out
       nullptr,  // mv
       nullptr,  // mv.out

@@ -2891,22 +2891,22 @@ def test_baddbmm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addbmm(dtype):
-    # specs/linalg.yaml:42
+    # specs/linalg.yaml:44
     check_opinfo(
         "addbmm",
         dtype,
-        overloads=["addbmm", "addbmm_", "addbmm.out"],
-        variants=["Functional", "Inplace", "Out"],
+        overloads=["addbmm", "addbmm.out"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
     )
 
 
 def test_addbmm_compiled():
-    # specs/linalg.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:44: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addbmm",
-        overloads=["addbmm", "addbmm_", "addbmm.out"],
+        overloads=["addbmm", "addbmm.out"],
         atol=1e-4,
         rtol=1e-4,
     )
@@ -2914,12 +2914,12 @@ def test_addbmm_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addbmm_other_dtypes(dtype):
-    # specs/linalg.yaml:42: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:44: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addbmm",
         dtype,
-        overloads=["addbmm", "addbmm_", "addbmm.out"],
-        variants=["Functional", "Inplace", "Out"],
+        overloads=["addbmm", "addbmm.out"],
+        variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
         max_samples=3,
@@ -2928,7 +2928,7 @@ def test_addbmm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mv(dtype):
-    # specs/linalg.yaml:48
+    # specs/linalg.yaml:51
     check_opinfo(
         "mv",
         dtype,
@@ -2940,7 +2940,7 @@ def test_mv(dtype):
 
 
 def test_mv_compiled():
-    # specs/linalg.yaml:48: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:51: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "mv",
         overloads=["mv", "mv.out"],
@@ -2951,7 +2951,7 @@ def test_mv_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_mv_other_dtypes(dtype):
-    # specs/linalg.yaml:48: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:51: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "mv",
         dtype,
@@ -2965,7 +2965,7 @@ def test_mv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addmv(dtype):
-    # specs/linalg.yaml:53
+    # specs/linalg.yaml:56
     check_opinfo(
         "addmv",
         dtype,
@@ -2977,7 +2977,7 @@ def test_addmv(dtype):
 
 
 def test_addmv_compiled():
-    # specs/linalg.yaml:53: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:56: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addmv",
         overloads=["addmv", "addmv_", "addmv.out"],
@@ -2988,7 +2988,7 @@ def test_addmv_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addmv_other_dtypes(dtype):
-    # specs/linalg.yaml:53: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:56: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addmv",
         dtype,
@@ -3002,7 +3002,7 @@ def test_addmv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_dot(dtype):
-    # specs/linalg.yaml:59
+    # specs/linalg.yaml:62
     check_opinfo(
         "dot",
         dtype,
@@ -3014,7 +3014,7 @@ def test_dot(dtype):
 
 
 def test_dot_compiled():
-    # specs/linalg.yaml:59: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:62: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "dot",
         overloads=["dot", "dot.out"],
@@ -3025,7 +3025,7 @@ def test_dot_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_dot_other_dtypes(dtype):
-    # specs/linalg.yaml:59: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:62: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "dot",
         dtype,
@@ -3039,7 +3039,7 @@ def test_dot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_vdot(dtype):
-    # specs/linalg.yaml:65
+    # specs/linalg.yaml:68
     check_opinfo(
         "vdot",
         dtype,
@@ -3051,7 +3051,7 @@ def test_vdot(dtype):
 
 
 def test_vdot_compiled():
-    # specs/linalg.yaml:65: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:68: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "vdot",
         overloads=["vdot", "vdot.out"],
@@ -3062,7 +3062,7 @@ def test_vdot_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_vdot_other_dtypes(dtype):
-    # specs/linalg.yaml:65: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:68: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "vdot",
         dtype,
@@ -3076,7 +3076,7 @@ def test_vdot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_cholesky_ex(dtype):
-    # specs/linalg.yaml:84
+    # specs/linalg.yaml:87
     check_opinfo(
         "linalg.cholesky_ex",
         dtype,
@@ -3088,7 +3088,7 @@ def test_linalg_cholesky_ex(dtype):
 
 
 def test_linalg_cholesky_ex_compiled():
-    # specs/linalg.yaml:84: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:87: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.cholesky_ex",
         overloads=["linalg_cholesky_ex", "linalg_cholesky_ex.L"],
@@ -3099,7 +3099,7 @@ def test_linalg_cholesky_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_cholesky_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:84: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:87: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.cholesky_ex",
         dtype,
@@ -3113,7 +3113,7 @@ def test_linalg_cholesky_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_cholesky(dtype):
-    # specs/linalg.yaml:89
+    # specs/linalg.yaml:92
     check_opinfo(
         "cholesky",
         dtype,
@@ -3125,7 +3125,7 @@ def test_cholesky(dtype):
 
 
 def test_cholesky_compiled():
-    # specs/linalg.yaml:89: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:92: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky",
         overloads=["cholesky", "cholesky.out"],
@@ -3136,7 +3136,7 @@ def test_cholesky_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_cholesky_other_dtypes(dtype):
-    # specs/linalg.yaml:89: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:92: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky",
         dtype,
@@ -3150,7 +3150,7 @@ def test_cholesky_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__cholesky_solve_helper(dtype):
-    # specs/linalg.yaml:95
+    # specs/linalg.yaml:98
     check_opinfo(
         "cholesky_solve",
         dtype,
@@ -3162,7 +3162,7 @@ def test__cholesky_solve_helper(dtype):
 
 
 def test__cholesky_solve_helper_compiled():
-    # specs/linalg.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:98: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky_solve",
         overloads=["_cholesky_solve_helper", "_cholesky_solve_helper.out"],
@@ -3173,7 +3173,7 @@ def test__cholesky_solve_helper_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__cholesky_solve_helper_other_dtypes(dtype):
-    # specs/linalg.yaml:95: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:98: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky_solve",
         dtype,
@@ -3187,7 +3187,7 @@ def test__cholesky_solve_helper_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_cholesky_inverse(dtype):
-    # specs/linalg.yaml:101
+    # specs/linalg.yaml:104
     check_opinfo(
         "cholesky_inverse",
         dtype,
@@ -3199,7 +3199,7 @@ def test_cholesky_inverse(dtype):
 
 
 def test_cholesky_inverse_compiled():
-    # specs/linalg.yaml:101: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:104: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky_inverse",
         overloads=["cholesky_inverse", "cholesky_inverse.out"],
@@ -3210,7 +3210,7 @@ def test_cholesky_inverse_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_cholesky_inverse_other_dtypes(dtype):
-    # specs/linalg.yaml:101: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:104: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky_inverse",
         dtype,
@@ -3224,7 +3224,7 @@ def test_cholesky_inverse_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_triangular_solve(dtype):
-    # specs/linalg.yaml:109
+    # specs/linalg.yaml:112
     check_opinfo(
         "triangular_solve",
         dtype,
@@ -3236,7 +3236,7 @@ def test_triangular_solve(dtype):
 
 
 def test_triangular_solve_compiled():
-    # specs/linalg.yaml:109: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:112: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "triangular_solve",
         overloads=["triangular_solve", "triangular_solve.X"],
@@ -3247,7 +3247,7 @@ def test_triangular_solve_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_triangular_solve_other_dtypes(dtype):
-    # specs/linalg.yaml:109: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:112: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "triangular_solve",
         dtype,
@@ -3261,7 +3261,7 @@ def test_triangular_solve_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_solve_triangular(dtype):
-    # specs/linalg.yaml:114
+    # specs/linalg.yaml:117
     check_opinfo(
         "linalg.solve_triangular",
         dtype,
@@ -3273,7 +3273,7 @@ def test_linalg_solve_triangular(dtype):
 
 
 def test_linalg_solve_triangular_compiled():
-    # specs/linalg.yaml:114: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:117: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.solve_triangular",
         overloads=["linalg_solve_triangular", "linalg_solve_triangular.out"],
@@ -3284,7 +3284,7 @@ def test_linalg_solve_triangular_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_solve_triangular_other_dtypes(dtype):
-    # specs/linalg.yaml:114: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:117: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.solve_triangular",
         dtype,
@@ -3298,7 +3298,7 @@ def test_linalg_solve_triangular_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu_factor_ex(dtype):
-    # specs/linalg.yaml:119
+    # specs/linalg.yaml:122
     check_opinfo(
         "linalg.lu_factor_ex",
         dtype,
@@ -3310,7 +3310,7 @@ def test_linalg_lu_factor_ex(dtype):
 
 
 def test_linalg_lu_factor_ex_compiled():
-    # specs/linalg.yaml:119: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:122: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu_factor_ex",
         overloads=["linalg_lu_factor_ex", "linalg_lu_factor_ex.out"],
@@ -3321,7 +3321,7 @@ def test_linalg_lu_factor_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_factor_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:119: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:122: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu_factor_ex",
         dtype,
@@ -3335,7 +3335,7 @@ def test_linalg_lu_factor_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu(dtype):
-    # specs/linalg.yaml:124
+    # specs/linalg.yaml:127
     check_opinfo(
         "linalg.lu",
         dtype,
@@ -3347,7 +3347,7 @@ def test_linalg_lu(dtype):
 
 
 def test_linalg_lu_compiled():
-    # specs/linalg.yaml:124: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:127: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu",
         overloads=["linalg_lu", "linalg_lu.out"],
@@ -3358,7 +3358,7 @@ def test_linalg_lu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_other_dtypes(dtype):
-    # specs/linalg.yaml:124: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:127: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu",
         dtype,
@@ -3372,7 +3372,7 @@ def test_linalg_lu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_lu_unpack(dtype):
-    # specs/linalg.yaml:132
+    # specs/linalg.yaml:135
     check_opinfo(
         "lu_unpack",
         dtype,
@@ -3384,7 +3384,7 @@ def test_lu_unpack(dtype):
 
 
 def test_lu_unpack_compiled():
-    # specs/linalg.yaml:132: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:135: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lu_unpack",
         overloads=["lu_unpack", "lu_unpack.out"],
@@ -3395,7 +3395,7 @@ def test_lu_unpack_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_lu_unpack_other_dtypes(dtype):
-    # specs/linalg.yaml:132: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:135: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lu_unpack",
         dtype,
@@ -3409,7 +3409,7 @@ def test_lu_unpack_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu_solve(dtype):
-    # specs/linalg.yaml:138
+    # specs/linalg.yaml:141
     check_opinfo(
         "linalg.lu_solve",
         dtype,
@@ -3421,7 +3421,7 @@ def test_linalg_lu_solve(dtype):
 
 
 def test_linalg_lu_solve_compiled():
-    # specs/linalg.yaml:138: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:141: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu_solve",
         overloads=["linalg_lu_solve", "linalg_lu_solve.out"],
@@ -3432,7 +3432,7 @@ def test_linalg_lu_solve_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_solve_other_dtypes(dtype):
-    # specs/linalg.yaml:138: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:141: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu_solve",
         dtype,
@@ -3446,7 +3446,7 @@ def test_linalg_lu_solve_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_solve_ex(dtype):
-    # specs/linalg.yaml:144
+    # specs/linalg.yaml:147
     check_opinfo(
         "linalg.solve",
         dtype,
@@ -3458,7 +3458,7 @@ def test__linalg_solve_ex(dtype):
 
 
 def test__linalg_solve_ex_compiled():
-    # specs/linalg.yaml:144: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:147: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.solve",
         overloads=["_linalg_solve_ex", "_linalg_solve_ex.result"],
@@ -3469,7 +3469,7 @@ def test__linalg_solve_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_solve_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:144: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:147: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.solve",
         dtype,
@@ -3483,7 +3483,7 @@ def test__linalg_solve_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_inv_ex(dtype):
-    # specs/linalg.yaml:153
+    # specs/linalg.yaml:156
     check_opinfo(
         "linalg.inv_ex",
         dtype,
@@ -3495,7 +3495,7 @@ def test_linalg_inv_ex(dtype):
 
 
 def test_linalg_inv_ex_compiled():
-    # specs/linalg.yaml:153: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:156: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.inv_ex",
         overloads=["linalg_inv_ex", "linalg_inv_ex.inverse"],
@@ -3506,7 +3506,7 @@ def test_linalg_inv_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_inv_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:153: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:156: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.inv_ex",
         dtype,
@@ -3520,7 +3520,7 @@ def test_linalg_inv_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_det(dtype):
-    # specs/linalg.yaml:160
+    # specs/linalg.yaml:163
     check_opinfo(
         "linalg.det",
         dtype,
@@ -3532,7 +3532,7 @@ def test__linalg_det(dtype):
 
 
 def test__linalg_det_compiled():
-    # specs/linalg.yaml:160: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:163: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.det",
         overloads=["_linalg_det", "_linalg_det.result"],
@@ -3543,7 +3543,7 @@ def test__linalg_det_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_det_other_dtypes(dtype):
-    # specs/linalg.yaml:160: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:163: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.det",
         dtype,
@@ -3557,7 +3557,7 @@ def test__linalg_det_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_slogdet(dtype):
-    # specs/linalg.yaml:169
+    # specs/linalg.yaml:172
     check_opinfo(
         "linalg.slogdet",
         dtype,
@@ -3569,7 +3569,7 @@ def test__linalg_slogdet(dtype):
 
 
 def test__linalg_slogdet_compiled():
-    # specs/linalg.yaml:169: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.slogdet",
         overloads=["_linalg_slogdet", "_linalg_slogdet.sign"],
@@ -3580,7 +3580,7 @@ def test__linalg_slogdet_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_slogdet_other_dtypes(dtype):
-    # specs/linalg.yaml:169: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:172: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.slogdet",
         dtype,
@@ -3594,7 +3594,7 @@ def test__linalg_slogdet_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_geqrf(dtype):
-    # specs/linalg.yaml:179
+    # specs/linalg.yaml:182
     check_opinfo(
         "geqrf",
         dtype,
@@ -3606,7 +3606,7 @@ def test_geqrf(dtype):
 
 
 def test_geqrf_compiled():
-    # specs/linalg.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:182: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "geqrf",
         overloads=["geqrf", "geqrf.a"],
@@ -3617,7 +3617,7 @@ def test_geqrf_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_geqrf_other_dtypes(dtype):
-    # specs/linalg.yaml:179: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:182: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "geqrf",
         dtype,
@@ -3631,7 +3631,7 @@ def test_geqrf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_householder_product(dtype):
-    # specs/linalg.yaml:184
+    # specs/linalg.yaml:187
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3643,7 +3643,7 @@ def test_linalg_householder_product(dtype):
 
 
 def test_linalg_householder_product_compiled():
-    # specs/linalg.yaml:184: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:187: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.householder_product",
         overloads=["linalg_householder_product", "linalg_householder_product.out"],
@@ -3654,7 +3654,7 @@ def test_linalg_householder_product_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_householder_product_other_dtypes(dtype):
-    # specs/linalg.yaml:184: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:187: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3668,7 +3668,7 @@ def test_linalg_householder_product_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_ormqr(dtype):
-    # specs/linalg.yaml:189
+    # specs/linalg.yaml:192
     check_opinfo(
         "ormqr",
         dtype,
@@ -3680,7 +3680,7 @@ def test_ormqr(dtype):
 
 
 def test_ormqr_compiled():
-    # specs/linalg.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:192: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "ormqr",
         overloads=["ormqr", "ormqr.out"],
@@ -3691,7 +3691,7 @@ def test_ormqr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_ormqr_other_dtypes(dtype):
-    # specs/linalg.yaml:189: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:192: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "ormqr",
         dtype,
@@ -3705,7 +3705,7 @@ def test_ormqr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_qr(dtype):
-    # specs/linalg.yaml:194
+    # specs/linalg.yaml:197
     check_opinfo(
         "linalg.qr",
         dtype,
@@ -3717,7 +3717,7 @@ def test_linalg_qr(dtype):
 
 
 def test_linalg_qr_compiled():
-    # specs/linalg.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:197: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.qr",
         overloads=["linalg_qr", "linalg_qr.out"],
@@ -3728,7 +3728,7 @@ def test_linalg_qr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_qr_other_dtypes(dtype):
-    # specs/linalg.yaml:194: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:197: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.qr",
         dtype,
@@ -3742,7 +3742,7 @@ def test_linalg_qr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_eigh(dtype):
-    # specs/linalg.yaml:199
+    # specs/linalg.yaml:202
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
@@ -3754,7 +3754,7 @@ def test__linalg_eigh(dtype):
 
 
 def test__linalg_eigh_compiled():
-    # specs/linalg.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:202: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.eigvalsh",
         overloads=["_linalg_eigh", "_linalg_eigh.eigenvalues"],
@@ -3765,7 +3765,7 @@ def test__linalg_eigh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_eigh_other_dtypes(dtype):
-    # specs/linalg.yaml:199: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:202: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
@@ -3779,7 +3779,7 @@ def test__linalg_eigh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_svd(dtype):
-    # specs/linalg.yaml:204
+    # specs/linalg.yaml:207
     check_opinfo(
         "linalg.svdvals",
         dtype,
@@ -3791,7 +3791,7 @@ def test__linalg_svd(dtype):
 
 
 def test__linalg_svd_compiled():
-    # specs/linalg.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:207: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.svdvals",
         overloads=["_linalg_svd", "_linalg_svd.U"],
@@ -3802,7 +3802,7 @@ def test__linalg_svd_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_svd_other_dtypes(dtype):
-    # specs/linalg.yaml:204: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:207: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.svdvals",
         dtype,
@@ -3816,7 +3816,7 @@ def test__linalg_svd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_matrix_exp(dtype):
-    # specs/linalg.yaml:209
+    # specs/linalg.yaml:212
     check_opinfo(
         "matrix_exp",
         dtype,
@@ -3828,7 +3828,7 @@ def test_linalg_matrix_exp(dtype):
 
 
 def test_linalg_matrix_exp_compiled():
-    # specs/linalg.yaml:209: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:212: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "matrix_exp",
         overloads=["linalg_matrix_exp", "linalg_matrix_exp.out"],
@@ -3839,7 +3839,7 @@ def test_linalg_matrix_exp_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_linalg_cross(dtype):
-    # specs/linalg.yaml:214
+    # specs/linalg.yaml:217
     check_opinfo(
         "linalg.cross",
         dtype,
@@ -3851,7 +3851,7 @@ def test_linalg_cross(dtype):
 
 
 def test_linalg_cross_compiled():
-    # specs/linalg.yaml:214: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:217: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.cross",
         overloads=["linalg_cross", "linalg_cross.out"],
@@ -3862,7 +3862,7 @@ def test_linalg_cross_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_linalg_cross_other_dtypes(dtype):
-    # specs/linalg.yaml:214: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:217: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.cross",
         dtype,
