@@ -1947,6 +1947,26 @@ std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs
 // upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:209)
 std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
 
+// grid_sampler_2d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:216)
+std::vector<Value> emit_grid_sampler_2d(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
+// grid_sampler_2d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:216)
+std::vector<Value> emit_grid_sampler_2d__out(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
+
+// grid_sampler_2d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:221)
+std::vector<Value> emit_grid_sampler_2d_backward(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
+// grid_sampler_2d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:221)
+std::vector<Value> emit_grid_sampler_2d_backward__out(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
+
+// grid_sampler_3d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:226)
+std::vector<Value> emit_grid_sampler_3d(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
+// grid_sampler_3d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:226)
+std::vector<Value> emit_grid_sampler_3d__out(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
+
+// grid_sampler_3d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:232)
+std::vector<Value> emit_grid_sampler_3d_backward(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
+// grid_sampler_3d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:232)
+std::vector<Value> emit_grid_sampler_3d_backward__out(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
+
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
 std::vector<Value> emit_uniform(Builder& b, const EmitArgs& a) { return {b.uniform(a.value(3), a.value(0), a.real(1), a.real(2))}; }
 // uniform_ = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -7221,6 +7241,46 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward__grad_input, false, -1, {}},
+      {"grid_sampler_2d", "specs/pooling.yaml:216", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d, false, -1, {}},
+      {"grid_sampler_2d.out", "specs/pooling.yaml:216", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d__out, false, -1, {}},
+      {"grid_sampler_2d_backward", "specs/pooling.yaml:221", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d_backward, false, -1, {}},
+      {"grid_sampler_2d_backward.out", "specs/pooling.yaml:221", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {7, 8},
+       {7, 8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d_backward__out, false, -1, {}},
+      {"grid_sampler_3d", "specs/pooling.yaml:226", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d, false, -1, {}},
+      {"grid_sampler_3d.out", "specs/pooling.yaml:226", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d__out, false, -1, {}},
+      {"grid_sampler_3d_backward", "specs/pooling.yaml:232", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d_backward, false, -1, {}},
+      {"grid_sampler_3d_backward.out", "specs/pooling.yaml:232", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {7, 8},
+       {7, 8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d_backward__out, false, -1, {}},
       {"uniform", "specs/random.yaml:5", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Generator},
        {0}, Compute::Output, {},

@@ -4735,6 +4735,14 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // upsample_trilinear3d.out
       nullptr,  // upsample_trilinear3d_backward
       nullptr,  // upsample_trilinear3d_backward.grad_input
+      nullptr,  // grid_sampler_2d
+      nullptr,  // grid_sampler_2d.out
+      nullptr,  // grid_sampler_2d_backward
+      nullptr,  // grid_sampler_2d_backward.out
+      nullptr,  // grid_sampler_3d
+      nullptr,  // grid_sampler_3d.out
+      nullptr,  // grid_sampler_3d_backward
+      nullptr,  // grid_sampler_3d_backward.out
       nullptr,  // uniform
       nullptr,  // uniform_
       nullptr,  // uniform.out

@@ -7156,6 +7156,77 @@ def test_upsample_trilinear3d_compiled():
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_grid_sampler_2d(dtype):
+    # specs/pooling.yaml:216
+    check_opinfo(
+        "grid_sampler_2d",
+        dtype,
+        overloads=["grid_sampler_2d", "grid_sampler_2d.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_grid_sampler_2d_compiled():
+    # specs/pooling.yaml:216: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "grid_sampler_2d",
+        overloads=["grid_sampler_2d", "grid_sampler_2d.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_grid_sampler_2d_backward(dtype):
+    # specs/pooling.yaml:221
+    check_opinfo(
+        "nn.functional.grid_sample",
+        dtype,
+        overloads=["grid_sampler_2d_backward", "grid_sampler_2d_backward.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_grid_sampler_2d_backward_compiled():
+    # specs/pooling.yaml:221: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.grid_sample",
+        overloads=["grid_sampler_2d_backward", "grid_sampler_2d_backward.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_grid_sampler_3d(dtype):
+    # specs/pooling.yaml:226
+    check_opinfo(
+        "grid_sampler_3d",
+        dtype,
+        overloads=["grid_sampler_3d", "grid_sampler_3d.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        grad_atol=1e-3,
+        grad_rtol=1e-3,
+    )
+
+
+def test_grid_sampler_3d_compiled():
+    # specs/pooling.yaml:226: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "grid_sampler_3d",
+        overloads=["grid_sampler_3d", "grid_sampler_3d.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_sum_dim_IntList(dtype):
     # specs/reduction.yaml:3

@@ -451,6 +451,11 @@ class Builder {
   // gradient, as an interpolation matrix per spatial dim.
   Value upsample_bicubic(const Value& self, const std::vector<int64_t>& output_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
   Value upsample_bicubic_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
+  // grid_sample of input [N, C, *spatial] (2-d or 3-d) at grid [N, *out, nd] ((x, y[, z]) in [-1, 1]):
+  // interpolation 0 bilinear, 1 nearest, 2 bicubic (2-d only); padding 0 zeros, 1 border,
+  // 2 reflection; CPU's coordinate rules. The backward gives (which) 0 the input's gradient, 1 the grid's.
+  Value grid_sample(const Value& input, const Value& grid, int64_t interpolation, int64_t padding, bool align_corners);
+  Value grid_sample_backward(const Value& grad, const Value& input, const Value& grid, int64_t interpolation, int64_t padding, bool align_corners, int64_t which);
 
   // linalg decompositions and solvers (specs/linalg.yaml; runtime/hlo/linalg_decomp.cc). Matrices are
   // the last two dims; leading dims are batch dims (broadcast between operands as in PyTorch). Loops
