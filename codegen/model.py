@@ -63,14 +63,15 @@ TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__li
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
 # "Primitives that spec lowerings name" section of runtime/hlo/hlo_builder.h. Each parameter's kind:
-# value = a tensor/scalar Value, values = a list of Values, ints/int/bool/bools/float = compile-time attributes;
+# value = a tensor/scalar Value, values = a list of Values, ints/int/bool/bools/float/floats = compile-time attributes;
 # optional_value / optional_float take an optional schema argument (Tensor?, Scalar?, float?) that may be None.
 BUILDER_HEADER = os.path.join("runtime", "hlo", "hlo_builder.h")
 _SECTION_START = "// --- Primitives that spec lowerings name"
 _PARAMETER_KINDS = {"const Value&": "value", "const std::vector<Value>&": "values",
                     "const std::vector<int64_t>&": "ints", "int64_t": "int", "bool": "bool", "double": "float",
                     "const std::string&": "str", "const std::optional<Value>&": "optional_value",
-                    "std::optional<double>": "optional_float", "const std::vector<bool>&": "bools"}
+                    "std::optional<double>": "optional_float", "const std::vector<bool>&": "bools",
+                    "const std::vector<double>&": "floats"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,7 +104,7 @@ def builder_primitives(repo_root: str) -> dict[str, tuple[str, ...]]:
 
 # How a schema argument reaches the kernel and the emitter, by its torchgen type.
 ATTR_TYPES = {"int": "int", "SymInt": "int", "bool": "bool", "float": "float", "str": "str", "int[]": "ints",
-              "SymInt[]": "ints", "bool[]": "bools", "ScalarType": "int", "MemoryFormat": "none", "Device": "none", "Layout": "none"}
+              "SymInt[]": "ints", "bool[]": "bools", "float[]": "floats", "ScalarType": "int", "MemoryFormat": "none", "Device": "none", "Layout": "none"}
 IGNORED_NAMES = {"layout", "pin_memory", "non_blocking"}
 
 
@@ -128,7 +129,7 @@ class Argument:
     name: str
     type: str  # torchgen's spelling, e.g. "Tensor", "Scalar", "int[1]?"
     kind: str  # Tensor | TensorList | Scalar | ScalarList | Attr | Generator | Ignored
-    access: str  # how the emitter reads it: value | values | ints | int | bool | bools | float | str | none
+    access: str  # how the emitter reads it: value | values | ints | int | bool | bools | float | floats | str | none
 
 
 @dataclasses.dataclass
@@ -491,7 +492,7 @@ class _LoweringCompiler:
                     not (want in optional and arg.access == optional[want]):
                 self.fail(f"argument {node.id!r} ({arg.type}) is used where {want} is needed")
             accessor = {"value": "value", "values": "values", "ints": "ints", "int": "integer", "bool": "boolean",
-                        "bools": "bools",
+                        "bools": "bools", "floats": "reals",
                         "float": "real", "str": "string", "optional_value": "optional_value",
                         "optional_float": "optional_real"}[want]
             if want == "str" and arg.type.endswith("?"):  # str? None reads as ""

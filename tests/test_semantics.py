@@ -666,3 +666,57 @@ def test_isin_and_bucketize_of_a_number(no_fallback):
     for value, right, int32 in ((2.7, False, False), (3, True, True), (0.5, False, True)):
         assert_equal_cpu(torch.bucketize(value, tpu(boundaries), right=right, out_int32=int32),
                          torch.bucketize(value, boundaries, right=right, out_int32=int32), exact=True)
+
+
+def test_histogram_matches_cpu(no_fallback):
+    """torch.histogram: the data's range, a given range (ends that meet widen by 0.5), weights, density,
+    explicit edges (the top edge closes the last bin; outside them nothing counts), empty data, out=."""
+    torch.manual_seed(0)
+    x = torch.randn(40)
+    with_nan = x.clone()
+    with_nan[3] = float("nan")  # counts nowhere (without a range, CPU refuses NaN data)
+    weight = torch.rand(40)
+    cases = [((x, 7), {}), ((with_nan, 5), {"range": (-1.0, 1.0)}), ((x, 4), {"range": (0.5, 0.5)}),
+             ((x, 6), {"weight": weight, "density": True}), ((torch.tensor([2.0, 2.0]), 4), {}),
+             ((torch.zeros(0), 3), {"density": True}), ((x.double(), 3), {}),
+             ((with_nan, torch.tensor([-1.0, -0.25, 0.0, 2.0])), {"weight": weight}),
+             ((torch.tensor([0.0, 1.5, 2.0, 9.0, 10.0]), torch.tensor([0.0, 1.5, 2.0, 10.0])), {"density": True})]
+    for (data, bins), kwargs in cases:
+        expected = torch.histogram(data, bins, **kwargs)
+        moved = {k: tpu(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        actual = torch.histogram(tpu(data), tpu(bins) if isinstance(bins, torch.Tensor) else bins, **moved)
+        assert_equal_cpu(actual.hist, expected.hist)
+        assert_equal_cpu(actual.bin_edges, expected.bin_edges)
+    hist, edges = torch.empty(0, device=TPU), torch.empty(0, device=TPU)
+    torch.histogram(tpu(x), 5, out=(hist, edges))
+    assert_equal_cpu(hist, torch.histogram(x, 5).hist)
+    assert_equal_cpu(edges, torch.histogram(x, 5).bin_edges)
+
+
+@pytest.mark.parametrize("call", [lambda x: torch.histogram(x, 0), lambda x: torch.histogram(x, 3, range=(2.0, 1.0)),
+                                  lambda x: torch.histogram(x, 3, weight=torch.ones(4, device=x.device)),
+                                  lambda x: torch.histogram(x, torch.tensor([0.0, 1.0], dtype=torch.float64,
+                                                                            device=x.device))])
+def test_histogram_errors_read_as_on_cpu(call):
+    x = torch.randn(5)
+    with pytest.raises(RuntimeError) as on_cpu:
+        call(x)
+    with pytest.raises(RuntimeError) as on_tpu:
+        call(tpu(x))
+    assert str(on_cpu.value) in str(on_tpu.value)
+
+
+def test_mode_ties_and_positions(no_fallback):
+    """torch.mode: the smallest of equally frequent values, at its last position, along any dim."""
+    rows = torch.tensor([[3.0, 1.0, 3.0, 1.0, 2.0], [5.0, 2.0, 2.0, 5.0, 5.0], [1.0, 2.0, 3.0, 4.0, 0.0]])
+    for data, dim in ((rows, 1), (rows, 0), (rows.to(torch.int32), -1), (rows > 2, 1), (torch.tensor(4.0), 0)):
+        expected = torch.mode(data, dim)
+        actual = torch.mode(tpu(data), dim)
+        assert_equal_cpu(actual.values, expected.values, exact=True)
+        assert_equal_cpu(actual.indices, expected.indices, exact=True)
+    # Long rows: CPU's index among many equal values is wherever its unstable sort left one; any
+    # position holding the mode is right.
+    data = torch.randint(-4, 5, (3, 200), dtype=torch.int16)
+    expected, actual = torch.mode(data, 1), torch.mode(tpu(data), 1)
+    assert_equal_cpu(actual.values, expected.values, exact=True)
+    assert torch.equal(data.gather(1, actual.indices.cpu()[:, None])[:, 0], expected.values)

@@ -9,6 +9,7 @@ aten::_logcumsumexp (what logcumsumexp calls) has none: its result is self's sha
 The margin losses' backward ops (aten::multi_margin_loss_backward, multilabel_margin_loss_backward)
 have none: their gradient has the input's shape and dtype. aten::geqrf has none: like CPU's, its
 reflectors come back column-major (batched) and tau holds min(m, n) scalars per matrix.
+aten::histogram has none: its counts and edges are [bins] and [bins + 1] in the input's dtype.
 """
 
 from __future__ import annotations
@@ -88,3 +89,58 @@ def _geqrf_out_meta(self, *, a, tau):
 
 _lib.impl("geqrf", _geqrf_meta, "Meta")
 _lib.impl("geqrf.a", _geqrf_out_meta, "Meta")
+
+
+def _histogram_checks(self, bin_count, edges=None, range=None, weight=None):
+    """CPU's checks (histogramdd_check_inputs), with its messages."""
+    if edges is not None:
+        torch._check(edges.dtype == self.dtype, lambda: (
+            "torch.histogramdd: input tensor and bins tensors should have the same dtype, but got input with dtype "
+            f"{_c_name(self.dtype)} and bins for dimension 0 with dtype {_c_name(edges.dtype)}"))
+        torch._check(edges.dim() == 1, lambda: "torch.histogramdd: bins tensor should have one dimension, but got "
+                     f"{edges.dim()} dimensions in the bins tensor for dimension 0")
+    torch._check(bin_count > 0, lambda: f"torch.histogram(): bins must be > 0, but got {bin_count} for dimension 0")
+    if weight is not None:
+        # histogram flattens both: the input to [numel, 1], the weight to [numel].
+        torch._check(weight.numel() == self.numel(), lambda: (
+            "torch.histogramdd: if weight tensor is provided it should have the same shape as the input tensor "
+            f"excluding its innermost dimension, but got input with shape {[self.numel(), 1]} and "
+            f"weight with shape {[weight.numel()]}"))
+        torch._check(weight.dtype == self.dtype, lambda: (
+            "torch.histogramdd: if weight tensor is provided, input tensor and weight tensor should have the same "
+            f"dtype, but got input({_c_name(self.dtype)}), and weight({_c_name(weight.dtype)})"))
+    if range is not None:
+        torch._check(len(range) == 2, lambda: "torch.histogramdd: for a 1-dimensional histogram range should have "
+                     f"2 elements, but got {len(range)}")
+        torch._check(range[0] <= range[1], lambda: "torch.histogramdd: min should not exceed max, but got min "
+                     f"{range[0]:g} max {range[1]:g} for dimension 0")
+
+
+def _c_name(dtype):
+    return {torch.float32: "float", torch.float64: "double"}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def _histogram_bin_ct_meta(self, bins=100, *, range=None, weight=None, density=False):
+    _histogram_checks(self, bins, range=range, weight=weight)
+    return self.new_empty((bins,)), self.new_empty((bins + 1,))
+
+
+def _histogram_bins_tensor_meta(self, bins, *, weight=None, density=False):
+    _histogram_checks(self, bins.numel() - 1, edges=bins, weight=weight)
+    return self.new_empty((bins.numel() - 1,)), self.new_empty((bins.numel(),))
+
+
+def _histogram_bin_ct_out_meta(self, bins=100, *, range=None, weight=None, density=False, hist, bin_edges):
+    counts, edges = _histogram_bin_ct_meta(self, bins, range=range, weight=weight, density=density)
+    return hist.resize_(counts.shape), bin_edges.resize_(edges.shape)
+
+
+def _histogram_bins_tensor_out_meta(self, bins, *, weight=None, density=False, hist, bin_edges):
+    counts, edges = _histogram_bins_tensor_meta(self, bins, weight=weight, density=density)
+    return hist.resize_(counts.shape), bin_edges.resize_(edges.shape)
+
+
+_lib.impl("histogram.bin_ct", _histogram_bin_ct_meta, "Meta")
+_lib.impl("histogram.bins_tensor", _histogram_bins_tensor_meta, "Meta")
+_lib.impl("histogram.bin_ct_out", _histogram_bin_ct_out_meta, "Meta")
+_lib.impl("histogram.bins_tensor_out", _histogram_bins_tensor_out_meta, "Meta")

@@ -73,6 +73,18 @@ def find_opinfo(name: str):
     raise LookupError(f"no OpInfo named {name!r} in op_db")
 
 
+def _opinfo_for_dtype(name: str, torch_dtype):
+    """The OpInfo `name`, or where it lacks `torch_dtype` on CPU, a variant of the same op that has it
+    (nn.functional.silu's complex dtypes live in its "complex" variant); None if no variant has it."""
+    info = find_opinfo(name)
+    if torch_dtype in info.supported_dtypes("cpu"):
+        return info
+    from torch.testing._internal import common_methods_invocations as opinfos
+
+    return next((other for other in opinfos.op_db
+                 if other.name == info.name and torch_dtype in other.supported_dtypes("cpu")), None)
+
+
 
 
 def _fallbacks() -> dict:
@@ -171,8 +183,8 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
     Out) the spec derives, and compares; in float32/float64 also the gradients. A sample CPU
     rejects is skipped; everything else must match, and none of `overloads` may fall back to the CPU."""
     torch_dtype = getattr(torch, dtype)
-    info = find_opinfo(name)
-    if torch_dtype not in info.supported_dtypes("cpu"):
+    info = _opinfo_for_dtype(name, torch_dtype)
+    if info is None:
         import pytest
 
         pytest.skip(f"OpInfo {name} does not support {dtype} on CPU")

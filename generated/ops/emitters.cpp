@@ -767,66 +767,76 @@ std::vector<Value> emit_histc(Builder& b, const EmitArgs& a) { return {b.histc(a
 // histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:187)
 std::vector<Value> emit_histc__out(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
 
-// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:197)
+// histogram.bin_ct = edges = histogram_edges(self, bins, range) (histogram_counts(self, edges, weight, density), edges)   (specs/indexing.yaml:194)
+std::vector<Value> emit_histogram__bin_ct(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_edges = b.histogram_edges(a.value(0), a.integer(1), a.reals(2)); return {b.histogram_counts(a.value(0), l_edges, a.optional_value(3), a.boolean(4)), l_edges}; }(); }
+// histogram.bin_ct_out = edges = histogram_edges(self, bins, range) (histogram_counts(self, edges, weight, density), edges)   (specs/indexing.yaml:194)
+std::vector<Value> emit_histogram__bin_ct_out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_edges = b.histogram_edges(a.value(0), a.integer(1), a.reals(2)); return {b.histogram_counts(a.value(0), l_edges, a.optional_value(3), a.boolean(4)), l_edges}; }(); }
+
+// histogram.bins_tensor = (histogram_counts(self, bins, weight, density), identity(bins))  (specs/indexing.yaml:205)
+std::vector<Value> emit_histogram__bins_tensor(Builder& b, const EmitArgs& a) { return {b.histogram_counts(a.value(0), a.value(1), a.optional_value(2), a.boolean(3)), b.identity(a.value(1))}; }
+// histogram.bins_tensor_out = (histogram_counts(self, bins, weight, density), identity(bins))  (specs/indexing.yaml:205)
+std::vector<Value> emit_histogram__bins_tensor_out(Builder& b, const EmitArgs& a) { return {b.histogram_counts(a.value(0), a.value(1), a.optional_value(2), a.boolean(3)), b.identity(a.value(1))}; }
+
+// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:216)
 std::vector<Value> emit__embedding_bag(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:206)
+// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:225)
 std::vector<Value> emit__embedding_bag_forward_only(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:214)
+// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:233)
 std::vector<Value> emit__embedding_bag_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_backward(a.value(0), a.value(1), a.value(3), a.value(4), a.value(5), a.integer(6), a.boolean(7), a.integer(8), a.boolean(9), a.optional_value(10), a.integer(11))}; }
 
-// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:220)
+// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:239)
 std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_dense_backward(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.integer(5), a.boolean(6), a.integer(7), a.optional_value(8), a.integer(9))}; }
 
-// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:226)
+// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:245)
 std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
 
-// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:234)
+// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:253)
 std::vector<Value> emit_index_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:234)
+// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:253)
 std::vector<Value> emit_index_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:234)
+// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:253)
 std::vector<Value> emit_index_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
 
-// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:241)
+// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:260)
 std::vector<Value> emit_index_copy(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:241)
+// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:260)
 std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:241)
+// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:260)
 std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:249)
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:268)
 std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:249)
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:268)
 std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:249)
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:268)
 std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:256)
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:275)
 std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:256)
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:275)
 std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:256)
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:275)
 std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:263)
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:282)
 std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:263)
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:282)
 std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:263)
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:282)
 std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
 
-// take = take(self, index)  (specs/indexing.yaml:271)
+// take = take(self, index)  (specs/indexing.yaml:290)
 std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
-// take.out = take(self, index)  (specs/indexing.yaml:271)
+// take.out = take(self, index)  (specs/indexing.yaml:290)
 std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
 
-// put = put(self, index, source, accumulate)  (specs/indexing.yaml:277)
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:296)
 std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:277)
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:296)
 std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:277)
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:296)
 std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -858,141 +868,141 @@ std::vector<Value> emit_baddbmm_(Builder& b, const EmitArgs& a) { return {b.add(
 // baddbmm.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(bmm(batch1, batch2), alpha))  (specs/linalg.yaml:34)
 std::vector<Value> emit_baddbmm__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.bmm(a.value(1), a.value(2)), a.value(4)))}; }
 
-// addbmm = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:44)
+// addbmm = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
 std::vector<Value> emit_addbmm(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
-// addbmm.out = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:44)
+// addbmm.out = addbmm(self, batch1, batch2, beta, alpha)  (specs/linalg.yaml:42)
 std::vector<Value> emit_addbmm__out(Builder& b, const EmitArgs& a) { return {b.addbmm(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4))}; }
 
-// mv = mv(self, vec)  (specs/linalg.yaml:51)
+// mv = mv(self, vec)  (specs/linalg.yaml:49)
 std::vector<Value> emit_mv(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
-// mv.out = mv(self, vec)  (specs/linalg.yaml:51)
+// mv.out = mv(self, vec)  (specs/linalg.yaml:49)
 std::vector<Value> emit_mv__out(Builder& b, const EmitArgs& a) { return {b.mv(a.value(0), a.value(1))}; }
 
-// addmv = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:56)
+// addmv = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
 std::vector<Value> emit_addmv(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
-// addmv_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:56)
+// addmv_ = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
 std::vector<Value> emit_addmv_(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
-// addmv.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:56)
+// addmv.out = add(where(eq(beta, 0), fill(0, self), mul(self, beta)), mul(mv(mat, vec), alpha))  (specs/linalg.yaml:54)
 std::vector<Value> emit_addmv__out(Builder& b, const EmitArgs& a) { return {b.add(b.where([&] { const Value anchor = a.value(3); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(0), a.value(3))), b.mul(b.mv(a.value(1), a.value(2)), a.value(4)))}; }
 
-// dot = dot(self, tensor)  (specs/linalg.yaml:62)
+// dot = dot(self, tensor)  (specs/linalg.yaml:60)
 std::vector<Value> emit_dot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
-// dot.out = dot(self, tensor)  (specs/linalg.yaml:62)
+// dot.out = dot(self, tensor)  (specs/linalg.yaml:60)
 std::vector<Value> emit_dot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
-// vdot = dot(self, other)  (specs/linalg.yaml:68)
+// vdot = dot(self, other)  (specs/linalg.yaml:66)
 std::vector<Value> emit_vdot(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
-// vdot.out = dot(self, other)  (specs/linalg.yaml:68)
+// vdot.out = dot(self, other)  (specs/linalg.yaml:66)
 std::vector<Value> emit_vdot__out(Builder& b, const EmitArgs& a) { return {b.dot(a.value(0), a.value(1))}; }
 
-// linalg_cholesky_ex = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:87)
+// linalg_cholesky_ex = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:85)
 std::vector<Value> emit_linalg_cholesky_ex(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0), b.cholesky(a.value(0), a.boolean(1), 1)}; }
-// linalg_cholesky_ex.L = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:87)
+// linalg_cholesky_ex.L = (cholesky(self, upper, 0), cholesky(self, upper, 1))  (specs/linalg.yaml:85)
 std::vector<Value> emit_linalg_cholesky_ex__L(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0), b.cholesky(a.value(0), a.boolean(1), 1)}; }
 
-// cholesky = cholesky(self, upper, 0)  (specs/linalg.yaml:92)
+// cholesky = cholesky(self, upper, 0)  (specs/linalg.yaml:90)
 std::vector<Value> emit_cholesky(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
-// cholesky.out = cholesky(self, upper, 0)  (specs/linalg.yaml:92)
+// cholesky.out = cholesky(self, upper, 0)  (specs/linalg.yaml:90)
 std::vector<Value> emit_cholesky__out(Builder& b, const EmitArgs& a) { return {b.cholesky(a.value(0), a.boolean(1), 0)}; }
 
-// _cholesky_solve_helper = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:98)
+// _cholesky_solve_helper = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:96)
 std::vector<Value> emit__cholesky_solve_helper(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
-// _cholesky_solve_helper.out = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:98)
+// _cholesky_solve_helper.out = triangular_solve(A, triangular_solve(A, self, True, False, True, False), True, False, False, False) if upper else triangular_solve(A, triangular_solve(A, self, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:96)
 std::vector<Value> emit__cholesky_solve_helper__out(Builder& b, const EmitArgs& a) { return {(a.boolean(2) ? b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(1), b.triangular_solve(a.value(1), a.value(0), true, true, false, false), true, true, true, false))}; }
 
-// cholesky_inverse = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:104)
+// cholesky_inverse = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:102)
 std::vector<Value> emit_cholesky_inverse(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
-// cholesky_inverse.out = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:104)
+// cholesky_inverse.out = unit = identity_like(self) triangular_solve(self, triangular_solve(self, unit, True, False, True, False), True, False, False, False) if upper else triangular_solve(self, triangular_solve(self, unit, True, True, False, False), True, True, True, False)   (specs/linalg.yaml:102)
 std::vector<Value> emit_cholesky_inverse__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_unit = b.identity_like(a.value(0)); return {(a.boolean(1) ? b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, false, true, false), true, false, false, false) : b.triangular_solve(a.value(0), b.triangular_solve(a.value(0), l_unit, true, true, false, false), true, true, true, false))}; }(); }
 
-// triangular_solve = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:112)
+// triangular_solve = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:110)
 std::vector<Value> emit_triangular_solve(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(1), a.value(0), true, !a.boolean(2), a.boolean(3), a.boolean(4)), a.value(1)}; }
-// triangular_solve.X = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:112)
+// triangular_solve.X = (triangular_solve(A, self, True, not upper, transpose, unitriangular), A)  (specs/linalg.yaml:110)
 std::vector<Value> emit_triangular_solve__X(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(1), a.value(0), true, !a.boolean(2), a.boolean(3), a.boolean(4)), a.value(1)}; }
 
-// linalg_solve_triangular = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
+// linalg_solve_triangular = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:115)
 std::vector<Value> emit_linalg_solve_triangular(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
-// linalg_solve_triangular.out = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:117)
+// linalg_solve_triangular.out = triangular_solve(self, B, left, not upper, False, unitriangular)  (specs/linalg.yaml:115)
 std::vector<Value> emit_linalg_solve_triangular__out(Builder& b, const EmitArgs& a) { return {b.triangular_solve(a.value(0), a.value(1), a.boolean(3), !a.boolean(2), false, a.boolean(4))}; }
 
-// linalg_lu_factor_ex = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:122)
+// linalg_lu_factor_ex = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:120)
 std::vector<Value> emit_linalg_lu_factor_ex(Builder& b, const EmitArgs& a) { return {b.lu_factor(a.value(0), a.boolean(1), 0), b.lu_factor(a.value(0), a.boolean(1), 1), b.lu_factor(a.value(0), a.boolean(1), 2)}; }
-// linalg_lu_factor_ex.out = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:122)
+// linalg_lu_factor_ex.out = (lu_factor(A, pivot, 0), lu_factor(A, pivot, 1), lu_factor(A, pivot, 2))  (specs/linalg.yaml:120)
 std::vector<Value> emit_linalg_lu_factor_ex__out(Builder& b, const EmitArgs& a) { return {b.lu_factor(a.value(0), a.boolean(1), 0), b.lu_factor(a.value(0), a.boolean(1), 1), b.lu_factor(a.value(0), a.boolean(1), 2)}; }
 
-// linalg_lu = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:127)
+// linalg_lu = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:125)
 std::vector<Value> emit_linalg_lu(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_row_swaps = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_row_swaps, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_row_swaps, true, true, 1), b.lu_unpack(l_lu, l_row_swaps, true, true, 2)}; }(); }
-// linalg_lu.out = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:127)
+// linalg_lu.out = lu = lu_factor(A, pivot, 0) row_swaps = lu_factor(A, pivot, 1) (lu_unpack(lu, row_swaps, True, pivot, 0), lu_unpack(lu, row_swaps, True, True, 1), lu_unpack(lu, row_swaps, True, True, 2))   (specs/linalg.yaml:125)
 std::vector<Value> emit_linalg_lu__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), a.boolean(1), 0); const Value l_row_swaps = b.lu_factor(a.value(0), a.boolean(1), 1); return {b.lu_unpack(l_lu, l_row_swaps, true, a.boolean(1), 0), b.lu_unpack(l_lu, l_row_swaps, true, true, 1), b.lu_unpack(l_lu, l_row_swaps, true, true, 2)}; }(); }
 
-// lu_unpack = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:135)
+// lu_unpack = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:133)
 std::vector<Value> emit_lu_unpack(Builder& b, const EmitArgs& a) { return {b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 0), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 1), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 2)}; }
-// lu_unpack.out = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:135)
+// lu_unpack.out = (lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 0), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 1), lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots, 2))  (specs/linalg.yaml:133)
 std::vector<Value> emit_lu_unpack__out(Builder& b, const EmitArgs& a) { return {b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 0), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 1), b.lu_unpack(a.value(0), a.value(1), a.boolean(2), a.boolean(3), 2)}; }
 
-// linalg_lu_solve = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:141)
+// linalg_lu_solve = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:139)
 std::vector<Value> emit_linalg_lu_solve(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:141)
+// linalg_lu_solve.out = lu_solve(LU, pivots, B, left, adjoint)  (specs/linalg.yaml:139)
 std::vector<Value> emit_linalg_lu_solve__out(Builder& b, const EmitArgs& a) { return {b.lu_solve(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// _linalg_solve_ex = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:147)
+// _linalg_solve_ex = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:145)
 std::vector<Value> emit__linalg_solve_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_row_swaps = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_row_swaps, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_row_swaps, b.lu_factor(a.value(0), true, 2)}; }(); }
-// _linalg_solve_ex.result = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:147)
+// _linalg_solve_ex.result = lu = lu_factor(A, True, 0) row_swaps = lu_factor(A, True, 1) x = lu_solve(lu, row_swaps, solve_rhs(A, B, left), left, False) (solve_result(A, B, x, left), lu, row_swaps, lu_factor(A, True, 2))   (specs/linalg.yaml:145)
 std::vector<Value> emit__linalg_solve_ex__result(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); const Value l_row_swaps = b.lu_factor(a.value(0), true, 1); const Value l_x = b.lu_solve(l_lu, l_row_swaps, b.solve_rhs(a.value(0), a.value(1), a.boolean(2)), a.boolean(2), false); return {b.solve_result(a.value(0), a.value(1), l_x, a.boolean(2)), l_lu, l_row_swaps, b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:156)
+// linalg_inv_ex = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:154)
 std::vector<Value> emit_linalg_inv_ex(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
-// linalg_inv_ex.inverse = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:156)
+// linalg_inv_ex.inverse = lu = lu_factor(A, True, 0) (lu_solve(lu, lu_factor(A, True, 1), identity_like(A), True, False), lu_factor(A, True, 2))   (specs/linalg.yaml:154)
 std::vector<Value> emit_linalg_inv_ex__inverse(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_lu = b.lu_factor(a.value(0), true, 0); return {b.lu_solve(l_lu, b.lu_factor(a.value(0), true, 1), b.identity_like(a.value(0)), true, false), b.lu_factor(a.value(0), true, 2)}; }(); }
 
-// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:163)
+// _linalg_det = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:161)
 std::vector<Value> emit__linalg_det(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 0), l_lu, l_row_swaps}; }(); }
-// _linalg_det.result = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:163)
+// _linalg_det.result = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 0), lu, row_swaps)   (specs/linalg.yaml:161)
 std::vector<Value> emit__linalg_det__result(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 0), l_lu, l_row_swaps}; }(); }
 
-// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:172)
+// _linalg_slogdet = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:170)
 std::vector<Value> emit__linalg_slogdet(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 1), b.lu_det(l_lu, l_row_swaps, 2), l_lu, l_row_swaps}; }(); }
-// _linalg_slogdet.sign = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:172)
+// _linalg_slogdet.sign = at = matrix_transpose(A) lu = lu_factor(at, True, 0) row_swaps = lu_factor(at, True, 1) (lu_det(lu, row_swaps, 1), lu_det(lu, row_swaps, 2), lu, row_swaps)   (specs/linalg.yaml:170)
 std::vector<Value> emit__linalg_slogdet__sign(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_at = b.matrix_transpose(a.value(0)); const Value l_lu = b.lu_factor(l_at, true, 0); const Value l_row_swaps = b.lu_factor(l_at, true, 1); return {b.lu_det(l_lu, l_row_swaps, 1), b.lu_det(l_lu, l_row_swaps, 2), l_lu, l_row_swaps}; }(); }
 
-// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:182)
+// geqrf = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:180)
 std::vector<Value> emit_geqrf(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
-// geqrf.a = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:182)
+// geqrf.a = (geqrf(self, 0), geqrf(self, 1))  (specs/linalg.yaml:180)
 std::vector<Value> emit_geqrf__a(Builder& b, const EmitArgs& a) { return {b.geqrf(a.value(0), 0), b.geqrf(a.value(0), 1)}; }
 
-// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:187)
+// linalg_householder_product = householder_product(input, tau)  (specs/linalg.yaml:185)
 std::vector<Value> emit_linalg_householder_product(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
-// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:187)
+// linalg_householder_product.out = householder_product(input, tau)  (specs/linalg.yaml:185)
 std::vector<Value> emit_linalg_householder_product__out(Builder& b, const EmitArgs& a) { return {b.householder_product(a.value(0), a.value(1))}; }
 
-// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:192)
+// ormqr = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:190)
 std::vector<Value> emit_ormqr(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
-// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:192)
+// ormqr.out = ormqr(self, input2, input3, left, transpose)  (specs/linalg.yaml:190)
 std::vector<Value> emit_ormqr__out(Builder& b, const EmitArgs& a) { return {b.ormqr(a.value(0), a.value(1), a.value(2), a.boolean(3), a.boolean(4))}; }
 
-// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:197)
+// linalg_qr = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:195)
 std::vector<Value> emit_linalg_qr(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
-// linalg_qr.out = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:197)
+// linalg_qr.out = (qr(A, mode, 0), qr(A, mode, 1))  (specs/linalg.yaml:195)
 std::vector<Value> emit_linalg_qr__out(Builder& b, const EmitArgs& a) { return {b.qr(a.value(0), a.string(1), 0), b.qr(a.value(0), a.string(1), 1)}; }
 
-// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:202)
+// _linalg_eigh = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:200)
 std::vector<Value> emit__linalg_eigh(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
-// _linalg_eigh.eigenvalues = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:202)
+// _linalg_eigh.eigenvalues = (eigh(A, UPLO, compute_v, 0), eigh(A, UPLO, compute_v, 1))  (specs/linalg.yaml:200)
 std::vector<Value> emit__linalg_eigh__eigenvalues(Builder& b, const EmitArgs& a) { return {b.eigh(a.value(0), a.string(1), a.boolean(2), 0), b.eigh(a.value(0), a.string(1), a.boolean(2), 1)}; }
 
-// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:207)
+// _linalg_svd = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:205)
 std::vector<Value> emit__linalg_svd(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
-// _linalg_svd.U = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:207)
+// _linalg_svd.U = (svd(A, full_matrices, compute_uv, 0), svd(A, full_matrices, compute_uv, 1), svd(A, full_matrices, compute_uv, 2))  (specs/linalg.yaml:205)
 std::vector<Value> emit__linalg_svd__U(Builder& b, const EmitArgs& a) { return {b.svd(a.value(0), a.boolean(1), a.boolean(2), 0), b.svd(a.value(0), a.boolean(1), a.boolean(2), 1), b.svd(a.value(0), a.boolean(1), a.boolean(2), 2)}; }
 
-// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:212)
+// linalg_matrix_exp = matrix_exp(self)  (specs/linalg.yaml:210)
 std::vector<Value> emit_linalg_matrix_exp(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
-// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:212)
+// linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:210)
 std::vector<Value> emit_linalg_matrix_exp__out(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
 
-// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:217)
+// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:215)
 std::vector<Value> emit_linalg_cross(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
-// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:217)
+// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:215)
 std::vector<Value> emit_linalg_cross__out(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
 
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
@@ -1937,34 +1947,54 @@ std::vector<Value> emit_upsample_bicubic2d_backward(Builder& b, const EmitArgs& 
 // upsample_bicubic2d_backward.grad_input = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:200)
 std::vector<Value> emit_upsample_bicubic2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5))}; }
 
-// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:204)
+// _upsample_bilinear2d_aa = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:205)
+std::vector<Value> emit__upsample_bilinear2d_aa(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), false)}; }
+// _upsample_bilinear2d_aa.out = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:205)
+std::vector<Value> emit__upsample_bilinear2d_aa__out(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), false)}; }
+
+// _upsample_bilinear2d_aa_backward = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:210)
+std::vector<Value> emit__upsample_bilinear2d_aa_backward(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), false)}; }
+// _upsample_bilinear2d_aa_backward.grad_input = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:210)
+std::vector<Value> emit__upsample_bilinear2d_aa_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), false)}; }
+
+// _upsample_bicubic2d_aa = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:214)
+std::vector<Value> emit__upsample_bicubic2d_aa(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), true)}; }
+// _upsample_bicubic2d_aa.out = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:214)
+std::vector<Value> emit__upsample_bicubic2d_aa__out(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), true)}; }
+
+// _upsample_bicubic2d_aa_backward = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:218)
+std::vector<Value> emit__upsample_bicubic2d_aa_backward(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), true)}; }
+// _upsample_bicubic2d_aa_backward.grad_input = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:218)
+std::vector<Value> emit__upsample_bicubic2d_aa_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), true)}; }
+
+// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:222)
 std::vector<Value> emit_upsample_trilinear3d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
-// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:204)
+// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:222)
 std::vector<Value> emit_upsample_trilinear3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
 
-// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:209)
+// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:227)
 std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
-// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:209)
+// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:227)
 std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
 
-// grid_sampler_2d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:216)
+// grid_sampler_2d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:234)
 std::vector<Value> emit_grid_sampler_2d(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
-// grid_sampler_2d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:216)
+// grid_sampler_2d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:234)
 std::vector<Value> emit_grid_sampler_2d__out(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
 
-// grid_sampler_2d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:221)
+// grid_sampler_2d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:239)
 std::vector<Value> emit_grid_sampler_2d_backward(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
-// grid_sampler_2d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:221)
+// grid_sampler_2d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:239)
 std::vector<Value> emit_grid_sampler_2d_backward__out(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
 
-// grid_sampler_3d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:226)
+// grid_sampler_3d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:244)
 std::vector<Value> emit_grid_sampler_3d(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
-// grid_sampler_3d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:226)
+// grid_sampler_3d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:244)
 std::vector<Value> emit_grid_sampler_3d__out(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
 
-// grid_sampler_3d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:232)
+// grid_sampler_3d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:250)
 std::vector<Value> emit_grid_sampler_3d_backward(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
-// grid_sampler_3d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:232)
+// grid_sampler_3d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:250)
 std::vector<Value> emit_grid_sampler_3d_backward__out(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
 
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -2169,103 +2199,113 @@ std::vector<Value> emit_all__dims(Builder& b, const EmitArgs& a) { return {b.all
 // all.dims_out = all(self, dim, keepdim, is_none(dim))  (specs/reduction.yaml:137)
 std::vector<Value> emit_all__dims_out(Builder& b, const EmitArgs& a) { return {b.all(a.value(0), a.ints(1), a.boolean(2), a.is_none(1))}; }
 
-// var.correction = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:146)
+// hash_tensor = hash_xor(self, dim, keepdim, mode)  (specs/reduction.yaml:146)
+std::vector<Value> emit_hash_tensor(Builder& b, const EmitArgs& a) { return {b.hash_xor(a.value(0), a.ints(1), a.boolean(2), a.integer(3))}; }
+// hash_tensor.out = hash_xor(self, dim, keepdim, mode)  (specs/reduction.yaml:146)
+std::vector<Value> emit_hash_tensor__out(Builder& b, const EmitArgs& a) { return {b.hash_xor(a.value(0), a.ints(1), a.boolean(2), a.integer(3))}; }
+
+// var.correction = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:153)
 std::vector<Value> emit_var__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
-// var.correction_out = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:146)
+// var.correction_out = var(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:153)
 std::vector<Value> emit_var__correction_out(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
 
-// std.correction = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:154)
+// std.correction = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:161)
 std::vector<Value> emit_std__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
-// std.correction_out = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:154)
+// std.correction_out = stddev(self, dim, default(correction, 1), keepdim)  (specs/reduction.yaml:161)
 std::vector<Value> emit_std__correction_out(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3))}; }
 
-// var_mean.correction = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:162)
+// var_mean.correction = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:169)
 std::vector<Value> emit_var_mean__correction(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
-// var_mean.correction_out = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:162)
+// var_mean.correction_out = (var(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:169)
 std::vector<Value> emit_var_mean__correction_out(Builder& b, const EmitArgs& a) { return {b.var(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
 
-// std_mean.correction = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:169)
+// std_mean.correction = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:176)
 std::vector<Value> emit_std_mean__correction(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
-// std_mean.correction_out = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:169)
+// std_mean.correction_out = (stddev(self, dim, default(correction, 1), keepdim), mean(self, dim, keepdim))  (specs/reduction.yaml:176)
 std::vector<Value> emit_std_mean__correction_out(Builder& b, const EmitArgs& a) { return {b.stddev(a.value(0), a.ints(1), (a.is_none(2) ? 1.0 : a.real(2)), a.boolean(3)), b.mean(a.value(0), a.ints(1), a.boolean(3))}; }
 
-// logsumexp = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:177)
+// logsumexp = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:184)
 std::vector<Value> emit_logsumexp(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
-// logsumexp.out = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:177)
+// logsumexp.out = logsumexp(self, dim, keepdim)  (specs/reduction.yaml:184)
 std::vector<Value> emit_logsumexp__out(Builder& b, const EmitArgs& a) { return {b.logsumexp(a.value(0), a.ints(1), a.boolean(2))}; }
 
-// linalg_vector_norm = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:185)
+// linalg_vector_norm = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:192)
 std::vector<Value> emit_linalg_vector_norm(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
-// linalg_vector_norm.out = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:185)
+// linalg_vector_norm.out = vector_norm(self, ord, dim, keepdim)  (specs/reduction.yaml:192)
 std::vector<Value> emit_linalg_vector_norm__out(Builder& b, const EmitArgs& a) { return {b.vector_norm(a.value(0), a.real(1), a.ints(2), a.boolean(3))}; }
 
-// cumsum = cumsum(self, dim)  (specs/reduction.yaml:194)
+// cumsum = cumsum(self, dim)  (specs/reduction.yaml:201)
 std::vector<Value> emit_cumsum(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
-// cumsum_ = cumsum(self, dim)  (specs/reduction.yaml:194)
+// cumsum_ = cumsum(self, dim)  (specs/reduction.yaml:201)
 std::vector<Value> emit_cumsum_(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
-// cumsum.out = cumsum(self, dim)  (specs/reduction.yaml:194)
+// cumsum.out = cumsum(self, dim)  (specs/reduction.yaml:201)
 std::vector<Value> emit_cumsum__out(Builder& b, const EmitArgs& a) { return {b.cumsum(a.value(0), a.integer(1))}; }
 
-// cumprod = cumprod(self, dim)  (specs/reduction.yaml:200)
+// cumprod = cumprod(self, dim)  (specs/reduction.yaml:207)
 std::vector<Value> emit_cumprod(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
-// cumprod_ = cumprod(self, dim)  (specs/reduction.yaml:200)
+// cumprod_ = cumprod(self, dim)  (specs/reduction.yaml:207)
 std::vector<Value> emit_cumprod_(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
-// cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:200)
+// cumprod.out = cumprod(self, dim)  (specs/reduction.yaml:207)
 std::vector<Value> emit_cumprod__out(Builder& b, const EmitArgs& a) { return {b.cumprod(a.value(0), a.integer(1))}; }
 
-// sort.stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:212)
+// sort.stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:219)
 std::vector<Value> emit_sort__stable(Builder& b, const EmitArgs& a) { return {b.sort_along(a.value(0), a.integer(2), a.boolean(3), false), b.sort_along(a.value(0), a.integer(2), a.boolean(3), true)}; }
-// sort.values_stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:212)
+// sort.values_stable = (sort_along(self, dim, descending, False), sort_along(self, dim, descending, True))  (specs/reduction.yaml:219)
 std::vector<Value> emit_sort__values_stable(Builder& b, const EmitArgs& a) { return {b.sort_along(a.value(0), a.integer(2), a.boolean(3), false), b.sort_along(a.value(0), a.integer(2), a.boolean(3), true)}; }
 
-// topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:218)
+// topk = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:225)
 std::vector<Value> emit_topk(Builder& b, const EmitArgs& a) { return {b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
-// topk.values = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:218)
+// topk.values = (topk(self, k, dim, largest, False), topk(self, k, dim, largest, True))  (specs/reduction.yaml:225)
 std::vector<Value> emit_topk__values(Builder& b, const EmitArgs& a) { return {b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.topk(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
 
-// cummax = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:227)
+// cummax = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:234)
 std::vector<Value> emit_cummax(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), true, false), b.cumulative_extreme(a.value(0), a.integer(1), true, true)}; }
-// cummax.out = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:227)
+// cummax.out = (cumulative_extreme(self, dim, True, False), cumulative_extreme(self, dim, True, True))  (specs/reduction.yaml:234)
 std::vector<Value> emit_cummax__out(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), true, false), b.cumulative_extreme(a.value(0), a.integer(1), true, true)}; }
 
-// cummin = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:233)
+// cummin = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:240)
 std::vector<Value> emit_cummin(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), false, false), b.cumulative_extreme(a.value(0), a.integer(1), false, true)}; }
-// cummin.out = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:233)
+// cummin.out = (cumulative_extreme(self, dim, False, False), cumulative_extreme(self, dim, False, True))  (specs/reduction.yaml:240)
 std::vector<Value> emit_cummin__out(Builder& b, const EmitArgs& a) { return {b.cumulative_extreme(a.value(0), a.integer(1), false, false), b.cumulative_extreme(a.value(0), a.integer(1), false, true)}; }
 
-// _logcumsumexp = logcumsumexp(self, dim)  (specs/reduction.yaml:240)
+// _logcumsumexp = logcumsumexp(self, dim)  (specs/reduction.yaml:247)
 std::vector<Value> emit__logcumsumexp(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
-// _logcumsumexp.out = logcumsumexp(self, dim)  (specs/reduction.yaml:240)
+// _logcumsumexp.out = logcumsumexp(self, dim)  (specs/reduction.yaml:247)
 std::vector<Value> emit__logcumsumexp__out(Builder& b, const EmitArgs& a) { return {b.logcumsumexp(a.value(0), a.integer(1))}; }
 
-// kthvalue = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:249)
+// kthvalue = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:256)
 std::vector<Value> emit_kthvalue(Builder& b, const EmitArgs& a) { return {b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
-// kthvalue.values = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:249)
+// kthvalue.values = (kthvalue(self, k, dim, keepdim, False), kthvalue(self, k, dim, keepdim, True))  (specs/reduction.yaml:256)
 std::vector<Value> emit_kthvalue__values(Builder& b, const EmitArgs& a) { return {b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), false), b.kthvalue(a.value(0), a.integer(1), a.integer(2), a.boolean(3), true)}; }
 
-// median = median(self, 0, True, False, False, False)  (specs/reduction.yaml:255)
+// mode = (mode(self, dim, keepdim, False), mode(self, dim, keepdim, True))  (specs/reduction.yaml:262)
+std::vector<Value> emit_mode(Builder& b, const EmitArgs& a) { return {b.mode(a.value(0), a.integer(1), a.boolean(2), false), b.mode(a.value(0), a.integer(1), a.boolean(2), true)}; }
+// mode.values = (mode(self, dim, keepdim, False), mode(self, dim, keepdim, True))  (specs/reduction.yaml:262)
+std::vector<Value> emit_mode__values(Builder& b, const EmitArgs& a) { return {b.mode(a.value(0), a.integer(1), a.boolean(2), false), b.mode(a.value(0), a.integer(1), a.boolean(2), true)}; }
+
+// median = median(self, 0, True, False, False, False)  (specs/reduction.yaml:271)
 std::vector<Value> emit_median(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
-// median.out = median(self, 0, True, False, False, False)  (specs/reduction.yaml:255)
+// median.out = median(self, 0, True, False, False, False)  (specs/reduction.yaml:271)
 std::vector<Value> emit_median__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, false, false)}; }
 
-// median.dim = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:261)
+// median.dim = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:277)
 std::vector<Value> emit_median__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), false, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), false, true)}; }
-// median.dim_values = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:261)
+// median.dim_values = (median(self, dim, False, keepdim, False, False), median(self, dim, False, keepdim, False, True))  (specs/reduction.yaml:277)
 std::vector<Value> emit_median__dim_values(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), false, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), false, true)}; }
 
-// nanmedian = median(self, 0, True, False, True, False)  (specs/reduction.yaml:266)
+// nanmedian = median(self, 0, True, False, True, False)  (specs/reduction.yaml:282)
 std::vector<Value> emit_nanmedian(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
-// nanmedian.out = median(self, 0, True, False, True, False)  (specs/reduction.yaml:266)
+// nanmedian.out = median(self, 0, True, False, True, False)  (specs/reduction.yaml:282)
 std::vector<Value> emit_nanmedian__out(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), 0, true, false, true, false)}; }
 
-// nanmedian.dim = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:272)
+// nanmedian.dim = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:288)
 std::vector<Value> emit_nanmedian__dim(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), true, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), true, true)}; }
-// nanmedian.dim_values = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:272)
+// nanmedian.dim_values = (median(self, dim, False, keepdim, True, False), median(self, dim, False, keepdim, True, True))  (specs/reduction.yaml:288)
 std::vector<Value> emit_nanmedian__dim_values(Builder& b, const EmitArgs& a) { return {b.median(a.value(0), a.integer(1), false, a.boolean(2), true, false), b.median(a.value(0), a.integer(1), false, a.boolean(2), true, true)}; }
 
-// trace = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:278)
+// trace = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:294)
 std::vector<Value> emit_trace(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
-// trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:278)
+// trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:294)
 std::vector<Value> emit_trace__out(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
 
 // flip = flip(self, dims)  (specs/shape.yaml:4)
@@ -4816,127 +4856,147 @@ const std::vector<OpSpec>& op_specs() {
        {0, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_histc__out, false, -1, {}},
-      {"_embedding_bag", "specs/indexing.yaml:197", Variant::Functional,
+      {"histogram.bin_ct", "specs/indexing.yaml:194", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_histogram__bin_ct, false, -1, {}},
+      {"histogram.bin_ct_out", "specs/indexing.yaml:194", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {5, 6},
+       {5, 6}, false, false,
+       {"float32", "float64"}, &emit_histogram__bin_ct_out, false, -1, {}},
+      {"histogram.bins_tensor", "specs/indexing.yaml:205", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"float32", "float64"}, &emit_histogram__bins_tensor, false, -1, {}},
+      {"histogram.bins_tensor_out", "specs/indexing.yaml:205", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {4, 5},
+       {4, 5}, false, false,
+       {"float32", "float64"}, &emit_histogram__bins_tensor_out, false, -1, {}},
+      {"_embedding_bag", "specs/indexing.yaml:216", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_forward_only", "specs/indexing.yaml:206", Variant::Functional,
+      {"_embedding_bag_forward_only", "specs/indexing.yaml:225", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_forward_only, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}},
-      {"_embedding_bag_backward", "specs/indexing.yaml:214", Variant::Functional,
+      {"_embedding_bag_backward", "specs/indexing.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 10}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_backward, false, -1, {}},
-      {"_embedding_bag_dense_backward", "specs/indexing.yaml:220", Variant::Functional,
+      {"_embedding_bag_dense_backward", "specs/indexing.yaml:239", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 8}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_dense_backward, false, -1, {}},
-      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:226", Variant::Functional,
+      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:245", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward, false, -1, {}},
-      {"index_add", "specs/indexing.yaml:234", Variant::Functional,
+      {"index_add", "specs/indexing.yaml:253", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add_", "specs/indexing.yaml:234", Variant::Inplace,
+      {"index_add_", "specs/indexing.yaml:253", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add_, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_add.out", "specs/indexing.yaml:234", Variant::Out,
+      {"index_add.out", "specs/indexing.yaml:253", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3, 4}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add__out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy", "specs/indexing.yaml:241", Variant::Functional,
+      {"index_copy", "specs/indexing.yaml:260", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy_", "specs/indexing.yaml:241", Variant::Inplace,
+      {"index_copy_", "specs/indexing.yaml:260", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy_, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_copy.out", "specs/indexing.yaml:241", Variant::Out,
+      {"index_copy.out", "specs/indexing.yaml:260", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar", "specs/indexing.yaml:249", Variant::Functional,
+      {"index_fill.int_Scalar", "specs/indexing.yaml:268", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Scalar", "specs/indexing.yaml:249", Variant::Inplace,
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:268", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Scalar_out", "specs/indexing.yaml:249", Variant::Out,
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:268", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor", "specs/indexing.yaml:256", Variant::Functional,
+      {"index_fill.int_Tensor", "specs/indexing.yaml:275", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill_.int_Tensor", "specs/indexing.yaml:256", Variant::Inplace,
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:275", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_fill.int_Tensor_out", "specs/indexing.yaml:256", Variant::Out,
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:275", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}},
-      {"index_reduce", "specs/indexing.yaml:263", Variant::Functional,
+      {"index_reduce", "specs/indexing.yaml:282", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce_", "specs/indexing.yaml:263", Variant::Inplace,
+      {"index_reduce_", "specs/indexing.yaml:282", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"index_reduce.out", "specs/indexing.yaml:263", Variant::Out,
+      {"index_reduce.out", "specs/indexing.yaml:282", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}},
-      {"take", "specs/indexing.yaml:271", Variant::Functional,
+      {"take", "specs/indexing.yaml:290", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"take.out", "specs/indexing.yaml:271", Variant::Out,
+      {"take.out", "specs/indexing.yaml:290", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put", "specs/indexing.yaml:277", Variant::Functional,
+      {"put", "specs/indexing.yaml:296", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put_", "specs/indexing.yaml:277", Variant::Inplace,
+      {"put_", "specs/indexing.yaml:296", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}},
-      {"put.out", "specs/indexing.yaml:277", Variant::Out,
+      {"put.out", "specs/indexing.yaml:296", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
@@ -5001,277 +5061,277 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_baddbmm__out, false, -1, {}},
-      {"addbmm", "specs/linalg.yaml:44", Variant::Functional,
+      {"addbmm", "specs/linalg.yaml:42", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm, false, -1, {}},
-      {"addbmm.out", "specs/linalg.yaml:44", Variant::Out,
+      {"addbmm.out", "specs/linalg.yaml:42", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addbmm__out, false, -1, {}},
-      {"mv", "specs/linalg.yaml:51", Variant::Functional,
+      {"mv", "specs/linalg.yaml:49", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv, false, -1, {}},
-      {"mv.out", "specs/linalg.yaml:51", Variant::Out,
+      {"mv.out", "specs/linalg.yaml:49", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mv__out, false, -1, {}},
-      {"addmv", "specs/linalg.yaml:56", Variant::Functional,
+      {"addmv", "specs/linalg.yaml:54", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv, false, -1, {}},
-      {"addmv_", "specs/linalg.yaml:56", Variant::Inplace,
+      {"addmv_", "specs/linalg.yaml:54", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv_, false, -1, {}},
-      {"addmv.out", "specs/linalg.yaml:56", Variant::Out,
+      {"addmv.out", "specs/linalg.yaml:54", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Output, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addmv__out, false, -1, {}},
-      {"dot", "specs/linalg.yaml:62", Variant::Functional,
+      {"dot", "specs/linalg.yaml:60", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot, false, -1, {}},
-      {"dot.out", "specs/linalg.yaml:62", Variant::Out,
+      {"dot.out", "specs/linalg.yaml:60", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_dot__out, false, -1, {}},
-      {"vdot", "specs/linalg.yaml:68", Variant::Functional,
+      {"vdot", "specs/linalg.yaml:66", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot, false, -1, {}},
-      {"vdot.out", "specs/linalg.yaml:68", Variant::Out,
+      {"vdot.out", "specs/linalg.yaml:66", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_vdot__out, false, -1, {}},
-      {"linalg_cholesky_ex", "specs/linalg.yaml:87", Variant::Functional,
+      {"linalg_cholesky_ex", "specs/linalg.yaml:85", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_cholesky_ex, false, -1, {}},
-      {"linalg_cholesky_ex.L", "specs/linalg.yaml:87", Variant::Out,
+      {"linalg_cholesky_ex.L", "specs/linalg.yaml:85", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float32", "float64"}, &emit_linalg_cholesky_ex__L, false, -1, {}},
-      {"cholesky", "specs/linalg.yaml:92", Variant::Functional,
+      {"cholesky", "specs/linalg.yaml:90", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_cholesky, false, -1, {}},
-      {"cholesky.out", "specs/linalg.yaml:92", Variant::Out,
+      {"cholesky.out", "specs/linalg.yaml:90", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_cholesky__out, false, -1, {}},
-      {"_cholesky_solve_helper", "specs/linalg.yaml:98", Variant::Functional,
+      {"_cholesky_solve_helper", "specs/linalg.yaml:96", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__cholesky_solve_helper, false, -1, {}},
-      {"_cholesky_solve_helper.out", "specs/linalg.yaml:98", Variant::Out,
+      {"_cholesky_solve_helper.out", "specs/linalg.yaml:96", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float32", "float64"}, &emit__cholesky_solve_helper__out, false, -1, {}},
-      {"cholesky_inverse", "specs/linalg.yaml:104", Variant::Functional,
+      {"cholesky_inverse", "specs/linalg.yaml:102", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_cholesky_inverse, false, -1, {}},
-      {"cholesky_inverse.out", "specs/linalg.yaml:104", Variant::Out,
+      {"cholesky_inverse.out", "specs/linalg.yaml:102", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_cholesky_inverse__out, false, -1, {}},
-      {"triangular_solve", "specs/linalg.yaml:112", Variant::Functional,
+      {"triangular_solve", "specs/linalg.yaml:110", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_triangular_solve, false, -1, {}},
-      {"triangular_solve.X", "specs/linalg.yaml:112", Variant::Out,
+      {"triangular_solve.X", "specs/linalg.yaml:110", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5, 6},
        {5, 6}, false, false,
        {"float32", "float64"}, &emit_triangular_solve__X, false, -1, {}},
-      {"linalg_solve_triangular", "specs/linalg.yaml:117", Variant::Functional,
+      {"linalg_solve_triangular", "specs/linalg.yaml:115", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_solve_triangular, false, -1, {}},
-      {"linalg_solve_triangular.out", "specs/linalg.yaml:117", Variant::Out,
+      {"linalg_solve_triangular.out", "specs/linalg.yaml:115", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_linalg_solve_triangular__out, false, -1, {}},
-      {"linalg_lu_factor_ex", "specs/linalg.yaml:122", Variant::Functional,
+      {"linalg_lu_factor_ex", "specs/linalg.yaml:120", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_factor_ex, false, -1, {}},
-      {"linalg_lu_factor_ex.out", "specs/linalg.yaml:122", Variant::Out,
+      {"linalg_lu_factor_ex.out", "specs/linalg.yaml:120", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4, 5},
        {3, 4, 5}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_factor_ex__out, false, -1, {}},
-      {"linalg_lu", "specs/linalg.yaml:127", Variant::Functional,
+      {"linalg_lu", "specs/linalg.yaml:125", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu, false, -1, {}},
-      {"linalg_lu.out", "specs/linalg.yaml:127", Variant::Out,
+      {"linalg_lu.out", "specs/linalg.yaml:125", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3, 4},
        {2, 3, 4}, false, false,
        {"float32", "float64"}, &emit_linalg_lu__out, false, -1, {}},
-      {"lu_unpack", "specs/linalg.yaml:135", Variant::Functional,
+      {"lu_unpack", "specs/linalg.yaml:133", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit_lu_unpack, false, -1, {}},
-      {"lu_unpack.out", "specs/linalg.yaml:135", Variant::Out,
+      {"lu_unpack.out", "specs/linalg.yaml:133", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {4, 5, 6},
        {4, 5, 6}, false, false,
        {"float32", "float64"}, &emit_lu_unpack__out, false, -1, {}},
-      {"linalg_lu_solve", "specs/linalg.yaml:141", Variant::Functional,
+      {"linalg_lu_solve", "specs/linalg.yaml:139", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_solve, false, -1, {}},
-      {"linalg_lu_solve.out", "specs/linalg.yaml:141", Variant::Out,
+      {"linalg_lu_solve.out", "specs/linalg.yaml:139", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_linalg_lu_solve__out, false, -1, {}},
-      {"_linalg_solve_ex", "specs/linalg.yaml:147", Variant::Functional,
+      {"_linalg_solve_ex", "specs/linalg.yaml:145", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_solve_ex, false, -1, {}},
-      {"_linalg_solve_ex.result", "specs/linalg.yaml:147", Variant::Out,
+      {"_linalg_solve_ex.result", "specs/linalg.yaml:145", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4, 5, 6, 7},
        {4, 5, 6, 7}, false, false,
        {"float32", "float64"}, &emit__linalg_solve_ex__result, false, -1, {}},
-      {"linalg_inv_ex", "specs/linalg.yaml:156", Variant::Functional,
+      {"linalg_inv_ex", "specs/linalg.yaml:154", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_inv_ex, false, -1, {}},
-      {"linalg_inv_ex.inverse", "specs/linalg.yaml:156", Variant::Out,
+      {"linalg_inv_ex.inverse", "specs/linalg.yaml:154", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3},
        {2, 3}, false, false,
        {"float32", "float64"}, &emit_linalg_inv_ex__inverse, false, -1, {}},
-      {"_linalg_det", "specs/linalg.yaml:163", Variant::Functional,
+      {"_linalg_det", "specs/linalg.yaml:161", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_det, false, -1, {}},
-      {"_linalg_det.result", "specs/linalg.yaml:163", Variant::Out,
+      {"_linalg_det.result", "specs/linalg.yaml:161", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2, 3},
        {1, 2, 3}, false, false,
        {"float32", "float64"}, &emit__linalg_det__result, false, -1, {}},
-      {"_linalg_slogdet", "specs/linalg.yaml:172", Variant::Functional,
+      {"_linalg_slogdet", "specs/linalg.yaml:170", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_slogdet, false, -1, {}},
-      {"_linalg_slogdet.sign", "specs/linalg.yaml:172", Variant::Out,
+      {"_linalg_slogdet.sign", "specs/linalg.yaml:170", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2, 3, 4},
        {1, 2, 3, 4}, false, false,
        {"float32", "float64"}, &emit__linalg_slogdet__sign, false, -1, {}},
-      {"geqrf", "specs/linalg.yaml:182", Variant::Functional,
+      {"geqrf", "specs/linalg.yaml:180", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_geqrf, false, -1, {}},
-      {"geqrf.a", "specs/linalg.yaml:182", Variant::Out,
+      {"geqrf.a", "specs/linalg.yaml:180", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1, 2},
        {1, 2}, false, false,
        {"float32", "float64"}, &emit_geqrf__a, false, -1, {}},
-      {"linalg_householder_product", "specs/linalg.yaml:187", Variant::Functional,
+      {"linalg_householder_product", "specs/linalg.yaml:185", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product, false, -1, {}},
-      {"linalg_householder_product.out", "specs/linalg.yaml:187", Variant::Out,
+      {"linalg_householder_product.out", "specs/linalg.yaml:185", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float32", "float64"}, &emit_linalg_householder_product__out, false, -1, {}},
-      {"ormqr", "specs/linalg.yaml:192", Variant::Functional,
+      {"ormqr", "specs/linalg.yaml:190", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_ormqr, false, -1, {}},
-      {"ormqr.out", "specs/linalg.yaml:192", Variant::Out,
+      {"ormqr.out", "specs/linalg.yaml:190", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_ormqr__out, false, -1, {}},
-      {"linalg_qr", "specs/linalg.yaml:197", Variant::Functional,
+      {"linalg_qr", "specs/linalg.yaml:195", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_linalg_qr, false, -1, {}},
-      {"linalg_qr.out", "specs/linalg.yaml:197", Variant::Out,
+      {"linalg_qr.out", "specs/linalg.yaml:195", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3},
        {2, 3}, false, false,
        {"float32", "float64"}, &emit_linalg_qr__out, false, -1, {}},
-      {"_linalg_eigh", "specs/linalg.yaml:202", Variant::Functional,
+      {"_linalg_eigh", "specs/linalg.yaml:200", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_eigh, false, -1, {}},
-      {"_linalg_eigh.eigenvalues", "specs/linalg.yaml:202", Variant::Out,
+      {"_linalg_eigh.eigenvalues", "specs/linalg.yaml:200", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float32", "float64"}, &emit__linalg_eigh__eigenvalues, false, -1, {}},
-      {"_linalg_svd", "specs/linalg.yaml:207", Variant::Functional,
+      {"_linalg_svd", "specs/linalg.yaml:205", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float32", "float64"}, &emit__linalg_svd, false, -1, {}},
-      {"_linalg_svd.U", "specs/linalg.yaml:207", Variant::Out,
+      {"_linalg_svd.U", "specs/linalg.yaml:205", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {4, 5, 6},
        {4, 5, 6}, false, false,
        {"float32", "float64"}, &emit__linalg_svd__U, false, -1, {}},
-      {"linalg_matrix_exp", "specs/linalg.yaml:212", Variant::Functional,
+      {"linalg_matrix_exp", "specs/linalg.yaml:210", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp, false, -1, {}},
-      {"linalg_matrix_exp.out", "specs/linalg.yaml:212", Variant::Out,
+      {"linalg_matrix_exp.out", "specs/linalg.yaml:210", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp__out, false, -1, {}},
-      {"linalg_cross", "specs/linalg.yaml:217", Variant::Functional,
+      {"linalg_cross", "specs/linalg.yaml:215", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross, false, -1, {}},
-      {"linalg_cross.out", "specs/linalg.yaml:217", Variant::Out,
+      {"linalg_cross.out", "specs/linalg.yaml:215", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
@@ -5345,17 +5405,17 @@ const std::vector<OpSpec>& op_specs() {
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_silu, false, -1, {}},
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_silu, false, -1, {}},
       {"silu_", "specs/nn.yaml:36", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_silu_, false, -1, {}},
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_silu_, false, -1, {}},
       {"silu.out", "specs/nn.yaml:36", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_silu__out, false, -1, {}},
+       {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_silu__out, false, -1, {}},
       {"leaky_relu", "specs/nn.yaml:42", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Output, {},
@@ -7221,62 +7281,102 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d_backward__grad_input, false, -1, {}},
-      {"upsample_trilinear3d", "specs/pooling.yaml:204", Variant::Functional,
+      {"_upsample_bilinear2d_aa", "specs/pooling.yaml:205", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit__upsample_bilinear2d_aa, false, -1, {}},
+      {"_upsample_bilinear2d_aa.out", "specs/pooling.yaml:205", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"float32", "float64"}, &emit__upsample_bilinear2d_aa__out, false, -1, {}},
+      {"_upsample_bilinear2d_aa_backward", "specs/pooling.yaml:210", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit__upsample_bilinear2d_aa_backward, false, -1, {}},
+      {"_upsample_bilinear2d_aa_backward.grad_input", "specs/pooling.yaml:210", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"float32", "float64"}, &emit__upsample_bilinear2d_aa_backward__grad_input, false, -1, {}},
+      {"_upsample_bicubic2d_aa", "specs/pooling.yaml:214", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit__upsample_bicubic2d_aa, false, -1, {}},
+      {"_upsample_bicubic2d_aa.out", "specs/pooling.yaml:214", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {5},
+       {5}, false, false,
+       {"float32", "float64"}, &emit__upsample_bicubic2d_aa__out, false, -1, {}},
+      {"_upsample_bicubic2d_aa_backward", "specs/pooling.yaml:218", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float32", "float64"}, &emit__upsample_bicubic2d_aa_backward, false, -1, {}},
+      {"_upsample_bicubic2d_aa_backward.grad_input", "specs/pooling.yaml:218", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {6},
+       {6}, false, false,
+       {"float32", "float64"}, &emit__upsample_bicubic2d_aa_backward__grad_input, false, -1, {}},
+      {"upsample_trilinear3d", "specs/pooling.yaml:222", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d, false, -1, {}},
-      {"upsample_trilinear3d.out", "specs/pooling.yaml:204", Variant::Out,
+      {"upsample_trilinear3d.out", "specs/pooling.yaml:222", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d__out, false, -1, {}},
-      {"upsample_trilinear3d_backward", "specs/pooling.yaml:209", Variant::Functional,
+      {"upsample_trilinear3d_backward", "specs/pooling.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward, false, -1, {}},
-      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:209", Variant::Out,
+      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:227", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward__grad_input, false, -1, {}},
-      {"grid_sampler_2d", "specs/pooling.yaml:216", Variant::Functional,
+      {"grid_sampler_2d", "specs/pooling.yaml:234", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d, false, -1, {}},
-      {"grid_sampler_2d.out", "specs/pooling.yaml:216", Variant::Out,
+      {"grid_sampler_2d.out", "specs/pooling.yaml:234", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d__out, false, -1, {}},
-      {"grid_sampler_2d_backward", "specs/pooling.yaml:221", Variant::Functional,
+      {"grid_sampler_2d_backward", "specs/pooling.yaml:239", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d_backward, false, -1, {}},
-      {"grid_sampler_2d_backward.out", "specs/pooling.yaml:221", Variant::Out,
+      {"grid_sampler_2d_backward.out", "specs/pooling.yaml:239", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {7, 8},
        {7, 8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d_backward__out, false, -1, {}},
-      {"grid_sampler_3d", "specs/pooling.yaml:226", Variant::Functional,
+      {"grid_sampler_3d", "specs/pooling.yaml:244", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d, false, -1, {}},
-      {"grid_sampler_3d.out", "specs/pooling.yaml:226", Variant::Out,
+      {"grid_sampler_3d.out", "specs/pooling.yaml:244", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d__out, false, -1, {}},
-      {"grid_sampler_3d_backward", "specs/pooling.yaml:232", Variant::Functional,
+      {"grid_sampler_3d_backward", "specs/pooling.yaml:250", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d_backward, false, -1, {}},
-      {"grid_sampler_3d_backward.out", "specs/pooling.yaml:232", Variant::Out,
+      {"grid_sampler_3d_backward.out", "specs/pooling.yaml:250", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {7, 8},
        {7, 8}, false, false,
@@ -7696,202 +7796,222 @@ const std::vector<OpSpec>& op_specs() {
        {}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_all__dims_out, false, -1, {}},
-      {"var.correction", "specs/reduction.yaml:146", Variant::Functional,
+      {"hash_tensor", "specs/reduction.yaml:146", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hash_tensor, false, -1, {}},
+      {"hash_tensor.out", "specs/reduction.yaml:146", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {4},
+       {4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hash_tensor__out, false, -1, {}},
+      {"var.correction", "specs/reduction.yaml:153", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction, false, -1, {}},
-      {"var.correction_out", "specs/reduction.yaml:146", Variant::Out,
+      {"var.correction_out", "specs/reduction.yaml:153", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var__correction_out, false, -1, {}},
-      {"std.correction", "specs/reduction.yaml:154", Variant::Functional,
+      {"std.correction", "specs/reduction.yaml:161", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction, false, -1, {}},
-      {"std.correction_out", "specs/reduction.yaml:154", Variant::Out,
+      {"std.correction_out", "specs/reduction.yaml:161", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std__correction_out, false, -1, {}},
-      {"var_mean.correction", "specs/reduction.yaml:162", Variant::Functional,
+      {"var_mean.correction", "specs/reduction.yaml:169", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var_mean__correction, false, -1, {}},
-      {"var_mean.correction_out", "specs/reduction.yaml:162", Variant::Out,
+      {"var_mean.correction_out", "specs/reduction.yaml:169", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4, 5},
        {4, 5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_var_mean__correction_out, false, -1, {}},
-      {"std_mean.correction", "specs/reduction.yaml:169", Variant::Functional,
+      {"std_mean.correction", "specs/reduction.yaml:176", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 2}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std_mean__correction, false, -1, {}},
-      {"std_mean.correction_out", "specs/reduction.yaml:169", Variant::Out,
+      {"std_mean.correction_out", "specs/reduction.yaml:176", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {4, 5},
        {4, 5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_std_mean__correction_out, false, -1, {}},
-      {"logsumexp", "specs/reduction.yaml:177", Variant::Functional,
+      {"logsumexp", "specs/reduction.yaml:184", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp, false, -1, {}},
-      {"logsumexp.out", "specs/reduction.yaml:177", Variant::Out,
+      {"logsumexp.out", "specs/reduction.yaml:184", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_logsumexp__out, false, -1, {}},
-      {"linalg_vector_norm", "specs/reduction.yaml:185", Variant::Functional,
+      {"linalg_vector_norm", "specs/reduction.yaml:192", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm, false, -1, {}},
-      {"linalg_vector_norm.out", "specs/reduction.yaml:185", Variant::Out,
+      {"linalg_vector_norm.out", "specs/reduction.yaml:192", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_linalg_vector_norm__out, false, -1, {}},
-      {"cumsum", "specs/reduction.yaml:194", Variant::Functional,
+      {"cumsum", "specs/reduction.yaml:201", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum, false, -1, {}},
-      {"cumsum_", "specs/reduction.yaml:194", Variant::Inplace,
+      {"cumsum_", "specs/reduction.yaml:201", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum_, false, -1, {}},
-      {"cumsum.out", "specs/reduction.yaml:194", Variant::Out,
+      {"cumsum.out", "specs/reduction.yaml:201", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumsum__out, false, -1, {}},
-      {"cumprod", "specs/reduction.yaml:200", Variant::Functional,
+      {"cumprod", "specs/reduction.yaml:207", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod, false, -1, {}},
-      {"cumprod_", "specs/reduction.yaml:200", Variant::Inplace,
+      {"cumprod_", "specs/reduction.yaml:207", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod_, false, -1, {}},
-      {"cumprod.out", "specs/reduction.yaml:200", Variant::Out,
+      {"cumprod.out", "specs/reduction.yaml:207", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cumprod__out, false, -1, {}},
-      {"sort.stable", "specs/reduction.yaml:212", Variant::Functional,
+      {"sort.stable", "specs/reduction.yaml:219", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sort__stable, false, -1, {}},
-      {"sort.values_stable", "specs/reduction.yaml:212", Variant::Out,
+      {"sort.values_stable", "specs/reduction.yaml:219", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {4, 5},
        {4, 5}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_sort__values_stable, false, -1, {}},
-      {"topk", "specs/reduction.yaml:218", Variant::Functional,
+      {"topk", "specs/reduction.yaml:225", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_topk, false, -1, {}},
-      {"topk.values", "specs/reduction.yaml:218", Variant::Out,
+      {"topk.values", "specs/reduction.yaml:225", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {5, 6},
        {5, 6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_topk__values, false, -1, {}},
-      {"cummax", "specs/reduction.yaml:227", Variant::Functional,
+      {"cummax", "specs/reduction.yaml:234", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummax, false, -1, {}},
-      {"cummax.out", "specs/reduction.yaml:227", Variant::Out,
+      {"cummax.out", "specs/reduction.yaml:234", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {2, 3},
        {2, 3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummax__out, false, -1, {}},
-      {"cummin", "specs/reduction.yaml:233", Variant::Functional,
+      {"cummin", "specs/reduction.yaml:240", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummin, false, -1, {}},
-      {"cummin.out", "specs/reduction.yaml:233", Variant::Out,
+      {"cummin.out", "specs/reduction.yaml:240", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {2, 3},
        {2, 3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_cummin__out, false, -1, {}},
-      {"_logcumsumexp", "specs/reduction.yaml:240", Variant::Functional,
+      {"_logcumsumexp", "specs/reduction.yaml:247", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp, false, -1, {}},
-      {"_logcumsumexp.out", "specs/reduction.yaml:240", Variant::Out,
+      {"_logcumsumexp.out", "specs/reduction.yaml:247", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Output, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__logcumsumexp__out, false, -1, {}},
-      {"kthvalue", "specs/reduction.yaml:249", Variant::Functional,
+      {"kthvalue", "specs/reduction.yaml:256", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_kthvalue, false, -1, {}},
-      {"kthvalue.values", "specs/reduction.yaml:249", Variant::Out,
+      {"kthvalue.values", "specs/reduction.yaml:256", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {4, 5},
        {4, 5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_kthvalue__values, false, -1, {}},
-      {"median", "specs/reduction.yaml:255", Variant::Functional,
+      {"mode", "specs/reduction.yaml:262", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {}, Compute::Output, {},
+       {-1, -1}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mode, false, -1, {}},
+      {"mode.values", "specs/reduction.yaml:262", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {}, Compute::Output, {3, 4},
+       {3, 4}, false, false,
+       {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_mode__values, false, -1, {}},
+      {"median", "specs/reduction.yaml:271", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median, false, -1, {}},
-      {"median.out", "specs/reduction.yaml:255", Variant::Out,
+      {"median.out", "specs/reduction.yaml:271", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__out, false, -1, {}},
-      {"median.dim", "specs/reduction.yaml:261", Variant::Functional,
+      {"median.dim", "specs/reduction.yaml:277", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__dim, false, -1, {}},
-      {"median.dim_values", "specs/reduction.yaml:261", Variant::Out,
+      {"median.dim_values", "specs/reduction.yaml:277", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {3, 4},
        {3, 4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_median__dim_values, false, -1, {}},
-      {"nanmedian", "specs/reduction.yaml:266", Variant::Functional,
+      {"nanmedian", "specs/reduction.yaml:282", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian, false, -1, {}},
-      {"nanmedian.out", "specs/reduction.yaml:266", Variant::Out,
+      {"nanmedian.out", "specs/reduction.yaml:282", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__out, false, -1, {}},
-      {"nanmedian.dim", "specs/reduction.yaml:272", Variant::Functional,
+      {"nanmedian.dim", "specs/reduction.yaml:288", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Output, {},
        {-1, -1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__dim, false, -1, {}},
-      {"nanmedian.dim_values", "specs/reduction.yaml:272", Variant::Out,
+      {"nanmedian.dim_values", "specs/reduction.yaml:288", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {3, 4},
        {3, 4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_nanmedian__dim_values, false, -1, {}},
-      {"trace", "specs/reduction.yaml:278", Variant::Functional,
+      {"trace", "specs/reduction.yaml:294", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trace, false, -1, {}},
-      {"trace.out", "specs/reduction.yaml:278", Variant::Out,
+      {"trace.out", "specs/reduction.yaml:294", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Output, {1},
        {1}, false, false,

@@ -78,6 +78,7 @@
 #include <ATen/ops/hardshrink_meta_dispatch.h>
 #include <ATen/ops/hardsigmoid_backward_meta_dispatch.h>
 #include <ATen/ops/hardsigmoid_meta_dispatch.h>
+#include <ATen/ops/hash_tensor_meta_dispatch.h>
 #include <ATen/ops/heaviside_meta_dispatch.h>
 #include <ATen/ops/hypot_meta_dispatch.h>
 #include <ATen/ops/i0_meta_dispatch.h>
@@ -2065,6 +2066,21 @@ void meta_emit_all__dims_out(torch::jit::Stack& s) {
   const auto a1 = s[1].isNone() ? c10::DimVector() : s[1].toDimVector();
   at::Tensor a3 = s[3].toTensor();
   auto result = at::meta::all_outf(s[0].toTensor(), s[1].isNone() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(a1), s[2].toBool(), a3);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hash_tensor(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  auto result = at::meta::hash_tensor(s[0].toTensor(), a1, s[2].toBool(), s[3].toInt());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_hash_tensor__out(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  at::Tensor a4 = s[4].toTensor();
+  auto result = at::meta::hash_tensor_outf(s[0].toTensor(), a1, s[2].toBool(), s[3].toInt(), a4);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -4250,6 +4266,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // bucketize.Scalar_out
       nullptr,  // histc
       nullptr,  // histc.out
+      nullptr,  // histogram.bin_ct
+      nullptr,  // histogram.bin_ct_out
+      nullptr,  // histogram.bins_tensor
+      nullptr,  // histogram.bins_tensor_out
       nullptr,  // _embedding_bag
       nullptr,  // _embedding_bag_forward_only
       nullptr,  // _embedding_bag_backward
@@ -4731,6 +4751,14 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // upsample_bicubic2d.out
       nullptr,  // upsample_bicubic2d_backward
       nullptr,  // upsample_bicubic2d_backward.grad_input
+      nullptr,  // _upsample_bilinear2d_aa
+      nullptr,  // _upsample_bilinear2d_aa.out
+      nullptr,  // _upsample_bilinear2d_aa_backward
+      nullptr,  // _upsample_bilinear2d_aa_backward.grad_input
+      nullptr,  // _upsample_bicubic2d_aa
+      nullptr,  // _upsample_bicubic2d_aa.out
+      nullptr,  // _upsample_bicubic2d_aa_backward
+      nullptr,  // _upsample_bicubic2d_aa_backward.grad_input
       nullptr,  // upsample_trilinear3d
       nullptr,  // upsample_trilinear3d.out
       nullptr,  // upsample_trilinear3d_backward
@@ -4826,6 +4854,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit_all__out,  // all.out
       &meta_emit_all__dims,  // all.dims
       &meta_emit_all__dims_out,  // all.dims_out
+      &meta_emit_hash_tensor,  // hash_tensor
+      &meta_emit_hash_tensor__out,  // hash_tensor.out
       nullptr,  // var.correction
       nullptr,  // var.correction_out
       nullptr,  // std.correction
@@ -4856,6 +4886,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // _logcumsumexp.out
       nullptr,  // kthvalue
       nullptr,  // kthvalue.values
+      nullptr,  // mode
+      nullptr,  // mode.values
       nullptr,  // median
       nullptr,  // median.out
       nullptr,  // median.dim

@@ -2496,9 +2496,46 @@ def test_histc_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_histogram_bin_ct(dtype):
+    # specs/indexing.yaml:194
+    check_opinfo(
+        "histogram",
+        dtype,
+        overloads=["histogram.bin_ct", "histogram.bin_ct_out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test_histogram_bin_ct_compiled():
+    # specs/indexing.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "histogram",
+        overloads=["histogram.bin_ct", "histogram.bin_ct_out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float64"])
+def test_histogram_bin_ct_other_dtypes(dtype):
+    # specs/indexing.yaml:194: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "histogram",
+        dtype,
+        overloads=["histogram.bin_ct", "histogram.bin_ct_out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__embedding_bag(dtype):
-    # specs/indexing.yaml:197
+    # specs/indexing.yaml:216
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2510,7 +2547,7 @@ def test__embedding_bag(dtype):
 
 
 def test__embedding_bag_compiled():
-    # specs/indexing.yaml:197: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:216: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.embedding_bag",
         overloads=["_embedding_bag"],
@@ -2521,7 +2558,7 @@ def test__embedding_bag_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_add(dtype):
-    # specs/indexing.yaml:234
+    # specs/indexing.yaml:253
     check_opinfo(
         "index_add",
         dtype,
@@ -2533,7 +2570,7 @@ def test_index_add(dtype):
 
 
 def test_index_add_compiled():
-    # specs/indexing.yaml:234: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:253: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_add",
         overloads=["index_add", "index_add_", "index_add.out"],
@@ -2544,7 +2581,7 @@ def test_index_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_add_other_dtypes(dtype):
-    # specs/indexing.yaml:234: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:253: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_add",
         dtype,
@@ -2558,7 +2595,7 @@ def test_index_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_copy(dtype):
-    # specs/indexing.yaml:241
+    # specs/indexing.yaml:260
     check_opinfo(
         "index_copy",
         dtype,
@@ -2570,7 +2607,7 @@ def test_index_copy(dtype):
 
 
 def test_index_copy_compiled():
-    # specs/indexing.yaml:241: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:260: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_copy",
         overloads=["index_copy", "index_copy_", "index_copy.out"],
@@ -2581,7 +2618,7 @@ def test_index_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_copy_other_dtypes(dtype):
-    # specs/indexing.yaml:241: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:260: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_copy",
         dtype,
@@ -2595,7 +2632,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:249
+    # specs/indexing.yaml:268
     check_opinfo(
         "index_fill",
         dtype,
@@ -2607,7 +2644,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:249: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:268: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2618,7 +2655,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:249: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:268: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2632,7 +2669,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:263
+    # specs/indexing.yaml:282
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2644,7 +2681,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:282: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2655,7 +2692,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:263: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:282: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2669,7 +2706,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:271
+    # specs/indexing.yaml:290
     check_opinfo(
         "take",
         dtype,
@@ -2681,7 +2718,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:271: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:290: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2692,7 +2729,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:271: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:290: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2706,7 +2743,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:277
+    # specs/indexing.yaml:296
     check_opinfo(
         "put",
         dtype,
@@ -2718,7 +2755,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:277: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:296: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2729,7 +2766,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:277: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:296: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,
@@ -2891,7 +2928,7 @@ def test_baddbmm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addbmm(dtype):
-    # specs/linalg.yaml:44
+    # specs/linalg.yaml:42
     check_opinfo(
         "addbmm",
         dtype,
@@ -2903,7 +2940,7 @@ def test_addbmm(dtype):
 
 
 def test_addbmm_compiled():
-    # specs/linalg.yaml:44: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:42: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addbmm",
         overloads=["addbmm", "addbmm.out"],
@@ -2914,7 +2951,7 @@ def test_addbmm_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addbmm_other_dtypes(dtype):
-    # specs/linalg.yaml:44: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:42: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addbmm",
         dtype,
@@ -2928,7 +2965,7 @@ def test_addbmm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mv(dtype):
-    # specs/linalg.yaml:51
+    # specs/linalg.yaml:49
     check_opinfo(
         "mv",
         dtype,
@@ -2940,7 +2977,7 @@ def test_mv(dtype):
 
 
 def test_mv_compiled():
-    # specs/linalg.yaml:51: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:49: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "mv",
         overloads=["mv", "mv.out"],
@@ -2951,7 +2988,7 @@ def test_mv_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_mv_other_dtypes(dtype):
-    # specs/linalg.yaml:51: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:49: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "mv",
         dtype,
@@ -2965,7 +3002,7 @@ def test_mv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addmv(dtype):
-    # specs/linalg.yaml:56
+    # specs/linalg.yaml:54
     check_opinfo(
         "addmv",
         dtype,
@@ -2977,7 +3014,7 @@ def test_addmv(dtype):
 
 
 def test_addmv_compiled():
-    # specs/linalg.yaml:56: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:54: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addmv",
         overloads=["addmv", "addmv_", "addmv.out"],
@@ -2988,7 +3025,7 @@ def test_addmv_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addmv_other_dtypes(dtype):
-    # specs/linalg.yaml:56: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:54: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addmv",
         dtype,
@@ -3002,7 +3039,7 @@ def test_addmv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_dot(dtype):
-    # specs/linalg.yaml:62
+    # specs/linalg.yaml:60
     check_opinfo(
         "dot",
         dtype,
@@ -3014,7 +3051,7 @@ def test_dot(dtype):
 
 
 def test_dot_compiled():
-    # specs/linalg.yaml:62: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:60: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "dot",
         overloads=["dot", "dot.out"],
@@ -3025,7 +3062,7 @@ def test_dot_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_dot_other_dtypes(dtype):
-    # specs/linalg.yaml:62: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:60: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "dot",
         dtype,
@@ -3039,7 +3076,7 @@ def test_dot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_vdot(dtype):
-    # specs/linalg.yaml:68
+    # specs/linalg.yaml:66
     check_opinfo(
         "vdot",
         dtype,
@@ -3051,7 +3088,7 @@ def test_vdot(dtype):
 
 
 def test_vdot_compiled():
-    # specs/linalg.yaml:68: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:66: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "vdot",
         overloads=["vdot", "vdot.out"],
@@ -3062,7 +3099,7 @@ def test_vdot_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_vdot_other_dtypes(dtype):
-    # specs/linalg.yaml:68: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:66: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "vdot",
         dtype,
@@ -3076,7 +3113,7 @@ def test_vdot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_cholesky_ex(dtype):
-    # specs/linalg.yaml:87
+    # specs/linalg.yaml:85
     check_opinfo(
         "linalg.cholesky_ex",
         dtype,
@@ -3088,7 +3125,7 @@ def test_linalg_cholesky_ex(dtype):
 
 
 def test_linalg_cholesky_ex_compiled():
-    # specs/linalg.yaml:87: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:85: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.cholesky_ex",
         overloads=["linalg_cholesky_ex", "linalg_cholesky_ex.L"],
@@ -3099,7 +3136,7 @@ def test_linalg_cholesky_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_cholesky_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:87: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:85: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.cholesky_ex",
         dtype,
@@ -3113,7 +3150,7 @@ def test_linalg_cholesky_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_cholesky(dtype):
-    # specs/linalg.yaml:92
+    # specs/linalg.yaml:90
     check_opinfo(
         "cholesky",
         dtype,
@@ -3125,7 +3162,7 @@ def test_cholesky(dtype):
 
 
 def test_cholesky_compiled():
-    # specs/linalg.yaml:92: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:90: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky",
         overloads=["cholesky", "cholesky.out"],
@@ -3136,7 +3173,7 @@ def test_cholesky_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_cholesky_other_dtypes(dtype):
-    # specs/linalg.yaml:92: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:90: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky",
         dtype,
@@ -3150,7 +3187,7 @@ def test_cholesky_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__cholesky_solve_helper(dtype):
-    # specs/linalg.yaml:98
+    # specs/linalg.yaml:96
     check_opinfo(
         "cholesky_solve",
         dtype,
@@ -3162,7 +3199,7 @@ def test__cholesky_solve_helper(dtype):
 
 
 def test__cholesky_solve_helper_compiled():
-    # specs/linalg.yaml:98: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:96: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky_solve",
         overloads=["_cholesky_solve_helper", "_cholesky_solve_helper.out"],
@@ -3173,7 +3210,7 @@ def test__cholesky_solve_helper_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__cholesky_solve_helper_other_dtypes(dtype):
-    # specs/linalg.yaml:98: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:96: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky_solve",
         dtype,
@@ -3187,7 +3224,7 @@ def test__cholesky_solve_helper_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_cholesky_inverse(dtype):
-    # specs/linalg.yaml:104
+    # specs/linalg.yaml:102
     check_opinfo(
         "cholesky_inverse",
         dtype,
@@ -3199,7 +3236,7 @@ def test_cholesky_inverse(dtype):
 
 
 def test_cholesky_inverse_compiled():
-    # specs/linalg.yaml:104: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:102: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cholesky_inverse",
         overloads=["cholesky_inverse", "cholesky_inverse.out"],
@@ -3210,7 +3247,7 @@ def test_cholesky_inverse_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_cholesky_inverse_other_dtypes(dtype):
-    # specs/linalg.yaml:104: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:102: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cholesky_inverse",
         dtype,
@@ -3224,7 +3261,7 @@ def test_cholesky_inverse_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_triangular_solve(dtype):
-    # specs/linalg.yaml:112
+    # specs/linalg.yaml:110
     check_opinfo(
         "triangular_solve",
         dtype,
@@ -3236,7 +3273,7 @@ def test_triangular_solve(dtype):
 
 
 def test_triangular_solve_compiled():
-    # specs/linalg.yaml:112: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:110: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "triangular_solve",
         overloads=["triangular_solve", "triangular_solve.X"],
@@ -3247,7 +3284,7 @@ def test_triangular_solve_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_triangular_solve_other_dtypes(dtype):
-    # specs/linalg.yaml:112: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:110: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "triangular_solve",
         dtype,
@@ -3261,7 +3298,7 @@ def test_triangular_solve_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_solve_triangular(dtype):
-    # specs/linalg.yaml:117
+    # specs/linalg.yaml:115
     check_opinfo(
         "linalg.solve_triangular",
         dtype,
@@ -3273,7 +3310,7 @@ def test_linalg_solve_triangular(dtype):
 
 
 def test_linalg_solve_triangular_compiled():
-    # specs/linalg.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:115: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.solve_triangular",
         overloads=["linalg_solve_triangular", "linalg_solve_triangular.out"],
@@ -3284,7 +3321,7 @@ def test_linalg_solve_triangular_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_solve_triangular_other_dtypes(dtype):
-    # specs/linalg.yaml:117: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:115: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.solve_triangular",
         dtype,
@@ -3298,7 +3335,7 @@ def test_linalg_solve_triangular_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu_factor_ex(dtype):
-    # specs/linalg.yaml:122
+    # specs/linalg.yaml:120
     check_opinfo(
         "linalg.lu_factor_ex",
         dtype,
@@ -3310,7 +3347,7 @@ def test_linalg_lu_factor_ex(dtype):
 
 
 def test_linalg_lu_factor_ex_compiled():
-    # specs/linalg.yaml:122: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:120: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu_factor_ex",
         overloads=["linalg_lu_factor_ex", "linalg_lu_factor_ex.out"],
@@ -3321,7 +3358,7 @@ def test_linalg_lu_factor_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_factor_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:122: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:120: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu_factor_ex",
         dtype,
@@ -3335,7 +3372,7 @@ def test_linalg_lu_factor_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu(dtype):
-    # specs/linalg.yaml:127
+    # specs/linalg.yaml:125
     check_opinfo(
         "linalg.lu",
         dtype,
@@ -3347,7 +3384,7 @@ def test_linalg_lu(dtype):
 
 
 def test_linalg_lu_compiled():
-    # specs/linalg.yaml:127: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:125: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu",
         overloads=["linalg_lu", "linalg_lu.out"],
@@ -3358,7 +3395,7 @@ def test_linalg_lu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_other_dtypes(dtype):
-    # specs/linalg.yaml:127: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:125: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu",
         dtype,
@@ -3372,7 +3409,7 @@ def test_linalg_lu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_lu_unpack(dtype):
-    # specs/linalg.yaml:135
+    # specs/linalg.yaml:133
     check_opinfo(
         "lu_unpack",
         dtype,
@@ -3384,7 +3421,7 @@ def test_lu_unpack(dtype):
 
 
 def test_lu_unpack_compiled():
-    # specs/linalg.yaml:135: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:133: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lu_unpack",
         overloads=["lu_unpack", "lu_unpack.out"],
@@ -3395,7 +3432,7 @@ def test_lu_unpack_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_lu_unpack_other_dtypes(dtype):
-    # specs/linalg.yaml:135: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:133: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lu_unpack",
         dtype,
@@ -3409,7 +3446,7 @@ def test_lu_unpack_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_lu_solve(dtype):
-    # specs/linalg.yaml:141
+    # specs/linalg.yaml:139
     check_opinfo(
         "linalg.lu_solve",
         dtype,
@@ -3421,7 +3458,7 @@ def test_linalg_lu_solve(dtype):
 
 
 def test_linalg_lu_solve_compiled():
-    # specs/linalg.yaml:141: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:139: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.lu_solve",
         overloads=["linalg_lu_solve", "linalg_lu_solve.out"],
@@ -3432,7 +3469,7 @@ def test_linalg_lu_solve_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_lu_solve_other_dtypes(dtype):
-    # specs/linalg.yaml:141: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:139: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.lu_solve",
         dtype,
@@ -3446,7 +3483,7 @@ def test_linalg_lu_solve_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_solve_ex(dtype):
-    # specs/linalg.yaml:147
+    # specs/linalg.yaml:145
     check_opinfo(
         "linalg.solve",
         dtype,
@@ -3458,7 +3495,7 @@ def test__linalg_solve_ex(dtype):
 
 
 def test__linalg_solve_ex_compiled():
-    # specs/linalg.yaml:147: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:145: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.solve",
         overloads=["_linalg_solve_ex", "_linalg_solve_ex.result"],
@@ -3469,7 +3506,7 @@ def test__linalg_solve_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_solve_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:147: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:145: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.solve",
         dtype,
@@ -3483,7 +3520,7 @@ def test__linalg_solve_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_inv_ex(dtype):
-    # specs/linalg.yaml:156
+    # specs/linalg.yaml:154
     check_opinfo(
         "linalg.inv_ex",
         dtype,
@@ -3495,7 +3532,7 @@ def test_linalg_inv_ex(dtype):
 
 
 def test_linalg_inv_ex_compiled():
-    # specs/linalg.yaml:156: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:154: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.inv_ex",
         overloads=["linalg_inv_ex", "linalg_inv_ex.inverse"],
@@ -3506,7 +3543,7 @@ def test_linalg_inv_ex_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_inv_ex_other_dtypes(dtype):
-    # specs/linalg.yaml:156: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:154: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.inv_ex",
         dtype,
@@ -3520,7 +3557,7 @@ def test_linalg_inv_ex_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_det(dtype):
-    # specs/linalg.yaml:163
+    # specs/linalg.yaml:161
     check_opinfo(
         "linalg.det",
         dtype,
@@ -3532,7 +3569,7 @@ def test__linalg_det(dtype):
 
 
 def test__linalg_det_compiled():
-    # specs/linalg.yaml:163: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:161: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.det",
         overloads=["_linalg_det", "_linalg_det.result"],
@@ -3543,7 +3580,7 @@ def test__linalg_det_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_det_other_dtypes(dtype):
-    # specs/linalg.yaml:163: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:161: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.det",
         dtype,
@@ -3557,7 +3594,7 @@ def test__linalg_det_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_slogdet(dtype):
-    # specs/linalg.yaml:172
+    # specs/linalg.yaml:170
     check_opinfo(
         "linalg.slogdet",
         dtype,
@@ -3569,7 +3606,7 @@ def test__linalg_slogdet(dtype):
 
 
 def test__linalg_slogdet_compiled():
-    # specs/linalg.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:170: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.slogdet",
         overloads=["_linalg_slogdet", "_linalg_slogdet.sign"],
@@ -3580,7 +3617,7 @@ def test__linalg_slogdet_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_slogdet_other_dtypes(dtype):
-    # specs/linalg.yaml:172: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:170: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.slogdet",
         dtype,
@@ -3594,7 +3631,7 @@ def test__linalg_slogdet_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_geqrf(dtype):
-    # specs/linalg.yaml:182
+    # specs/linalg.yaml:180
     check_opinfo(
         "geqrf",
         dtype,
@@ -3606,7 +3643,7 @@ def test_geqrf(dtype):
 
 
 def test_geqrf_compiled():
-    # specs/linalg.yaml:182: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:180: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "geqrf",
         overloads=["geqrf", "geqrf.a"],
@@ -3617,7 +3654,7 @@ def test_geqrf_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_geqrf_other_dtypes(dtype):
-    # specs/linalg.yaml:182: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:180: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "geqrf",
         dtype,
@@ -3631,7 +3668,7 @@ def test_geqrf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_householder_product(dtype):
-    # specs/linalg.yaml:187
+    # specs/linalg.yaml:185
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3643,7 +3680,7 @@ def test_linalg_householder_product(dtype):
 
 
 def test_linalg_householder_product_compiled():
-    # specs/linalg.yaml:187: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:185: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.householder_product",
         overloads=["linalg_householder_product", "linalg_householder_product.out"],
@@ -3654,7 +3691,7 @@ def test_linalg_householder_product_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_householder_product_other_dtypes(dtype):
-    # specs/linalg.yaml:187: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:185: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.householder_product",
         dtype,
@@ -3668,7 +3705,7 @@ def test_linalg_householder_product_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_ormqr(dtype):
-    # specs/linalg.yaml:192
+    # specs/linalg.yaml:190
     check_opinfo(
         "ormqr",
         dtype,
@@ -3680,7 +3717,7 @@ def test_ormqr(dtype):
 
 
 def test_ormqr_compiled():
-    # specs/linalg.yaml:192: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:190: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "ormqr",
         overloads=["ormqr", "ormqr.out"],
@@ -3691,7 +3728,7 @@ def test_ormqr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_ormqr_other_dtypes(dtype):
-    # specs/linalg.yaml:192: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:190: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "ormqr",
         dtype,
@@ -3705,7 +3742,7 @@ def test_ormqr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_linalg_qr(dtype):
-    # specs/linalg.yaml:197
+    # specs/linalg.yaml:195
     check_opinfo(
         "linalg.qr",
         dtype,
@@ -3717,7 +3754,7 @@ def test_linalg_qr(dtype):
 
 
 def test_linalg_qr_compiled():
-    # specs/linalg.yaml:197: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:195: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.qr",
         overloads=["linalg_qr", "linalg_qr.out"],
@@ -3728,7 +3765,7 @@ def test_linalg_qr_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_qr_other_dtypes(dtype):
-    # specs/linalg.yaml:197: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:195: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.qr",
         dtype,
@@ -3742,7 +3779,7 @@ def test_linalg_qr_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_eigh(dtype):
-    # specs/linalg.yaml:202
+    # specs/linalg.yaml:200
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
@@ -3754,7 +3791,7 @@ def test__linalg_eigh(dtype):
 
 
 def test__linalg_eigh_compiled():
-    # specs/linalg.yaml:202: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:200: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.eigvalsh",
         overloads=["_linalg_eigh", "_linalg_eigh.eigenvalues"],
@@ -3765,7 +3802,7 @@ def test__linalg_eigh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_eigh_other_dtypes(dtype):
-    # specs/linalg.yaml:202: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:200: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.eigvalsh",
         dtype,
@@ -3779,7 +3816,7 @@ def test__linalg_eigh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test__linalg_svd(dtype):
-    # specs/linalg.yaml:207
+    # specs/linalg.yaml:205
     check_opinfo(
         "linalg.svdvals",
         dtype,
@@ -3791,7 +3828,7 @@ def test__linalg_svd(dtype):
 
 
 def test__linalg_svd_compiled():
-    # specs/linalg.yaml:207: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:205: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.svdvals",
         overloads=["_linalg_svd", "_linalg_svd.U"],
@@ -3802,7 +3839,7 @@ def test__linalg_svd_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test__linalg_svd_other_dtypes(dtype):
-    # specs/linalg.yaml:207: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:205: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.svdvals",
         dtype,
@@ -3816,7 +3853,7 @@ def test__linalg_svd_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_linalg_matrix_exp(dtype):
-    # specs/linalg.yaml:212
+    # specs/linalg.yaml:210
     check_opinfo(
         "matrix_exp",
         dtype,
@@ -3828,7 +3865,7 @@ def test_linalg_matrix_exp(dtype):
 
 
 def test_linalg_matrix_exp_compiled():
-    # specs/linalg.yaml:212: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:210: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "matrix_exp",
         overloads=["linalg_matrix_exp", "linalg_matrix_exp.out"],
@@ -3839,7 +3876,7 @@ def test_linalg_matrix_exp_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_linalg_cross(dtype):
-    # specs/linalg.yaml:217
+    # specs/linalg.yaml:215
     check_opinfo(
         "linalg.cross",
         dtype,
@@ -3851,7 +3888,7 @@ def test_linalg_cross(dtype):
 
 
 def test_linalg_cross_compiled():
-    # specs/linalg.yaml:217: the first float32 sample through torch.compile(backend="tpu")
+    # specs/linalg.yaml:215: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.cross",
         overloads=["linalg_cross", "linalg_cross.out"],
@@ -3862,7 +3899,7 @@ def test_linalg_cross_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_linalg_cross_other_dtypes(dtype):
-    # specs/linalg.yaml:217: every other dtype it supports, over the first 3 samples
+    # specs/linalg.yaml:215: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.cross",
         dtype,
@@ -4031,7 +4068,7 @@ def test_silu_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_silu_other_dtypes(dtype):
     # specs/nn.yaml:36: every other dtype it supports, over the first 3 samples
     check_opinfo(
@@ -7134,8 +7171,31 @@ def test_upsample_bicubic2d_compiled():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__upsample_bilinear2d_aa(dtype):
+    # specs/pooling.yaml:205
+    check_opinfo(
+        "_upsample_bilinear2d_aa",
+        dtype,
+        overloads=["_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__upsample_bilinear2d_aa_compiled():
+    # specs/pooling.yaml:205: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_upsample_bilinear2d_aa",
+        overloads=["_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_trilinear3d(dtype):
-    # specs/pooling.yaml:204
+    # specs/pooling.yaml:222
     check_opinfo(
         "nn.functional.interpolate.trilinear",
         dtype,
@@ -7147,7 +7207,7 @@ def test_upsample_trilinear3d(dtype):
 
 
 def test_upsample_trilinear3d_compiled():
-    # specs/pooling.yaml:204: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:222: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.trilinear",
         overloads=["upsample_trilinear3d", "upsample_trilinear3d.out"],
@@ -7158,7 +7218,7 @@ def test_upsample_trilinear3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_grid_sampler_2d(dtype):
-    # specs/pooling.yaml:216
+    # specs/pooling.yaml:234
     check_opinfo(
         "grid_sampler_2d",
         dtype,
@@ -7170,7 +7230,7 @@ def test_grid_sampler_2d(dtype):
 
 
 def test_grid_sampler_2d_compiled():
-    # specs/pooling.yaml:216: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:234: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "grid_sampler_2d",
         overloads=["grid_sampler_2d", "grid_sampler_2d.out"],
@@ -7181,7 +7241,7 @@ def test_grid_sampler_2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_grid_sampler_2d_backward(dtype):
-    # specs/pooling.yaml:221
+    # specs/pooling.yaml:239
     check_opinfo(
         "nn.functional.grid_sample",
         dtype,
@@ -7193,7 +7253,7 @@ def test_grid_sampler_2d_backward(dtype):
 
 
 def test_grid_sampler_2d_backward_compiled():
-    # specs/pooling.yaml:221: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:239: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.grid_sample",
         overloads=["grid_sampler_2d_backward", "grid_sampler_2d_backward.out"],
@@ -7204,7 +7264,7 @@ def test_grid_sampler_2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_grid_sampler_3d(dtype):
-    # specs/pooling.yaml:226
+    # specs/pooling.yaml:244
     check_opinfo(
         "grid_sampler_3d",
         dtype,
@@ -7218,7 +7278,7 @@ def test_grid_sampler_3d(dtype):
 
 
 def test_grid_sampler_3d_compiled():
-    # specs/pooling.yaml:226: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:244: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "grid_sampler_3d",
         overloads=["grid_sampler_3d", "grid_sampler_3d.out"],
@@ -7708,9 +7768,46 @@ def test_all_dims_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test_hash_tensor(dtype):
+    # specs/reduction.yaml:146
+    check_opinfo(
+        "hash_tensor",
+        dtype,
+        overloads=["hash_tensor", "hash_tensor.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_hash_tensor_compiled():
+    # specs/reduction.yaml:146: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "hash_tensor",
+        overloads=["hash_tensor", "hash_tensor.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test_hash_tensor_other_dtypes(dtype):
+    # specs/reduction.yaml:146: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "hash_tensor",
+        dtype,
+        overloads=["hash_tensor", "hash_tensor.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_correction(dtype):
-    # specs/reduction.yaml:146
+    # specs/reduction.yaml:153
     check_opinfo(
         "var",
         dtype,
@@ -7722,7 +7819,7 @@ def test_var_correction(dtype):
 
 
 def test_var_correction_compiled():
-    # specs/reduction.yaml:146: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:153: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var",
         overloads=["var.correction", "var.correction_out"],
@@ -7733,7 +7830,7 @@ def test_var_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:146: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:153: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var",
         dtype,
@@ -7747,7 +7844,7 @@ def test_var_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_correction(dtype):
-    # specs/reduction.yaml:154
+    # specs/reduction.yaml:161
     check_opinfo(
         "std",
         dtype,
@@ -7759,7 +7856,7 @@ def test_std_correction(dtype):
 
 
 def test_std_correction_compiled():
-    # specs/reduction.yaml:154: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:161: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std",
         overloads=["std.correction", "std.correction_out"],
@@ -7770,7 +7867,7 @@ def test_std_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:154: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:161: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std",
         dtype,
@@ -7784,7 +7881,7 @@ def test_std_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_var_mean_correction(dtype):
-    # specs/reduction.yaml:162
+    # specs/reduction.yaml:169
     check_opinfo(
         "var_mean",
         dtype,
@@ -7796,7 +7893,7 @@ def test_var_mean_correction(dtype):
 
 
 def test_var_mean_correction_compiled():
-    # specs/reduction.yaml:162: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:169: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "var_mean",
         overloads=["var_mean.correction", "var_mean.correction_out"],
@@ -7807,7 +7904,7 @@ def test_var_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_var_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:162: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:169: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "var_mean",
         dtype,
@@ -7821,7 +7918,7 @@ def test_var_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_std_mean_correction(dtype):
-    # specs/reduction.yaml:169
+    # specs/reduction.yaml:176
     check_opinfo(
         "std_mean",
         dtype,
@@ -7833,7 +7930,7 @@ def test_std_mean_correction(dtype):
 
 
 def test_std_mean_correction_compiled():
-    # specs/reduction.yaml:169: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:176: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "std_mean",
         overloads=["std_mean.correction", "std_mean.correction_out"],
@@ -7844,7 +7941,7 @@ def test_std_mean_correction_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_std_mean_correction_other_dtypes(dtype):
-    # specs/reduction.yaml:169: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:176: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "std_mean",
         dtype,
@@ -7858,7 +7955,7 @@ def test_std_mean_correction_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_logsumexp(dtype):
-    # specs/reduction.yaml:177
+    # specs/reduction.yaml:184
     check_opinfo(
         "logsumexp",
         dtype,
@@ -7870,7 +7967,7 @@ def test_logsumexp(dtype):
 
 
 def test_logsumexp_compiled():
-    # specs/reduction.yaml:177: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:184: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logsumexp",
         overloads=["logsumexp", "logsumexp.out"],
@@ -7881,7 +7978,7 @@ def test_logsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_linalg_vector_norm(dtype):
-    # specs/reduction.yaml:185
+    # specs/reduction.yaml:192
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -7893,7 +7990,7 @@ def test_linalg_vector_norm(dtype):
 
 
 def test_linalg_vector_norm_compiled():
-    # specs/reduction.yaml:185: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:192: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "linalg.vector_norm",
         overloads=["linalg_vector_norm", "linalg_vector_norm.out"],
@@ -7904,7 +8001,7 @@ def test_linalg_vector_norm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_linalg_vector_norm_other_dtypes(dtype):
-    # specs/reduction.yaml:185: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:192: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "linalg.vector_norm",
         dtype,
@@ -7918,7 +8015,7 @@ def test_linalg_vector_norm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumsum(dtype):
-    # specs/reduction.yaml:194
+    # specs/reduction.yaml:201
     check_opinfo(
         "cumsum",
         dtype,
@@ -7930,7 +8027,7 @@ def test_cumsum(dtype):
 
 
 def test_cumsum_compiled():
-    # specs/reduction.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:201: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumsum",
         overloads=["cumsum", "cumsum_", "cumsum.out"],
@@ -7941,7 +8038,7 @@ def test_cumsum_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumsum_other_dtypes(dtype):
-    # specs/reduction.yaml:194: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:201: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumsum",
         dtype,
@@ -7955,7 +8052,7 @@ def test_cumsum_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_cumprod(dtype):
-    # specs/reduction.yaml:200
+    # specs/reduction.yaml:207
     check_opinfo(
         "cumprod",
         dtype,
@@ -7967,7 +8064,7 @@ def test_cumprod(dtype):
 
 
 def test_cumprod_compiled():
-    # specs/reduction.yaml:200: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:207: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cumprod",
         overloads=["cumprod", "cumprod_", "cumprod.out"],
@@ -7978,7 +8075,7 @@ def test_cumprod_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cumprod_other_dtypes(dtype):
-    # specs/reduction.yaml:200: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:207: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cumprod",
         dtype,
@@ -7992,7 +8089,7 @@ def test_cumprod_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "float32"])
 def test_sort_stable(dtype):
-    # specs/reduction.yaml:212
+    # specs/reduction.yaml:219
     check_opinfo(
         "sort",
         dtype,
@@ -8004,7 +8101,7 @@ def test_sort_stable(dtype):
 
 
 def test_sort_stable_compiled():
-    # specs/reduction.yaml:212: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:219: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "sort",
         overloads=["sort.stable", "sort.values_stable"],
@@ -8015,7 +8112,7 @@ def test_sort_stable_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_topk(dtype):
-    # specs/reduction.yaml:218
+    # specs/reduction.yaml:225
     check_opinfo(
         "topk",
         dtype,
@@ -8027,7 +8124,7 @@ def test_topk(dtype):
 
 
 def test_topk_compiled():
-    # specs/reduction.yaml:218: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:225: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "topk",
         overloads=["topk", "topk.values"],
@@ -8038,7 +8135,7 @@ def test_topk_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummax(dtype):
-    # specs/reduction.yaml:227
+    # specs/reduction.yaml:234
     check_opinfo(
         "cummax",
         dtype,
@@ -8050,7 +8147,7 @@ def test_cummax(dtype):
 
 
 def test_cummax_compiled():
-    # specs/reduction.yaml:227: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:234: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummax",
         overloads=["cummax", "cummax.out"],
@@ -8061,7 +8158,7 @@ def test_cummax_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummax_other_dtypes(dtype):
-    # specs/reduction.yaml:227: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:234: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummax",
         dtype,
@@ -8075,7 +8172,7 @@ def test_cummax_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_cummin(dtype):
-    # specs/reduction.yaml:233
+    # specs/reduction.yaml:240
     check_opinfo(
         "cummin",
         dtype,
@@ -8087,7 +8184,7 @@ def test_cummin(dtype):
 
 
 def test_cummin_compiled():
-    # specs/reduction.yaml:233: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:240: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cummin",
         overloads=["cummin", "cummin.out"],
@@ -8098,7 +8195,7 @@ def test_cummin_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_cummin_other_dtypes(dtype):
-    # specs/reduction.yaml:233: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:240: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cummin",
         dtype,
@@ -8112,7 +8209,7 @@ def test_cummin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__logcumsumexp(dtype):
-    # specs/reduction.yaml:240
+    # specs/reduction.yaml:247
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -8126,7 +8223,7 @@ def test__logcumsumexp(dtype):
 
 
 def test__logcumsumexp_compiled():
-    # specs/reduction.yaml:240: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:247: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logcumsumexp",
         overloads=["_logcumsumexp", "_logcumsumexp.out"],
@@ -8137,7 +8234,7 @@ def test__logcumsumexp_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__logcumsumexp_other_dtypes(dtype):
-    # specs/reduction.yaml:240: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:247: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logcumsumexp",
         dtype,
@@ -8153,7 +8250,7 @@ def test__logcumsumexp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_kthvalue(dtype):
-    # specs/reduction.yaml:249
+    # specs/reduction.yaml:256
     check_opinfo(
         "kthvalue",
         dtype,
@@ -8165,7 +8262,7 @@ def test_kthvalue(dtype):
 
 
 def test_kthvalue_compiled():
-    # specs/reduction.yaml:249: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:256: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "kthvalue",
         overloads=["kthvalue", "kthvalue.values"],
@@ -8174,9 +8271,32 @@ def test_kthvalue_compiled():
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_mode(dtype):
+    # specs/reduction.yaml:262
+    check_opinfo(
+        "mode",
+        dtype,
+        overloads=["mode", "mode.values"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_mode_compiled():
+    # specs/reduction.yaml:262: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "mode",
+        overloads=["mode", "mode.values"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_median(dtype):
-    # specs/reduction.yaml:255
+    # specs/reduction.yaml:271
     check_opinfo(
         "median",
         dtype,
@@ -8188,7 +8308,7 @@ def test_median(dtype):
 
 
 def test_median_compiled():
-    # specs/reduction.yaml:255: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:271: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "median",
         overloads=["median", "median.out"],
@@ -8199,7 +8319,7 @@ def test_median_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_median_other_dtypes(dtype):
-    # specs/reduction.yaml:255: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:271: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "median",
         dtype,
@@ -8213,7 +8333,7 @@ def test_median_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_nanmedian(dtype):
-    # specs/reduction.yaml:266
+    # specs/reduction.yaml:282
     check_opinfo(
         "nanmedian",
         dtype,
@@ -8225,7 +8345,7 @@ def test_nanmedian(dtype):
 
 
 def test_nanmedian_compiled():
-    # specs/reduction.yaml:266: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:282: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nanmedian",
         overloads=["nanmedian", "nanmedian.out"],
@@ -8236,7 +8356,7 @@ def test_nanmedian_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_nanmedian_other_dtypes(dtype):
-    # specs/reduction.yaml:266: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:282: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nanmedian",
         dtype,
@@ -8250,7 +8370,7 @@ def test_nanmedian_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_trace(dtype):
-    # specs/reduction.yaml:278
+    # specs/reduction.yaml:294
     check_opinfo(
         "trace",
         dtype,
@@ -8262,7 +8382,7 @@ def test_trace(dtype):
 
 
 def test_trace_compiled():
-    # specs/reduction.yaml:278: the first float32 sample through torch.compile(backend="tpu")
+    # specs/reduction.yaml:294: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "trace",
         overloads=["trace", "trace.out"],
@@ -8273,7 +8393,7 @@ def test_trace_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_trace_other_dtypes(dtype):
-    # specs/reduction.yaml:278: every other dtype it supports, over the first 3 samples
+    # specs/reduction.yaml:294: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "trace",
         dtype,

@@ -40,7 +40,7 @@ enum class Compute : uint8_t {
 
 // A schema argument as the emitter sees it.
 using EmitArg = std::variant<std::monostate, rt::Value, std::vector<rt::Value>, int64_t, double, bool,
-                             std::vector<int64_t>, std::string, std::vector<bool>>;
+                             std::vector<int64_t>, std::string, std::vector<bool>, std::vector<double>>;
 
 class EmitArgs {
  public:
@@ -64,6 +64,11 @@ class EmitArgs {
   const std::string& string(int i) const { return get<std::string>(i, "a string"); }
   // bool[N] arguments (output_mask).
   const std::vector<bool>& bools(int i) const { return get<std::vector<bool>>(i, "a bool list"); }
+  // float[] arguments (histogram's range); None reads as empty.
+  std::vector<double> reals(int i) const {
+    if (is_none(i)) return {};
+    return get<std::vector<double>>(i, "a float list");
+  }
   bool is_none(int i) const { return std::holds_alternative<std::monostate>(args.at(i)); }
   // A foreach lowering's view of element `i`: each list argument in `lists` reads as its i-th
   // element (none where that list is shorter, e.g. an empty max_exp_avg_sqs).

@@ -139,6 +139,7 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
           const auto bits = a.toBoolList();
           ea.args[i] = std::vector<bool>(bits.begin(), bits.end());
         }
+        else if (a.isDoubleList()) ea.args[i] = a.toDoubleVector();
         else if (a.isScalar()) ea.args[i] = a.toScalar().toDouble();
         break;
       case ArgKind::Generator:

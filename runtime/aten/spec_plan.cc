@@ -75,6 +75,15 @@ void key_attr(KeyWriter& k, const c10::IValue& v) {
     return k.tag('d'), k.i(bits);
   }
   if (v.isIntList()) return k.tag('l'), k.ints(v.toIntVector());
+  if (v.isDoubleList()) {  // float[] (histogram's range), by exact bits
+    k.tag('F');
+    for (double d : v.toDoubleVector()) {
+      int64_t bits;
+      std::memcpy(&bits, &d, 8);
+      k.i(bits);
+    }
+    return k.tag('.');
+  }
   if (v.isBoolList()) {  // bool[N] (output_mask)
     k.tag('B');
     for (bool bit : v.toBoolList()) k.tag(bit ? 'y' : 'n');

@@ -166,6 +166,9 @@ class Builder {
   // Truth of any/all elements over `dims` (over every dim where all_dims; empty dims otherwise = none).
   Value any(const Value& v, const std::vector<int64_t>& dims, bool keepdim, bool all_dims);
   Value all(const Value& v, const std::vector<int64_t>& dims, bool keepdim, bool all_dims);
+  // hash_tensor's mode 0: the xor of the elements' bits as uint64 (floats widened to float64, integers
+  // and booleans to int64 first, as CPU does); empty dims = all dims.
+  Value hash_xor(const Value& v, const std::vector<int64_t>& dims, bool keepdim, int64_t mode);
   // int64 index of the first max/min (a NaN counts as the max and the min); empty dims = flattened.
   Value argmax(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
   Value argmin(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
@@ -417,6 +420,8 @@ class Builder {
   Value logcumsumexp(const Value& v, int64_t dim);
   // The k-th smallest (1-based; NaN largest) along dim, or (indices) its position.
   Value kthvalue(const Value& v, int64_t k, int64_t dim, bool keepdim, bool indices);
+  // The most frequent value along dim (the smallest of a tie) or, with `indices`, its last position.
+  Value mode(const Value& v, int64_t dim, bool keepdim, bool indices);
   // The lower median along dim (all_dims: of every element, a 0-d result); a NaN in a row makes it NaN
   // unless ignore_nan (nanmedian); indices: its position.
   Value median(const Value& v, int64_t dim, bool all_dims, bool keepdim, bool ignore_nan, bool indices);
@@ -434,6 +439,10 @@ class Builder {
   Value search_sorted(const Value& sorted, const Value& values, bool right, const std::string& side, const std::optional<Value>& sorter);
   // bins equal-width counts over [min, max] (min == max: the data's extremes), of v's element type.
   Value histc(const Value& v, int64_t bins, const Value& min, const Value& max);
+  // torch.histogram: `bins` + 1 evenly spaced edges over `range` (empty: the data's min and max), and
+  // the counts (or summed weights; density: divided by the total and the bin widths) over sorted edges.
+  Value histogram_edges(const Value& v, int64_t bins, const std::vector<double>& range);
+  Value histogram_counts(const Value& v, const Value& edges, const std::optional<Value>& weight, bool density);
   // self's elements placed at their flat per-plane indices in zeros of [..., *output_size].
   Value max_unpool(const Value& self, const Value& indices, const std::vector<int64_t>& output_size);
   // nn.functional.unfold / fold: [N, C, H, W] <-> [N, C * kh * kw, L] (overlaps summed by col2im).
@@ -451,6 +460,10 @@ class Builder {
   // gradient, as an interpolation matrix per spatial dim.
   Value upsample_bicubic(const Value& self, const std::vector<int64_t>& output_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
   Value upsample_bicubic_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w);
+  // Anti-aliased bilinear / bicubic resize (interpolate(..., antialias=True)): downscaling averages
+  // over the scale's footprint instead of sampling.
+  Value upsample_antialiased(const Value& self, const std::vector<int64_t>& output_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w, bool bicubic);
+  Value upsample_antialiased_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> scales_h, std::optional<double> scales_w, bool bicubic);
   // grid_sample of input [N, C, *spatial] (2-d or 3-d) at grid [N, *out, nd] ((x, y[, z]) in [-1, 1]):
   // interpolation 0 bilinear, 1 nearest, 2 bicubic (2-d only); padding 0 zeros, 1 border,
   // 2 reflection; CPU's coordinate rules. The backward gives (which) 0 the input's gradient, 1 the grid's.

@@ -170,6 +170,50 @@ Value Builder::histc(const Value& v, int64_t bins, const Value& min, const Value
   return sum(convert(hits, v.element()), {0}, false);
 }
 
+Value Builder::histogram_edges(const Value& v, int64_t bins, const std::vector<double>& range) {
+  const ElementType e = v.element();
+  const int64_t n = v.type.numel();
+  // (torchtpu/_meta.py checked the range.) No range: the data's extremes (no data: [0, 1]); ends that
+  // meet are widened by 0.5 either way (CPU's rule).
+  Value lo, hi;
+  if (range.size() == 2) {
+    lo = constant(range[0], e), hi = constant(range[1], e);
+  } else if (n == 0) {
+    lo = constant(0, e), hi = constant(1, e);
+  } else {
+    lo = amin(reshape(v, {n}), {}, false), hi = amax(reshape(v, {n}), {}, false);
+  }
+  const Value meet = eq(lo, hi);
+  lo = select(meet, sub(lo, constant(0.5, e)), lo);
+  hi = select(meet, add(hi, constant(0.5, e)), hi);
+  return linspace(lo, hi, bins + 1);
+}
+
+Value Builder::histogram_counts(const Value& v, const Value& edges_in, const std::optional<Value>& weight, bool density) {
+  const ElementType e = v.element();
+  const int64_t n = v.type.numel(), k = edges_in.type.numel(), bins = k - 1;
+  if (bins < 1) fail("torch.histogramdd: bins must have at least 2 edges");
+  const Value edges = convert(reshape(edges_in, {k}), e);
+  Value hist = full(0, TensorType{e, {bins}});
+  if (n > 0) {
+    // x's bin: the last edge <= x (the top edge closes the last bin); outside the edges (or NaN): none.
+    const Value flat = reshape(v, {n});
+    const Value at_or_below = le(broadcast_in_dim(edges, {n, k}, {1}), broadcast_in_dim(flat, {n, k}, {0}));
+    Value bin = sub(reduce(convert(at_or_below, ElementType::S64), {1}, "add", 0),
+                    broadcast_to(constant_int(1, ElementType::S64), {n}));
+    bin = minimum(bin, broadcast_to(constant_int(bins - 1, ElementType::S64), {n}));
+    const Value first = reshape(slice(edges, {0}, {1}, {1}), {}), last = reshape(slice(edges, {bins}, {k}, {1}), {});
+    const Value inside = binary("and", ge(flat, broadcast_to(first, {n})), le(flat, broadcast_to(last, {n})));
+    bin = select(inside, bin, broadcast_to(constant_int(-1, ElementType::S64), {n}));
+    const Value hits = convert(eq(broadcast_in_dim(bin, {n, bins}, {0}), iota(TensorType{ElementType::S64, {n, bins}}, 1)), e);
+    hist = weight ? sum(mul(hits, broadcast_in_dim(convert(reshape(*weight, {n}), e), {n, bins}, {0})), {0}, false)
+                  : sum(hits, {0}, false);
+  }
+  if (!density) return hist;
+  const Value widths = sub(slice(edges, {1}, {k}, {1}), slice(edges, {0}, {bins}, {1}));
+  return div(div(hist, broadcast_to(sum(hist, {}, false), {bins})), widths);
+}
+
 Value Builder::max_unpool(const Value& self, const Value& indices, const std::vector<int64_t>& output_size) {
   const size_t nd = output_size.size();
   if (self.rank() < static_cast<int>(nd) + 1) fail("max_unpool: input has too few dims");
@@ -353,18 +397,74 @@ Value apply_along(Builder& b, const Value& v, int64_t axis, const Value& matrix,
   return b.transpose(r, permutation);
 }
 
-Value cubic_resample(Builder& b, const Value& v, const std::vector<int64_t>& in_sizes, const std::vector<int64_t>& out_sizes,
-                     bool align_corners, std::optional<double> s0, std::optional<double> s1, bool backward) {
+// Anti-aliased resampling along one axis as an [out, in] matrix (the kernel of PIL's resize, which
+// CPU's _upsample_*_aa follow): downscaling widens the triangle (bilinear) or Keys cubic (A = -0.5)
+// filter by the scale, each row's weights normalized to sum to 1; computed in T as CPU's opmath does.
+template <typename T>
+std::vector<double> antialias_matrix(int64_t in, int64_t out, bool align_corners, std::optional<double> scale,
+                                     bool bicubic) {
+  std::vector<double> m(static_cast<size_t>(out * in), 0.0);
+  const T ratio = align_corners ? (out > 1 ? static_cast<T>(in - 1) / static_cast<T>(out - 1) : static_cast<T>(0))
+                                : (scale && *scale > 0 ? static_cast<T>(1.0 / *scale)
+                                                       : static_cast<T>(in) / static_cast<T>(out));
+  const T one = 1, half = static_cast<T>(0.5), radius = bicubic ? 2 : 1;
+  const T support = ratio >= one ? radius * ratio : radius, stretch = ratio >= one ? one / ratio : one;
+  auto filter = [&](T x) -> T {
+    x = std::abs(x);
+    if (!bicubic) return x < one ? one - x : T(0);
+    const T a = static_cast<T>(-0.5);
+    if (x < one) return ((a + 2) * x - (a + 3)) * x * x + one;
+    if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0;
+  };
+  std::vector<T> w;
+  for (int64_t o = 0; o < out; ++o) {
+    const T center = ratio * (static_cast<T>(o) + half);
+    const int64_t first = std::max<int64_t>(static_cast<int64_t>(center - support + half), 0);
+    const int64_t count = std::min<int64_t>(static_cast<int64_t>(center + support + half), in) - first;
+    w.assign(static_cast<size_t>(std::max<int64_t>(count, 0)), 0);
+    T total = 0;
+    for (int64_t j = 0; j < count; ++j) total += w[j] = filter((static_cast<T>(j + first) - center + half) * stretch);
+    for (int64_t j = 0; j < count; ++j) {
+      m[static_cast<size_t>(o * in + first + j)] = static_cast<double>(total != 0 ? w[j] / total : w[j]);
+    }
+  }
+  return m;
+}
+
+// v's last two dims resampled by one [out, in] matrix each (`matrix(in, out, scale)` for T = float,
+// or double for float64); backward applies the transposes, from out_sizes back to in_sizes.
+template <typename MatrixOf>
+Value separable_resample(Builder& b, const Value& v, const std::vector<int64_t>& in_sizes,
+                         const std::vector<int64_t>& out_sizes, std::optional<double> s0, std::optional<double> s1,
+                         bool backward, MatrixOf matrix) {
   const ElementType e = v.element() == ElementType::F64 ? ElementType::F64 : ElementType::F32;
   Value r = b.convert(v, e);
   const std::optional<double> scales[2] = {s0, s1};
   for (int i = 0; i < 2; ++i) {
     const int64_t axis = r.rank() - 2 + i, in = in_sizes[i], out = out_sizes[i];
-    const std::vector<double> m = e == ElementType::F64 ? cubic_matrix<double>(in, out, align_corners, scales[i])
-                                                        : cubic_matrix<float>(in, out, align_corners, scales[i]);
+    const std::vector<double> m = e == ElementType::F64 ? matrix(double{}, in, out, scales[i])
+                                                        : matrix(float{}, in, out, scales[i]);
     r = apply_along(b, r, axis, float_matrix(b, m, out, in, e), backward);
   }
   return b.convert(r, v.element());
+}
+
+Value cubic_resample(Builder& b, const Value& v, const std::vector<int64_t>& in_sizes, const std::vector<int64_t>& out_sizes,
+                     bool align_corners, std::optional<double> s0, std::optional<double> s1, bool backward) {
+  return separable_resample(b, v, in_sizes, out_sizes, s0, s1, backward,
+                            [&](auto t, int64_t in, int64_t out, std::optional<double> scale) {
+                              return cubic_matrix<decltype(t)>(in, out, align_corners, scale);
+                            });
+}
+
+Value antialias_resample(Builder& b, const Value& v, const std::vector<int64_t>& in_sizes,
+                         const std::vector<int64_t>& out_sizes, bool align_corners, std::optional<double> s0,
+                         std::optional<double> s1, bool bicubic, bool backward) {
+  return separable_resample(b, v, in_sizes, out_sizes, s0, s1, backward,
+                            [&](auto t, int64_t in, int64_t out, std::optional<double> scale) {
+                              return antialias_matrix<decltype(t)>(in, out, align_corners, scale, bicubic);
+                            });
 }
 
 }  // namespace
@@ -385,6 +485,25 @@ Value Builder::upsample_bicubic_backward(const Value& grad, const std::vector<in
   const std::vector<int64_t> in{input_size[2], input_size[3]}, out{grad.dims()[2], grad.dims()[3]};
   if (grad.type.numel() == 0 || in[0] * in[1] == 0) return full(0, TensorType{grad.element(), input_size});
   return cubic_resample(*this, grad, in, out, align_corners, scales_h, scales_w, true);
+}
+
+Value Builder::upsample_antialiased(const Value& self, const std::vector<int64_t>& output_size, bool align_corners,
+                                    std::optional<double> scales_h, std::optional<double> scales_w, bool bicubic) {
+  if (self.rank() != 4 || output_size.size() != 2) fail("upsample_antialiased: needs [N, C, H, W] and two output sizes");
+  const std::vector<int64_t> in{self.dims()[2], self.dims()[3]};
+  if (self.type.numel() == 0 || output_size[0] * output_size[1] == 0) {
+    return full(0, TensorType{self.element(), {self.dims()[0], self.dims()[1], output_size[0], output_size[1]}});
+  }
+  return antialias_resample(*this, self, in, output_size, align_corners, scales_h, scales_w, bicubic, false);
+}
+
+Value Builder::upsample_antialiased_backward(const Value& grad, const std::vector<int64_t>& input_size,
+                                             bool align_corners, std::optional<double> scales_h,
+                                             std::optional<double> scales_w, bool bicubic) {
+  if (input_size.size() != 4) fail("upsample_antialiased_backward: input_size needs four sizes");
+  const std::vector<int64_t> in{input_size[2], input_size[3]}, out{grad.dims()[2], grad.dims()[3]};
+  if (grad.type.numel() == 0 || in[0] * in[1] == 0) return full(0, TensorType{grad.element(), input_size});
+  return antialias_resample(*this, grad, in, out, align_corners, scales_h, scales_w, bicubic, true);
 }
 
 }  // namespace torchtpu::rt

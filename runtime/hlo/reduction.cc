@@ -132,6 +132,16 @@ Value Builder::all(const Value& v, const std::vector<int64_t>& dims_in, bool kee
   return keep_dims(*this, reduce(truth, dims, "and", 1), v, dims, keepdim);
 }
 
+Value Builder::hash_xor(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim, int64_t mode) {
+  if (mode != 0) fail("Unknown hash_tensor mode: " + std::to_string(mode));
+  if (is_complex(v.element())) fail("\"xor_sum\" not implemented for complex tensors");
+  const auto dims = normalize_dims(dims_in, v.rank());
+  check_not_empty(v, dims, "hash_tensor");
+  const Value wide = convert(v, is_float(v.element()) ? ElementType::F64 : ElementType::S64);
+  const Value bits = reinterpret(wide, ElementType::U64);
+  return keep_dims(*this, reduce(bits, dims, "xor", 0), v, dims, keepdim);
+}
+
 namespace {
 
 // The first index along `dims_in` (one dim, or none = the flattened tensor) where v reaches its

@@ -192,6 +192,48 @@ Value Builder::kthvalue(const Value& v, int64_t k, int64_t dim, bool keepdim, bo
   return kth_along(v, constant_int(k - 1, ElementType::S64), dim, keepdim, indices);
 }
 
+Value Builder::mode(const Value& v_in, int64_t dim_in, bool keepdim, bool indices) {
+  const Value v = v_in.rank() == 0 ? reshape(v_in, {1}) : v_in;
+  const int64_t dim = wrap_dim(dim_in, v.rank(), "mode"), n = v.dims()[dim], r = v.rank();
+  if (n == 0) fail("mode(): Expected reduction dim " + std::to_string(dim) + " to have non-zero size.");
+  // Counting by pairwise equality along `dim` (moved last): n^2 compares a row, no sort. CPU's choice
+  // among equally frequent values is the smallest; its index, the value's last position.
+  std::vector<int64_t> permutation;
+  for (int64_t d = 0; d < r; ++d) {
+    if (d != dim) permutation.push_back(d);
+  }
+  permutation.push_back(dim);
+  const Value x = transpose(v, permutation);
+  std::vector<int64_t> pairs = x.dims(), rows = x.dims(), cols = x.dims();
+  pairs.push_back(n);
+  rows.push_back(1);
+  cols.insert(cols.end() - 1, 1);
+  const Value equal = eq(broadcast_to(reshape(x, rows), pairs), broadcast_to(reshape(x, cols), pairs));
+  const Value count = reduce(convert(equal, ElementType::S64), {r}, "add", 0);  // x.dims()
+  std::vector<int64_t> one_per_row = x.dims();
+  one_per_row.back() = 1;
+  const Value most = broadcast_to(reshape(reduce(count, {r - 1}, "maximum", 0), one_per_row), x.dims());
+  const bool boolean = x.element() == ElementType::Pred;
+  const Value candidates = select(eq(count, most), x, broadcast_to(extreme_constant(*this, x.element(), false), x.dims()));
+  const Value smallest = boolean ? reduce(candidates, {r - 1}, "and", 1)
+                                 : reduce_from(candidates, {r - 1}, "minimum", extreme_constant(*this, x.element(), false));
+  const Value positions = iota(TensorType{ElementType::S64, x.dims()}, r - 1);
+  const Value at_mode = eq(x, broadcast_to(reshape(smallest, one_per_row), x.dims()));
+  Value index = reshape(reduce_from(select(at_mode, positions, broadcast_to(constant_int(0, ElementType::S64), x.dims())),
+                                    {r - 1}, "maximum", constant_int(0, ElementType::S64)), one_per_row);
+  Value result = indices ? index : take_along(x, r - 1, index);  // the element itself (its -0.0 or 0.0)
+  // Back to v's layout, `dim` kept as 1 or dropped.
+  std::vector<int64_t> kept = v.dims();
+  kept[dim] = 1;
+  std::vector<int64_t> inverse(r);
+  for (int64_t d = 0; d < r; ++d) inverse[permutation[d]] = d;
+  result = transpose(result, inverse);
+  if (v_in.rank() == 0) return reshape(result, {});
+  if (keepdim) return result;
+  kept.erase(kept.begin() + dim);
+  return reshape(result, kept);
+}
+
 Value Builder::median(const Value& v_in, int64_t dim_in, bool all_dims, bool keepdim, bool ignore_nan, bool indices) {
   Value v = all_dims ? reshape(v_in, {v_in.type.numel()}) : v_in;
   if (v.rank() == 0) return indices ? constant_int(0, ElementType::S64) : v;
