@@ -239,7 +239,7 @@ def test_an_op_without_spec_splits_the_graph_and_error_mode_raises():
     def fn(x):
         y = x.exp() + 1
         # aten::_add_relu (an internal fused op) has no spec and no decomposition: it runs on the CPU
-        return torch.ops.aten._add_relu(y, -y.mean()) * 2
+        return torch.ops.aten._add_relu.Scalar(y, -2.0) * 2
 
     x = torch.randn(4, 5)
     compiled = torch.compile(fn, backend="tpu")

@@ -48,11 +48,11 @@ def test_trace_records_fallbacks_copies_and_their_nesting():
     x = x_cpu.to(TPU)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # _add_relu has no spec: it falls back to the CPU, warned once
-        t, result = traced(lambda: torch.ops.aten._add_relu(x, x))
-    torch.testing.assert_close(result.cpu(), torch.relu(x_cpu + x_cpu))
+        t, result = traced(lambda: torch.ops.aten._add_relu.Scalar(x, -2.0))
+    torch.testing.assert_close(result.cpu(), torch.relu(x_cpu - 2.0))
 
     fallback = [e for e in t.events if e.kind == "fallback"]
-    assert [e.name for e in fallback] == ["aten::_add_relu.Tensor"]
+    assert [e.name for e in fallback] == ["aten::_add_relu.Scalar"]
     assert fallback[0].shapes.startswith("f32[3, 4]")
     # The fallback moves its tensors to the CPU and back: copies one level inside it.
     copies = [e for e in t.events if e.kind == "copy"]

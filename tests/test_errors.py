@@ -26,7 +26,8 @@ def _fallback_warnings(record, op):
 
 
 # _add_relu (functional, in-place and out=; an internal op of TorchScript's fusion passes) has no spec
-# and needs none: these tests are the suite's only users of it, so its one-time warning is theirs.
+# and needs none: these tests are the suite's only users of its Tensor overloads, so their one-time
+# warning is theirs (the graph, trace and report tests use _add_relu.Scalar).
 def test_fallback_warns_once_and_counts():
     cpu, other_cpu = torch.tensor([[1.5, -2.0], [0.25, 7.0]]), torch.tensor([[1.0, 1.0], [-3.0, 0.5]])
     t, other = cpu.to("tpu"), other_cpu.to("tpu")

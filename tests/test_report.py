@@ -32,7 +32,7 @@ def main():
     x = torch.randn(4, 8, device="tpu")
     y = x.abs() + 1.0
     for _ in range(2):
-        torch.ops.aten._add_relu(y, y)
+        torch.ops.aten._add_relu.Scalar(y, -2.0)
     print("host", y.cpu().shape, report_helper.NAME, sys.argv[1:])
     if "--fail" in sys.argv:
         raise ValueError("boom after the ops")
@@ -159,7 +159,7 @@ def test_report_on_a_small_program(tmp_path, program, capsys):
         assert_png(out / name)
     page = html_of(out)
     assert page.count("src='data:image/png;base64,") == len(CHART_FILES)  # self-contained
-    assert "aten::_add_relu.Tensor" in page and "Add a spec" in page
+    assert "aten::_add_relu.Scalar" in page and "Add a spec" in page
     assert "specs/unary.yaml" in page and "<td>unary</td>" in page  # abs's family
     assert "<td>elementwise</td>" in page  # add's
     assert "python " + str(program) + " --steps 2" in page
@@ -168,8 +168,8 @@ def test_report_on_a_small_program(tmp_path, program, capsys):
     trace = json.loads((out / "trace.json").read_text())
     steps = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     names = {e["name"] for e in steps}
-    assert {"aten::abs", "aten::add.Tensor", "aten::_add_relu.Tensor"} <= names, names
-    assert [e["cat"] for e in steps if e["name"] == "aten::_add_relu.Tensor"] == ["fallback", "fallback"]
+    assert {"aten::abs", "aten::add.Tensor", "aten::_add_relu.Scalar"} <= names, names
+    assert [e["cat"] for e in steps if e["name"] == "aten::_add_relu.Scalar"] == ["fallback", "fallback"]
     assert any(e["cat"] == "copy" and e["name"].endswith("->cpu") for e in steps)
 
 
@@ -180,7 +180,7 @@ def test_report_of_a_failing_program(tmp_path, program, capsys):
     assert "ValueError: boom after the ops" in captured.err  # the program's traceback, as Python prints it
     page = html_of(out)
     assert "raised ValueError: boom after the ops" in page and "status 1" in page
-    assert "aten::_add_relu.Tensor" in page  # what ran before the failure is there
+    assert "aten::_add_relu.Scalar" in page  # what ran before the failure is there
     assert "aten::abs" in (out / "trace.json").read_text()
 
     assert report.main([str(program), "--out", str(tmp_path / "exit"), "--", "--exit"]) == 3
