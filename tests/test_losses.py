@@ -146,3 +146,53 @@ def test_scatter_value(dtype, no_fallback):
 def test_scatter_reduce(reduction, dtype):
     check_opinfo(f"scatter_reduce.{reduction}", dtype, overloads=["scatter_reduce.two", "scatter_reduce_.two"],
                  variants=["Functional", "Inplace"])
+
+
+def ctc_case(concatenated, seed=0, T=12, N=4, C=6, blank=0):
+    """log_probs [T, N, C] (log_softmax of random logits), targets with repeated labels (the blank
+    between them cannot be skipped), varied input and target lengths (one target empty)."""
+    g = torch.Generator().manual_seed(seed)
+    log_probs = torch.randn(T, N, C, generator=g).log_softmax(2)
+    input_lengths = torch.tensor([T, T - 3, 7, 5][:N])
+    target_lengths = torch.tensor([5, 3, 0, 2][:N])
+    labels = [c for c in range(C) if c != blank]
+    targets = torch.tensor(labels)[torch.randint(0, len(labels), (N, 5), generator=g)]
+    targets[0, 1] = targets[0, 2]  # a repeat
+    if concatenated:
+        targets = torch.cat([targets[i, :n] for i, n in enumerate(target_lengths.tolist())])
+    return log_probs, targets, input_lengths, target_lengths
+
+
+def check_ctc(log_probs, targets, input_lengths, target_lengths, **kwargs):
+    def loss_and_grad(device):
+        x = log_probs.to(device).requires_grad_()
+        loss = F.ctc_loss(x, targets.to(device), input_lengths, target_lengths, **kwargs)
+        seed = torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype).reshape(loss.shape).to(device)
+        (grad,) = torch.autograd.grad(loss, x, seed)
+        return loss, grad
+    expected, expected_grad = loss_and_grad("cpu")
+    actual, actual_grad = loss_and_grad("tpu")
+    assert_equal_cpu(actual, expected, atol=1e-5, rtol=1e-5)
+    assert_equal_cpu(actual_grad, expected_grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("concatenated", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ctc_loss(concatenated, reduction, no_fallback):
+    check_ctc(*ctc_case(concatenated), reduction=reduction)
+
+
+def test_ctc_loss_blank_dtype_and_unbatched(no_fallback):
+    log_probs, targets, input_lengths, target_lengths = ctc_case(False, seed=1, blank=3)
+    check_ctc(log_probs.double(), targets, input_lengths, target_lengths, blank=3)
+    check_ctc(log_probs[:, 0], targets[0, :4], torch.tensor(12), torch.tensor(4), reduction="sum")
+
+
+@pytest.mark.parametrize("zero_infinity", [False, True])
+def test_ctc_loss_impossible_alignment(zero_infinity, no_fallback):
+    # Target 1 needs 7 steps (three repeats need blanks between them) but has 5: the loss is inf, and
+    # zero_infinity makes it (and its gradient) 0.
+    log_probs, _, _, _ = ctc_case(False, N=2)
+    targets = torch.tensor([[1, 2, 3, 4], [2, 2, 2, 2]])
+    check_ctc(log_probs, targets, torch.tensor([12, 5]), torch.tensor([4, 4]), reduction="none",
+              zero_infinity=zero_infinity)

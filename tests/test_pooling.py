@@ -186,3 +186,47 @@ def test_out_variants(no_fallback):
         result = op(x.to("tpu"), *args, out=out)
         assert result is out
         close(out, expected)
+
+
+# fractional max pool: F.fractional_max_pool2d/3d draw their samples on the input's device, so both
+# devices get the same explicit samples (also the module, nn.FractionalMaxPool2d, through them).
+FRACTIONAL = {
+    "2d_output_size": (lambda t, u: F.fractional_max_pool2d(t, 3, output_size=(5, 4), return_indices=True,
+                                                            _random_samples=u), (2, 3, 11, 9)),
+    "2d_ratio_unbatched": (lambda t, u: F.fractional_max_pool2d(t, (2, 3), output_ratio=(0.6, 0.6), return_indices=True,
+                                                                _random_samples=u), (3, 10, 12)),
+    "2d_one_output": (lambda t, u: F.fractional_max_pool2d(t, 2, output_size=1, _random_samples=u), (1, 2, 5, 5)),
+    "3d_output_size": (lambda t, u: F.fractional_max_pool3d(t, 2, output_size=(3, 4, 3), return_indices=True,
+                                                            _random_samples=u), (2, 2, 7, 8, 6)),
+    "3d_unbatched": (lambda t, u: F.fractional_max_pool3d(t, (1, 2, 3), output_ratio=(0.5, 0.5, 0.5),
+                                                          _random_samples=u), (2, 6, 7, 9)),
+}
+
+
+@pytest.mark.parametrize("name", list(FRACTIONAL))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fractional_max_pool(name, dtype, no_fallback):
+    torch.manual_seed(0)
+    fn, shape = FRACTIONAL[name]
+    nd = 3 if name.startswith("3d") else 2
+    batch = shape[0] if len(shape) == nd + 2 else 1
+    samples = torch.rand(batch, shape[-nd - 1], nd, dtype=dtype)
+    # Few distinct values and a NaN: ties pick the first max and NaN its last, as on CPU.
+    x = torch.randint(0, 4, shape).to(dtype)
+    x.view(-1)[5] = float("nan")
+    check(lambda t: fn(t, samples.to(t.device)), x)
+    check(lambda t: fn(t, samples.to(t.device)), torch.randn(shape, dtype=dtype))
+
+
+def test_fractional_max_pool_out_and_errors(no_fallback):
+    x, samples = torch.randn(1, 2, 9, 9), torch.rand(1, 2, 2)
+    expected = torch.ops.aten.fractional_max_pool2d(x, [2, 2], [4, 4], samples)
+    out, indices = torch.empty(0, device="tpu"), torch.empty(0, dtype=torch.long, device="tpu")
+    torch.ops.aten.fractional_max_pool2d.output(x.to("tpu"), [2, 2], [4, 4], samples.to("tpu"), output=out,
+                                                indices=indices)
+    close(out, expected[0])
+    close(indices, expected[1])
+    # A window that does not fit: PyTorch's own message.
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="too large relative to input"):
+            torch.ops.aten.fractional_max_pool2d(x.to(device), [2, 8], [4, 4], samples.to(device))

@@ -10,6 +10,8 @@ The margin losses' backward ops (aten::multi_margin_loss_backward, multilabel_ma
 have none: their gradient has the input's shape and dtype. aten::geqrf has none: like CPU's, its
 reflectors come back column-major (batched) and tau holds min(m, n) scalars per matrix.
 aten::histogram has none: its counts and edges are [bins] and [bins + 1] in the input's dtype.
+aten::_ctc_loss_backward and aten::fractional_max_pool3d_backward have none: their gradient has the
+input's shape and dtype.
 """
 
 from __future__ import annotations
@@ -144,3 +146,19 @@ _lib.impl("histogram.bin_ct", _histogram_bin_ct_meta, "Meta")
 _lib.impl("histogram.bins_tensor", _histogram_bins_tensor_meta, "Meta")
 _lib.impl("histogram.bin_ct_out", _histogram_bin_ct_out_meta, "Meta")
 _lib.impl("histogram.bins_tensor_out", _histogram_bins_tensor_out_meta, "Meta")
+
+
+def _ctc_loss_backward_meta(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                            blank, zero_infinity=False):
+    return log_probs.new_empty(log_probs.shape)
+
+
+def _fractional_max_pool3d_backward_meta(grad_output, self, kernel_size, output_size, indices):
+    for axis, name in zip((-3, -2, -1), ("time", "height", "width")):  # CPU's checks
+        torch._check(grad_output.shape[axis] == output_size[axis], lambda: (
+            f"fractional_max_pool3d_backward_out(): gradOutput {name} unexpected"))
+    return self.new_empty(self.shape)
+
+
+_lib.impl("_ctc_loss_backward", _ctc_loss_backward_meta, "Meta")
+_lib.impl("fractional_max_pool3d_backward", _fractional_max_pool3d_backward_meta, "Meta")

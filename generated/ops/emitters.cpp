@@ -1220,24 +1220,34 @@ std::vector<Value> emit_rrelu_with_noise_backward(Builder& b, const EmitArgs& a)
 // rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:256)
 std::vector<Value> emit_rrelu_with_noise_backward__out(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
 
-// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:261)
+// _ctc_loss = (ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 0), ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 1))  (specs/nn.yaml:263)
+std::vector<Value> emit__ctc_loss(Builder& b, const EmitArgs& a) { return {b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 0), b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 1)}; }
+// _ctc_loss.out = (ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 0), ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 1))  (specs/nn.yaml:263)
+std::vector<Value> emit__ctc_loss__out(Builder& b, const EmitArgs& a) { return {b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 0), b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 1)}; }
+
+// _ctc_loss_backward = ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity)  (specs/nn.yaml:269)
+std::vector<Value> emit__ctc_loss_backward(Builder& b, const EmitArgs& a) { return {b.ctc_loss_backward(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.value(5), a.value(6), a.integer(7), a.boolean(8))}; }
+// _ctc_loss_backward.out = ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity)  (specs/nn.yaml:269)
+std::vector<Value> emit__ctc_loss_backward__out(Builder& b, const EmitArgs& a) { return {b.ctc_loss_backward(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.value(5), a.value(6), a.integer(7), a.boolean(8))}; }
+
+// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:275)
 std::vector<Value> emit_multi_margin_loss(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
-// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:261)
+// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:275)
 std::vector<Value> emit_multi_margin_loss__out(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
 
-// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:268)
+// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:282)
 std::vector<Value> emit_multi_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
-// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:268)
+// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:282)
 std::vector<Value> emit_multi_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
 
-// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:274)
+// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:288)
 std::vector<Value> emit_multilabel_margin_loss_forward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
-// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:274)
+// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:288)
 std::vector<Value> emit_multilabel_margin_loss_forward__output(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
 
-// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:280)
+// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:294)
 std::vector<Value> emit_multilabel_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
-// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:280)
+// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:294)
 std::vector<Value> emit_multilabel_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
 
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
@@ -1777,224 +1787,244 @@ std::vector<Value> emit_max_pool3d_with_indices_backward(Builder& b, const EmitA
 // max_pool3d_with_indices_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:25)
 std::vector<Value> emit_max_pool3d_with_indices_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(7), 3)}; }
 
-// max_unpool2d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:32)
+// fractional_max_pool2d = (fractional_max_pool(self, kernel_size, output_size, random_samples, 2, False), fractional_max_pool(self, kernel_size, output_size, random_samples, 2, True))  (specs/pooling.yaml:34)
+std::vector<Value> emit_fractional_max_pool2d(Builder& b, const EmitArgs& a) { return {b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 2, false), b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 2, true)}; }
+// fractional_max_pool2d.output = (fractional_max_pool(self, kernel_size, output_size, random_samples, 2, False), fractional_max_pool(self, kernel_size, output_size, random_samples, 2, True))  (specs/pooling.yaml:34)
+std::vector<Value> emit_fractional_max_pool2d__output(Builder& b, const EmitArgs& a) { return {b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 2, false), b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 2, true)}; }
+
+// fractional_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:38)
+std::vector<Value> emit_fractional_max_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(4), 2)}; }
+// fractional_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:38)
+std::vector<Value> emit_fractional_max_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(4), 2)}; }
+
+// fractional_max_pool3d = (fractional_max_pool(self, kernel_size, output_size, random_samples, 3, False), fractional_max_pool(self, kernel_size, output_size, random_samples, 3, True))  (specs/pooling.yaml:43)
+std::vector<Value> emit_fractional_max_pool3d(Builder& b, const EmitArgs& a) { return {b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 3, false), b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 3, true)}; }
+// fractional_max_pool3d.output = (fractional_max_pool(self, kernel_size, output_size, random_samples, 3, False), fractional_max_pool(self, kernel_size, output_size, random_samples, 3, True))  (specs/pooling.yaml:43)
+std::vector<Value> emit_fractional_max_pool3d__output(Builder& b, const EmitArgs& a) { return {b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 3, false), b.fractional_max_pool(a.value(0), a.ints(1), a.ints(2), a.value(3), 3, true)}; }
+
+// fractional_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:47)
+std::vector<Value> emit_fractional_max_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(4), 3)}; }
+// fractional_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:47)
+std::vector<Value> emit_fractional_max_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(4), 3)}; }
+
+// max_unpool2d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:54)
 std::vector<Value> emit_max_unpool2d(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
-// max_unpool2d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:32)
+// max_unpool2d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:54)
 std::vector<Value> emit_max_unpool2d__out(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
 
-// max_unpool3d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:38)
+// max_unpool3d = max_unpool(self, indices, output_size)  (specs/pooling.yaml:60)
 std::vector<Value> emit_max_unpool3d(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
-// max_unpool3d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:38)
+// max_unpool3d.out = max_unpool(self, indices, output_size)  (specs/pooling.yaml:60)
 std::vector<Value> emit_max_unpool3d__out(Builder& b, const EmitArgs& a) { return {b.max_unpool(a.value(0), a.value(1), a.ints(2))}; }
 
-// im2col = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:46)
+// im2col = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:68)
 std::vector<Value> emit_im2col(Builder& b, const EmitArgs& a) { return {b.im2col(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4))}; }
-// im2col.out = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:46)
+// im2col.out = im2col(self, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:68)
 std::vector<Value> emit_im2col__out(Builder& b, const EmitArgs& a) { return {b.im2col(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4))}; }
 
-// col2im = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:51)
+// col2im = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:73)
 std::vector<Value> emit_col2im(Builder& b, const EmitArgs& a) { return {b.col2im(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.ints(5))}; }
-// col2im.out = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:51)
+// col2im.out = col2im(self, output_size, kernel_size, dilation, padding, stride)  (specs/pooling.yaml:73)
 std::vector<Value> emit_col2im__out(Builder& b, const EmitArgs& a) { return {b.col2im(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.ints(5))}; }
 
-// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:57)
+// avg_pool2d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:79)
 std::vector<Value> emit_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
-// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:57)
+// avg_pool2d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:79)
 std::vector<Value> emit_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 2)}; }
 
-// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:62)
+// avg_pool2d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:84)
 std::vector<Value> emit_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
-// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:62)
+// avg_pool2d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 2)  (specs/pooling.yaml:84)
 std::vector<Value> emit_avg_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 2)}; }
 
-// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:67)
+// avg_pool3d = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:89)
 std::vector<Value> emit_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
-// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:67)
+// avg_pool3d.out = avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:89)
 std::vector<Value> emit_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.avg_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.boolean(4), a.boolean(5), (a.is_none(6) ? 0 : a.integer(6)), 3)}; }
 
-// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:72)
+// avg_pool3d_backward = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:94)
 std::vector<Value> emit_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
-// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:72)
+// avg_pool3d_backward.grad_input = avg_pool_backward(grad_output, self, kernel_size, stride, padding, ceil_mode, count_include_pad, default(divisor_override, 0), 3)  (specs/pooling.yaml:94)
 std::vector<Value> emit_avg_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.avg_pool_backward(a.value(0), a.value(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), a.boolean(6), (a.is_none(7) ? 0 : a.integer(7)), 3)}; }
 
-// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:76)
+// _adaptive_avg_pool2d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:98)
 std::vector<Value> emit__adaptive_avg_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
-// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:76)
+// _adaptive_avg_pool2d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:98)
 std::vector<Value> emit__adaptive_avg_pool2d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
 
-// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:81)
+// _adaptive_avg_pool2d_backward = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:103)
 std::vector<Value> emit__adaptive_avg_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
-// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:81)
+// _adaptive_avg_pool2d_backward.out = adaptive_avg_pool_backward(grad_output, self, 2)  (specs/pooling.yaml:103)
 std::vector<Value> emit__adaptive_avg_pool2d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 2)}; }
 
-// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:88)
+// _adaptive_avg_pool3d = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:110)
 std::vector<Value> emit__adaptive_avg_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
-// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:88)
+// _adaptive_avg_pool3d.out = adaptive_avg_pool(self, output_size)  (specs/pooling.yaml:110)
 std::vector<Value> emit__adaptive_avg_pool3d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool(a.value(0), a.ints(1))}; }
 
-// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:93)
+// _adaptive_avg_pool3d_backward = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:115)
 std::vector<Value> emit__adaptive_avg_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
-// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:93)
+// _adaptive_avg_pool3d_backward.out = adaptive_avg_pool_backward(grad_output, self, 3)  (specs/pooling.yaml:115)
 std::vector<Value> emit__adaptive_avg_pool3d_backward__out(Builder& b, const EmitArgs& a) { return {b.adaptive_avg_pool_backward(a.value(0), a.value(1), 3)}; }
 
-// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:97)
+// adaptive_max_pool2d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:119)
 std::vector<Value> emit_adaptive_max_pool2d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
-// adaptive_max_pool2d.out = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:97)
+// adaptive_max_pool2d.out = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:119)
 std::vector<Value> emit_adaptive_max_pool2d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
 
-// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:102)
+// adaptive_max_pool2d_backward = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:124)
 std::vector<Value> emit_adaptive_max_pool2d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
-// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:102)
+// adaptive_max_pool2d_backward.grad_input = max_pool_backward(grad_output, self, indices, 2)  (specs/pooling.yaml:124)
 std::vector<Value> emit_adaptive_max_pool2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 2)}; }
 
-// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:108)
+// adaptive_max_pool3d = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:130)
 std::vector<Value> emit_adaptive_max_pool3d(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
-// adaptive_max_pool3d.out = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:108)
+// adaptive_max_pool3d.out = (adaptive_max_pool(self, output_size, False), adaptive_max_pool(self, output_size, True))  (specs/pooling.yaml:130)
 std::vector<Value> emit_adaptive_max_pool3d__out(Builder& b, const EmitArgs& a) { return {b.adaptive_max_pool(a.value(0), a.ints(1), false), b.adaptive_max_pool(a.value(0), a.ints(1), true)}; }
 
-// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:113)
+// adaptive_max_pool3d_backward = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:135)
 std::vector<Value> emit_adaptive_max_pool3d_backward(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
-// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:113)
+// adaptive_max_pool3d_backward.grad_input = max_pool_backward(grad_output, self, indices, 3)  (specs/pooling.yaml:135)
 std::vector<Value> emit_adaptive_max_pool3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.max_pool_backward(a.value(0), a.value(1), a.value(2), 3)}; }
 
-// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:120)
+// upsample_nearest1d = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:142)
 std::vector<Value> emit_upsample_nearest1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
-// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:120)
+// upsample_nearest1d.out = upsample_nearest(self, output_size, scales, None, None, False)  (specs/pooling.yaml:142)
 std::vector<Value> emit_upsample_nearest1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, false)}; }
 
-// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:125)
+// upsample_nearest1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:147)
 std::vector<Value> emit_upsample_nearest1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
-// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:125)
+// upsample_nearest1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, False)  (specs/pooling.yaml:147)
 std::vector<Value> emit_upsample_nearest1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, false)}; }
 
-// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:129)
+// upsample_nearest2d = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:151)
 std::vector<Value> emit_upsample_nearest2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
-// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:129)
+// upsample_nearest2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:151)
 std::vector<Value> emit_upsample_nearest2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, false)}; }
 
-// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:134)
+// upsample_nearest2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:156)
 std::vector<Value> emit_upsample_nearest2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
-// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:134)
+// upsample_nearest2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, False)  (specs/pooling.yaml:156)
 std::vector<Value> emit_upsample_nearest2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, false)}; }
 
-// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:138)
+// upsample_nearest3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:160)
 std::vector<Value> emit_upsample_nearest3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
-// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:138)
+// upsample_nearest3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:160)
 std::vector<Value> emit_upsample_nearest3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), false)}; }
 
-// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
+// upsample_nearest3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:164)
 std::vector<Value> emit_upsample_nearest3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
-// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:142)
+// upsample_nearest3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, False)  (specs/pooling.yaml:164)
 std::vector<Value> emit_upsample_nearest3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), false)}; }
 
-// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:146)
+// _upsample_nearest_exact1d = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:168)
 std::vector<Value> emit__upsample_nearest_exact1d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
-// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:146)
+// _upsample_nearest_exact1d.out = upsample_nearest(self, output_size, scales, None, None, True)  (specs/pooling.yaml:168)
 std::vector<Value> emit__upsample_nearest_exact1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), std::nullopt, std::nullopt, true)}; }
 
-// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:151)
+// _upsample_nearest_exact1d_backward = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:173)
 std::vector<Value> emit__upsample_nearest_exact1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
-// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:151)
+// _upsample_nearest_exact1d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales, None, None, True)  (specs/pooling.yaml:173)
 std::vector<Value> emit__upsample_nearest_exact1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), std::nullopt, std::nullopt, true)}; }
 
-// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:155)
+// _upsample_nearest_exact2d = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:177)
 std::vector<Value> emit__upsample_nearest_exact2d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
-// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:155)
+// _upsample_nearest_exact2d.out = upsample_nearest(self, output_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:177)
 std::vector<Value> emit__upsample_nearest_exact2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), std::nullopt, true)}; }
 
-// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
+// _upsample_nearest_exact2d_backward = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:181)
 std::vector<Value> emit__upsample_nearest_exact2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
-// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:159)
+// _upsample_nearest_exact2d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_h, scales_w, None, True)  (specs/pooling.yaml:181)
 std::vector<Value> emit__upsample_nearest_exact2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), std::nullopt, true)}; }
 
-// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:163)
+// _upsample_nearest_exact3d = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:185)
 std::vector<Value> emit__upsample_nearest_exact3d(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
-// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:163)
+// _upsample_nearest_exact3d.out = upsample_nearest(self, output_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:185)
 std::vector<Value> emit__upsample_nearest_exact3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_nearest(a.value(0), a.ints(1), a.optional_real(2), a.optional_real(3), a.optional_real(4), true)}; }
 
-// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
+// _upsample_nearest_exact3d_backward = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:189)
 std::vector<Value> emit__upsample_nearest_exact3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
-// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:167)
+// _upsample_nearest_exact3d_backward.grad_input = upsample_nearest_backward(grad_output, input_size, scales_d, scales_h, scales_w, True)  (specs/pooling.yaml:189)
 std::vector<Value> emit__upsample_nearest_exact3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_nearest_backward(a.value(0), a.ints(2), a.optional_real(3), a.optional_real(4), a.optional_real(5), true)}; }
 
-// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:175)
+// upsample_linear1d = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:197)
 std::vector<Value> emit_upsample_linear1d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
-// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:175)
+// upsample_linear1d.out = upsample_linear(self, output_size, align_corners, scales, None, None)  (specs/pooling.yaml:197)
 std::vector<Value> emit_upsample_linear1d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), std::nullopt, std::nullopt)}; }
 
-// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:180)
+// upsample_linear1d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:202)
 std::vector<Value> emit_upsample_linear1d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
-// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:180)
+// upsample_linear1d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales, None, None)  (specs/pooling.yaml:202)
 std::vector<Value> emit_upsample_linear1d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), std::nullopt, std::nullopt)}; }
 
-// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:184)
+// upsample_bilinear2d = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:206)
 std::vector<Value> emit_upsample_bilinear2d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
-// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:184)
+// upsample_bilinear2d.out = upsample_linear(self, output_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:206)
 std::vector<Value> emit_upsample_bilinear2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), std::nullopt)}; }
 
-// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:189)
+// upsample_bilinear2d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:211)
 std::vector<Value> emit_upsample_bilinear2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
-// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:189)
+// upsample_bilinear2d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_h, scales_w, None)  (specs/pooling.yaml:211)
 std::vector<Value> emit_upsample_bilinear2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), std::nullopt)}; }
 
-// upsample_bicubic2d = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:195)
+// upsample_bicubic2d = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:217)
 std::vector<Value> emit_upsample_bicubic2d(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4))}; }
-// upsample_bicubic2d.out = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:195)
+// upsample_bicubic2d.out = upsample_bicubic(self, output_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:217)
 std::vector<Value> emit_upsample_bicubic2d__out(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4))}; }
 
-// upsample_bicubic2d_backward = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:200)
+// upsample_bicubic2d_backward = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:222)
 std::vector<Value> emit_upsample_bicubic2d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5))}; }
-// upsample_bicubic2d_backward.grad_input = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:200)
+// upsample_bicubic2d_backward.grad_input = upsample_bicubic_backward(grad_output, input_size, align_corners, scales_h, scales_w)  (specs/pooling.yaml:222)
 std::vector<Value> emit_upsample_bicubic2d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_bicubic_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5))}; }
 
-// _upsample_bilinear2d_aa = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:205)
+// _upsample_bilinear2d_aa = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:227)
 std::vector<Value> emit__upsample_bilinear2d_aa(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), false)}; }
-// _upsample_bilinear2d_aa.out = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:205)
+// _upsample_bilinear2d_aa.out = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:227)
 std::vector<Value> emit__upsample_bilinear2d_aa__out(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), false)}; }
 
-// _upsample_bilinear2d_aa_backward = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:210)
+// _upsample_bilinear2d_aa_backward = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:232)
 std::vector<Value> emit__upsample_bilinear2d_aa_backward(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), false)}; }
-// _upsample_bilinear2d_aa_backward.grad_input = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:210)
+// _upsample_bilinear2d_aa_backward.grad_input = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, False)  (specs/pooling.yaml:232)
 std::vector<Value> emit__upsample_bilinear2d_aa_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), false)}; }
 
-// _upsample_bicubic2d_aa = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:214)
+// _upsample_bicubic2d_aa = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:236)
 std::vector<Value> emit__upsample_bicubic2d_aa(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), true)}; }
-// _upsample_bicubic2d_aa.out = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:214)
+// _upsample_bicubic2d_aa.out = upsample_antialiased(self, output_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:236)
 std::vector<Value> emit__upsample_bicubic2d_aa__out(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), true)}; }
 
-// _upsample_bicubic2d_aa_backward = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:218)
+// _upsample_bicubic2d_aa_backward = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:240)
 std::vector<Value> emit__upsample_bicubic2d_aa_backward(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), true)}; }
-// _upsample_bicubic2d_aa_backward.grad_input = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:218)
+// _upsample_bicubic2d_aa_backward.grad_input = upsample_antialiased_backward(grad_output, input_size, align_corners, scales_h, scales_w, True)  (specs/pooling.yaml:240)
 std::vector<Value> emit__upsample_bicubic2d_aa_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_antialiased_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), true)}; }
 
-// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:222)
+// upsample_trilinear3d = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:244)
 std::vector<Value> emit_upsample_trilinear3d(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
-// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:222)
+// upsample_trilinear3d.out = upsample_linear(self, output_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:244)
 std::vector<Value> emit_upsample_trilinear3d__out(Builder& b, const EmitArgs& a) { return {b.upsample_linear(a.value(0), a.ints(1), a.boolean(2), a.optional_real(3), a.optional_real(4), a.optional_real(5))}; }
 
-// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:227)
+// upsample_trilinear3d_backward = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:249)
 std::vector<Value> emit_upsample_trilinear3d_backward(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
-// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:227)
+// upsample_trilinear3d_backward.grad_input = upsample_linear_backward(grad_output, input_size, align_corners, scales_d, scales_h, scales_w)  (specs/pooling.yaml:249)
 std::vector<Value> emit_upsample_trilinear3d_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.upsample_linear_backward(a.value(0), a.ints(2), a.boolean(3), a.optional_real(4), a.optional_real(5), a.optional_real(6))}; }
 
-// grid_sampler_2d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:234)
+// grid_sampler_2d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:256)
 std::vector<Value> emit_grid_sampler_2d(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
-// grid_sampler_2d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:234)
+// grid_sampler_2d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:256)
 std::vector<Value> emit_grid_sampler_2d__out(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
 
-// grid_sampler_2d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:239)
+// grid_sampler_2d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:261)
 std::vector<Value> emit_grid_sampler_2d_backward(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
-// grid_sampler_2d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:239)
+// grid_sampler_2d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:261)
 std::vector<Value> emit_grid_sampler_2d_backward__out(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
 
-// grid_sampler_3d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:244)
+// grid_sampler_3d = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:266)
 std::vector<Value> emit_grid_sampler_3d(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
-// grid_sampler_3d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:244)
+// grid_sampler_3d.out = grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)  (specs/pooling.yaml:266)
 std::vector<Value> emit_grid_sampler_3d__out(Builder& b, const EmitArgs& a) { return {b.grid_sample(a.value(0), a.value(1), a.integer(2), a.integer(3), a.boolean(4))}; }
 
-// grid_sampler_3d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:250)
+// grid_sampler_3d_backward = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:272)
 std::vector<Value> emit_grid_sampler_3d_backward(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
-// grid_sampler_3d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:250)
+// grid_sampler_3d_backward.out = (grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 0), grid_sample_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, 1))  (specs/pooling.yaml:272)
 std::vector<Value> emit_grid_sampler_3d_backward__out(Builder& b, const EmitArgs& a) { return {b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 0), b.grid_sample_backward(a.value(0), a.value(1), a.value(2), a.integer(3), a.integer(4), a.boolean(5), 1)}; }
 
 // uniform = uniform(generator, self, from_, to)  (specs/random.yaml:5)
@@ -5766,42 +5796,62 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2, 3, 4}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward__out, false, -1, {}},
-      {"multi_margin_loss", "specs/nn.yaml:261", Variant::Functional,
+      {"_ctc_loss", "specs/nn.yaml:263", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss, false, -1, {}},
+      {"_ctc_loss.out", "specs/nn.yaml:263", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {6, 7},
+       {6, 7}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss__out, false, -1, {}},
+      {"_ctc_loss_backward", "specs/nn.yaml:269", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss_backward, false, -1, {}},
+      {"_ctc_loss_backward.out", "specs/nn.yaml:269", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {9},
+       {9}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss_backward__out, false, -1, {}},
+      {"multi_margin_loss", "specs/nn.yaml:275", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss, false, -1, {}},
-      {"multi_margin_loss.out", "specs/nn.yaml:261", Variant::Out,
+      {"multi_margin_loss.out", "specs/nn.yaml:275", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 4}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss__out, false, -1, {}},
-      {"multi_margin_loss_backward", "specs/nn.yaml:268", Variant::Functional,
+      {"multi_margin_loss_backward", "specs/nn.yaml:282", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 5}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward, false, -1, {}},
-      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:268", Variant::Out,
+      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:282", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 5}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward__grad_input, false, -1, {}},
-      {"multilabel_margin_loss_forward", "specs/nn.yaml:274", Variant::Functional,
+      {"multilabel_margin_loss_forward", "specs/nn.yaml:288", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward, false, -1, {}},
-      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:274", Variant::Out,
+      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:288", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward__output, false, -1, {}},
-      {"multilabel_margin_loss_backward", "specs/nn.yaml:280", Variant::Functional,
+      {"multilabel_margin_loss_backward", "specs/nn.yaml:294", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_backward, false, -1, {}},
-      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:280", Variant::Out,
+      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:294", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
@@ -6941,442 +6991,482 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_max_pool3d_with_indices_backward__grad_input, false, -1, {}},
-      {"max_unpool2d", "specs/pooling.yaml:32", Variant::Functional,
+      {"fractional_max_pool2d", "specs/pooling.yaml:34", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool2d, false, -1, {}},
+      {"fractional_max_pool2d.output", "specs/pooling.yaml:34", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {4, 5},
+       {4, 5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool2d__output, false, -1, {}},
+      {"fractional_max_pool2d_backward", "specs/pooling.yaml:38", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool2d_backward, false, -1, {}},
+      {"fractional_max_pool2d_backward.grad_input", "specs/pooling.yaml:38", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool2d_backward__grad_input, false, -1, {}},
+      {"fractional_max_pool3d", "specs/pooling.yaml:43", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool3d, false, -1, {}},
+      {"fractional_max_pool3d.output", "specs/pooling.yaml:43", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 3}, Compute::Common, {4, 5},
+       {4, 5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool3d__output, false, -1, {}},
+      {"fractional_max_pool3d_backward", "specs/pooling.yaml:47", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool3d_backward, false, -1, {}},
+      {"fractional_max_pool3d_backward.grad_input", "specs/pooling.yaml:47", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {5},
+       {5}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_fractional_max_pool3d_backward__grad_input, false, -1, {}},
+      {"max_unpool2d", "specs/pooling.yaml:54", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool2d, false, -1, {}},
-      {"max_unpool2d.out", "specs/pooling.yaml:32", Variant::Out,
+      {"max_unpool2d.out", "specs/pooling.yaml:54", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool2d__out, false, -1, {}},
-      {"max_unpool3d", "specs/pooling.yaml:38", Variant::Functional,
+      {"max_unpool3d", "specs/pooling.yaml:60", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool3d, false, -1, {}},
-      {"max_unpool3d.out", "specs/pooling.yaml:38", Variant::Out,
+      {"max_unpool3d.out", "specs/pooling.yaml:60", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_max_unpool3d__out, false, -1, {}},
-      {"im2col", "specs/pooling.yaml:46", Variant::Functional,
+      {"im2col", "specs/pooling.yaml:68", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_im2col, false, -1, {}},
-      {"im2col.out", "specs/pooling.yaml:46", Variant::Out,
+      {"im2col.out", "specs/pooling.yaml:68", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_im2col__out, false, -1, {}},
-      {"col2im", "specs/pooling.yaml:51", Variant::Functional,
+      {"col2im", "specs/pooling.yaml:73", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_col2im, false, -1, {}},
-      {"col2im.out", "specs/pooling.yaml:51", Variant::Out,
+      {"col2im.out", "specs/pooling.yaml:73", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_col2im__out, false, -1, {}},
-      {"avg_pool2d", "specs/pooling.yaml:57", Variant::Functional,
+      {"avg_pool2d", "specs/pooling.yaml:79", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d, false, -1, {}},
-      {"avg_pool2d.out", "specs/pooling.yaml:57", Variant::Out,
+      {"avg_pool2d.out", "specs/pooling.yaml:79", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d__out, false, -1, {}},
-      {"avg_pool2d_backward", "specs/pooling.yaml:62", Variant::Functional,
+      {"avg_pool2d_backward", "specs/pooling.yaml:84", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward, false, -1, {}},
-      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:62", Variant::Out,
+      {"avg_pool2d_backward.grad_input", "specs/pooling.yaml:84", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool2d_backward__grad_input, false, -1, {}},
-      {"avg_pool3d", "specs/pooling.yaml:67", Variant::Functional,
+      {"avg_pool3d", "specs/pooling.yaml:89", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d, false, -1, {}},
-      {"avg_pool3d.out", "specs/pooling.yaml:67", Variant::Out,
+      {"avg_pool3d.out", "specs/pooling.yaml:89", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d__out, false, -1, {}},
-      {"avg_pool3d_backward", "specs/pooling.yaml:72", Variant::Functional,
+      {"avg_pool3d_backward", "specs/pooling.yaml:94", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward, false, -1, {}},
-      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:72", Variant::Out,
+      {"avg_pool3d_backward.grad_input", "specs/pooling.yaml:94", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {8},
        {8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_avg_pool3d_backward__grad_input, false, -1, {}},
-      {"_adaptive_avg_pool2d", "specs/pooling.yaml:76", Variant::Functional,
+      {"_adaptive_avg_pool2d", "specs/pooling.yaml:98", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d, false, -1, {}},
-      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:76", Variant::Out,
+      {"_adaptive_avg_pool2d.out", "specs/pooling.yaml:98", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d__out, false, -1, {}},
-      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:81", Variant::Functional,
+      {"_adaptive_avg_pool2d_backward", "specs/pooling.yaml:103", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward, false, -1, {}},
-      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:81", Variant::Out,
+      {"_adaptive_avg_pool2d_backward.out", "specs/pooling.yaml:103", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool2d_backward__out, false, -1, {}},
-      {"_adaptive_avg_pool3d", "specs/pooling.yaml:88", Variant::Functional,
+      {"_adaptive_avg_pool3d", "specs/pooling.yaml:110", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d, false, -1, {}},
-      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:88", Variant::Out,
+      {"_adaptive_avg_pool3d.out", "specs/pooling.yaml:110", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d__out, false, -1, {}},
-      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:93", Variant::Functional,
+      {"_adaptive_avg_pool3d_backward", "specs/pooling.yaml:115", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward, false, -1, {}},
-      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:93", Variant::Out,
+      {"_adaptive_avg_pool3d_backward.out", "specs/pooling.yaml:115", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__adaptive_avg_pool3d_backward__out, false, -1, {}},
-      {"adaptive_max_pool2d", "specs/pooling.yaml:97", Variant::Functional,
+      {"adaptive_max_pool2d", "specs/pooling.yaml:119", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d, false, -1, {}},
-      {"adaptive_max_pool2d.out", "specs/pooling.yaml:97", Variant::Out,
+      {"adaptive_max_pool2d.out", "specs/pooling.yaml:119", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3},
        {2, 3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d__out, false, -1, {}},
-      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:102", Variant::Functional,
+      {"adaptive_max_pool2d_backward", "specs/pooling.yaml:124", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward, false, -1, {}},
-      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:102", Variant::Out,
+      {"adaptive_max_pool2d_backward.grad_input", "specs/pooling.yaml:124", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool2d_backward__grad_input, false, -1, {}},
-      {"adaptive_max_pool3d", "specs/pooling.yaml:108", Variant::Functional,
+      {"adaptive_max_pool3d", "specs/pooling.yaml:130", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d, false, -1, {}},
-      {"adaptive_max_pool3d.out", "specs/pooling.yaml:108", Variant::Out,
+      {"adaptive_max_pool3d.out", "specs/pooling.yaml:130", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2, 3},
        {2, 3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d__out, false, -1, {}},
-      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:113", Variant::Functional,
+      {"adaptive_max_pool3d_backward", "specs/pooling.yaml:135", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward, false, -1, {}},
-      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:113", Variant::Out,
+      {"adaptive_max_pool3d_backward.grad_input", "specs/pooling.yaml:135", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_adaptive_max_pool3d_backward__grad_input, false, -1, {}},
-      {"upsample_nearest1d", "specs/pooling.yaml:120", Variant::Functional,
+      {"upsample_nearest1d", "specs/pooling.yaml:142", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d, false, -1, {}},
-      {"upsample_nearest1d.out", "specs/pooling.yaml:120", Variant::Out,
+      {"upsample_nearest1d.out", "specs/pooling.yaml:142", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d__out, false, -1, {}},
-      {"upsample_nearest1d_backward", "specs/pooling.yaml:125", Variant::Functional,
+      {"upsample_nearest1d_backward", "specs/pooling.yaml:147", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward, false, -1, {}},
-      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:125", Variant::Out,
+      {"upsample_nearest1d_backward.grad_input", "specs/pooling.yaml:147", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest1d_backward__grad_input, false, -1, {}},
-      {"upsample_nearest2d", "specs/pooling.yaml:129", Variant::Functional,
+      {"upsample_nearest2d", "specs/pooling.yaml:151", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d, false, -1, {}},
-      {"upsample_nearest2d.out", "specs/pooling.yaml:129", Variant::Out,
+      {"upsample_nearest2d.out", "specs/pooling.yaml:151", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d__out, false, -1, {}},
-      {"upsample_nearest2d_backward", "specs/pooling.yaml:134", Variant::Functional,
+      {"upsample_nearest2d_backward", "specs/pooling.yaml:156", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward, false, -1, {}},
-      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:134", Variant::Out,
+      {"upsample_nearest2d_backward.grad_input", "specs/pooling.yaml:156", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest2d_backward__grad_input, false, -1, {}},
-      {"upsample_nearest3d", "specs/pooling.yaml:138", Variant::Functional,
+      {"upsample_nearest3d", "specs/pooling.yaml:160", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d, false, -1, {}},
-      {"upsample_nearest3d.out", "specs/pooling.yaml:138", Variant::Out,
+      {"upsample_nearest3d.out", "specs/pooling.yaml:160", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d__out, false, -1, {}},
-      {"upsample_nearest3d_backward", "specs/pooling.yaml:142", Variant::Functional,
+      {"upsample_nearest3d_backward", "specs/pooling.yaml:164", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward, false, -1, {}},
-      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:142", Variant::Out,
+      {"upsample_nearest3d_backward.grad_input", "specs/pooling.yaml:164", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_nearest3d_backward__grad_input, false, -1, {}},
-      {"_upsample_nearest_exact1d", "specs/pooling.yaml:146", Variant::Functional,
+      {"_upsample_nearest_exact1d", "specs/pooling.yaml:168", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d, false, -1, {}},
-      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:146", Variant::Out,
+      {"_upsample_nearest_exact1d.out", "specs/pooling.yaml:168", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {3},
        {3}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d__out, false, -1, {}},
-      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:151", Variant::Functional,
+      {"_upsample_nearest_exact1d_backward", "specs/pooling.yaml:173", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward, false, -1, {}},
-      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:151", Variant::Out,
+      {"_upsample_nearest_exact1d_backward.grad_input", "specs/pooling.yaml:173", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact1d_backward__grad_input, false, -1, {}},
-      {"_upsample_nearest_exact2d", "specs/pooling.yaml:155", Variant::Functional,
+      {"_upsample_nearest_exact2d", "specs/pooling.yaml:177", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d, false, -1, {}},
-      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:155", Variant::Out,
+      {"_upsample_nearest_exact2d.out", "specs/pooling.yaml:177", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d__out, false, -1, {}},
-      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:159", Variant::Functional,
+      {"_upsample_nearest_exact2d_backward", "specs/pooling.yaml:181", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward, false, -1, {}},
-      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:159", Variant::Out,
+      {"_upsample_nearest_exact2d_backward.grad_input", "specs/pooling.yaml:181", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact2d_backward__grad_input, false, -1, {}},
-      {"_upsample_nearest_exact3d", "specs/pooling.yaml:163", Variant::Functional,
+      {"_upsample_nearest_exact3d", "specs/pooling.yaml:185", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d, false, -1, {}},
-      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:163", Variant::Out,
+      {"_upsample_nearest_exact3d.out", "specs/pooling.yaml:185", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d__out, false, -1, {}},
-      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:167", Variant::Functional,
+      {"_upsample_nearest_exact3d_backward", "specs/pooling.yaml:189", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward, false, -1, {}},
-      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:167", Variant::Out,
+      {"_upsample_nearest_exact3d_backward.grad_input", "specs/pooling.yaml:189", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__upsample_nearest_exact3d_backward__grad_input, false, -1, {}},
-      {"upsample_linear1d", "specs/pooling.yaml:175", Variant::Functional,
+      {"upsample_linear1d", "specs/pooling.yaml:197", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d, false, -1, {}},
-      {"upsample_linear1d.out", "specs/pooling.yaml:175", Variant::Out,
+      {"upsample_linear1d.out", "specs/pooling.yaml:197", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d__out, false, -1, {}},
-      {"upsample_linear1d_backward", "specs/pooling.yaml:180", Variant::Functional,
+      {"upsample_linear1d_backward", "specs/pooling.yaml:202", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward, false, -1, {}},
-      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:180", Variant::Out,
+      {"upsample_linear1d_backward.grad_input", "specs/pooling.yaml:202", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_linear1d_backward__grad_input, false, -1, {}},
-      {"upsample_bilinear2d", "specs/pooling.yaml:184", Variant::Functional,
+      {"upsample_bilinear2d", "specs/pooling.yaml:206", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d, false, -1, {}},
-      {"upsample_bilinear2d.out", "specs/pooling.yaml:184", Variant::Out,
+      {"upsample_bilinear2d.out", "specs/pooling.yaml:206", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d__out, false, -1, {}},
-      {"upsample_bilinear2d_backward", "specs/pooling.yaml:189", Variant::Functional,
+      {"upsample_bilinear2d_backward", "specs/pooling.yaml:211", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward, false, -1, {}},
-      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:189", Variant::Out,
+      {"upsample_bilinear2d_backward.grad_input", "specs/pooling.yaml:211", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_bilinear2d_backward__grad_input, false, -1, {}},
-      {"upsample_bicubic2d", "specs/pooling.yaml:195", Variant::Functional,
+      {"upsample_bicubic2d", "specs/pooling.yaml:217", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d, false, -1, {}},
-      {"upsample_bicubic2d.out", "specs/pooling.yaml:195", Variant::Out,
+      {"upsample_bicubic2d.out", "specs/pooling.yaml:217", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d__out, false, -1, {}},
-      {"upsample_bicubic2d_backward", "specs/pooling.yaml:200", Variant::Functional,
+      {"upsample_bicubic2d_backward", "specs/pooling.yaml:222", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d_backward, false, -1, {}},
-      {"upsample_bicubic2d_backward.grad_input", "specs/pooling.yaml:200", Variant::Out,
+      {"upsample_bicubic2d_backward.grad_input", "specs/pooling.yaml:222", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float32", "float64"}, &emit_upsample_bicubic2d_backward__grad_input, false, -1, {}},
-      {"_upsample_bilinear2d_aa", "specs/pooling.yaml:205", Variant::Functional,
+      {"_upsample_bilinear2d_aa", "specs/pooling.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__upsample_bilinear2d_aa, false, -1, {}},
-      {"_upsample_bilinear2d_aa.out", "specs/pooling.yaml:205", Variant::Out,
+      {"_upsample_bilinear2d_aa.out", "specs/pooling.yaml:227", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit__upsample_bilinear2d_aa__out, false, -1, {}},
-      {"_upsample_bilinear2d_aa_backward", "specs/pooling.yaml:210", Variant::Functional,
+      {"_upsample_bilinear2d_aa_backward", "specs/pooling.yaml:232", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__upsample_bilinear2d_aa_backward, false, -1, {}},
-      {"_upsample_bilinear2d_aa_backward.grad_input", "specs/pooling.yaml:210", Variant::Out,
+      {"_upsample_bilinear2d_aa_backward.grad_input", "specs/pooling.yaml:232", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float32", "float64"}, &emit__upsample_bilinear2d_aa_backward__grad_input, false, -1, {}},
-      {"_upsample_bicubic2d_aa", "specs/pooling.yaml:214", Variant::Functional,
+      {"_upsample_bicubic2d_aa", "specs/pooling.yaml:236", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__upsample_bicubic2d_aa, false, -1, {}},
-      {"_upsample_bicubic2d_aa.out", "specs/pooling.yaml:214", Variant::Out,
+      {"_upsample_bicubic2d_aa.out", "specs/pooling.yaml:236", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {5},
        {5}, false, false,
        {"float32", "float64"}, &emit__upsample_bicubic2d_aa__out, false, -1, {}},
-      {"_upsample_bicubic2d_aa_backward", "specs/pooling.yaml:218", Variant::Functional,
+      {"_upsample_bicubic2d_aa_backward", "specs/pooling.yaml:240", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float32", "float64"}, &emit__upsample_bicubic2d_aa_backward, false, -1, {}},
-      {"_upsample_bicubic2d_aa_backward.grad_input", "specs/pooling.yaml:218", Variant::Out,
+      {"_upsample_bicubic2d_aa_backward.grad_input", "specs/pooling.yaml:240", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float32", "float64"}, &emit__upsample_bicubic2d_aa_backward__grad_input, false, -1, {}},
-      {"upsample_trilinear3d", "specs/pooling.yaml:222", Variant::Functional,
+      {"upsample_trilinear3d", "specs/pooling.yaml:244", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d, false, -1, {}},
-      {"upsample_trilinear3d.out", "specs/pooling.yaml:222", Variant::Out,
+      {"upsample_trilinear3d.out", "specs/pooling.yaml:244", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d__out, false, -1, {}},
-      {"upsample_trilinear3d_backward", "specs/pooling.yaml:227", Variant::Functional,
+      {"upsample_trilinear3d_backward", "specs/pooling.yaml:249", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward, false, -1, {}},
-      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:227", Variant::Out,
+      {"upsample_trilinear3d_backward.grad_input", "specs/pooling.yaml:249", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_upsample_trilinear3d_backward__grad_input, false, -1, {}},
-      {"grid_sampler_2d", "specs/pooling.yaml:234", Variant::Functional,
+      {"grid_sampler_2d", "specs/pooling.yaml:256", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d, false, -1, {}},
-      {"grid_sampler_2d.out", "specs/pooling.yaml:234", Variant::Out,
+      {"grid_sampler_2d.out", "specs/pooling.yaml:256", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d__out, false, -1, {}},
-      {"grid_sampler_2d_backward", "specs/pooling.yaml:239", Variant::Functional,
+      {"grid_sampler_2d_backward", "specs/pooling.yaml:261", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d_backward, false, -1, {}},
-      {"grid_sampler_2d_backward.out", "specs/pooling.yaml:239", Variant::Out,
+      {"grid_sampler_2d_backward.out", "specs/pooling.yaml:261", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {7, 8},
        {7, 8}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_2d_backward__out, false, -1, {}},
-      {"grid_sampler_3d", "specs/pooling.yaml:244", Variant::Functional,
+      {"grid_sampler_3d", "specs/pooling.yaml:266", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d, false, -1, {}},
-      {"grid_sampler_3d.out", "specs/pooling.yaml:244", Variant::Out,
+      {"grid_sampler_3d.out", "specs/pooling.yaml:266", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d__out, false, -1, {}},
-      {"grid_sampler_3d_backward", "specs/pooling.yaml:250", Variant::Functional,
+      {"grid_sampler_3d_backward", "specs/pooling.yaml:272", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_grid_sampler_3d_backward, false, -1, {}},
-      {"grid_sampler_3d_backward.out", "specs/pooling.yaml:250", Variant::Out,
+      {"grid_sampler_3d_backward.out", "specs/pooling.yaml:272", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {7, 8},
        {7, 8}, false, false,

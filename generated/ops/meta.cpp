@@ -5,6 +5,7 @@
 #include <ATen/core/stack.h>
 
 #include <ATen/ops/_addmm_activation_meta_dispatch.h>
+#include <ATen/ops/_ctc_loss_meta_dispatch.h>
 #include <ATen/ops/_efficientzerotensor_meta_dispatch.h>
 #include <ATen/ops/_linalg_det_meta_dispatch.h>
 #include <ATen/ops/_linalg_slogdet_meta_dispatch.h>
@@ -69,6 +70,9 @@
 #include <ATen/ops/fmin_meta_dispatch.h>
 #include <ATen/ops/fmod_meta_dispatch.h>
 #include <ATen/ops/frac_meta_dispatch.h>
+#include <ATen/ops/fractional_max_pool2d_backward_meta_dispatch.h>
+#include <ATen/ops/fractional_max_pool2d_meta_dispatch.h>
+#include <ATen/ops/fractional_max_pool3d_meta_dispatch.h>
 #include <ATen/ops/gather_meta_dispatch.h>
 #include <ATen/ops/gcd_meta_dispatch.h>
 #include <ATen/ops/ge_meta_dispatch.h>
@@ -1786,6 +1790,14 @@ void meta_emit_glu__out(torch::jit::Stack& s) {
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
 
+void meta_emit__ctc_loss(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  const auto a3 = s[3].toDimVector();
+  auto result = at::meta::_ctc_loss(s[0].toTensor(), s[1].toTensor(), a2, a3, s[4].toInt(), s[5].toBool());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
 void meta_emit_max_pool2d_with_indices(torch::jit::Stack& s) {
   const auto a1 = s[1].toDimVector();
   const auto a2 = s[2].toDimVector();
@@ -1825,6 +1837,59 @@ void meta_emit_max_pool2d_with_indices_backward__grad_input(torch::jit::Stack& s
   const auto a5 = s[5].toDimVector();
   at::Tensor a8 = s[8].toTensor();
   auto result = at::meta::max_pool2d_with_indices_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3, a4, a5, s[6].toBool(), s[7].toTensor(), a8);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fractional_max_pool2d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  const auto a2 = s[2].toDimVector();
+  auto result = at::meta::fractional_max_pool2d(s[0].toTensor(), a1, a2, s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fractional_max_pool2d__output(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  const auto a2 = s[2].toDimVector();
+  at::Tensor a4 = s[4].toTensor();
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::fractional_max_pool2d_outf(s[0].toTensor(), a1, a2, s[3].toTensor(), a4, a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fractional_max_pool2d_backward(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  const auto a3 = s[3].toDimVector();
+  auto result = at::meta::fractional_max_pool2d_backward(s[0].toTensor(), s[1].toTensor(), a2, a3, s[4].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fractional_max_pool2d_backward__grad_input(torch::jit::Stack& s) {
+  const auto a2 = s[2].toDimVector();
+  const auto a3 = s[3].toDimVector();
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::fractional_max_pool2d_backward_outf(s[0].toTensor(), s[1].toTensor(), a2, a3, s[4].toTensor(), a5);
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fractional_max_pool3d(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  const auto a2 = s[2].toDimVector();
+  auto result = at::meta::fractional_max_pool3d(s[0].toTensor(), a1, a2, s[3].toTensor());
+  s.clear();
+  torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
+}
+
+void meta_emit_fractional_max_pool3d__output(torch::jit::Stack& s) {
+  const auto a1 = s[1].toDimVector();
+  const auto a2 = s[2].toDimVector();
+  at::Tensor a4 = s[4].toTensor();
+  at::Tensor a5 = s[5].toTensor();
+  auto result = at::meta::fractional_max_pool3d_outf(s[0].toTensor(), a1, a2, s[3].toTensor(), a4, a5);
   s.clear();
   torch::jit::pack(s, std::move(result));  // a tuple result: one stack entry per element
 }
@@ -4448,6 +4513,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // rrelu_with_noise
       nullptr,  // rrelu_with_noise_backward
       nullptr,  // rrelu_with_noise_backward.out
+      &meta_emit__ctc_loss,  // _ctc_loss
+      nullptr,  // _ctc_loss.out
+      nullptr,  // _ctc_loss_backward
+      nullptr,  // _ctc_loss_backward.out
       nullptr,  // multi_margin_loss
       nullptr,  // multi_margin_loss.out
       nullptr,  // multi_margin_loss_backward
@@ -4683,6 +4752,14 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // max_pool3d_with_indices.out
       nullptr,  // max_pool3d_with_indices_backward
       nullptr,  // max_pool3d_with_indices_backward.grad_input
+      &meta_emit_fractional_max_pool2d,  // fractional_max_pool2d
+      &meta_emit_fractional_max_pool2d__output,  // fractional_max_pool2d.output
+      &meta_emit_fractional_max_pool2d_backward,  // fractional_max_pool2d_backward
+      &meta_emit_fractional_max_pool2d_backward__grad_input,  // fractional_max_pool2d_backward.grad_input
+      &meta_emit_fractional_max_pool3d,  // fractional_max_pool3d
+      &meta_emit_fractional_max_pool3d__output,  // fractional_max_pool3d.output
+      nullptr,  // fractional_max_pool3d_backward
+      nullptr,  // fractional_max_pool3d_backward.grad_input
       nullptr,  // max_unpool2d
       nullptr,  // max_unpool2d.out
       nullptr,  // max_unpool3d

@@ -4711,9 +4711,32 @@ def test_channel_shuffle_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__ctc_loss(dtype):
+    # specs/nn.yaml:263
+    check_opinfo(
+        "nn.functional.ctc_loss",
+        dtype,
+        overloads=["_ctc_loss", "_ctc_loss.out"],
+        variants=["Functional", "Out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
+def test__ctc_loss_compiled():
+    # specs/nn.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.ctc_loss",
+        overloads=["_ctc_loss", "_ctc_loss.out"],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multi_margin_loss(dtype):
-    # specs/nn.yaml:261
+    # specs/nn.yaml:275
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4725,7 +4748,7 @@ def test_multi_margin_loss(dtype):
 
 
 def test_multi_margin_loss_compiled():
-    # specs/nn.yaml:261: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:275: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multi_margin_loss",
         overloads=["multi_margin_loss", "multi_margin_loss.out"],
@@ -4736,7 +4759,7 @@ def test_multi_margin_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multi_margin_loss_other_dtypes(dtype):
-    # specs/nn.yaml:261: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:275: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4750,7 +4773,7 @@ def test_multi_margin_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multilabel_margin_loss_forward(dtype):
-    # specs/nn.yaml:274
+    # specs/nn.yaml:288
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -4762,7 +4785,7 @@ def test_multilabel_margin_loss_forward(dtype):
 
 
 def test_multilabel_margin_loss_forward_compiled():
-    # specs/nn.yaml:274: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:288: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multilabel_margin_loss",
         overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
@@ -4773,7 +4796,7 @@ def test_multilabel_margin_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multilabel_margin_loss_forward_other_dtypes(dtype):
-    # specs/nn.yaml:274: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:288: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -6511,7 +6534,7 @@ def test_max_pool3d_with_indices_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_max_unpool2d(dtype):
-    # specs/pooling.yaml:32
+    # specs/pooling.yaml:54
     check_opinfo(
         "nn.functional.max_unpool2d",
         dtype,
@@ -6523,7 +6546,7 @@ def test_max_unpool2d(dtype):
 
 
 def test_max_unpool2d_compiled():
-    # specs/pooling.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:54: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.max_unpool2d",
         overloads=["max_unpool2d", "max_unpool2d.out"],
@@ -6534,7 +6557,7 @@ def test_max_unpool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_unpool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:32: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:54: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.max_unpool2d",
         dtype,
@@ -6548,7 +6571,7 @@ def test_max_unpool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_max_unpool3d(dtype):
-    # specs/pooling.yaml:38
+    # specs/pooling.yaml:60
     check_opinfo(
         "nn.functional.max_unpool3d",
         dtype,
@@ -6560,7 +6583,7 @@ def test_max_unpool3d(dtype):
 
 
 def test_max_unpool3d_compiled():
-    # specs/pooling.yaml:38: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:60: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.max_unpool3d",
         overloads=["max_unpool3d", "max_unpool3d.out"],
@@ -6571,7 +6594,7 @@ def test_max_unpool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_max_unpool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:38: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:60: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.max_unpool3d",
         dtype,
@@ -6585,7 +6608,7 @@ def test_max_unpool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_im2col(dtype):
-    # specs/pooling.yaml:46
+    # specs/pooling.yaml:68
     check_opinfo(
         "nn.functional.unfold",
         dtype,
@@ -6597,7 +6620,7 @@ def test_im2col(dtype):
 
 
 def test_im2col_compiled():
-    # specs/pooling.yaml:46: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:68: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.unfold",
         overloads=["im2col", "im2col.out"],
@@ -6608,7 +6631,7 @@ def test_im2col_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_im2col_other_dtypes(dtype):
-    # specs/pooling.yaml:46: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:68: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.unfold",
         dtype,
@@ -6622,7 +6645,7 @@ def test_im2col_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d(dtype):
-    # specs/pooling.yaml:57
+    # specs/pooling.yaml:79
     check_opinfo(
         "nn.functional.avg_pool2d",
         dtype,
@@ -6634,7 +6657,7 @@ def test_avg_pool2d(dtype):
 
 
 def test_avg_pool2d_compiled():
-    # specs/pooling.yaml:57: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:79: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool2d",
         overloads=["avg_pool2d", "avg_pool2d.out"],
@@ -6645,7 +6668,7 @@ def test_avg_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:57: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:79: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool2d",
         dtype,
@@ -6659,7 +6682,7 @@ def test_avg_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool2d_backward(dtype):
-    # specs/pooling.yaml:62
+    # specs/pooling.yaml:84
     check_opinfo(
         "nn.functional.avg_pool1d",
         dtype,
@@ -6671,7 +6694,7 @@ def test_avg_pool2d_backward(dtype):
 
 
 def test_avg_pool2d_backward_compiled():
-    # specs/pooling.yaml:62: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:84: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool1d",
         overloads=["avg_pool2d_backward", "avg_pool2d_backward.grad_input"],
@@ -6682,7 +6705,7 @@ def test_avg_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:62: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:84: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool1d",
         dtype,
@@ -6696,7 +6719,7 @@ def test_avg_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_avg_pool3d(dtype):
-    # specs/pooling.yaml:67
+    # specs/pooling.yaml:89
     check_opinfo(
         "nn.functional.avg_pool3d",
         dtype,
@@ -6708,7 +6731,7 @@ def test_avg_pool3d(dtype):
 
 
 def test_avg_pool3d_compiled():
-    # specs/pooling.yaml:67: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:89: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.avg_pool3d",
         overloads=["avg_pool3d", "avg_pool3d.out"],
@@ -6719,7 +6742,7 @@ def test_avg_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_avg_pool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:67: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:89: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.avg_pool3d",
         dtype,
@@ -6733,7 +6756,7 @@ def test_avg_pool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d(dtype):
-    # specs/pooling.yaml:76
+    # specs/pooling.yaml:98
     check_opinfo(
         "nn.functional.adaptive_avg_pool2d",
         dtype,
@@ -6745,7 +6768,7 @@ def test__adaptive_avg_pool2d(dtype):
 
 
 def test__adaptive_avg_pool2d_compiled():
-    # specs/pooling.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:98: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool2d",
         overloads=["_adaptive_avg_pool2d", "_adaptive_avg_pool2d.out"],
@@ -6756,7 +6779,7 @@ def test__adaptive_avg_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__adaptive_avg_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:76: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:98: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_avg_pool2d",
         dtype,
@@ -6770,7 +6793,7 @@ def test__adaptive_avg_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__adaptive_avg_pool2d_backward(dtype):
-    # specs/pooling.yaml:81
+    # specs/pooling.yaml:103
     check_opinfo(
         "nn.functional.adaptive_avg_pool1d",
         dtype,
@@ -6782,7 +6805,7 @@ def test__adaptive_avg_pool2d_backward(dtype):
 
 
 def test__adaptive_avg_pool2d_backward_compiled():
-    # specs/pooling.yaml:81: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:103: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool1d",
         overloads=["_adaptive_avg_pool2d_backward", "_adaptive_avg_pool2d_backward.out"],
@@ -6793,7 +6816,7 @@ def test__adaptive_avg_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__adaptive_avg_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:81: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:103: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_avg_pool1d",
         dtype,
@@ -6807,7 +6830,7 @@ def test__adaptive_avg_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__adaptive_avg_pool3d(dtype):
-    # specs/pooling.yaml:88
+    # specs/pooling.yaml:110
     check_opinfo(
         "nn.functional.adaptive_avg_pool3d",
         dtype,
@@ -6819,7 +6842,7 @@ def test__adaptive_avg_pool3d(dtype):
 
 
 def test__adaptive_avg_pool3d_compiled():
-    # specs/pooling.yaml:88: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:110: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_avg_pool3d",
         overloads=["_adaptive_avg_pool3d", "_adaptive_avg_pool3d.out"],
@@ -6830,7 +6853,7 @@ def test__adaptive_avg_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d(dtype):
-    # specs/pooling.yaml:97
+    # specs/pooling.yaml:119
     check_opinfo(
         "nn.functional.adaptive_max_pool2d",
         dtype,
@@ -6842,7 +6865,7 @@ def test_adaptive_max_pool2d(dtype):
 
 
 def test_adaptive_max_pool2d_compiled():
-    # specs/pooling.yaml:97: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:119: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool2d",
         overloads=["adaptive_max_pool2d", "adaptive_max_pool2d.out"],
@@ -6853,7 +6876,7 @@ def test_adaptive_max_pool2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool2d_other_dtypes(dtype):
-    # specs/pooling.yaml:97: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:119: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool2d",
         dtype,
@@ -6867,7 +6890,7 @@ def test_adaptive_max_pool2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool2d_backward(dtype):
-    # specs/pooling.yaml:102
+    # specs/pooling.yaml:124
     check_opinfo(
         "nn.functional.adaptive_max_pool1d",
         dtype,
@@ -6879,7 +6902,7 @@ def test_adaptive_max_pool2d_backward(dtype):
 
 
 def test_adaptive_max_pool2d_backward_compiled():
-    # specs/pooling.yaml:102: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:124: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool1d",
         overloads=["adaptive_max_pool2d_backward", "adaptive_max_pool2d_backward.grad_input"],
@@ -6890,7 +6913,7 @@ def test_adaptive_max_pool2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:102: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:124: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool1d",
         dtype,
@@ -6904,7 +6927,7 @@ def test_adaptive_max_pool2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_adaptive_max_pool3d(dtype):
-    # specs/pooling.yaml:108
+    # specs/pooling.yaml:130
     check_opinfo(
         "nn.functional.adaptive_max_pool3d",
         dtype,
@@ -6916,7 +6939,7 @@ def test_adaptive_max_pool3d(dtype):
 
 
 def test_adaptive_max_pool3d_compiled():
-    # specs/pooling.yaml:108: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:130: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.adaptive_max_pool3d",
         overloads=["adaptive_max_pool3d", "adaptive_max_pool3d.out"],
@@ -6927,7 +6950,7 @@ def test_adaptive_max_pool3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_adaptive_max_pool3d_other_dtypes(dtype):
-    # specs/pooling.yaml:108: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:130: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.adaptive_max_pool3d",
         dtype,
@@ -6941,7 +6964,7 @@ def test_adaptive_max_pool3d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest1d(dtype):
-    # specs/pooling.yaml:120
+    # specs/pooling.yaml:142
     check_opinfo(
         "nn.functional.interpolate.nearest",
         dtype,
@@ -6953,7 +6976,7 @@ def test_upsample_nearest1d(dtype):
 
 
 def test_upsample_nearest1d_compiled():
-    # specs/pooling.yaml:120: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:142: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.nearest",
         overloads=["upsample_nearest1d", "upsample_nearest1d.out"],
@@ -6964,7 +6987,7 @@ def test_upsample_nearest1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test_upsample_nearest1d_other_dtypes(dtype):
-    # specs/pooling.yaml:120: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:142: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.nearest",
         dtype,
@@ -6978,7 +7001,7 @@ def test_upsample_nearest1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_nearest2d(dtype):
-    # specs/pooling.yaml:129
+    # specs/pooling.yaml:151
     check_opinfo(
         "nn.functional.upsample_nearest",
         dtype,
@@ -6990,7 +7013,7 @@ def test_upsample_nearest2d(dtype):
 
 
 def test_upsample_nearest2d_compiled():
-    # specs/pooling.yaml:129: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:151: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.upsample_nearest",
         overloads=["upsample_nearest2d", "upsample_nearest2d.out"],
@@ -7001,7 +7024,7 @@ def test_upsample_nearest2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test_upsample_nearest2d_other_dtypes(dtype):
-    # specs/pooling.yaml:129: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:151: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.upsample_nearest",
         dtype,
@@ -7015,7 +7038,7 @@ def test_upsample_nearest2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__upsample_nearest_exact1d(dtype):
-    # specs/pooling.yaml:146
+    # specs/pooling.yaml:168
     check_opinfo(
         "nn.functional.interpolate.nearest-exact",
         dtype,
@@ -7027,7 +7050,7 @@ def test__upsample_nearest_exact1d(dtype):
 
 
 def test__upsample_nearest_exact1d_compiled():
-    # specs/pooling.yaml:146: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:168: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.nearest-exact",
         overloads=["_upsample_nearest_exact1d", "_upsample_nearest_exact1d.out"],
@@ -7038,7 +7061,7 @@ def test__upsample_nearest_exact1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16", "float64"])
 def test__upsample_nearest_exact1d_other_dtypes(dtype):
-    # specs/pooling.yaml:146: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:168: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.nearest-exact",
         dtype,
@@ -7052,7 +7075,7 @@ def test__upsample_nearest_exact1d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_linear1d(dtype):
-    # specs/pooling.yaml:175
+    # specs/pooling.yaml:197
     check_opinfo(
         "nn.functional.interpolate.linear",
         dtype,
@@ -7064,7 +7087,7 @@ def test_upsample_linear1d(dtype):
 
 
 def test_upsample_linear1d_compiled():
-    # specs/pooling.yaml:175: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:197: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.linear",
         overloads=["upsample_linear1d", "upsample_linear1d.out"],
@@ -7075,7 +7098,7 @@ def test_upsample_linear1d_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d(dtype):
-    # specs/pooling.yaml:184
+    # specs/pooling.yaml:206
     check_opinfo(
         "nn.functional.interpolate.bilinear",
         dtype,
@@ -7087,7 +7110,7 @@ def test_upsample_bilinear2d(dtype):
 
 
 def test_upsample_bilinear2d_compiled():
-    # specs/pooling.yaml:184: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:206: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.bilinear",
         overloads=["upsample_bilinear2d", "upsample_bilinear2d.out"],
@@ -7098,7 +7121,7 @@ def test_upsample_bilinear2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_upsample_bilinear2d_other_dtypes(dtype):
-    # specs/pooling.yaml:184: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:206: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.interpolate.bilinear",
         dtype,
@@ -7112,7 +7135,7 @@ def test_upsample_bilinear2d_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_upsample_bilinear2d_backward(dtype):
-    # specs/pooling.yaml:189
+    # specs/pooling.yaml:211
     check_opinfo(
         "nn.functional.upsample_bilinear",
         dtype,
@@ -7124,7 +7147,7 @@ def test_upsample_bilinear2d_backward(dtype):
 
 
 def test_upsample_bilinear2d_backward_compiled():
-    # specs/pooling.yaml:189: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:211: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.upsample_bilinear",
         overloads=["upsample_bilinear2d_backward", "upsample_bilinear2d_backward.grad_input"],
@@ -7135,7 +7158,7 @@ def test_upsample_bilinear2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_upsample_bilinear2d_backward_other_dtypes(dtype):
-    # specs/pooling.yaml:189: every other dtype it supports, over the first 3 samples
+    # specs/pooling.yaml:211: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.upsample_bilinear",
         dtype,
@@ -7149,7 +7172,7 @@ def test_upsample_bilinear2d_backward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_bicubic2d(dtype):
-    # specs/pooling.yaml:195
+    # specs/pooling.yaml:217
     check_opinfo(
         "nn.functional.interpolate.bicubic",
         dtype,
@@ -7161,7 +7184,7 @@ def test_upsample_bicubic2d(dtype):
 
 
 def test_upsample_bicubic2d_compiled():
-    # specs/pooling.yaml:195: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:217: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.bicubic",
         overloads=["upsample_bicubic2d", "upsample_bicubic2d.out"],
@@ -7172,7 +7195,7 @@ def test_upsample_bicubic2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__upsample_bilinear2d_aa(dtype):
-    # specs/pooling.yaml:205
+    # specs/pooling.yaml:227
     check_opinfo(
         "_upsample_bilinear2d_aa",
         dtype,
@@ -7184,7 +7207,7 @@ def test__upsample_bilinear2d_aa(dtype):
 
 
 def test__upsample_bilinear2d_aa_compiled():
-    # specs/pooling.yaml:205: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:227: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_upsample_bilinear2d_aa",
         overloads=["_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa.out"],
@@ -7195,7 +7218,7 @@ def test__upsample_bilinear2d_aa_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_upsample_trilinear3d(dtype):
-    # specs/pooling.yaml:222
+    # specs/pooling.yaml:244
     check_opinfo(
         "nn.functional.interpolate.trilinear",
         dtype,
@@ -7207,7 +7230,7 @@ def test_upsample_trilinear3d(dtype):
 
 
 def test_upsample_trilinear3d_compiled():
-    # specs/pooling.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:244: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.interpolate.trilinear",
         overloads=["upsample_trilinear3d", "upsample_trilinear3d.out"],
@@ -7218,7 +7241,7 @@ def test_upsample_trilinear3d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_grid_sampler_2d(dtype):
-    # specs/pooling.yaml:234
+    # specs/pooling.yaml:256
     check_opinfo(
         "grid_sampler_2d",
         dtype,
@@ -7230,7 +7253,7 @@ def test_grid_sampler_2d(dtype):
 
 
 def test_grid_sampler_2d_compiled():
-    # specs/pooling.yaml:234: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:256: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "grid_sampler_2d",
         overloads=["grid_sampler_2d", "grid_sampler_2d.out"],
@@ -7241,7 +7264,7 @@ def test_grid_sampler_2d_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_grid_sampler_2d_backward(dtype):
-    # specs/pooling.yaml:239
+    # specs/pooling.yaml:261
     check_opinfo(
         "nn.functional.grid_sample",
         dtype,
@@ -7253,7 +7276,7 @@ def test_grid_sampler_2d_backward(dtype):
 
 
 def test_grid_sampler_2d_backward_compiled():
-    # specs/pooling.yaml:239: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:261: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.grid_sample",
         overloads=["grid_sampler_2d_backward", "grid_sampler_2d_backward.out"],
@@ -7264,7 +7287,7 @@ def test_grid_sampler_2d_backward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_grid_sampler_3d(dtype):
-    # specs/pooling.yaml:244
+    # specs/pooling.yaml:266
     check_opinfo(
         "grid_sampler_3d",
         dtype,
@@ -7278,7 +7301,7 @@ def test_grid_sampler_3d(dtype):
 
 
 def test_grid_sampler_3d_compiled():
-    # specs/pooling.yaml:244: the first float32 sample through torch.compile(backend="tpu")
+    # specs/pooling.yaml:266: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "grid_sampler_3d",
         overloads=["grid_sampler_3d", "grid_sampler_3d.out"],

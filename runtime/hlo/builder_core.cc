@@ -190,6 +190,27 @@ Value Builder::iota(const TensorType& type, int64_t dim) {
               type);
 }
 
+Value Builder::dynamic_slice(const Value& v, const std::vector<Value>& starts, const std::vector<int64_t>& sizes) {
+  if (starts.size() != static_cast<size_t>(v.rank()) || sizes.size() != starts.size()) {
+    fail("dynamic_slice: one start and one size per dim");
+  }
+  std::string operands = name(v), types = v.type.mlir();
+  for (const Value& s : starts) operands += ", " + name(s), types += ", " + s.type.mlir();
+  TensorType t{v.element(), sizes};
+  return emit("\"stablehlo.dynamic_slice\"(" + operands + ") {slice_sizes = " + i64_array(sizes) + "} : (" + types +
+                  ") -> " + t.mlir(),
+              t);
+}
+
+Value Builder::dynamic_update_slice(const Value& v, const Value& update, const std::vector<Value>& starts) {
+  if (starts.size() != static_cast<size_t>(v.rank()) || update.rank() != v.rank() || update.element() != v.element()) {
+    fail("dynamic_update_slice: the update must match the operand's rank and element type, one start per dim");
+  }
+  std::string operands = name(v) + ", " + name(update), types = v.type.mlir() + ", " + update.type.mlir();
+  for (const Value& s : starts) operands += ", " + name(s), types += ", " + s.type.mlir();
+  return emit("\"stablehlo.dynamic_update_slice\"(" + operands + ") : (" + types + ") -> " + v.type.mlir(), v.type);
+}
+
 Value Builder::gather_flat(const Value& flat_in, const Value& indices) {
   TensorType t{flat_in.element(), indices.dims()};
   return emit("\"stablehlo.gather\"(" + name(flat_in) + ", " + name(indices) +

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -68,6 +69,28 @@ inline Value extreme_constant(Builder& b, ElementType e, bool lowest) {
   if (is_unsigned(e)) return b.constant_int(lowest ? 0 : static_cast<int64_t>((uint64_t{1} << bits_of(e)) - 1), e);
   const int64_t max = bits_of(e) == 64 ? INT64_MAX : (int64_t{1} << (bits_of(e) - 1)) - 1;
   return b.constant_int(lowest ? -max - 1 : max, e);
+}
+
+// body(i, state) for i = 0 .. count-1 (count: a 0-d int64), as a stablehlo.while. The body sees only
+// its arguments: anything it needs from outside travels in `state` (unchanged where it only reads it).
+using LoopBody = std::function<std::vector<Value>(Builder&, const Value&, const std::vector<Value>&)>;
+
+inline std::vector<Value> for_loop(Builder& b, const Value& count, const std::vector<Value>& state, const LoopBody& body) {
+  std::vector<Value> init{b.constant_int(0, ElementType::S64), count};
+  init.insert(init.end(), state.begin(), state.end());
+  auto out = b.while_loop(
+      init, [](Builder& r, const std::vector<Value>& s) { return r.lt(s[0], s[1]); },
+      [&](Builder& r, const std::vector<Value>& s) {
+        std::vector<Value> next = body(r, s[0], std::vector<Value>(s.begin() + 2, s.end()));
+        std::vector<Value> all{r.add(s[0], r.constant_int(1, ElementType::S64)), s[1]};
+        all.insert(all.end(), next.begin(), next.end());
+        return all;
+      });
+  return std::vector<Value>(out.begin() + 2, out.end());
+}
+
+inline std::vector<Value> for_loop(Builder& b, int64_t count, const std::vector<Value>& state, const LoopBody& body) {
+  return for_loop(b, b.constant_int(count, ElementType::S64), state, body);
 }
 
 }  // namespace torchtpu::rt::builder_internal

@@ -57,6 +57,10 @@ class Builder {
               const std::vector<int64_t>& strides);
   Value concatenate(const std::vector<Value>& values, int64_t dim);
   Value iota(const TensorType& type, int64_t dim);
+  // stablehlo.dynamic_slice / dynamic_update_slice at run-time starts (0-d int64 Values, one per dim;
+  // clamped into range as StableHLO does): a loop step reads or writes its own slice.
+  Value dynamic_slice(const Value& v, const std::vector<Value>& starts, const std::vector<int64_t>& sizes);
+  Value dynamic_update_slice(const Value& v, const Value& update, const std::vector<Value>& starts);
 
   // Elementwise (both operands broadcast to a common shape; element types must agree).
   Value binary(const char* op, const Value& a, const Value& b);
@@ -382,6 +386,9 @@ class Builder {
   // int64 flat index within each spatial plane of the first max (the last NaN), as on CPU.
   Value max_pool(const Value& self, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode, int64_t nd, bool indices);
   Value adaptive_max_pool(const Value& self, const std::vector<int64_t>& output_size, bool indices);
+  // fractional_max_pool2d/3d: each (batch, plane)'s window starts come from its random samples
+  // ([N, C, nd] in [0, 1)) by CPU's interval rule; then max / indices as max_pool.
+  Value fractional_max_pool(const Value& self, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& output_size, const Value& samples, int64_t nd, bool indices);
   // grad scatter-added into self's shape at the flat per-plane indices a max pool gave.
   Value max_pool_backward(const Value& grad, const Value& self, const Value& indices, int64_t nd);
   // divisor_override 0: none.
@@ -443,6 +450,12 @@ class Builder {
   // the counts (or summed weights; density: divided by the total and the bin widths) over sorted edges.
   Value histogram_edges(const Value& v, int64_t bins, const std::vector<double>& range);
   Value histogram_counts(const Value& v, const Value& edges, const std::optional<Value>& weight, bool density);
+  // CTC loss of log_probs [T, N, C] against targets ([N, S] padded, or 1-D concatenated), lengths
+  // per batch element: which 0 the negative log likelihood [N], 1 log alpha [N, T, 2 * max target + 1]
+  // (-inf where CPU leaves it unwritten). The backward gives log_probs' gradient (zero_infinity: 0
+  // where the likelihood is 0).
+  Value ctc_loss(const Value& log_probs, const Value& targets, const std::vector<int64_t>& input_lengths, const std::vector<int64_t>& target_lengths, int64_t blank, int64_t which);
+  Value ctc_loss_backward(const Value& grad, const Value& log_probs, const Value& targets, const std::vector<int64_t>& input_lengths, const std::vector<int64_t>& target_lengths, const Value& neg_log_likelihood, const Value& log_alpha, int64_t blank, bool zero_infinity);
   // self's elements placed at their flat per-plane indices in zeros of [..., *output_size].
   Value max_unpool(const Value& self, const Value& indices, const std::vector<int64_t>& output_size);
   // nn.functional.unfold / fold: [N, C, H, W] <-> [N, C * kh * kw, L] (overlaps summed by col2im).

@@ -72,28 +72,6 @@ namespace {
 
 constexpr ElementType kIndex = ElementType::S64;
 
-using LoopBody = std::function<std::vector<Value>(Builder&, const Value&, const std::vector<Value>&)>;
-
-// body(i, state) for i = 0 .. count-1 (count: a 0-d int64). The body sees only its arguments: anything
-// it needs from outside travels in `state` (unchanged where it only reads it).
-std::vector<Value> for_loop(Builder& b, const Value& count, const std::vector<Value>& state, const LoopBody& body) {
-  std::vector<Value> init{b.constant_int(0, kIndex), count};
-  init.insert(init.end(), state.begin(), state.end());
-  auto out = b.while_loop(
-      init, [](Builder& r, const std::vector<Value>& s) { return r.lt(s[0], s[1]); },
-      [&](Builder& r, const std::vector<Value>& s) {
-        std::vector<Value> next = body(r, s[0], std::vector<Value>(s.begin() + 2, s.end()));
-        std::vector<Value> all{r.add(s[0], r.constant_int(1, kIndex)), s[1]};
-        all.insert(all.end(), next.begin(), next.end());
-        return all;
-      });
-  return std::vector<Value>(out.begin() + 2, out.end());
-}
-
-std::vector<Value> for_loop(Builder& b, int64_t count, const std::vector<Value>& state, const LoopBody& body) {
-  return for_loop(b, b.constant_int(count, kIndex), state, body);
-}
-
 int64_t product(const std::vector<int64_t>& dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;

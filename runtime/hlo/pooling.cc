@@ -327,6 +327,69 @@ Value Builder::adaptive_max_pool(const Value& self, const std::vector<int64_t>& 
   return indices ? r.second : r.first;
 }
 
+Value Builder::fractional_max_pool(const Value& self, const std::vector<int64_t>& kernel_size,
+                                   const std::vector<int64_t>& output_size, const Value& samples, int64_t nd,
+                                   bool indices) {
+  const int64_t lead = self.rank() - nd;
+  const std::vector<int64_t> lead_dims(self.dims().begin(), self.dims().begin() + lead);
+  const ElementType e = self.element();
+  const Value u = convert(samples, e);
+  // Separable, from the last spatial axis to the first (max_all_taps' order, so ties and NaNs pick
+  // CPU's element); every window lies inside the input (the Meta pass checked the sizes).
+  Value x = self;
+  std::optional<Value> index;
+  int64_t plane_stride = 1;
+  for (int64_t i = nd - 1; i >= 0; --i) {
+    const int64_t axis = lead + i, in = self.dims()[axis], out = output_size.at(i), pool = kernel_size.at(i);
+    // CPU's 2-d kernel draws the width from sample 0 and the height from sample 1; the 3-d one
+    // draws spatial axis i from sample i.
+    const int64_t which = nd == 2 ? 1 - i : i;
+    std::vector<int64_t> start(u.rank(), 0), limit = u.dims(), strides(u.rank(), 1);
+    start.back() = which, limit.back() = which + 1;
+    std::vector<int64_t> starts_dims = lead_dims;
+    starts_dims.push_back(out);
+    std::vector<int64_t> lead_axes(lead);
+    for (int64_t d = 0; d < lead; ++d) lead_axes[d] = d;
+    const Value sample = broadcast_in_dim(reshape(slice(u, start, limit, strides), lead_dims), starts_dims, lead_axes);
+    // starts[o] = int((o + sample) * alpha) - int(sample * alpha), the last one in - pool, in the
+    // samples' type (alpha rounded to it as CPU's scalar_t division does).
+    Value starts = full(static_cast<double>(in - pool), TensorType{ElementType::S64, starts_dims});
+    if (out > 1) {
+      const double alpha = e == ElementType::F64 ? static_cast<double>(in - pool) / static_cast<double>(out - 1)
+                                                 : static_cast<double>(static_cast<float>(in - pool) / static_cast<float>(out - 1));
+      const Value a = scalar_like(alpha, sample);
+      const Value position = iota(TensorType{ElementType::S64, starts_dims}, lead);
+      const Value steps = sub(convert(mul(add(convert(position, e), sample), a), ElementType::S64),
+                              convert(mul(sample, a), ElementType::S64));
+      starts = select(eq(position, constant_int(out - 1, ElementType::S64)), starts, steps);
+    }
+    // The taps' positions along this axis, laid over x's dims with the axis cut to `out`.
+    std::vector<int64_t> out_dims = x.dims();
+    out_dims[axis] = out;
+    std::vector<int64_t> starts_axes = lead_axes;
+    starts_axes.push_back(axis);
+    Value best, best_index;
+    for (int64_t k = 0; k < pool; ++k) {
+      const Value pos = broadcast_in_dim(add(starts, constant_int(k, ElementType::S64)), out_dims, starts_axes);
+      const Value c = take_along(x, axis, pos);
+      Value flat = mul(pos, constant_int(plane_stride, ElementType::S64));
+      if (index) flat = add(flat, take_along(*index, axis, pos));
+      if (k == 0) {
+        best = c, best_index = flat;
+        continue;
+      }
+      Value take = gt(c, best);
+      if (is_float(e)) take = binary("or", take, ne(c, c));
+      best = select(take, c, best);
+      best_index = select(take, flat, best_index);
+    }
+    x = best;
+    index = best_index;
+    plane_stride *= in;
+  }
+  return indices ? *index : x;
+}
+
 Value Builder::max_pool_backward(const Value& grad, const Value& self, const Value& indices, int64_t nd) {
   const int64_t lead = self.rank() - nd;
   std::vector<int64_t> dims(self.dims().begin(), self.dims().begin() + lead), gdims = dims;
