@@ -172,6 +172,7 @@ class Spec:
     overloads: list[Overload]
     test: dict[str, Any]
     data_dependent: bool = False  # output shapes from the data: padded outputs + a count (no Meta pass)
+    cut_returns: list[int] = dataclasses.field(default_factory=list)  # data_dependent: returns cut (empty: all)
 
     @property
     def source(self) -> str:
@@ -669,9 +670,19 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
                 if name not in names:
                     raise SpecError(display_path, line, f"{what} names {name!r}, which is not an argument of "
                                                         f"{op} ({', '.join(names)})")
+        # data_dependent: true cuts every return to the count; a list of return positions cuts those
+        # (the others keep their padded shape: _unique2's inverse indices have the input's shape).
         data_dependent = entry.get("data_dependent", False)
+        cut_returns: list[int] = []
+        if isinstance(data_dependent, list):
+            return_count = len(func.func.returns)
+            if not data_dependent or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < return_count
+                                             for r in data_dependent):
+                raise SpecError(display_path, line, f"data_dependent lists positions of {op}'s returns "
+                                                    f"(0 to {return_count - 1})")
+            cut_returns, data_dependent = sorted(set(data_dependent)), True
         if not isinstance(data_dependent, bool):
-            raise SpecError(display_path, line, "data_dependent is true or false")
+            raise SpecError(display_path, line, "data_dependent is true, false or a list of return positions")
         if data_dependent and (compute == "output" or entry.get("variants") != []):
             raise SpecError(display_path, line, "a data_dependent spec has no Meta output dtype and no variants: "
                                                 "use compute common/common_float and variants: []")
@@ -736,7 +747,7 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
             test["sweep_dtypes"] = [d for d in dtypes if d not in DEFAULT_TEST_DTYPES]
         test.pop("__line__", None)
         specs.append(Spec(display_path, line, op, str(entry["lowering"]), COMPUTE[compute], dtypes, overloads, test,
-                          data_dependent))
+                          data_dependent, cut_returns))
     return specs
 
 

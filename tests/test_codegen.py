@@ -43,6 +43,8 @@ def write_spec(tmp_path, text):
          "KeyError, message: m}\n", 3, "raises is IndexError or RuntimeError"),
         ("- op: gather\n  lowering: take_along(self, dim, index)\n  index_check: {index: index, into: self, raises: "
          "IndexError, message: \"{colour}\"}\n", 3, "message may name only"),
+        ("- op: _unique\n  lowering: (unique_sorted(self, 0), unique_sorted(self, 1), unique_sorted(self, 3))\n"
+         "  compute: common\n  variants: []\n  data_dependent: [0, 2]\n", 1, "data_dependent lists positions of"),
     ],
 )
 def test_bad_spec_names_file_and_line(tmp_path, text, line, message):

@@ -142,6 +142,48 @@ def test_nonzero_masked_select(no_fallback, dtype):
                      exact=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_unique(no_fallback, dtype):
+    x = torch.randint(-3, 4, (4, 5)).to(dtype)
+    if dtype.is_floating_point:
+        x[1, 2] = x[3, 0] = float("nan")  # each NaN is its own value, after the others
+    for t in (x, x[0, 0], x.reshape(-1)[:0]):
+        for sorted_ in (True, False):
+            for inverse in (True, False):
+                for counts in (True, False):
+                    actual = torch.unique(t.to(TPU), sorted=sorted_, return_inverse=inverse, return_counts=counts)
+                    expected = torch.unique(t, sorted=sorted_, return_inverse=inverse, return_counts=counts)
+                    if not isinstance(actual, tuple):
+                        actual, expected = (actual,), (expected,)
+                    assert_equal_cpu(actual[0], expected[0], exact=True)
+                    if counts:
+                        assert_equal_cpu(actual[-1], expected[-1], exact=True)
+                    if inverse:
+                        check_inverse(actual[0], actual[1], expected[1], t)
+    values, inverse = torch.ops.aten._unique(x.to(TPU), True, True)
+    expected_values, expected_inverse = torch.ops.aten._unique(x, True, True)
+    assert_equal_cpu(values, expected_values, exact=True)
+    check_inverse(values, inverse, expected_inverse, x)
+
+
+def check_inverse(values, inverse, expected, t):
+    """The inverse indices equal CPU's except among NaNs (CPU's unstable sort orders those as it
+    happens to); every index gives back its element."""
+    nan = t.isnan() if t.dtype.is_floating_point else torch.zeros_like(t, dtype=torch.bool)
+    assert_equal_cpu(inverse.masked_fill(nan.to(TPU), -1), expected.masked_fill(nan, -1), exact=True)
+    assert_equal_cpu(values[inverse], t, exact=True)
+
+
+def test_index_fill_gradient_runs_on_tpu(no_fallback):
+    # index_fill's backward takes the unique indices (aten::_unique).
+    x = torch.randn(3, 5)
+    index = torch.tensor([1, 3, 1])
+    expected, actual, cpu, dev = both(lambda x: x.index_fill(1, index.to(x.device), 2.0), x, grad=(0,))
+    (expected * torch.arange(15.0).reshape(3, 5)).sum().backward()
+    (actual * torch.arange(15.0).reshape(3, 5).to(TPU)).sum().backward()
+    assert_equal_cpu(dev[0].grad, cpu[0].grad, exact=True)
+
+
 def test_masked_select_gradient(no_fallback):
     x = torch.randn(4, 5)
     mask = torch.randn(4, 5) > 0

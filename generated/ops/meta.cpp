@@ -4360,6 +4360,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // put
       nullptr,  // put_
       nullptr,  // put.out
+      nullptr,  // _unique2
+      nullptr,  // _unique
       &meta_emit_mm,  // mm
       &meta_emit_mm__out,  // mm.out
       &meta_emit_addmm,  // addmm

@@ -2778,6 +2778,44 @@ def test_put_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
+def test__unique2(dtype):
+    # specs/indexing.yaml:306
+    check_opinfo(
+        "unique",
+        dtype,
+        overloads=["_unique2"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__unique2_compiled():
+    # specs/indexing.yaml:306: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "unique",
+        overloads=["_unique2"],
+        atol=None,
+        rtol=None,
+        splits=True,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
+def test__unique2_other_dtypes(dtype):
+    # specs/indexing.yaml:306: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "unique",
+        dtype,
+        overloads=["_unique2"],
+        variants=["Functional"],
+        atol=None,
+        rtol=None,
+        max_samples=3,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_mm(dtype):
     # specs/linalg.yaml:10

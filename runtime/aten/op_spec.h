@@ -159,6 +159,9 @@ struct OpSpec {
   // synchronizing, before it runs. -1: none.
   int divisor = -1;
   IndexCheck index_check;
+  // data_dependent: the returns cut to the count (empty: every one); the others keep their padded
+  // shape (_unique2's inverse indices have the input's shape).
+  std::vector<int> cut_returns;
 };
 
 // The generated table (generated/ops/emitters.cpp).

@@ -14,6 +14,7 @@
 #include <ATen/ops/lt.h>
 #include <ATen/ops/ne.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -374,7 +375,11 @@ class SpecKernel final : public c10::OperatorKernel {
     size_t next = 0;
     push_returns(spec_, entry.plan.fresh, entry.plan.fresh_is_list, args, stack, [&](const OutputPlan& plan) {
       std::vector<int64_t> sizes = plan.sizes;
-      if (rows >= 0) sizes.at(0) = rows;  // data_dependent: the real rows of the padded result
+      // data_dependent: the real rows of a padded return that is cut (one left empty stays empty).
+      const auto& cut = spec_.cut_returns;
+      if (rows >= 0 && (cut.empty() || std::find(cut.begin(), cut.end(), static_cast<int>(next)) != cut.end())) {
+        sizes.at(0) = std::min(sizes.at(0), rows);
+      }
       return wrap_buffer(outputs[next++], plan.dtype, sizes, plan.strides, 0, device);
     });
   }

@@ -342,6 +342,10 @@ class Builder {
   Value nonzero_padded(const Value& v);
   Value masked_select_padded(const Value& v, const Value& mask);
   Value nonzero_count(const Value& v, const Value& like);  // 0-d int64: nonzeros of v broadcast with like
+  // torch.unique of the flattened input, sorted (each NaN its own value, last): which 0 the values padded
+  // to numel, 1 each element's int64 index among them (self's shape), 2 the int64 counts padded to
+  // numel, 3 how many values there are (0-d int64).
+  Value unique_sorted(const Value& self, int64_t which);
   Value isin(const Value& elements, const Value& test_elements, bool invert);  // bool, elements' shape
   // _embedding_bag (mode 0 sum, 1 mean, 2 max) over 1-D indices and offsets; rows at padding_idx count
   // for nothing; empty bags give 0. The four outputs, with CUDA's shapes (what Meta gives a device):

@@ -409,6 +409,28 @@ Value Builder::nonzero_count(const Value& v, const Value& like) {
   return reduce(m, iota_list(static_cast<int64_t>(dims.size())), "add", 0);
 }
 
+Value Builder::unique_sorted(const Value& self, int64_t which) {
+  const int64_t n = self.type.numel();
+  const TensorType padded{self.element(), {n}}, counts{ElementType::S64, {n}};
+  if (n == 0) {
+    const Value none[] = {full(0, padded), full(0, TensorType{ElementType::S64, self.dims()}), full(0, counts),
+                          constant_int(0, ElementType::S64)};
+    return none[which];
+  }
+  // Sorted (NaN last), a value starts a group where it differs from the one before (so each NaN is
+  // its own group, as CPU's == finds); group g of sorted element i is the count of starts up to i, - 1.
+  const Value flat = reshape(self, {n});
+  const Value sorted = sort_along(flat, 0, false, false), order = sort_along(flat, 0, false, true);
+  const Value previous = concatenate({slice(sorted, {0}, {1}, {1}), slice(sorted, {0}, {n - 1}, {1})}, 0);
+  const Value first = eq(iota(counts, 0), full(0, counts));
+  const Value starts = convert(binary("or", first, ne(sorted, previous)), ElementType::S64);
+  if (which == 3) return reduce(starts, {0}, "add", 0);
+  const Value group = sub(cumsum(starts, 0), full(1, counts));
+  if (which == 0) return scatter_along(full(0, padded), 0, group, sorted, "");
+  if (which == 2) return scatter_along(full(0, counts), 0, group, full(1, counts), "add");
+  return reshape(scatter_along(full(0, counts), 0, order, group, ""), self.dims());
+}
+
 Value Builder::isin(const Value& elements, const Value& test_elements, bool invert) {
   TensorType t{ElementType::Pred, elements.dims()};
   const int64_t m = test_elements.type.numel();
