@@ -720,3 +720,28 @@ def test_mode_ties_and_positions(no_fallback):
     expected, actual = torch.mode(data, 1), torch.mode(tpu(data), 1)
     assert_equal_cpu(actual.values, expected.values, exact=True)
     assert torch.equal(data.gather(1, actual.indices.cpu()[:, None])[:, 0], expected.values)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce_and_gradient(reduce, initial, no_fallback):
+    # Empty segments, a zero and a NaN (prod's gradient takes the product of the others there), ties
+    # (max/min share the gradient), lengths and offsets, and a batched axis.
+    data = torch.tensor([1.0, 2.0, 0.0, 3.0, float("nan"), 4.0, 5.0, 5.0, 0.0, -1.5])
+    lengths = torch.tensor([0, 2, 2, 1, 3, 0, 2])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    batched = torch.randn(3, 6, 2, generator=torch.Generator().manual_seed(0))
+    batched[1, 2, 0] = 0.0
+    batched_lengths = torch.tensor([[2, 0, 4], [1, 3, 2], [6, 0, 0]])
+    cases = [(data, {"lengths": lengths}), (data, {"offsets": offsets}), (batched, {"lengths": batched_lengths, "axis": 1})]
+    for x, kwargs in cases:
+        def run(device):
+            xd = x.to(device).requires_grad_()
+            args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            out = torch.segment_reduce(xd, reduce, initial=initial, **args)
+            seed = torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape).to(device)
+            (grad,) = torch.autograd.grad(out, xd, seed)
+            return out, grad
+        (actual, actual_grad), (expected, expected_grad) = run(TPU), run("cpu")
+        assert_equal_cpu(actual.detach(), expected.detach(), atol=1e-6, rtol=1e-6)
+        assert_equal_cpu(actual_grad, expected_grad, atol=1e-6, rtol=1e-6)

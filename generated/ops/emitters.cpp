@@ -2344,6 +2344,16 @@ std::vector<Value> emit_trace(Builder& b, const EmitArgs& a) { return {b.sum(b.d
 // trace.out = sum(diagonal(self, 0, 0, 1), [], False)  (specs/reduction.yaml:294)
 std::vector<Value> emit_trace__out(Builder& b, const EmitArgs& a) { return {b.sum(b.diagonal(a.value(0), 0, 0, 1), std::vector<int64_t>{}, false)}; }
 
+// segment_reduce = segment_reduce(data, reduce, lengths, offsets, axis, initial)  (specs/reduction.yaml:302)
+std::vector<Value> emit_segment_reduce(Builder& b, const EmitArgs& a) { return {b.segment_reduce(a.value(0), a.string(1), a.optional_value(2), a.optional_value(4), a.integer(5), a.optional_real(7))}; }
+// segment_reduce.out = segment_reduce(data, reduce, lengths, offsets, axis, initial)  (specs/reduction.yaml:302)
+std::vector<Value> emit_segment_reduce__out(Builder& b, const EmitArgs& a) { return {b.segment_reduce(a.value(0), a.string(1), a.optional_value(2), a.optional_value(4), a.integer(5), a.optional_real(7))}; }
+
+// _segment_reduce_backward = segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)  (specs/reduction.yaml:310)
+std::vector<Value> emit__segment_reduce_backward(Builder& b, const EmitArgs& a) { return {b.segment_reduce_backward(a.value(0), a.value(1), a.value(2), a.string(3), a.optional_value(4), a.optional_value(5), a.integer(6), a.optional_real(7))}; }
+// _segment_reduce_backward.out = segment_reduce_backward(grad, output, data, reduce, lengths, offsets, axis, initial)  (specs/reduction.yaml:310)
+std::vector<Value> emit__segment_reduce_backward__out(Builder& b, const EmitArgs& a) { return {b.segment_reduce_backward(a.value(0), a.value(1), a.value(2), a.string(3), a.optional_value(4), a.optional_value(5), a.integer(6), a.optional_real(7))}; }
+
 // flip = flip(self, dims)  (specs/shape.yaml:4)
 std::vector<Value> emit_flip(Builder& b, const EmitArgs& a) { return {b.flip(a.value(0), a.ints(1))}; }
 // flip.out = flip(self, dims)  (specs/shape.yaml:4)
@@ -8122,6 +8132,26 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Output, {1},
        {1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_trace__out, false, -1, {}, {}},
+      {"segment_reduce", "specs/reduction.yaml:302", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
+       {0}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_segment_reduce, false, -1, {}, {}},
+      {"segment_reduce.out", "specs/reduction.yaml:302", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0}, Compute::Common, {8},
+       {8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit_segment_reduce__out, false, -1, {}, {}},
+      {"_segment_reduce_backward", "specs/reduction.yaml:310", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, {},
+       {-1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__segment_reduce_backward, false, -1, {}, {}},
+      {"_segment_reduce_backward.out", "specs/reduction.yaml:310", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
+       {0, 1, 2}, Compute::Common, {8},
+       {8}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__segment_reduce_backward__out, false, -1, {}, {}},
       {"flip", "specs/shape.yaml:4", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},

@@ -4977,6 +4977,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // nanmedian.dim_values
       nullptr,  // trace
       nullptr,  // trace.out
+      nullptr,  // segment_reduce
+      nullptr,  // segment_reduce.out
+      nullptr,  // _segment_reduce_backward
+      nullptr,  // _segment_reduce_backward.out
       nullptr,  // flip
       nullptr,  // flip.out
       nullptr,  // roll

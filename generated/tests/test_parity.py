@@ -8466,6 +8466,52 @@ def test_trace_other_dtypes(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_segment_reduce(dtype):
+    # specs/reduction.yaml:302
+    check_opinfo(
+        "_segment_reduce.lengths",
+        dtype,
+        overloads=["segment_reduce", "segment_reduce.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test_segment_reduce_compiled():
+    # specs/reduction.yaml:302: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_segment_reduce.lengths",
+        overloads=["segment_reduce", "segment_reduce.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test__segment_reduce_backward(dtype):
+    # specs/reduction.yaml:310
+    check_opinfo(
+        "_segment_reduce.offsets",
+        dtype,
+        overloads=["_segment_reduce_backward", "_segment_reduce_backward.out"],
+        variants=["Functional", "Out"],
+        atol=None,
+        rtol=None,
+    )
+
+
+def test__segment_reduce_backward_compiled():
+    # specs/reduction.yaml:310: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "_segment_reduce.offsets",
+        overloads=["_segment_reduce_backward", "_segment_reduce_backward.out"],
+        atol=None,
+        rtol=None,
+    )
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_flip(dtype):
     # specs/shape.yaml:4

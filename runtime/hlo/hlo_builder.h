@@ -460,6 +460,12 @@ class Builder {
   // where the likelihood is 0).
   Value ctc_loss(const Value& log_probs, const Value& targets, const std::vector<int64_t>& input_lengths, const std::vector<int64_t>& target_lengths, int64_t blank, int64_t which);
   Value ctc_loss_backward(const Value& grad, const Value& log_probs, const Value& targets, const std::vector<int64_t>& input_lengths, const std::vector<int64_t>& target_lengths, const Value& neg_log_likelihood, const Value& log_alpha, int64_t blank, bool zero_infinity);
+  // torch.segment_reduce along axis by lengths ([..., S]: data's dims before axis, then S) or offsets
+  // ([..., S + 1]); reduce sum | mean | max | min | prod from initial, else the reduction's identity (an
+  // empty mean without initial is NaN). runtime/hlo/segment.cc. The backward gives data's gradient
+  // (max/min: shared among the elements equal to the result; prod: initial times the segment's others).
+  Value segment_reduce(const Value& data, const std::string& reduce, const std::optional<Value>& lengths, const std::optional<Value>& offsets, int64_t axis, std::optional<double> initial);
+  Value segment_reduce_backward(const Value& grad, const Value& output, const Value& data, const std::string& reduce, const std::optional<Value>& lengths, const std::optional<Value>& offsets, int64_t axis, std::optional<double> initial);
   // self's elements placed at their flat per-plane indices in zeros of [..., *output_size].
   Value max_unpool(const Value& self, const Value& indices, const std::vector<int64_t>& output_size);
   // nn.functional.unfold / fold: [N, C, H, W] <-> [N, C * kh * kw, L] (overlaps summed by col2im).
