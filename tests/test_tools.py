@@ -17,9 +17,9 @@ def test_spec_overloads_are_registered_kernels():
 
 def test_coverage_counts_specs_and_workload_fallbacks(tmp_path, capsys):
     workload = tmp_path / "workload.py"
-    # unique has no spec (its sizes depend on the data): the run must list it among the CPU fallbacks,
+    # unique_consecutive has no spec (its sizes depend on the data): the run must list it among the CPU fallbacks,
     # with its call count.
-    workload.write_text("import torch\nx = torch.arange(4.0).to('tpu')\nfor _ in range(3):\n    x.unique()\n")
+    workload.write_text("import torch\nx = torch.arange(4.0).to('tpu')\nfor _ in range(3):\n    x.unique_consecutive()\n")
     before = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
     assert coverage.main(["--workload", str(workload)]) == 0
     after = torchtpu.debug.metrics()["cpu_fallbacks"]
@@ -34,7 +34,7 @@ def test_coverage_counts_specs_and_workload_fallbacks(tmp_path, capsys):
 
 def test_coverage_runs_a_workload_as_a_script(tmp_path, capsys):
     # the workload sees its own arguments and imports a module next to it, as `python x.py` would
-    (tmp_path / "helper.py").write_text("import torch\ndef run(n):\n    torch.arange(4.0).to('tpu').unique()\n    print('argv', n)\n")
+    (tmp_path / "helper.py").write_text("import torch\ndef run(n):\n    torch.arange(4.0).to('tpu').unique_consecutive()\n    print('argv', n)\n")
     workload = tmp_path / "workload.py"
     workload.write_text("import sys\nimport helper\nhelper.run(sys.argv[1:])\n")
     assert coverage.main(["--workload", str(workload), "--", "--steps", "2"]) == 0
@@ -45,17 +45,17 @@ def test_coverage_runs_a_workload_as_a_script(tmp_path, capsys):
 
 def test_parity_sweeps_opinfos_on_tpu_and_groups_what_has_no_spec(capsys):
     # A handful of op_db entries, each in a worker process under TORCHTPU_FALLBACK=error: add runs
-    # from specs both ways; unique has no spec (its overload is named); dropout's random results
+    # from specs both ways; unique_consecutive has no spec (its overload is named); dropout's random results
     # compare by dtype and shape; bitwise_not, which CPU does not run in float32, is swept in int64
     # (and has no gradients there); tensor_split's indices tensor stays on the CPU, as its sample keeps it.
-    ops = "add,unique,nn.functional.dropout,bitwise_not,tensor_split"
+    ops = "add,unique_consecutive,nn.functional.dropout,bitwise_not,tensor_split"
     assert coverage.main(["--parity", "--ops", ops]) == 0
     out = capsys.readouterr().out
     assert "op_db sweep on tpu: 5 OpInfos" in out
     assert "swept in another dtype (no float32 on CPU): 1  bitwise_not (int64)" in out
     assert "forward: 4 passing, 0 failing, 1 unsupported, 0 skipped" in out
     assert "backward: 3 passing, 0 failing, 0 unsupported, 0 skipped (of 3 with autograd)" in out
-    assert "  aten::_unique2: 1  unique" in out
+    assert "  aten::unique_consecutive: 1  unique_consecutive" in out
 
 
 def test_sweep_classifies_errors():
