@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -69,6 +70,18 @@ inline Value extreme_constant(Builder& b, ElementType e, bool lowest) {
   if (is_unsigned(e)) return b.constant_int(lowest ? 0 : static_cast<int64_t>((uint64_t{1} << bits_of(e)) - 1), e);
   const int64_t max = bits_of(e) == 64 ? INT64_MAX : (int64_t{1} << (bits_of(e) - 1)) - 1;
   return b.constant_int(lowest ? -max - 1 : max, e);
+}
+
+// The product of dims[from, to): an element count.
+inline int64_t product(const std::vector<int64_t>& dims, size_t from = 0, size_t to = SIZE_MAX) {
+  int64_t n = 1;
+  for (size_t i = from; i < std::min(to, dims.size()); ++i) n *= dims[i];
+  return n;
+}
+
+// A 1-D int64 constant of `values`.
+inline Value i64_vector(Builder& b, const std::vector<int64_t>& values) {
+  return b.dense_constant("[" + join(values) + "]", TensorType{ElementType::S64, {static_cast<int64_t>(values.size())}});
 }
 
 // body(i, state) for i = 0 .. count-1 (count: a 0-d int64), as a stablehlo.while. The body sees only

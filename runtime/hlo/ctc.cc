@@ -25,8 +25,7 @@ Value shift_states(Builder& b, const Value& v, int64_t by, double fill = -HUGE_V
 }
 
 Value i64_constant(Builder& b, const std::vector<int64_t>& values, const std::vector<int64_t>& dims) {
-  return b.reshape(b.dense_constant("[" + join(values) + "]", TensorType{kIndex, {static_cast<int64_t>(values.size())}}),
-                   dims);
+  return b.reshape(i64_vector(b, values), dims);
 }
 
 // What both directions share: the extended labels and where each batch element's states end.

@@ -72,12 +72,6 @@ namespace {
 
 constexpr ElementType kIndex = ElementType::S64;
 
-int64_t product(const std::vector<int64_t>& dims) {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
-
 std::vector<int64_t> batch_of(const Value& v, int matrix_dims = 2) {
   if (v.rank() < matrix_dims) fail("linalg: expected a tensor with at least " + std::to_string(matrix_dims) + " dims");
   return std::vector<int64_t>(v.dims().begin(), v.dims().end() - matrix_dims);

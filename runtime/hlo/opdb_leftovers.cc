@@ -9,14 +9,9 @@ namespace torchtpu::rt {
 
 using builder_internal::bits_of;
 using builder_internal::fail;
+using builder_internal::product;
 
 namespace {
-
-int64_t product(const std::vector<int64_t>& dims, size_t from = 0, size_t to = SIZE_MAX) {
-  int64_t n = 1;
-  for (size_t i = from; i < std::min(to, dims.size()); ++i) n *= dims[i];
-  return n;
-}
 
 // An int64 iota of `dims` along `dim`, times `scale`: one term of a flat index.
 Value index_term(Builder& b, const std::vector<int64_t>& dims, int64_t dim, int64_t scale) {

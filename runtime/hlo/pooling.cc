@@ -22,12 +22,6 @@ struct Taps {
   std::vector<double> weight;  // empty: all 1
 };
 
-Value pool_i64_vector(Builder& b, const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return b.dense_constant(s + "]", TensorType{ElementType::S64, {static_cast<int64_t>(v.size())}});
-}
-
 Value pool_pred_vector(Builder& b, const std::vector<bool>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += std::string(i ? ", " : "") + (v[i] ? "true" : "false");
@@ -94,7 +88,7 @@ int64_t list_at(const std::vector<int64_t>& v, size_t i, int64_t fallback) {
 
 // x [.., in, ..] -> [.., taps, out, ..] (taps at t.axis).
 Value gather_taps(Builder& b, const Value& x, const Taps& t) {
-  Value g = b.index_select(x, t.axis, pool_i64_vector(b, t.pos));
+  Value g = b.index_select(x, t.axis, i64_vector(b, t.pos));
   std::vector<int64_t> dims = x.dims();
   dims[t.axis] = t.out;
   dims.insert(dims.begin() + t.axis, t.taps);
@@ -138,7 +132,7 @@ Value scatter_taps(Builder& b, const Value& g, const Taps& t) {
   std::vector<int64_t> flat_dims = g.dims();
   flat_dims[t.axis] = t.taps * t.out;
   src = b.reshape(src, flat_dims);
-  Value index = b.broadcast_in_dim(pool_i64_vector(b, t.pos), flat_dims, {t.axis});
+  Value index = b.broadcast_in_dim(i64_vector(b, t.pos), flat_dims, {t.axis});
   std::vector<int64_t> out_dims = g.dims();
   out_dims[t.axis] = t.in;
   return b.scatter_along(b.full(0, TensorType{g.element(), out_dims}), t.axis, index, src, "add");
@@ -154,6 +148,13 @@ Value scatter_all_taps(Builder& b, Value g, const std::vector<Taps>& axes) {
   return g;
 }
 
+// Whether tap value c replaces the best so far: a greater value (so the first max stays) or a NaN
+// (so the last NaN wins), as CPU's scan picks.
+Value replaces_max(Builder& b, const Value& c, const Value& best) {
+  const Value greater = b.gt(c, best);
+  return is_float(c.element()) ? b.binary("or", greater, b.ne(c, c)) : greater;
+}
+
 // Max (and the flat index of the first max, or of the last NaN) over the taps of every axis, taken
 // separably from the last axis to the first, which picks the same element as CPU's row-major scan.
 std::pair<Value, Value> max_all_taps(Builder& b, const Value& x_in, const std::vector<Taps>& axes) {
@@ -163,7 +164,7 @@ std::pair<Value, Value> max_all_taps(Builder& b, const Value& x_in, const std::v
   for (auto it = axes.rbegin(); it != axes.rend(); ++it) {
     const Taps& t = *it;
     Value g = gather_taps(b, x, t);
-    Value flat = b.mul(tap_field(b, pool_i64_vector(b, t.pos), t, g.dims()),
+    Value flat = b.mul(tap_field(b, i64_vector(b, t.pos), t, g.dims()),
                        b.constant_int(plane_stride, ElementType::S64));
     if (index) flat = b.add(flat, gather_taps(b, *index, t));
     Value valid = tap_field(b, pool_pred_vector(b, t.valid), t, g.dims());
@@ -173,8 +174,7 @@ std::pair<Value, Value> max_all_taps(Builder& b, const Value& x_in, const std::v
     Value best_index = b.full(-1, TensorType{ElementType::S64, out_dims});
     for (int64_t k = 0; k < t.taps; ++k) {
       Value c = tap_at(b, g, t, k);
-      Value take = b.binary("or", b.eq(best_index, b.constant_int(-1, ElementType::S64)), b.gt(c, best));
-      if (is_float(c.element())) take = b.binary("or", take, b.ne(c, c));
+      Value take = b.binary("or", b.eq(best_index, b.constant_int(-1, ElementType::S64)), replaces_max(b, c, best));
       take = b.binary("and", take, tap_at(b, valid, t, k));
       best = b.select(take, c, best);
       best_index = b.select(take, tap_at(b, flat, t, k), best_index);
@@ -378,8 +378,7 @@ Value Builder::fractional_max_pool(const Value& self, const std::vector<int64_t>
         best = c, best_index = flat;
         continue;
       }
-      Value take = gt(c, best);
-      if (is_float(e)) take = binary("or", take, ne(c, c));
+      const Value take = replaces_max(*this, c, best);
       best = select(take, c, best);
       best_index = select(take, flat, best_index);
     }

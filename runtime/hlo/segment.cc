@@ -15,12 +15,6 @@ namespace {
 
 constexpr ElementType kIndex = ElementType::S64;
 
-int64_t dims_product(const std::vector<int64_t>& dims, size_t from, size_t to) {
-  int64_t n = 1;
-  for (size_t i = from; i < to; ++i) n *= dims[i];
-  return n;
-}
-
 struct Segments {
   int64_t batch = 0, n = 0, inner = 0, count = 0;  // B, n, K and S
   std::vector<int64_t> out_dims;                    // data's dims with axis' size S
@@ -32,8 +26,8 @@ Segments segments_of(Builder& b, const Value& data, const std::optional<Value>& 
                      const std::optional<Value>& offsets, int64_t axis_in) {
   const int64_t axis = wrap_dim(axis_in, data.rank(), "segment_reduce");
   Segments g;
-  g.batch = dims_product(data.dims(), 0, axis), g.n = data.dims()[axis];
-  g.inner = dims_product(data.dims(), axis + 1, data.dims().size());
+  g.batch = product(data.dims(), 0, axis), g.n = data.dims()[axis];
+  g.inner = product(data.dims(), axis + 1);
   Value starts, first, end;  // [B, S]; [B, 1] where the first segment starts and the last ends
   if (offsets) {
     g.count = offsets->rank() == 0 ? 0 : offsets->dims().back() - 1;
