@@ -115,10 +115,24 @@ class SpecError(Exception):
         super().__init__(f"{path}:{line}: {message}")
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, line: int, message: str):
+        super().__init__(message)
+        self.line = line
+
+
 class _LineLoader(yaml.SafeLoader):
     """Records the line of every mapping so that errors can point at it."""
 
     def construct_mapping(self, node, deep=False):
+        # YAML lets a repeated key silently replace the first; in a spec that hides a mistake.
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(key_node.start_mark.line + 1,
+                                    f"key {key!r} appears twice in one entry (first at line {seen[key]})")
+            seen[key] = key_node.start_mark.line + 1
         mapping = super().construct_mapping(node, deep=deep)
         mapping["__line__"] = node.start_mark.line + 1
         return mapping
@@ -611,6 +625,8 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
     with open(path) as f:
         try:
             entries = yaml.load(f, Loader=_LineLoader)
+        except _DuplicateKey as e:
+            raise SpecError(display_path, e.line, str(e)) from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             raise SpecError(display_path, mark.line + 1 if mark else 1, f"invalid YAML: {e}") from None

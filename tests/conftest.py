@@ -12,12 +12,31 @@ import pytest
 import torch
 
 import torchtpu  # noqa: F401  (torch autoloads it too; be explicit)
+import torchtpu.testing
 
 TPU = torch.device("tpu")
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter with os.environ plus `env` overrides (None value = unset)."""
+# One process at a time may hold a TPU (a second fails on libtpu's lock file): there, a test that
+# starts a process which opens the device is skipped, or runs its program in this process.
+EXCLUSIVE_DEVICE = torchtpu.testing.device_is_exclusive()
+EXCLUSIVE_REASON = "starts a process that opens the device, and one process at a time may hold a TPU"
+
+
+def skip_if_device_is_exclusive():
+    if EXCLUSIVE_DEVICE:
+        pytest.skip(EXCLUSIVE_REASON)
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120.0,
+               in_process_on_tpu: bool = False) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with os.environ plus `env` overrides (None value = unset).
+    On a TPU host: skipped, unless `in_process_on_tpu` (the program then runs here, its stdout
+    captured; of `env` only TORCHTPU_FALLBACK can take effect in a running process)."""
+    if EXCLUSIVE_DEVICE and (env or {}).get("TORCHTPU_PJRT_PLUGIN") != "cpu":
+        if not in_process_on_tpu or set(env or {}) - {"TORCHTPU_FALLBACK"}:
+            pytest.skip(EXCLUSIVE_REASON)
+        return _run_here(code, env or {})
     full_env = dict(os.environ)
     for key, value in (env or {}).items():
         if value is None:
@@ -26,6 +45,26 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120.0) -> su
             full_env[key] = str(value)
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run_here(code: str, env: dict) -> subprocess.CompletedProcess:
+    import io
+    import traceback
+
+    fallback = env.get("TORCHTPU_FALLBACK", os.environ.get("TORCHTPU_FALLBACK", ""))
+    torchtpu._C.set_fallback_is_error((fallback or "").lower() == "error")
+    out, err, returncode = io.StringIO(), io.StringIO(), 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(code, "<run_python>", "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        returncode = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001  (reported as a failed process would be)
+        err.write(traceback.format_exc())
+        returncode = 1
+    finally:
+        torchtpu._C.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+    return subprocess.CompletedProcess(["<in process>"], returncode, out.getvalue(), err.getvalue())
 
 
 def last_json(stdout: str):

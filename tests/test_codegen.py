@@ -45,6 +45,10 @@ def write_spec(tmp_path, text):
          "IndexError, message: \"{colour}\"}\n", 3, "message may name only"),
         ("- op: _unique\n  lowering: (unique_sorted(self, 0), unique_sorted(self, 1), unique_sorted(self, 3))\n"
          "  compute: common\n  variants: []\n  data_dependent: [0, 2]\n", 1, "data_dependent lists positions of"),
+        ("- op: neg\n  lowering: neg(self)\n  dtypes: [float32]\n  dtypes: [int64]\n", 4,
+         "key 'dtypes' appears twice in one entry (first at line 3)"),
+        ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, atol: 1e-5, atol: 1e-3}\n", 3,
+         "key 'atol' appears twice"),
     ],
 )
 def test_bad_spec_names_file_and_line(tmp_path, text, line, message):

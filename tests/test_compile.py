@@ -305,6 +305,9 @@ def test_a_second_process_compiles_nothing(tmp_path):
     env = {**os.environ, "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")}
     import json
 
+    from conftest import skip_if_device_is_exclusive
+
+    skip_if_device_is_exclusive()
     runs = [json.loads(subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
                                       check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
     assert runs[0]["compiles"] > 0 and runs[0]["captures"] >= 2

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
+from conftest import skip_if_device_is_exclusive
 from torchtpu.testing import free_port
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed_worker.py")
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch without t
 def launch(scenario: str, world: int, timeout: float = 240.0, collective_timeout: float = 60.0) -> list[str]:
     """Runs the scenario on `world` ranks; returns each rank's stdout. Fails with the ranks' output
     when one exits non-zero or the whole run outlives `timeout`."""
+    skip_if_device_is_exclusive()
     port = free_port()
     procs = []
     for rank in range(world):

@@ -75,7 +75,7 @@ except Exception:
 def run_example(name: str) -> dict:
     """What RUN printed for example `name`, merged, plus the interpreter's stderr."""
     code = RUN.format(examples=os.path.join(ROOT, "examples"), name=name, steps=STEPS)
-    proc = run_python(code, {"TORCHTPU_FALLBACK": "error"}, timeout=600)
+    proc = run_python(code, {"TORCHTPU_FALLBACK": "error"}, timeout=600, in_process_on_tpu=True)
     results = {"stderr": proc.stderr[-4000:], "returncode": proc.returncode}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -120,6 +120,9 @@ def test_llama_trains_under_torchrun_like_single_process_cpu(flags):
     import subprocess
     import sys
 
+    from conftest import skip_if_device_is_exclusive
+
+    skip_if_device_is_exclusive()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                os.path.join(ROOT, "examples", "llama.py"), "--tiny", "--steps", str(STEPS), *flags]
     env = dict(os.environ, TORCHTPU_FALLBACK="error", OMP_NUM_THREADS="1")

@@ -27,6 +27,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def run_guide(out, *args, timeout=BUILD_TIMEOUT) -> subprocess.CompletedProcess:
+    from conftest import skip_if_device_is_exclusive
+
+    skip_if_device_is_exclusive()  # the guide's notebooks run in their own processes
     return subprocess.run([sys.executable, "-m", "torchtpu.tools.guide", "--out", str(out), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -202,6 +202,9 @@ def test_report_user_mistakes(tmp_path, capsys):
 
 
 def test_report_command_line_has_no_traceback_for_a_missing_program(tmp_path):
+    from conftest import skip_if_device_is_exclusive
+
+    skip_if_device_is_exclusive()
     proc = subprocess.run([sys.executable, "-m", "torchtpu.tools.report", str(tmp_path / "nope.py")],
                           capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
     assert proc.returncode == 2

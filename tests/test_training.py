@@ -20,7 +20,7 @@ print(json.dumps({{"tpu": tpu, "cpu": cpu, "fallbacks": torchtpu.debug.metrics()
 
 def test_mlp_trains_like_cpu_with_fallback_forbidden():
     code = TRAIN.format(examples=os.path.join(ROOT, "examples"))
-    proc = run_python(code, {"TORCHTPU_FALLBACK": "error"})
+    proc = run_python(code, {"TORCHTPU_FALLBACK": "error"}, in_process_on_tpu=True)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["fallbacks"] == {}

@@ -121,6 +121,12 @@ def _start_runtime():
         return
     ext.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
     ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
+    math_mode = os.environ.get("TORCHTPU_MATH", "accurate").lower()
+    if math_mode not in ("accurate", "fast"):
+        _init_error = f"torchtpu: TORCHTPU_MATH must be 'accurate' or 'fast', not {math_mode!r}"
+        ext._set_init_error(_init_error)
+        return
+    ext.set_accurate_math(math_mode == "accurate")
     _ext = ext
 
 

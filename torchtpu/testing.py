@@ -15,6 +15,13 @@ import torchtpu
 LOW_PRECISION_TOLERANCES = {torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5)}
 
 
+def device_is_exclusive() -> bool:
+    """Whether only one process at a time may open the device (a TPU: a second process fails on
+    libtpu's lock file). Tests and tools that would start processes opening it run here instead, or
+    are skipped."""
+    return torchtpu.is_available() and torchtpu._C.platform_name() == "tpu"
+
+
 def free_port() -> int:
     """A TCP port free on this machine now, for a torch.distributed rendezvous (MASTER_PORT)."""
     with socket.socket() as s:

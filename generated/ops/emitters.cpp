@@ -91,324 +91,324 @@ std::vector<Value> emit_pow___Tensor(Builder& b, const EmitArgs& a) { return {b.
 // pow.Tensor_Tensor_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
 std::vector<Value> emit_pow__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// pow.Tensor_Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:61)
-std::vector<Value> emit_pow__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:61)
-std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// pow.Tensor_Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:61)
-std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Tensor_Scalar = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:63)
+std::vector<Value> emit_pow__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.pow_scalar(b.nominal(a.value(0)), a.real(1))}; }
+// pow_.Scalar = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:63)
+std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.pow_scalar(b.nominal(a.value(0)), a.real(1))}; }
+// pow.Tensor_Scalar_out = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:63)
+std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.pow_scalar(b.nominal(a.value(0)), a.real(1))}; }
 
-// pow.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:65)
+// pow.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:68)
 std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:65)
+// pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:68)
 std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:72)
+// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
 std::vector<Value> emit_remainder__Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:72)
+// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
 std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:72)
+// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
 std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
+// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
 std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
+// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
 std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
+// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
 std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:83)
+// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:83)
+// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:92)
 std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:92)
 std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:92)
 std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
+// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:98)
 std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
+// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:98)
 std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
+// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:98)
 std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
+// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:103)
 std::vector<Value> emit_floor_divide(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
+// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:103)
 std::vector<Value> emit_floor_divide___Tensor(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:100)
+// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:103)
 std::vector<Value> emit_floor_divide__out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
+// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:109)
 std::vector<Value> emit_floor_divide__Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
+// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:109)
 std::vector<Value> emit_floor_divide___Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
+// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:109)
 std::vector<Value> emit_floor_divide__Scalar_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:112)
+// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:115)
 std::vector<Value> emit_div__Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:112)
+// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:115)
 std::vector<Value> emit_div___Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:112)
+// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:115)
 std::vector<Value> emit_div__out_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:119)
+// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:122)
 std::vector<Value> emit_div__Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:119)
+// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:122)
 std::vector<Value> emit_div___Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:119)
+// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:122)
 std::vector<Value> emit_div__Scalar_mode_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:128)
+// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:131)
 std::vector<Value> emit_logical_and(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:128)
+// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:131)
 std::vector<Value> emit_logical_and_(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:128)
+// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:131)
 std::vector<Value> emit_logical_and__out(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:132)
+// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:135)
 std::vector<Value> emit_logical_or(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:132)
+// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:135)
 std::vector<Value> emit_logical_or_(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:132)
+// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:135)
 std::vector<Value> emit_logical_or__out(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
+// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:139)
 std::vector<Value> emit_logical_xor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
+// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:139)
 std::vector<Value> emit_logical_xor_(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
+// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:139)
 std::vector<Value> emit_logical_xor__out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:140)
+// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:143)
 std::vector<Value> emit_bitwise_and__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:140)
+// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:143)
 std::vector<Value> emit_bitwise_and___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:140)
+// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:143)
 std::vector<Value> emit_bitwise_and__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:145)
+// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:148)
 std::vector<Value> emit_bitwise_and__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:145)
+// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:148)
 std::vector<Value> emit_bitwise_and___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:145)
+// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:148)
 std::vector<Value> emit_bitwise_and__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:149)
+// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:152)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:149)
+// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:152)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:153)
+// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:156)
 std::vector<Value> emit_bitwise_or__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:153)
+// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:156)
 std::vector<Value> emit_bitwise_or___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:153)
+// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:156)
 std::vector<Value> emit_bitwise_or__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:158)
+// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:161)
 std::vector<Value> emit_bitwise_or__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:158)
+// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:161)
 std::vector<Value> emit_bitwise_or___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:158)
+// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:161)
 std::vector<Value> emit_bitwise_or__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:162)
+// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:165)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:162)
+// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:165)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:166)
+// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:169)
 std::vector<Value> emit_bitwise_xor__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:166)
+// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:169)
 std::vector<Value> emit_bitwise_xor___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:166)
+// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:169)
 std::vector<Value> emit_bitwise_xor__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:171)
+// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:174)
 std::vector<Value> emit_bitwise_xor__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:171)
+// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:174)
 std::vector<Value> emit_bitwise_xor___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:171)
+// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:174)
 std::vector<Value> emit_bitwise_xor__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:175)
+// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:178)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:175)
+// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:178)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_left_shift.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:180)
+// bitwise_left_shift.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:183)
 std::vector<Value> emit_bitwise_left_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift_.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:180)
+// bitwise_left_shift_.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:183)
 std::vector<Value> emit_bitwise_left_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:180)
+// bitwise_left_shift.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:183)
 std::vector<Value> emit_bitwise_left_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_left_shift.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:185)
+// bitwise_left_shift.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
 std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift_.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:185)
+// bitwise_left_shift_.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
 std::vector<Value> emit_bitwise_left_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Tensor_Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:185)
+// bitwise_left_shift.Tensor_Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
 std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_left_shift.Scalar_Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:189)
+// bitwise_left_shift.Scalar_Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:192)
 std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Scalar_Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:189)
+// bitwise_left_shift.Scalar_Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:192)
 std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_right_shift.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:193)
+// bitwise_right_shift.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:196)
 std::vector<Value> emit_bitwise_right_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift_.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:193)
+// bitwise_right_shift_.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:196)
 std::vector<Value> emit_bitwise_right_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:193)
+// bitwise_right_shift.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:196)
 std::vector<Value> emit_bitwise_right_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// bitwise_right_shift.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:198)
+// bitwise_right_shift.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
 std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift_.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:198)
+// bitwise_right_shift_.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
 std::vector<Value> emit_bitwise_right_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Tensor_Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:198)
+// bitwise_right_shift.Tensor_Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
 std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// bitwise_right_shift.Scalar_Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:202)
+// bitwise_right_shift.Scalar_Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:205)
 std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:202)
+// bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:205)
 std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// __lshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:207)
+// __lshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:210)
 std::vector<Value> emit___lshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __ilshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:207)
+// __ilshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:210)
 std::vector<Value> emit___ilshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __lshift__.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:207)
+// __lshift__.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:210)
 std::vector<Value> emit___lshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// __lshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:211)
+// __lshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:214)
 std::vector<Value> emit___lshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __ilshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:211)
+// __ilshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:214)
 std::vector<Value> emit___ilshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __lshift__.Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:211)
+// __lshift__.Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:214)
 std::vector<Value> emit___lshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// __rshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:215)
+// __rshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:218)
 std::vector<Value> emit___rshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __irshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:215)
+// __irshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:218)
 std::vector<Value> emit___irshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __rshift__.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:215)
+// __rshift__.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:218)
 std::vector<Value> emit___rshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// __rshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:219)
+// __rshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:222)
 std::vector<Value> emit___rshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __irshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:219)
+// __irshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:222)
 std::vector<Value> emit___irshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __rshift__.Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:219)
+// __rshift__.Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:222)
 std::vector<Value> emit___rshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:225)
+// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:228)
 std::vector<Value> emit_masked_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:225)
+// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:228)
 std::vector<Value> emit_masked_fill___Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:225)
+// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:228)
 std::vector<Value> emit_masked_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:231)
+// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:234)
 std::vector<Value> emit_masked_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:231)
+// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:234)
 std::vector<Value> emit_masked_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:231)
+// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:234)
 std::vector<Value> emit_masked_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:238)
+// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:241)
 std::vector<Value> emit_lerp__Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:238)
+// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:241)
 std::vector<Value> emit_lerp___Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:238)
+// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:241)
 std::vector<Value> emit_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:243)
+// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:246)
 std::vector<Value> emit_lerp__Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:243)
+// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:246)
 std::vector<Value> emit_lerp___Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:243)
+// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:246)
 std::vector<Value> emit_lerp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:247)
+// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:250)
 std::vector<Value> emit_addcmul(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:247)
+// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:250)
 std::vector<Value> emit_addcmul_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:247)
+// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:250)
 std::vector<Value> emit_addcmul__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:252)
+// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
 std::vector<Value> emit_addcdiv(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:252)
+// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
 std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:252)
+// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
 std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:259)
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:262)
 std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:259)
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:262)
 std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:259)
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:262)
 std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:265)
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:268)
 std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:265)
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:268)
 std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:265)
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:268)
 std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:270)
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:273)
 std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:270)
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:273)
 std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:270)
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:273)
 std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:279)
 std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:279)
 std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:279)
 std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:281)
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:284)
 std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:281)
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:284)
 std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:281)
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:284)
 std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:290)
 std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:290)
 std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:292)
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
 std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:292)
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
 std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:292)
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// gcd = gcd(self, other)  (specs/binary.yaml:298)
+// gcd = gcd(self, other)  (specs/binary.yaml:301)
 std::vector<Value> emit_gcd(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd_ = gcd(self, other)  (specs/binary.yaml:298)
+// gcd_ = gcd(self, other)  (specs/binary.yaml:301)
 std::vector<Value> emit_gcd_(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd.out = gcd(self, other)  (specs/binary.yaml:298)
+// gcd.out = gcd(self, other)  (specs/binary.yaml:301)
 std::vector<Value> emit_gcd__out(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
 
-// lcm = lcm(self, other)  (specs/binary.yaml:303)
+// lcm = lcm(self, other)  (specs/binary.yaml:306)
 std::vector<Value> emit_lcm(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm_ = lcm(self, other)  (specs/binary.yaml:303)
+// lcm_ = lcm(self, other)  (specs/binary.yaml:306)
 std::vector<Value> emit_lcm_(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm.out = lcm(self, other)  (specs/binary.yaml:303)
+// lcm.out = lcm(self, other)  (specs/binary.yaml:306)
 std::vector<Value> emit_lcm__out(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
 
 // complex = complex_from(real, imag)  (specs/complex.yaml:7)
@@ -3487,682 +3487,682 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Tensor_out, false, -1, {}, {}},
-      {"pow.Tensor_Scalar", "specs/binary.yaml:61", Variant::Functional,
-       {ArgKind::Tensor, ArgKind::Scalar},
+      {"pow.Tensor_Scalar", "specs/binary.yaml:63", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar, false, -1, {}, {}},
-      {"pow_.Scalar", "specs/binary.yaml:61", Variant::Inplace,
-       {ArgKind::Tensor, ArgKind::Scalar},
+      {"pow_.Scalar", "specs/binary.yaml:63", Variant::Inplace,
+       {ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow___Scalar, false, -1, {}, {}},
-      {"pow.Tensor_Scalar_out", "specs/binary.yaml:61", Variant::Out,
-       {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
+      {"pow.Tensor_Scalar_out", "specs/binary.yaml:63", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar_out, false, -1, {}, {}},
-      {"pow.Scalar", "specs/binary.yaml:65", Variant::Functional,
+      {"pow.Scalar", "specs/binary.yaml:68", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar, false, -1, {}, {}},
-      {"pow.Scalar_out", "specs/binary.yaml:65", Variant::Out,
+      {"pow.Scalar_out", "specs/binary.yaml:68", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar_out, false, -1, {}, {}},
-      {"remainder.Tensor", "specs/binary.yaml:72", Variant::Functional,
+      {"remainder.Tensor", "specs/binary.yaml:75", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor, false, 1, {}, {}},
-      {"remainder_.Tensor", "specs/binary.yaml:72", Variant::Inplace,
+      {"remainder_.Tensor", "specs/binary.yaml:75", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Tensor, false, 1, {}, {}},
-      {"remainder.Tensor_out", "specs/binary.yaml:72", Variant::Out,
+      {"remainder.Tensor_out", "specs/binary.yaml:75", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor_out, false, 1, {}, {}},
-      {"remainder.Scalar", "specs/binary.yaml:78", Variant::Functional,
+      {"remainder.Scalar", "specs/binary.yaml:81", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar, false, 1, {}, {}},
-      {"remainder_.Scalar", "specs/binary.yaml:78", Variant::Inplace,
+      {"remainder_.Scalar", "specs/binary.yaml:81", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Scalar, false, 1, {}, {}},
-      {"remainder.Scalar_out", "specs/binary.yaml:78", Variant::Out,
+      {"remainder.Scalar_out", "specs/binary.yaml:81", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_out, false, 1, {}, {}},
-      {"remainder.Scalar_Tensor", "specs/binary.yaml:83", Variant::Functional,
+      {"remainder.Scalar_Tensor", "specs/binary.yaml:86", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor, false, 1, {}, {}},
-      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:83", Variant::Out,
+      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:86", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor_out, false, 1, {}, {}},
-      {"fmod.Tensor", "specs/binary.yaml:89", Variant::Functional,
+      {"fmod.Tensor", "specs/binary.yaml:92", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor, false, 1, {}, {}},
-      {"fmod_.Tensor", "specs/binary.yaml:89", Variant::Inplace,
+      {"fmod_.Tensor", "specs/binary.yaml:92", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Tensor, false, 1, {}, {}},
-      {"fmod.Tensor_out", "specs/binary.yaml:89", Variant::Out,
+      {"fmod.Tensor_out", "specs/binary.yaml:92", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor_out, false, 1, {}, {}},
-      {"fmod.Scalar", "specs/binary.yaml:95", Variant::Functional,
+      {"fmod.Scalar", "specs/binary.yaml:98", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar, false, 1, {}, {}},
-      {"fmod_.Scalar", "specs/binary.yaml:95", Variant::Inplace,
+      {"fmod_.Scalar", "specs/binary.yaml:98", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Scalar, false, 1, {}, {}},
-      {"fmod.Scalar_out", "specs/binary.yaml:95", Variant::Out,
+      {"fmod.Scalar_out", "specs/binary.yaml:98", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar_out, false, 1, {}, {}},
-      {"floor_divide", "specs/binary.yaml:100", Variant::Functional,
+      {"floor_divide", "specs/binary.yaml:103", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide, false, 1, {}, {}},
-      {"floor_divide_.Tensor", "specs/binary.yaml:100", Variant::Inplace,
+      {"floor_divide_.Tensor", "specs/binary.yaml:103", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Tensor, false, 1, {}, {}},
-      {"floor_divide.out", "specs/binary.yaml:100", Variant::Out,
+      {"floor_divide.out", "specs/binary.yaml:103", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__out, false, 1, {}, {}},
-      {"floor_divide.Scalar", "specs/binary.yaml:106", Variant::Functional,
+      {"floor_divide.Scalar", "specs/binary.yaml:109", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar, false, 1, {}, {}},
-      {"floor_divide_.Scalar", "specs/binary.yaml:106", Variant::Inplace,
+      {"floor_divide_.Scalar", "specs/binary.yaml:109", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Scalar, false, 1, {}, {}},
-      {"floor_divide.Scalar_out", "specs/binary.yaml:106", Variant::Out,
+      {"floor_divide.Scalar_out", "specs/binary.yaml:109", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar_out, false, 1, {}, {}},
-      {"div.Tensor_mode", "specs/binary.yaml:112", Variant::Functional,
+      {"div.Tensor_mode", "specs/binary.yaml:115", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor_mode, false, 1, {}, {}},
-      {"div_.Tensor_mode", "specs/binary.yaml:112", Variant::Inplace,
+      {"div_.Tensor_mode", "specs/binary.yaml:115", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor_mode, false, 1, {}, {}},
-      {"div.out_mode", "specs/binary.yaml:112", Variant::Out,
+      {"div.out_mode", "specs/binary.yaml:115", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__out_mode, false, 1, {}, {}},
-      {"div.Scalar_mode", "specs/binary.yaml:119", Variant::Functional,
+      {"div.Scalar_mode", "specs/binary.yaml:122", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode, false, 1, {}, {}},
-      {"div_.Scalar_mode", "specs/binary.yaml:119", Variant::Inplace,
+      {"div_.Scalar_mode", "specs/binary.yaml:122", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar_mode, false, 1, {}, {}},
-      {"div.Scalar_mode_out", "specs/binary.yaml:119", Variant::Out,
+      {"div.Scalar_mode_out", "specs/binary.yaml:122", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode_out, false, 1, {}, {}},
-      {"logical_and", "specs/binary.yaml:128", Variant::Functional,
+      {"logical_and", "specs/binary.yaml:131", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and, false, -1, {}, {}},
-      {"logical_and_", "specs/binary.yaml:128", Variant::Inplace,
+      {"logical_and_", "specs/binary.yaml:131", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and_, false, -1, {}, {}},
-      {"logical_and.out", "specs/binary.yaml:128", Variant::Out,
+      {"logical_and.out", "specs/binary.yaml:131", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and__out, false, -1, {}, {}},
-      {"logical_or", "specs/binary.yaml:132", Variant::Functional,
+      {"logical_or", "specs/binary.yaml:135", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or, false, -1, {}, {}},
-      {"logical_or_", "specs/binary.yaml:132", Variant::Inplace,
+      {"logical_or_", "specs/binary.yaml:135", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or_, false, -1, {}, {}},
-      {"logical_or.out", "specs/binary.yaml:132", Variant::Out,
+      {"logical_or.out", "specs/binary.yaml:135", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or__out, false, -1, {}, {}},
-      {"logical_xor", "specs/binary.yaml:136", Variant::Functional,
+      {"logical_xor", "specs/binary.yaml:139", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor, false, -1, {}, {}},
-      {"logical_xor_", "specs/binary.yaml:136", Variant::Inplace,
+      {"logical_xor_", "specs/binary.yaml:139", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor_, false, -1, {}, {}},
-      {"logical_xor.out", "specs/binary.yaml:136", Variant::Out,
+      {"logical_xor.out", "specs/binary.yaml:139", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor__out, false, -1, {}, {}},
-      {"bitwise_and.Tensor", "specs/binary.yaml:140", Variant::Functional,
+      {"bitwise_and.Tensor", "specs/binary.yaml:143", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor, false, -1, {}, {}},
-      {"bitwise_and_.Tensor", "specs/binary.yaml:140", Variant::Inplace,
+      {"bitwise_and_.Tensor", "specs/binary.yaml:143", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Tensor, false, -1, {}, {}},
-      {"bitwise_and.Tensor_out", "specs/binary.yaml:140", Variant::Out,
+      {"bitwise_and.Tensor_out", "specs/binary.yaml:143", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor_out, false, -1, {}, {}},
-      {"bitwise_and.Scalar", "specs/binary.yaml:145", Variant::Functional,
+      {"bitwise_and.Scalar", "specs/binary.yaml:148", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar, false, -1, {}, {}},
-      {"bitwise_and_.Scalar", "specs/binary.yaml:145", Variant::Inplace,
+      {"bitwise_and_.Scalar", "specs/binary.yaml:148", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Scalar, false, -1, {}, {}},
-      {"bitwise_and.Scalar_out", "specs/binary.yaml:145", Variant::Out,
+      {"bitwise_and.Scalar_out", "specs/binary.yaml:148", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_out, false, -1, {}, {}},
-      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:149", Variant::Functional,
+      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:152", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:149", Variant::Out,
+      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:152", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_or.Tensor", "specs/binary.yaml:153", Variant::Functional,
+      {"bitwise_or.Tensor", "specs/binary.yaml:156", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor, false, -1, {}, {}},
-      {"bitwise_or_.Tensor", "specs/binary.yaml:153", Variant::Inplace,
+      {"bitwise_or_.Tensor", "specs/binary.yaml:156", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Tensor, false, -1, {}, {}},
-      {"bitwise_or.Tensor_out", "specs/binary.yaml:153", Variant::Out,
+      {"bitwise_or.Tensor_out", "specs/binary.yaml:156", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor_out, false, -1, {}, {}},
-      {"bitwise_or.Scalar", "specs/binary.yaml:158", Variant::Functional,
+      {"bitwise_or.Scalar", "specs/binary.yaml:161", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar, false, -1, {}, {}},
-      {"bitwise_or_.Scalar", "specs/binary.yaml:158", Variant::Inplace,
+      {"bitwise_or_.Scalar", "specs/binary.yaml:161", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Scalar, false, -1, {}, {}},
-      {"bitwise_or.Scalar_out", "specs/binary.yaml:158", Variant::Out,
+      {"bitwise_or.Scalar_out", "specs/binary.yaml:161", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_out, false, -1, {}, {}},
-      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:162", Variant::Functional,
+      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:165", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:162", Variant::Out,
+      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:165", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_xor.Tensor", "specs/binary.yaml:166", Variant::Functional,
+      {"bitwise_xor.Tensor", "specs/binary.yaml:169", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor, false, -1, {}, {}},
-      {"bitwise_xor_.Tensor", "specs/binary.yaml:166", Variant::Inplace,
+      {"bitwise_xor_.Tensor", "specs/binary.yaml:169", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Tensor, false, -1, {}, {}},
-      {"bitwise_xor.Tensor_out", "specs/binary.yaml:166", Variant::Out,
+      {"bitwise_xor.Tensor_out", "specs/binary.yaml:169", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor_out, false, -1, {}, {}},
-      {"bitwise_xor.Scalar", "specs/binary.yaml:171", Variant::Functional,
+      {"bitwise_xor.Scalar", "specs/binary.yaml:174", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar, false, -1, {}, {}},
-      {"bitwise_xor_.Scalar", "specs/binary.yaml:171", Variant::Inplace,
+      {"bitwise_xor_.Scalar", "specs/binary.yaml:174", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Scalar, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_out", "specs/binary.yaml:171", Variant::Out,
+      {"bitwise_xor.Scalar_out", "specs/binary.yaml:174", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_out, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:175", Variant::Functional,
+      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:178", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:175", Variant::Out,
+      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:178", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor", "specs/binary.yaml:180", Variant::Functional,
+      {"bitwise_left_shift.Tensor", "specs/binary.yaml:183", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift_.Tensor", "specs/binary.yaml:180", Variant::Inplace,
+      {"bitwise_left_shift_.Tensor", "specs/binary.yaml:183", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_out", "specs/binary.yaml:180", Variant::Out,
+      {"bitwise_left_shift.Tensor_out", "specs/binary.yaml:183", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_Scalar", "specs/binary.yaml:185", Variant::Functional,
+      {"bitwise_left_shift.Tensor_Scalar", "specs/binary.yaml:188", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_left_shift_.Tensor_Scalar", "specs/binary.yaml:185", Variant::Inplace,
+      {"bitwise_left_shift_.Tensor_Scalar", "specs/binary.yaml:188", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_Scalar_out", "specs/binary.yaml:185", Variant::Out,
+      {"bitwise_left_shift.Tensor_Scalar_out", "specs/binary.yaml:188", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Scalar_Tensor", "specs/binary.yaml:189", Variant::Functional,
+      {"bitwise_left_shift.Scalar_Tensor", "specs/binary.yaml:192", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift.Scalar_Tensor_out", "specs/binary.yaml:189", Variant::Out,
+      {"bitwise_left_shift.Scalar_Tensor_out", "specs/binary.yaml:192", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor", "specs/binary.yaml:193", Variant::Functional,
+      {"bitwise_right_shift.Tensor", "specs/binary.yaml:196", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift_.Tensor", "specs/binary.yaml:193", Variant::Inplace,
+      {"bitwise_right_shift_.Tensor", "specs/binary.yaml:196", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_out", "specs/binary.yaml:193", Variant::Out,
+      {"bitwise_right_shift.Tensor_out", "specs/binary.yaml:196", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_Scalar", "specs/binary.yaml:198", Variant::Functional,
+      {"bitwise_right_shift.Tensor_Scalar", "specs/binary.yaml:201", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_right_shift_.Tensor_Scalar", "specs/binary.yaml:198", Variant::Inplace,
+      {"bitwise_right_shift_.Tensor_Scalar", "specs/binary.yaml:201", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_Scalar_out", "specs/binary.yaml:198", Variant::Out,
+      {"bitwise_right_shift.Tensor_Scalar_out", "specs/binary.yaml:201", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Scalar_Tensor", "specs/binary.yaml:202", Variant::Functional,
+      {"bitwise_right_shift.Scalar_Tensor", "specs/binary.yaml:205", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift.Scalar_Tensor_out", "specs/binary.yaml:202", Variant::Out,
+      {"bitwise_right_shift.Scalar_Tensor_out", "specs/binary.yaml:205", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor_out, false, -1, {}, {}},
-      {"__lshift__.Tensor", "specs/binary.yaml:207", Variant::Functional,
+      {"__lshift__.Tensor", "specs/binary.yaml:210", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor, false, -1, {}, {}},
-      {"__ilshift__.Tensor", "specs/binary.yaml:207", Variant::Inplace,
+      {"__ilshift__.Tensor", "specs/binary.yaml:210", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Tensor, false, -1, {}, {}},
-      {"__lshift__.Tensor_out", "specs/binary.yaml:207", Variant::Out,
+      {"__lshift__.Tensor_out", "specs/binary.yaml:210", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor_out, false, -1, {}, {}},
-      {"__lshift__.Scalar", "specs/binary.yaml:211", Variant::Functional,
+      {"__lshift__.Scalar", "specs/binary.yaml:214", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar, false, -1, {}, {}},
-      {"__ilshift__.Scalar", "specs/binary.yaml:211", Variant::Inplace,
+      {"__ilshift__.Scalar", "specs/binary.yaml:214", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Scalar, false, -1, {}, {}},
-      {"__lshift__.Scalar_out", "specs/binary.yaml:211", Variant::Out,
+      {"__lshift__.Scalar_out", "specs/binary.yaml:214", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar_out, false, -1, {}, {}},
-      {"__rshift__.Tensor", "specs/binary.yaml:215", Variant::Functional,
+      {"__rshift__.Tensor", "specs/binary.yaml:218", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor, false, -1, {}, {}},
-      {"__irshift__.Tensor", "specs/binary.yaml:215", Variant::Inplace,
+      {"__irshift__.Tensor", "specs/binary.yaml:218", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Tensor, false, -1, {}, {}},
-      {"__rshift__.Tensor_out", "specs/binary.yaml:215", Variant::Out,
+      {"__rshift__.Tensor_out", "specs/binary.yaml:218", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor_out, false, -1, {}, {}},
-      {"__rshift__.Scalar", "specs/binary.yaml:219", Variant::Functional,
+      {"__rshift__.Scalar", "specs/binary.yaml:222", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar, false, -1, {}, {}},
-      {"__irshift__.Scalar", "specs/binary.yaml:219", Variant::Inplace,
+      {"__irshift__.Scalar", "specs/binary.yaml:222", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Scalar, false, -1, {}, {}},
-      {"__rshift__.Scalar_out", "specs/binary.yaml:219", Variant::Out,
+      {"__rshift__.Scalar_out", "specs/binary.yaml:222", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar_out, false, -1, {}, {}},
-      {"masked_fill.Scalar", "specs/binary.yaml:225", Variant::Functional,
+      {"masked_fill.Scalar", "specs/binary.yaml:228", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar, false, -1, {}, {}},
-      {"masked_fill_.Scalar", "specs/binary.yaml:225", Variant::Inplace,
+      {"masked_fill_.Scalar", "specs/binary.yaml:228", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Scalar, false, -1, {}, {}},
-      {"masked_fill.Scalar_out", "specs/binary.yaml:225", Variant::Out,
+      {"masked_fill.Scalar_out", "specs/binary.yaml:228", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar_out, false, -1, {}, {}},
-      {"masked_fill.Tensor", "specs/binary.yaml:231", Variant::Functional,
+      {"masked_fill.Tensor", "specs/binary.yaml:234", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor, false, -1, {}, {}},
-      {"masked_fill_.Tensor", "specs/binary.yaml:231", Variant::Inplace,
+      {"masked_fill_.Tensor", "specs/binary.yaml:234", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Tensor, false, -1, {}, {}},
-      {"masked_fill.Tensor_out", "specs/binary.yaml:231", Variant::Out,
+      {"masked_fill.Tensor_out", "specs/binary.yaml:234", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor_out, false, -1, {}, {}},
-      {"lerp.Scalar", "specs/binary.yaml:238", Variant::Functional,
+      {"lerp.Scalar", "specs/binary.yaml:241", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar, false, -1, {}, {}},
-      {"lerp_.Scalar", "specs/binary.yaml:238", Variant::Inplace,
+      {"lerp_.Scalar", "specs/binary.yaml:241", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Scalar, false, -1, {}, {}},
-      {"lerp.Scalar_out", "specs/binary.yaml:238", Variant::Out,
+      {"lerp.Scalar_out", "specs/binary.yaml:241", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar_out, false, -1, {}, {}},
-      {"lerp.Tensor", "specs/binary.yaml:243", Variant::Functional,
+      {"lerp.Tensor", "specs/binary.yaml:246", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor, false, -1, {}, {}},
-      {"lerp_.Tensor", "specs/binary.yaml:243", Variant::Inplace,
+      {"lerp_.Tensor", "specs/binary.yaml:246", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Tensor, false, -1, {}, {}},
-      {"lerp.Tensor_out", "specs/binary.yaml:243", Variant::Out,
+      {"lerp.Tensor_out", "specs/binary.yaml:246", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor_out, false, -1, {}, {}},
-      {"addcmul", "specs/binary.yaml:247", Variant::Functional,
+      {"addcmul", "specs/binary.yaml:250", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul, false, -1, {}, {}},
-      {"addcmul_", "specs/binary.yaml:247", Variant::Inplace,
+      {"addcmul_", "specs/binary.yaml:250", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul_, false, -1, {}, {}},
-      {"addcmul.out", "specs/binary.yaml:247", Variant::Out,
+      {"addcmul.out", "specs/binary.yaml:250", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul__out, false, -1, {}, {}},
-      {"addcdiv", "specs/binary.yaml:252", Variant::Functional,
+      {"addcdiv", "specs/binary.yaml:255", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv, false, -1, {}, {}},
-      {"addcdiv_", "specs/binary.yaml:252", Variant::Inplace,
+      {"addcdiv_", "specs/binary.yaml:255", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv_, false, -1, {}, {}},
-      {"addcdiv.out", "specs/binary.yaml:252", Variant::Out,
+      {"addcdiv.out", "specs/binary.yaml:255", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv__out, false, -1, {}, {}},
-      {"atan2", "specs/binary.yaml:259", Variant::Functional,
+      {"atan2", "specs/binary.yaml:262", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2, false, -1, {}, {}},
-      {"atan2_", "specs/binary.yaml:259", Variant::Inplace,
+      {"atan2_", "specs/binary.yaml:262", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2_, false, -1, {}, {}},
-      {"atan2.out", "specs/binary.yaml:259", Variant::Out,
+      {"atan2.out", "specs/binary.yaml:262", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2__out, false, -1, {}, {}},
-      {"hypot", "specs/binary.yaml:265", Variant::Functional,
+      {"hypot", "specs/binary.yaml:268", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot, false, -1, {}, {}},
-      {"hypot_", "specs/binary.yaml:265", Variant::Inplace,
+      {"hypot_", "specs/binary.yaml:268", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot_, false, -1, {}, {}},
-      {"hypot.out", "specs/binary.yaml:265", Variant::Out,
+      {"hypot.out", "specs/binary.yaml:268", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot__out, false, -1, {}, {}},
-      {"copysign.Tensor", "specs/binary.yaml:270", Variant::Functional,
+      {"copysign.Tensor", "specs/binary.yaml:273", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Tensor, false, -1, {}, {}},
-      {"copysign_.Tensor", "specs/binary.yaml:270", Variant::Inplace,
+      {"copysign_.Tensor", "specs/binary.yaml:273", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Tensor, false, -1, {}, {}},
-      {"copysign.out", "specs/binary.yaml:270", Variant::Out,
+      {"copysign.out", "specs/binary.yaml:273", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__out, false, -1, {}, {}},
-      {"copysign.Scalar", "specs/binary.yaml:276", Variant::Functional,
+      {"copysign.Scalar", "specs/binary.yaml:279", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar, false, -1, {}, {}},
-      {"copysign_.Scalar", "specs/binary.yaml:276", Variant::Inplace,
+      {"copysign_.Scalar", "specs/binary.yaml:279", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Scalar, false, -1, {}, {}},
-      {"copysign.Scalar_out", "specs/binary.yaml:276", Variant::Out,
+      {"copysign.Scalar_out", "specs/binary.yaml:279", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar_out, false, -1, {}, {}},
-      {"xlogy.Tensor", "specs/binary.yaml:281", Variant::Functional,
+      {"xlogy.Tensor", "specs/binary.yaml:284", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Tensor, false, -1, {}, {}},
-      {"xlogy_.Tensor", "specs/binary.yaml:281", Variant::Inplace,
+      {"xlogy_.Tensor", "specs/binary.yaml:284", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Tensor, false, -1, {}, {}},
-      {"xlogy.OutTensor", "specs/binary.yaml:281", Variant::Out,
+      {"xlogy.OutTensor", "specs/binary.yaml:284", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutTensor, false, -1, {}, {}},
-      {"xlogy.Scalar_Self", "specs/binary.yaml:287", Variant::Functional,
+      {"xlogy.Scalar_Self", "specs/binary.yaml:290", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Self, false, -1, {}, {}},
-      {"xlogy.OutScalar_Self", "specs/binary.yaml:287", Variant::Out,
+      {"xlogy.OutScalar_Self", "specs/binary.yaml:290", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Self, false, -1, {}, {}},
-      {"xlogy.Scalar_Other", "specs/binary.yaml:292", Variant::Functional,
+      {"xlogy.Scalar_Other", "specs/binary.yaml:295", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Other, false, -1, {}, {}},
-      {"xlogy_.Scalar_Other", "specs/binary.yaml:292", Variant::Inplace,
+      {"xlogy_.Scalar_Other", "specs/binary.yaml:295", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Scalar_Other, false, -1, {}, {}},
-      {"xlogy.OutScalar_Other", "specs/binary.yaml:292", Variant::Out,
+      {"xlogy.OutScalar_Other", "specs/binary.yaml:295", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other, false, -1, {}, {}},
-      {"gcd", "specs/binary.yaml:298", Variant::Functional,
+      {"gcd", "specs/binary.yaml:301", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd, false, -1, {}, {}},
-      {"gcd_", "specs/binary.yaml:298", Variant::Inplace,
+      {"gcd_", "specs/binary.yaml:301", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd_, false, -1, {}, {}},
-      {"gcd.out", "specs/binary.yaml:298", Variant::Out,
+      {"gcd.out", "specs/binary.yaml:301", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd__out, false, -1, {}, {}},
-      {"lcm", "specs/binary.yaml:303", Variant::Functional,
+      {"lcm", "specs/binary.yaml:306", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm, false, -1, {}, {}},
-      {"lcm_", "specs/binary.yaml:303", Variant::Inplace,
+      {"lcm_", "specs/binary.yaml:306", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm_, false, -1, {}, {}},
-      {"lcm.out", "specs/binary.yaml:303", Variant::Out,
+      {"lcm.out", "specs/binary.yaml:306", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,

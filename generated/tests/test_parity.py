@@ -330,7 +330,7 @@ def test_pow_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_pow_Scalar(dtype):
-    # specs/binary.yaml:65
+    # specs/binary.yaml:68
     check_opinfo(
         "__rpow__",
         dtype,
@@ -342,7 +342,7 @@ def test_pow_Scalar(dtype):
 
 
 def test_pow_Scalar_compiled():
-    # specs/binary.yaml:65: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:68: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rpow__",
         overloads=["pow.Scalar", "pow.Scalar_out"],
@@ -353,7 +353,7 @@ def test_pow_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_pow_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:65: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:68: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rpow__",
         dtype,
@@ -367,7 +367,7 @@ def test_pow_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_remainder_Tensor(dtype):
-    # specs/binary.yaml:72
+    # specs/binary.yaml:75
     check_opinfo(
         "remainder",
         dtype,
@@ -379,7 +379,7 @@ def test_remainder_Tensor(dtype):
 
 
 def test_remainder_Tensor_compiled():
-    # specs/binary.yaml:72: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:75: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "remainder",
         overloads=["remainder.Tensor", "remainder_.Tensor", "remainder.Tensor_out"],
@@ -390,7 +390,7 @@ def test_remainder_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_remainder_Scalar_Tensor(dtype):
-    # specs/binary.yaml:83
+    # specs/binary.yaml:86
     check_opinfo(
         "__rmod__",
         dtype,
@@ -402,7 +402,7 @@ def test_remainder_Scalar_Tensor(dtype):
 
 
 def test_remainder_Scalar_Tensor_compiled():
-    # specs/binary.yaml:83: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:86: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rmod__",
         overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
@@ -413,7 +413,7 @@ def test_remainder_Scalar_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_remainder_Scalar_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:83: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:86: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rmod__",
         dtype,
@@ -427,7 +427,7 @@ def test_remainder_Scalar_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_fmod_Tensor(dtype):
-    # specs/binary.yaml:89
+    # specs/binary.yaml:92
     check_opinfo(
         "fmod",
         dtype,
@@ -439,7 +439,7 @@ def test_fmod_Tensor(dtype):
 
 
 def test_fmod_Tensor_compiled():
-    # specs/binary.yaml:89: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:92: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fmod",
         overloads=["fmod.Tensor", "fmod_.Tensor", "fmod.Tensor_out"],
@@ -450,7 +450,7 @@ def test_fmod_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_floor_divide(dtype):
-    # specs/binary.yaml:100
+    # specs/binary.yaml:103
     check_opinfo(
         "floor_divide",
         dtype,
@@ -462,7 +462,7 @@ def test_floor_divide(dtype):
 
 
 def test_floor_divide_compiled():
-    # specs/binary.yaml:100: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:103: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "floor_divide",
         overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
@@ -473,7 +473,7 @@ def test_floor_divide_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Tensor_mode(dtype):
-    # specs/binary.yaml:112
+    # specs/binary.yaml:115
     check_opinfo(
         "div.floor_rounding",
         dtype,
@@ -485,7 +485,7 @@ def test_div_Tensor_mode(dtype):
 
 
 def test_div_Tensor_mode_compiled():
-    # specs/binary.yaml:112: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:115: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.floor_rounding",
         overloads=["div.Tensor_mode", "div_.Tensor_mode", "div.out_mode"],
@@ -496,7 +496,7 @@ def test_div_Tensor_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Scalar_mode(dtype):
-    # specs/binary.yaml:119
+    # specs/binary.yaml:122
     check_opinfo(
         "div.trunc_rounding",
         dtype,
@@ -508,7 +508,7 @@ def test_div_Scalar_mode(dtype):
 
 
 def test_div_Scalar_mode_compiled():
-    # specs/binary.yaml:119: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:122: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.trunc_rounding",
         overloads=["div.Scalar_mode", "div_.Scalar_mode", "div.Scalar_mode_out"],
@@ -519,7 +519,7 @@ def test_div_Scalar_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_and(dtype):
-    # specs/binary.yaml:128
+    # specs/binary.yaml:131
     check_opinfo(
         "logical_and",
         dtype,
@@ -531,7 +531,7 @@ def test_logical_and(dtype):
 
 
 def test_logical_and_compiled():
-    # specs/binary.yaml:128: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:131: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_and",
         overloads=["logical_and", "logical_and_", "logical_and.out"],
@@ -542,7 +542,7 @@ def test_logical_and_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_and_other_dtypes(dtype):
-    # specs/binary.yaml:128: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:131: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_and",
         dtype,
@@ -556,7 +556,7 @@ def test_logical_and_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_or(dtype):
-    # specs/binary.yaml:132
+    # specs/binary.yaml:135
     check_opinfo(
         "logical_or",
         dtype,
@@ -568,7 +568,7 @@ def test_logical_or(dtype):
 
 
 def test_logical_or_compiled():
-    # specs/binary.yaml:132: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:135: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_or",
         overloads=["logical_or", "logical_or_", "logical_or.out"],
@@ -579,7 +579,7 @@ def test_logical_or_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_or_other_dtypes(dtype):
-    # specs/binary.yaml:132: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:135: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_or",
         dtype,
@@ -593,7 +593,7 @@ def test_logical_or_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_xor(dtype):
-    # specs/binary.yaml:136
+    # specs/binary.yaml:139
     check_opinfo(
         "logical_xor",
         dtype,
@@ -605,7 +605,7 @@ def test_logical_xor(dtype):
 
 
 def test_logical_xor_compiled():
-    # specs/binary.yaml:136: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:139: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_xor",
         overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
@@ -616,7 +616,7 @@ def test_logical_xor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_xor_other_dtypes(dtype):
-    # specs/binary.yaml:136: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:139: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_xor",
         dtype,
@@ -630,7 +630,7 @@ def test_logical_xor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_and_Tensor(dtype):
-    # specs/binary.yaml:140
+    # specs/binary.yaml:143
     check_opinfo(
         "bitwise_and",
         dtype,
@@ -642,7 +642,7 @@ def test_bitwise_and_Tensor(dtype):
 
 
 def test_bitwise_and_Tensor_compiled():
-    # specs/binary.yaml:140: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:143: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_and",
         overloads=["bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"],
@@ -653,7 +653,7 @@ def test_bitwise_and_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_or_Tensor(dtype):
-    # specs/binary.yaml:153
+    # specs/binary.yaml:156
     check_opinfo(
         "bitwise_or",
         dtype,
@@ -665,7 +665,7 @@ def test_bitwise_or_Tensor(dtype):
 
 
 def test_bitwise_or_Tensor_compiled():
-    # specs/binary.yaml:153: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:156: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_or",
         overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
@@ -676,7 +676,7 @@ def test_bitwise_or_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_xor_Tensor(dtype):
-    # specs/binary.yaml:166
+    # specs/binary.yaml:169
     check_opinfo(
         "bitwise_xor",
         dtype,
@@ -688,7 +688,7 @@ def test_bitwise_xor_Tensor(dtype):
 
 
 def test_bitwise_xor_Tensor_compiled():
-    # specs/binary.yaml:166: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:169: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_xor",
         overloads=["bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"],
@@ -699,7 +699,7 @@ def test_bitwise_xor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
 def test_bitwise_left_shift_Tensor(dtype):
-    # specs/binary.yaml:180
+    # specs/binary.yaml:183
     check_opinfo(
         "bitwise_left_shift",
         dtype,
@@ -711,7 +711,7 @@ def test_bitwise_left_shift_Tensor(dtype):
 
 
 def test_bitwise_left_shift_Tensor_compiled():
-    # specs/binary.yaml:180: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:183: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_left_shift",
         overloads=["bitwise_left_shift.Tensor", "bitwise_left_shift_.Tensor", "bitwise_left_shift.Tensor_out"],
@@ -722,7 +722,7 @@ def test_bitwise_left_shift_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
 def test_bitwise_right_shift_Tensor(dtype):
-    # specs/binary.yaml:193
+    # specs/binary.yaml:196
     check_opinfo(
         "bitwise_right_shift",
         dtype,
@@ -734,7 +734,7 @@ def test_bitwise_right_shift_Tensor(dtype):
 
 
 def test_bitwise_right_shift_Tensor_compiled():
-    # specs/binary.yaml:193: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:196: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_right_shift",
         overloads=["bitwise_right_shift.Tensor", "bitwise_right_shift_.Tensor", "bitwise_right_shift.Tensor_out"],
@@ -745,7 +745,7 @@ def test_bitwise_right_shift_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_fill_Scalar(dtype):
-    # specs/binary.yaml:225
+    # specs/binary.yaml:228
     check_opinfo(
         "masked_fill",
         dtype,
@@ -757,7 +757,7 @@ def test_masked_fill_Scalar(dtype):
 
 
 def test_masked_fill_Scalar_compiled():
-    # specs/binary.yaml:225: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:228: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_fill",
         overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
@@ -768,7 +768,7 @@ def test_masked_fill_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_fill_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:225: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:228: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_fill",
         dtype,
@@ -782,7 +782,7 @@ def test_masked_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lerp_Scalar(dtype):
-    # specs/binary.yaml:238
+    # specs/binary.yaml:241
     check_opinfo(
         "lerp",
         dtype,
@@ -794,7 +794,7 @@ def test_lerp_Scalar(dtype):
 
 
 def test_lerp_Scalar_compiled():
-    # specs/binary.yaml:238: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:241: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lerp",
         overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
@@ -805,7 +805,7 @@ def test_lerp_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_lerp_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:238: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:241: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lerp",
         dtype,
@@ -819,7 +819,7 @@ def test_lerp_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addcmul(dtype):
-    # specs/binary.yaml:247
+    # specs/binary.yaml:250
     check_opinfo(
         "addcmul",
         dtype,
@@ -831,7 +831,7 @@ def test_addcmul(dtype):
 
 
 def test_addcmul_compiled():
-    # specs/binary.yaml:247: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:250: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcmul",
         overloads=["addcmul", "addcmul_", "addcmul.out"],
@@ -842,7 +842,7 @@ def test_addcmul_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addcmul_other_dtypes(dtype):
-    # specs/binary.yaml:247: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:250: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcmul",
         dtype,
@@ -856,7 +856,7 @@ def test_addcmul_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_addcdiv(dtype):
-    # specs/binary.yaml:252
+    # specs/binary.yaml:255
     check_opinfo(
         "addcdiv",
         dtype,
@@ -868,7 +868,7 @@ def test_addcdiv(dtype):
 
 
 def test_addcdiv_compiled():
-    # specs/binary.yaml:252: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:255: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcdiv",
         overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
@@ -879,7 +879,7 @@ def test_addcdiv_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_addcdiv_other_dtypes(dtype):
-    # specs/binary.yaml:252: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:255: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcdiv",
         dtype,
@@ -893,7 +893,7 @@ def test_addcdiv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan2(dtype):
-    # specs/binary.yaml:259
+    # specs/binary.yaml:262
     check_opinfo(
         "atan2",
         dtype,
@@ -905,7 +905,7 @@ def test_atan2(dtype):
 
 
 def test_atan2_compiled():
-    # specs/binary.yaml:259: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:262: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan2",
         overloads=["atan2", "atan2_", "atan2.out"],
@@ -916,7 +916,7 @@ def test_atan2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan2_other_dtypes(dtype):
-    # specs/binary.yaml:259: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:262: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan2",
         dtype,
@@ -930,7 +930,7 @@ def test_atan2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hypot(dtype):
-    # specs/binary.yaml:265
+    # specs/binary.yaml:268
     check_opinfo(
         "hypot",
         dtype,
@@ -942,7 +942,7 @@ def test_hypot(dtype):
 
 
 def test_hypot_compiled():
-    # specs/binary.yaml:265: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:268: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "hypot",
         overloads=["hypot", "hypot_", "hypot.out"],
@@ -953,7 +953,7 @@ def test_hypot_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hypot_other_dtypes(dtype):
-    # specs/binary.yaml:265: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:268: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "hypot",
         dtype,
@@ -967,7 +967,7 @@ def test_hypot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_copysign_Tensor(dtype):
-    # specs/binary.yaml:270
+    # specs/binary.yaml:273
     check_opinfo(
         "copysign",
         dtype,
@@ -979,7 +979,7 @@ def test_copysign_Tensor(dtype):
 
 
 def test_copysign_Tensor_compiled():
-    # specs/binary.yaml:270: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:273: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "copysign",
         overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
@@ -990,7 +990,7 @@ def test_copysign_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_copysign_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:270: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:273: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "copysign",
         dtype,
@@ -1004,7 +1004,7 @@ def test_copysign_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_xlogy_Tensor(dtype):
-    # specs/binary.yaml:281
+    # specs/binary.yaml:284
     check_opinfo(
         "xlogy",
         dtype,
@@ -1016,7 +1016,7 @@ def test_xlogy_Tensor(dtype):
 
 
 def test_xlogy_Tensor_compiled():
-    # specs/binary.yaml:281: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:284: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "xlogy",
         overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
@@ -1027,7 +1027,7 @@ def test_xlogy_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_xlogy_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:281: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:284: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "xlogy",
         dtype,
@@ -1041,7 +1041,7 @@ def test_xlogy_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_gcd(dtype):
-    # specs/binary.yaml:298
+    # specs/binary.yaml:301
     check_opinfo(
         "gcd",
         dtype,
@@ -1053,7 +1053,7 @@ def test_gcd(dtype):
 
 
 def test_gcd_compiled():
-    # specs/binary.yaml:298: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:301: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "gcd",
         overloads=["gcd", "gcd_", "gcd.out"],
@@ -1064,7 +1064,7 @@ def test_gcd_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_lcm(dtype):
-    # specs/binary.yaml:303
+    # specs/binary.yaml:306
     check_opinfo(
         "lcm",
         dtype,
@@ -1076,7 +1076,7 @@ def test_lcm(dtype):
 
 
 def test_lcm_compiled():
-    # specs/binary.yaml:303: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:306: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lcm",
         overloads=["lcm", "lcm_", "lcm.out"],

@@ -102,6 +102,24 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// torchtpu::upload_with_layout(Tensor self, int[] minor_to_major) -> Tensor: a tpu copy of a CPU
+// tensor whose buffer has the given device layout (tests: a TPU stores some shapes in another dim
+// order, and every read must still see row-major elements).
+at::Tensor upload_with_layout(const at::Tensor& self, at::IntArrayRef minor_to_major) {
+  const at::Tensor host = self.contiguous();
+  const std::vector<int64_t> order = minor_to_major.vec();
+  auto buffer = runtime().to_device(host.data_ptr(), element_type(host.scalar_type()), host.sizes().vec(),
+                                    current_device(), &order);
+  return wrap_buffer(buffer, host.scalar_type(), host.sizes(), host.strides(), 0, current_device());
+}
+
+// torchtpu::device_layout(Tensor self) -> int[]: the dim order (minor to major) the device stores
+// the tensor's storage in ([] for a lazy storage or a plugin that does not say).
+std::vector<int64_t> device_layout(const at::Tensor& self) {
+  const TpuStorage& storage = storage_of(self);
+  return storage.buffer ? runtime().device_layout(*storage.buffer) : std::vector<int64_t>{};
+}
+
 }  // namespace
 
 std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<rt::BufferPtr>& inputs,
@@ -220,6 +238,11 @@ void clear_kernel_caches() {
 TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
+  m.def("upload_with_layout(Tensor self, int[] minor_to_major) -> Tensor", TORCH_FN(upload_with_layout));
+  m.def("device_layout(Tensor self) -> int[]", TORCH_FN(device_layout));
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

@@ -68,6 +68,7 @@ std::unordered_map<std::string, std::shared_ptr<CompiledGraph>> g_graphs;  // (f
 std::string input_key(int64_t family, const std::vector<at::Tensor>& inputs, int& device) {
   KeyWriter k;
   k.i(family);
+  key_numerics(k, current_numerics());  // a graph called under another matmul precision or math mode is captured anew
   std::unordered_map<const void*, int64_t> first_with_storage;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
@@ -102,7 +103,11 @@ class Capture final : public GraphCapture {
   // by_storage: a whole-step capture, whose inputs and outputs are the storages it reads and writes
   // (made before it began, or alive after it ended); otherwise the graph's inputs are given to begin().
   Capture(std::string key, int device, bool by_storage = false)
-      : key_(std::move(key)), device_(device), by_storage_(by_storage), first_serial_(next_storage_serial()) {}
+      : key_(std::move(key)),
+        device_(device),
+        by_storage_(by_storage),
+        first_serial_(next_storage_serial()),
+        builder_(current_numerics()) {}
 
   // Registers the real inputs; returns tensors over the same storages (with their own version
   // counters and no autograd history) for the graph to run on.
@@ -231,6 +236,7 @@ class Capture final : public GraphCapture {
             torch::jit::Stack* stack) override {
     if (spec.data_dependent) refuse("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
     const CallPlan plan = plan_call(spec, meta, op, args);
+    if (!plan.unsupported.empty()) refuse(plan.unsupported + " (aten::" + spec.overload + ")");
     if (!plan.resizes.empty()) {  // as eager: resize the outs (a storage the graph computes refuses), plan again
       resize_outs(plan.resizes, args);
       return call(spec, meta, op, args, stack);

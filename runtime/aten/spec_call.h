@@ -40,6 +40,7 @@ struct KeyWriter {
 // A tensor argument's view and storage; checks that every tpu tensor is on `device` (-1: the first sets it).
 void key_tensor(KeyWriter& k, const at::Tensor& t, int& device);
 void key_attr(KeyWriter& k, const c10::IValue& v);
+void key_numerics(KeyWriter& k, const rt::Numerics& n);
 std::string geometry_key(const at::Tensor& t);
 
 const char* dtype_name(at::ScalarType t);
@@ -63,10 +64,12 @@ struct CallPlan {
   std::vector<OutputPlan> written;             // the written tensors, flattened
   std::vector<OutResize> resizes;              // non-empty: resize these outs, then key again
   at::ScalarType compute = at::kFloat;         // the dtype the lowering computes in
+  // Non-empty where the spec does not list the compute dtype: why the call runs on the CPU instead.
+  std::string unsupported;
 };
 
-// The Meta pass and the compute dtype (throws PyTorch's error for bad arguments, ours for an
-// unsupported dtype).
+// The Meta pass and the compute dtype (throws PyTorch's error for bad arguments; a dtype the spec
+// does not list sets `unsupported`).
 CallPlan plan_call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, const c10::IValue* args);
 
 // Resizes the out= tensors as the Meta pass did (PyTorch's resize of a wrongly sized out=).

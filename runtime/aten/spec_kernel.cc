@@ -201,7 +201,8 @@ class SpecKernel final : public c10::OperatorKernel {
     }
 
     int device = -1;
-    const std::string key = call_key(args, device);
+    const rt::Numerics numerics = current_numerics();
+    const std::string key = call_key(args, device, numerics);
     TracedCall traced("op", device);
     std::shared_ptr<Entry> entry;  // shared: another thread may clear the caches meanwhile
     {
@@ -221,9 +222,13 @@ class SpecKernel final : public c10::OperatorKernel {
         clear_kernel_caches();
         runtime().clear_in_process_cache();
       }
-      std::shared_ptr<Entry> built = TracedCall::compile([&] { return build(op, args); });
+      std::shared_ptr<Entry> built = TracedCall::compile([&] { return build(op, args, numerics); });
       std::lock_guard<std::mutex> lock(mutex_);
       entry = cache_.emplace(key, std::move(built)).first->second;
+    }
+    if (!entry->plan.unsupported.empty()) {
+      run_on_cpu(op, stack, entry->plan.unsupported);
+      return;
     }
     if (!entry->plan.resizes.empty()) {
       resize_outs(entry->plan.resizes, args);
@@ -266,9 +271,10 @@ class SpecKernel final : public c10::OperatorKernel {
 
   // The op, every argument's view and storage metadata and the compile-time attributes. Sets
   // `device` from the tensors (the current device where there are none).
-  std::string call_key(const c10::IValue* args, int& device) const {
+  std::string call_key(const c10::IValue* args, int& device, const rt::Numerics& numerics) const {
     KeyWriter key;
     key.s.reserve(160);
+    key_numerics(key, numerics);
     for (size_t i = 0; i < spec_.args.size(); ++i) {
       switch (spec_.args[i]) {
         case ArgKind::OptionalTensorList: {
@@ -384,11 +390,11 @@ class SpecKernel final : public c10::OperatorKernel {
     });
   }
 
-  std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args) {
+  std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args, const rt::Numerics& numerics) {
     auto entry = std::make_unique<Entry>();
     entry->plan = plan_call(spec_, meta_, op, args);
-    if (!entry->plan.resizes.empty()) return entry;
-    rt::Builder b;
+    if (!entry->plan.resizes.empty() || !entry->plan.unsupported.empty()) return entry;
+    rt::Builder b(numerics);
     EagerInputs inputs(entry->params);
     EmittedCall call = emit_call(spec_, b, entry->plan, args, inputs);
     // Each written storage's new contents (after the fresh results) may take its parameter's place.

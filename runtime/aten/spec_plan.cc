@@ -245,8 +245,10 @@ CallPlan plan_call(const OpSpec& spec, MetaCallFn meta_call, const c10::Operator
   const std::string compute_name = dtype_name(compute);
   bool supported = false;
   for (const auto& d : spec.dtypes) supported |= d == compute_name;
-  TORCH_CHECK_NOT_IMPLEMENTED(supported, "torchtpu: aten::", spec.overload, " does not support dtype ", compute_name,
-                              " on tpu (supported: ", c10::Join(", ", spec.dtypes), "; see ", spec.source, ")");
+  if (!supported) {
+    plan.unsupported = "does not support dtype " + compute_name + " on tpu (supported: " +
+                       c10::Join(", ", spec.dtypes) + "; see " + spec.source + ")";
+  }
   plan.compute = compute;
   return plan;
 }

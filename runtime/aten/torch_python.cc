@@ -108,6 +108,8 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("set_fallback_is_error", &torchtpu::set_fallback_is_error);
   m.def("set_check_indices", &torchtpu::set_check_indices);
+  m.def("set_accurate_math", &torchtpu::set_accurate_math);
+  m.def("accurate_math", &torchtpu::accurate_math);
   m.def("_capture_next_execution", &torchtpu::capture_next_execution);
   m.def("_repeat_captured_execution_ns", [](int iterations) {
     py::gil_scoped_release release;

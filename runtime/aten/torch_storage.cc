@@ -1,4 +1,5 @@
 // tpu storages, the allocator, the device guard and the metadata-only ops (views, empty, resize_).
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
@@ -21,6 +22,7 @@
 #include <unordered_map>
 
 #include "aten/graph.h"
+#include "aten/spec_call.h"
 #include "aten/torch_tpu.h"
 
 namespace torchtpu {
@@ -343,6 +345,28 @@ rt::Runtime& runtime() {
 }
 
 void set_init_error(const std::string& message) { g_init_error = message; }
+
+namespace {
+std::atomic<bool> g_accurate_math{true};
+}
+
+void set_accurate_math(bool accurate) { g_accurate_math = accurate; }
+bool accurate_math() { return g_accurate_math.load(std::memory_order_relaxed); }
+
+rt::Numerics current_numerics() {
+  rt::Numerics n;
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGHEST: n.matmul = rt::MatmulPrecision::Highest; break;
+    case at::Float32MatmulPrecision::HIGH: n.matmul = rt::MatmulPrecision::High; break;
+    case at::Float32MatmulPrecision::MEDIUM: n.matmul = rt::MatmulPrecision::Default; break;
+  }
+  n.accurate_math = accurate_math();
+  return n;
+}
+
+void key_numerics(KeyWriter& k, const rt::Numerics& n) {
+  k.tag(static_cast<char>('0' + static_cast<int>(n.matmul) * 2 + (n.accurate_math ? 1 : 0)));
+}
 
 rt::ElementType element_type(at::ScalarType dtype) {
   switch (dtype) {

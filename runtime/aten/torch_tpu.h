@@ -62,9 +62,20 @@ rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element);
 int current_device();
 void set_current_device(int device);
 
+// The numerics a module built now computes with: PyTorch's float32 matmul precision and the math
+// mode (torch.tpu.set_math_mode; accurate by default). Every cache key that leads to emission
+// carries them (key_numerics in spec_call.h).
+rt::Numerics current_numerics();
+void set_accurate_math(bool accurate);
+bool accurate_math();
+
 rt::Runtime& runtime();  // throws the reason init failed, if it did
 void set_init_error(const std::string& message);
 
+// Runs the op on the CPU (PyTorch's CPU fallback) because `why` (it "has no spec", or its spec
+// "does not support dtype ..."): warned once per op, counted; raises under TORCHTPU_FALLBACK=error,
+// and makes a graph being captured split around the op.
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& why);
 // CPU fallbacks by op (metrics) and whether they are allowed.
 std::vector<std::pair<std::string, int64_t>> fallback_counts();
 void set_fallback_is_error(bool error);

@@ -40,6 +40,32 @@ Value Builder::unary(const char* op, const Value& v) {
   return emit("stablehlo." + std::string(op) + " " + name(v) + " : " + v.type.mlir(), v.type);
 }
 
+Value Builder::transcendental(const char* op, const Value& v) {
+  // A TPU's fast float32 exp/log/tanh are hundreds to thousands of ulps off (log1p 4e-4 relative);
+  // with result_accuracy HIGHEST they are within a few ulps at no measured cost. bfloat16 math (which
+  // computes in float32 here) keeps the fast path: its error stays well under a bfloat16 ulp. XLA's
+  // CPU backend accepts the attribute and is accurate either way. (Not for cbrt: libtpu fails to
+  // compile it with the attribute, and its cbrt is within 4 ulps.)
+  if (v.element() != ElementType::F32 || !numerics_.accurate_math || nominal_element_ == ElementType::BF16) {
+    return unary(op, v);
+  }
+  return emit("stablehlo." + std::string(op) + " " + name(v) +
+                  " {result_accuracy = #stablehlo.result_accuracy<mode = #stablehlo.result_accuracy_mode<HIGHEST>>} : " +
+                  v.type.mlir(),
+              v.type);
+}
+
+Value Builder::sigmoid(const Value& v) {
+  // XLA's logistic on a TPU is ~85 ulps off with or without result_accuracy. With t = exp(-|x|) (no
+  // overflow): 1 / (1 + t) for x >= 0, t / (1 + t) below, a few ulps from the exact value everywhere.
+  if (!is_float(v.element()) || !numerics_.accurate_math || nominal_element_ == ElementType::BF16) {
+    return unary("logistic", v);
+  }
+  const Value t = exp(neg(abs(v)));
+  const Value r = div(scalar_like(1, v), add(scalar_like(1, v), t));
+  return select(ge(v, scalar_like(0, v)), r, mul(t, r));
+}
+
 Value Builder::compare(const char* direction, const Value& a_in, const Value& b_in) {
   if (a_in.element() != b_in.element()) fail("compare: element types differ");
   const auto dims = broadcast_shape({&a_in, &b_in}, "compare");
@@ -211,6 +237,19 @@ Value Builder::power(const Value& a, const Value& b) {
   Value odd = ne(bitwise_and(b, one), zero);
   Value negative = select(eq(a, one), one, select(eq(a, minus_one), select(odd, minus_one, one), zero));
   return select(lt(b, zero), broadcast_like(negative, positive), positive);
+}
+
+Value Builder::pow_scalar(const Value& a, double exponent) {
+  if (is_float(a.element())) {
+    if (exponent == 2) return mul(a, a);
+    if (exponent == 3) return mul(mul(a, a), a);
+    if (exponent == 0.5) return sqrt(a);
+    if (exponent == -0.5) return rsqrt(a);
+    if (exponent == -1) return div(scalar_like(1, a), a);
+    if (exponent == -2) return div(scalar_like(1, a), mul(a, a));
+    return power(a, scalar_like(exponent, a));
+  }
+  return power(a, constant_int(static_cast<int64_t>(exponent), a.element()));
 }
 
 Value Builder::remainder(const Value& a, const Value& b) {

@@ -30,8 +30,24 @@ struct ViewGeometry {
   int64_t offset = 0;
 };
 
+// How a module computes float32 math: part of its text, so of every cache key.
+// PyTorch's torch.set_float32_matmul_precision: "highest" (its default) = HIGHEST (full float32),
+// "high" = HIGH (bfloat16x3 passes on a TPU), "medium" = DEFAULT (one bfloat16 pass).
+enum class MatmulPrecision : uint8_t { Highest, High, Default };
+struct Numerics {
+  MatmulPrecision matmul = MatmulPrecision::Highest;
+  // Float32 exp, expm1, log, log1p and tanh ask XLA for its accurate lowering (StableHLO
+  // result_accuracy HIGHEST) and sigmoid is built on that exp; false takes the backend's fast
+  // approximations (torch.tpu.set_math_mode("fast")).
+  bool accurate_math = true;
+};
+
 class Builder {
  public:
+  Builder() = default;
+  explicit Builder(const Numerics& numerics) : numerics_(numerics) {}
+  const Numerics& numerics() const { return numerics_; }
+
   Value parameter(const TensorType& type);
   int num_parameters() const { return static_cast<int>(parameters_.size()); }
   const TensorType& parameter_type(int i) const { return parameters_.at(i).type; }
@@ -101,8 +117,8 @@ class Builder {
   Value maximum(const Value& a, const Value& b);
   Value minimum(const Value& a, const Value& b);
   Value neg(const Value& v) { return unary("negate", v); }
-  Value exp(const Value& v) { return unary("exponential", v); }
-  Value log(const Value& v) { return unary("log", v); }
+  Value exp(const Value& v) { return transcendental("exponential", v); }
+  Value log(const Value& v) { return transcendental("log", v); }
   Value sqrt(const Value& v) { return unary("sqrt", v); }
   Value eq(const Value& a, const Value& b) { return compare("EQ", a, b); }
   Value ne(const Value& a, const Value& b) { return compare("NE", a, b); }
@@ -123,17 +139,17 @@ class Builder {
   // unary elementwise primitives
   Value abs(const Value& v);    // unsigned and bool unchanged; the int minimum stays itself, as in PyTorch
   Value sign(const Value& v);   // (0 < v) - (v < 0): NaN gives 0 as in PyTorch; bool unchanged
-  Value expm1(const Value& v) { return unary("exponential_minus_one", v); }
-  Value log1p(const Value& v) { return unary("log_plus_one", v); }
+  Value expm1(const Value& v) { return transcendental("exponential_minus_one", v); }
+  Value log1p(const Value& v) { return transcendental("log_plus_one", v); }
   Value rsqrt(const Value& v) { return unary("rsqrt", v); }
   Value sin(const Value& v) { return unary("sine", v); }
   Value cos(const Value& v) { return unary("cosine", v); }
   Value tan(const Value& v) { return unary("tan", v); }
-  Value tanh(const Value& v) { return unary("tanh", v); }
+  Value tanh(const Value& v) { return transcendental("tanh", v); }
   Value atan2(const Value& a, const Value& b) { return binary("atan2", a, b); }
   Value sinh(const Value& v);
   Value cosh(const Value& v);
-  Value sigmoid(const Value& v) { return unary("logistic", v); }
+  Value sigmoid(const Value& v);
   Value erf(const Value& v);
   Value floor(const Value& v);  // floor/ceil/round/trunc leave integers unchanged
   Value ceil(const Value& v);
@@ -229,6 +245,9 @@ class Builder {
   // TensorIterator does to a Python scalar or 0-d operand of another dtype, and to some intermediates.
   Value nominal(const Value& v);
   Value power(const Value& a, const Value& b);  // integers: CPU's rules for negative exponents
+  // a ** exponent for a compile-time exponent, with CPU's special cases (squares and cubes as
+  // products, +-0.5 as sqrt/rsqrt, -1 and -2 as divisions): exact where pow's exp(y log x) is not.
+  Value pow_scalar(const Value& a, double exponent);
   Value fmod(const Value& a, const Value& b) { return binary("remainder", a, b); }  // C: sign of the dividend
   Value remainder(const Value& a, const Value& b);  // Python: sign of the divisor
   Value div_rounded(const Value& a, const Value& b, const std::string& mode);  // mode "" | "trunc" | "floor"
@@ -583,6 +602,12 @@ class Builder {
   Value chlo(const char* op, std::vector<Value> operands);
   std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;
 
+  // A float32 transcendental (stablehlo op name) with the accuracy the numerics ask for.
+  Value transcendental(const char* op, const Value& v);
+  // precision_config's operand list for a contraction of `element` ("" where DEFAULT suffices).
+  std::string precision_of(ElementType element) const;
+
+  Numerics numerics_;
   ElementType nominal_element_ = ElementType::F64;  // never narrower than a value: no rounding
   int64_t random_counters_ = 0;
   std::vector<Value> parameters_;

@@ -23,10 +23,21 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
     dims.push_back(b.dims()[i]);
   }
   TensorType t{a.element(), dims};
+  const std::string precision = precision_of(a.element());
   return emit("stablehlo.dot_general " + name(a) + ", " + name(b) + ", batching_dims = " + list(lhs_batch) + " x " +
                   list(rhs_batch) + ", contracting_dims = " + list(lhs_contract) + " x " + list(rhs_contract) +
-                  " : (" + a.type.mlir() + ", " + b.type.mlir() + ") -> " + t.mlir(),
+                  (precision.empty() ? "" : ", precision = [" + precision + "]") + " : (" + a.type.mlir() + ", " +
+                  b.type.mlir() + ") -> " + t.mlir(),
               t);
+}
+
+std::string Builder::precision_of(ElementType element) const {
+  // PyTorch's setting governs float32 (and complex64) products; a TPU's DEFAULT is one bfloat16 pass,
+  // which is exact for bfloat16 and float16 operands. XLA's CPU and GPU backends compute float32 in full.
+  if ((element != ElementType::F32 && element != ElementType::C64) || numerics_.matmul == MatmulPrecision::Default) {
+    return "";
+  }
+  return numerics_.matmul == MatmulPrecision::Highest ? "HIGHEST, HIGHEST" : "HIGH, HIGH";
 }
 
 Value Builder::matmul(const Value& a, const Value& b) { return dot_general(a, b, {}, {}, {1}, {0}); }
@@ -159,6 +170,13 @@ Value regular_grad_weight(Builder& b, const Value& x, const Value& gy, const std
                        stride, 1, groups);
 }
 
+// The generic form's precision_config attribute for precision_of's list ("HIGH, HIGH").
+std::string precision_config(const std::string& precision) {
+  if (precision.empty()) return "";
+  const std::string one = precision.substr(0, precision.find(','));
+  return ", precision_config = [#stablehlo<precision " + one + ">, #stablehlo<precision " + one + ">]";
+}
+
 std::vector<int64_t> spatial_sizes(const Value& v) { return std::vector<int64_t>(v.dims().begin() + 2, v.dims().end()); }
 
 }  // namespace
@@ -200,7 +218,8 @@ Value Builder::convolution(const Value& lhs, const Value& rhs, const std::string
                   i64_array(rhs_dilation) + ", dimension_numbers = #stablehlo.conv<" + conv_word(words[0]) + "x" +
                   conv_word(words[1]) + "->" + conv_word(words[2]) + ">, feature_group_count = " +
                   std::to_string(feature_group_count) + " : i64, batch_group_count = " +
-                  std::to_string(batch_group_count) + " : i64} : (" + lhs.type.mlir() + ", " + rhs.type.mlir() +
+                  std::to_string(batch_group_count) + " : i64" + precision_config(precision_of(lhs.element())) +
+                  "} : (" + lhs.type.mlir() + ", " + rhs.type.mlir() +
                   ") -> " + t.mlir(),
               t);
 }

@@ -265,8 +265,26 @@ const std::string& Runtime::identity() {
   return identity_;
 }
 
-BufferPtr Runtime::to_device(const void* data, ElementType type, const std::vector<int64_t>& dims, int device) {
+namespace {
+// A dense layout in the given dim order (PJRT_Buffer_MemoryLayout points into `minor_to_major`).
+PJRT_Buffer_MemoryLayout dense_layout(const std::vector<int64_t>& minor_to_major) {
+  auto layout = PJRT_ARGS(PJRT_Buffer_MemoryLayout);
+  layout.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
+  layout.tiled = PJRT_ARGS(PJRT_Buffer_MemoryLayout_Tiled);
+  layout.tiled.minor_to_major = minor_to_major.data();
+  layout.tiled.minor_to_major_size = minor_to_major.size();
+  return layout;
+}
+}  // namespace
+
+BufferPtr Runtime::to_device(const void* data, ElementType type, const std::vector<int64_t>& dims, int device,
+                             const std::vector<int64_t>* minor_to_major) {
+  PJRT_Buffer_MemoryLayout layout;
   auto args = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  if (minor_to_major) {
+    layout = dense_layout(*minor_to_major);
+    args.device_layout = &layout;
+  }
   args.client = client_;
   args.data = data;
   args.type = to_pjrt(type);
@@ -283,13 +301,32 @@ BufferPtr Runtime::to_device(const void* data, ElementType type, const std::vect
 
 void Runtime::to_host(const DeviceBuffer& buffer, void* dst, size_t nbytes) {
   if (nbytes == 0) return;
+  // The host copy is dense row-major whatever the device layout: without a host layout PJRT copies
+  // in the buffer's own dim order, and a TPU picks other orders for some shapes ((2, 5, 5) is stored
+  // with dim 1 outermost), so a view read back would hold permuted elements.
+  std::vector<int64_t> minor_to_major(buffer.dims().size());
+  for (size_t i = 0; i < minor_to_major.size(); ++i) minor_to_major[i] = static_cast<int64_t>(minor_to_major.size() - 1 - i);
+  auto layout = dense_layout(minor_to_major);
   auto args = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   args.src = buffer.raw();
+  args.host_layout = &layout;
   args.dst = dst;
   args.dst_size = nbytes;
   check(api_->PJRT_Buffer_ToHostBuffer(&args), "copying to the host");
   await_event(args.event, "copying to the host");
   metrics_.bytes_to_host += static_cast<int64_t>(nbytes);
+}
+
+std::vector<int64_t> Runtime::device_layout(const DeviceBuffer& buffer) {
+  auto args = PJRT_ARGS(PJRT_Buffer_GetMemoryLayout_Args);
+  args.buffer = buffer.raw();
+  if (PJRT_Error* error = api_->PJRT_Buffer_GetMemoryLayout(&args)) {
+    take_error(error);
+    return {};
+  }
+  if (args.layout.type != PJRT_Buffer_MemoryLayout_Type_Tiled) return {};
+  return std::vector<int64_t>(args.layout.tiled.minor_to_major,
+                              args.layout.tiled.minor_to_major + args.layout.tiled.minor_to_major_size);
 }
 
 void Runtime::clear_in_process_cache() {

@@ -145,8 +145,14 @@ class Runtime {
   // Plugin file hash + API version + platform: what a serialized executable depends on.
   const std::string& identity();
 
-  BufferPtr to_device(const void* data, ElementType type, const std::vector<int64_t>& dims, int device);
+  // `data` is dense row-major. `minor_to_major` (tests): the buffer's device layout instead of the
+  // plugin's default, as a TPU picks for some shapes.
+  BufferPtr to_device(const void* data, ElementType type, const std::vector<int64_t>& dims, int device,
+                      const std::vector<int64_t>* minor_to_major = nullptr);
+  // Copies the buffer to `dst` dense row-major, whatever its device layout.
   void to_host(const DeviceBuffer& buffer, void* dst, size_t nbytes);
+  // The buffer's device dim order (minor to major; empty where the plugin does not say).
+  std::vector<int64_t> device_layout(const DeviceBuffer& buffer);
 
   // Compiles (or fetches from the two cache tiers) a StableHLO module in text form.
   ExecutablePtr compile(const std::string& module_text, const std::vector<TensorType>& output_types);

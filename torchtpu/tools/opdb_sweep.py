@@ -452,19 +452,25 @@ def run_opinfo(info) -> Result:
     return Result(name, forward, backward, dtype)
 
 
-def worker(indices: list[int]) -> None:
-    """Runs op_db[i] for each index, printing {"start": i} then {"result": ...} per OpInfo."""
+def _prepare():
+    """op_db, with fallback forbidden, warnings off and the sample alarm armed."""
     import warnings
 
-    import torch
+    import torch  # noqa: F401
 
-    import torchtpu  # noqa: F401
+    import torchtpu
 
     torchtpu._C.set_fallback_is_error(True)
     warnings.simplefilter("ignore")
     from torch.testing._internal.common_methods_invocations import op_db
 
     signal.signal(signal.SIGALRM, _on_alarm)
+    return op_db
+
+
+def worker(indices: list[int]) -> None:
+    """Runs op_db[i] for each index, printing {"start": i} then {"result": ...} per OpInfo."""
+    op_db = _prepare()
     out = sys.stdout
     sys.stdout = sys.stderr  # whatever an op prints stays out of the protocol
     for i in indices:
@@ -523,8 +529,32 @@ class _Worker:
         return tail[-1][:200] if tail else ""
 
 
+def _sweep_here(selection: list[tuple[int, str]], progress=None) -> list[Result]:
+    """The sweep in this process (a device one process at a time may hold): a crash ends it."""
+    import warnings
+
+    import torchtpu
+
+    op_db = _prepare()
+    results = []
+    try:
+        for i, _ in selection:
+            results.append(run_opinfo(op_db[i]))
+            if progress:
+                progress(results[-1], len(results), len(selection))
+    finally:
+        torchtpu._C.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+        warnings.resetwarnings()
+    return results
+
+
 def sweep(selection: list[tuple[int, str]], jobs: int = 1, progress=None) -> list[Result]:
-    """Runs the selected OpInfos in `jobs` worker processes; never raises for what an op does."""
+    """Runs the selected OpInfos in `jobs` worker processes (in this process where the device is
+    exclusive: a TPU); never raises for what an op does."""
+    from torchtpu.testing import device_is_exclusive
+
+    if device_is_exclusive():
+        return _sweep_here(selection, progress)
     names = dict(selection)
     results: dict[int, Result] = {}
     workers = [_Worker([i for i, _ in selection[j::jobs]]) for j in range(max(1, jobs))]

@@ -1,0 +1,120 @@
+"""What "matches CPU" means for float32 math on tpu: PyTorch's matmul precision setting, accurate
+transcendentals by default (torch.tpu.set_math_mode("fast") for the backend's approximations), exact
+squares, and denormals (XLA flushes them to zero in arithmetic)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu
+from torchtpu import _compile
+from conftest import EXCLUSIVE_DEVICE, metrics
+
+ON_TPU = EXCLUSIVE_DEVICE  # a TPU is the device one process at a time may hold
+
+
+def max_relative_error(got, x, fn):
+    reference = fn(x.double())
+    keep = reference != 0
+    return float(((got.double() - reference).abs()[keep] / reference.abs()[keep]).max())
+
+
+# CPU's float32 functions are within ~1.2e-7 of float64 here; accurate mode must be as close (a TPU's
+# fast exp/log/tanh are 5e-6 to 4e-4 off).
+BOUND = 5e-7
+FUNCTIONS = {
+    "exp": (torch.exp, -5, 5), "expm1": (torch.expm1, -5, 5), "log": (torch.log, 1e-3, 50),
+    "log1p": (torch.log1p, -0.999, 5), "tanh": (torch.tanh, -5, 5), "sigmoid": (torch.sigmoid, -20, 20),
+    "square": (torch.square, -5, 5), "pow2": (lambda v: v ** 2, -5, 5), "silu": (F.silu, -5, 5),
+    "softplus": (F.softplus, -5, 5), "logsigmoid": (F.logsigmoid, -5, 5),
+}
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_float32_math_is_as_accurate_as_cpu(name):
+    fn, lo, hi = FUNCTIONS[name]
+    x = torch.linspace(lo, hi, 100_001)
+    assert torch.tpu.get_math_mode() == "accurate"
+    assert max_relative_error(fn(x.to("tpu")).cpu(), x, fn) < BOUND
+    assert max_relative_error(fn(x), x, fn) < BOUND  # the bound is CPU's own
+
+
+def test_square_is_exact():
+    x = torch.randn(10_000)
+    assert torch.equal((x.to("tpu") ** 2).cpu(), x * x)
+    assert torch.equal(torch.square(x.to("tpu")).cpu(), x * x)
+    assert torch.equal((x.to("tpu") ** 3).cpu(), x * x * x)
+    # x ** 0.5 is sqrt, as on CPU (XLA's sqrt is within an ulp, not always correctly rounded)
+    torch.testing.assert_close((x.abs().to("tpu") ** 0.5).cpu(), x.abs().sqrt(), rtol=2.4e-7, atol=0)
+
+
+def test_math_mode_switch_and_cache_separation():
+    x = torch.linspace(-3, 3, 1000).to("tpu")
+    try:
+        torch.tpu.set_math_mode("fast")
+        assert torch.tpu.get_math_mode() == "fast"
+        fast = torch.tanh(x).cpu()
+    finally:
+        torch.tpu.set_math_mode("accurate")
+    accurate = torch.tanh(x).cpu()
+    reference = torch.tanh(x.cpu().double())
+    assert float((fast.double() - reference).abs().max()) < 1e-3  # an approximation, but of tanh
+    assert float((accurate.double() - reference).abs().max()) < 1e-6
+    with pytest.raises(ValueError, match="'accurate' or 'fast'"):
+        torch.tpu.set_math_mode("sloppy")
+
+
+def modules_looked_up() -> int:
+    m = metrics()
+    return m["compiles"] + m["memory_cache_hits"] + m["disk_cache_hits"]
+
+
+def test_matmul_precision_is_part_of_the_cache_key():
+    a, b = torch.randn(64, 64).to("tpu"), torch.randn(64, 64).to("tpu")
+    reference = a.cpu().double() @ b.cpu().double()
+    before = torch.get_float32_matmul_precision()
+    try:
+        errors = {}
+        for precision in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(precision)
+            compiles = modules_looked_up()
+            got = (a @ b).cpu().double()
+            errors[precision] = float((got - reference).abs().max() / reference.abs().max())
+            # each setting is its own module (the text differs by its precision_config)
+            assert modules_looked_up() > compiles, precision
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert errors["highest"] < 1e-6, errors  # full float32, as PyTorch's default promises
+    assert errors["high"] < 1e-4, errors
+    if ON_TPU:
+        assert errors["medium"] > errors["high"] > errors["highest"], errors  # one bfloat16 pass, then three
+
+
+def test_matmul_precision_reaches_compiled_graphs():
+    def f(a, b):
+        return torch.nn.functional.linear(a, b).relu()
+
+    compiled = torch.compile(f, backend="tpu")
+    a, b = torch.randn(32, 64), torch.randn(16, 64)
+    before = torch.get_float32_matmul_precision()
+    try:
+        for precision in ("highest", "medium"):
+            torch.set_float32_matmul_precision(precision)
+            graphs = _compile.stats()["captures"]
+            got = compiled(a.to("tpu"), b.to("tpu")).cpu()
+            assert _compile.stats()["captures"] > graphs, precision  # captured anew under this setting
+            tolerance = 1e-5 if precision == "highest" or not ON_TPU else 2e-2
+            torch.testing.assert_close(got, f(a, b), rtol=tolerance, atol=tolerance)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_denormals():
+    # XLA flushes denormal operands and results of arithmetic to zero (a TPU always; XLA's CPU
+    # plugin too); data movement keeps every bit, and normal values are exact.
+    tiny = torch.tensor([1e-40, -3e-39, 1e-37])
+    assert torch.equal(tiny.to("tpu").cpu(), tiny)
+    got = (tiny.to("tpu") * torch.ones(3).to("tpu")).cpu()
+    assert got[2] == tiny[2]
+    for i in range(2):
+        assert got[i] == tiny[i] or got[i] == 0, got
