@@ -49,21 +49,22 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120.0,
 
 def _run_here(code: str, env: dict) -> subprocess.CompletedProcess:
     import io
-    import traceback
+    import tempfile
+
+    from torchtpu.tools import run_as_main
 
     fallback = env.get("TORCHTPU_FALLBACK", os.environ.get("TORCHTPU_FALLBACK", ""))
     torchtpu._C.set_fallback_is_error((fallback or "").lower() == "error")
-    out, err, returncode = io.StringIO(), io.StringIO(), 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            exec(compile(code, "<run_python>", "exec"), {"__name__": "__main__"})
-    except SystemExit as e:
-        returncode = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # noqa: BLE001  (reported as a failed process would be)
-        err.write(traceback.format_exc())
-        returncode = 1
-    finally:
-        torchtpu._C.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+    out, err = io.StringIO(), io.StringIO()
+    with tempfile.TemporaryDirectory() as directory:
+        program = os.path.join(directory, "program.py")
+        with open(program, "w") as f:
+            f.write(code)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                returncode, _ = run_as_main(program, [])
+        finally:
+            torchtpu._C.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
     return subprocess.CompletedProcess(["<in process>"], returncode, out.getvalue(), err.getvalue())
 
 

@@ -375,3 +375,14 @@ print(json.dumps({"error": error, "after": x.sum().item()}))
     assert proc.returncode == 0, proc.stderr
     out = last_json(proc.stdout)
     assert out == {"error": "index 5 is out of bounds for dimension 1 with size 3", "after": 15.0}, out
+
+
+def test_histc_of_integers_counts_as_cuda_does():
+    # CPU has no integer histc; CUDA's (what transformers' MoE routers call off the CPU) counts in the
+    # input's dtype with the float rules' bins.
+    x = torch.tensor([0, 1, 1, 3, 3, 3, 7, -2, 9], dtype=torch.int32)
+    got = torch.histc(x.to(TPU), bins=4, min=0, max=7)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), torch.histc(x.float(), bins=4, min=0, max=7).int())
+    degenerate = torch.tensor([5, 5, 5], dtype=torch.int64)
+    assert torch.equal(torch.histc(degenerate.to(TPU), bins=3).cpu(), torch.histc(degenerate.float(), bins=3).long())

@@ -4,6 +4,8 @@ to the CPU."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -181,3 +183,23 @@ def test_eval_batch_norm_saves_nothing_like_cpu(op, no_fallback):
     actual = op(x.to("tpu"), None, None, mean.to("tpu"), var.to("tpu"), False, 0.1, 1e-5)
     assert [tuple(t.shape) for t in actual] == [tuple(t.shape) for t in expected] == [(2, 3, 4), (0,), (0,)]
     torch.testing.assert_close(actual[0].cpu(), expected[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [0, -1, 2])
+def test_weight_norm_forward_backward(dim, no_fallback):
+    # nn.utils.parametrizations.weight_norm fuses dims 0 and last (aten::_weight_norm_interface and its
+    # backward; wav2vec2's positional convolution uses the last); other dims compose from other specs.
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3), dim=dim)
+    x = torch.randn(2, 4, 9)
+
+    def run(device):
+        module = copy.deepcopy(conv).to(device)
+        inputs = x.to(device).requires_grad_(True)
+        out = module(inputs)
+        (out * torch.linspace(-1.0, 2.0, out.numel()).reshape(out.shape).to(device)).sum().backward()
+        weight = module.parametrizations.weight
+        return [out.detach(), inputs.grad, weight.original0.grad, weight.original1.grad, module.bias.grad]
+
+    for actual, expected in zip(run("tpu"), run("cpu")):
+        close(actual, expected, atol=1e-5, rtol=1e-5)

@@ -103,7 +103,8 @@ def test_matmul_precision_reaches_compiled_graphs():
             graphs = _compile.stats()["captures"]
             got = compiled(a.to("tpu"), b.to("tpu")).cpu()
             assert _compile.stats()["captures"] > graphs, precision  # captured anew under this setting
-            tolerance = 1e-5 if precision == "highest" or not ON_TPU else 2e-2
+            # one bfloat16 pass over 64 products of N(0, 1) values: errors up to ~0.06 seen on a v5e
+            tolerance = 1e-5 if precision == "highest" or not ON_TPU else 1.5e-1
             torch.testing.assert_close(got, f(a, b), rtol=tolerance, atol=tolerance)
     finally:
         torch.set_float32_matmul_precision(before)

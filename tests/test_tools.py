@@ -67,3 +67,19 @@ def test_sweep_classifies_errors():
     assert opdb_sweep._classify(no_dtype) == opdb_sweep.Outcome("unsupported", "aten::abs (ComplexFloat)")
     wrong = AssertionError("sample 0: Tensor-likes are not close!\n\nMismatched elements: 1 / 4")
     assert opdb_sweep._classify(wrong) == opdb_sweep.Outcome("failing", "AssertionError: sample 0: Tensor-likes are not close!")
+
+
+def test_accuracy_tool_prints_each_function_beside_cpu(tmp_path, capsys):
+    import json
+
+    from torchtpu.tools import accuracy
+
+    path = tmp_path / "errors.json"
+    assert accuracy.main(["--ops", "exp,sigmoid,matmul", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| exp | [-5, 5] |" in out and "| matmul (highest) |" in out
+    rows = json.loads(path.read_text())
+    for name in ("exp", "sigmoid"):
+        assert rows[name]["accurate"] < 5e-7 and rows[name]["cpu"] < 5e-7, rows[name]
+    assert rows["matmul (highest)"]["accurate"] < 1e-6, rows
+    assert torch.tpu.get_math_mode() == "accurate"  # the tool puts the mode back

@@ -98,317 +98,317 @@ std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.
 // pow.Tensor_Scalar_out = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:63)
 std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.pow_scalar(b.nominal(a.value(0)), a.real(1))}; }
 
-// pow.Scalar = power(nominal(self), nominal(exponent))  (specs/binary.yaml:68)
-std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:68)
-std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
+// pow.Scalar = power_of(self, nominal(exponent))  (specs/binary.yaml:70)
+std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(0), b.nominal(a.value(1)))}; }
+// pow.Scalar_out = power_of(self, nominal(exponent))  (specs/binary.yaml:70)
+std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(0), b.nominal(a.value(1)))}; }
 
-// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
 std::vector<Value> emit_remainder__Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
 std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:75)
+// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
 std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
+// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:84)
 std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
+// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:84)
 std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:81)
+// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:84)
 std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:86)
+// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:89)
 std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:86)
+// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:89)
 std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:92)
+// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
 std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:92)
+// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
 std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:92)
+// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
 std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:98)
+// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:101)
 std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:98)
+// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:101)
 std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:98)
+// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:101)
 std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:103)
+// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
 std::vector<Value> emit_floor_divide(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:103)
+// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
 std::vector<Value> emit_floor_divide___Tensor(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:103)
+// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
 std::vector<Value> emit_floor_divide__out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:109)
+// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:112)
 std::vector<Value> emit_floor_divide__Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:109)
+// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:112)
 std::vector<Value> emit_floor_divide___Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:109)
+// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:112)
 std::vector<Value> emit_floor_divide__Scalar_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:115)
+// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:118)
 std::vector<Value> emit_div__Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:115)
+// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:118)
 std::vector<Value> emit_div___Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:115)
+// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:118)
 std::vector<Value> emit_div__out_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:122)
+// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:125)
 std::vector<Value> emit_div__Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:122)
+// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:125)
 std::vector<Value> emit_div___Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:122)
+// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:125)
 std::vector<Value> emit_div__Scalar_mode_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:131)
+// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:134)
 std::vector<Value> emit_logical_and(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:131)
+// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:134)
 std::vector<Value> emit_logical_and_(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:131)
+// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:134)
 std::vector<Value> emit_logical_and__out(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:135)
+// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:138)
 std::vector<Value> emit_logical_or(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:135)
+// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:138)
 std::vector<Value> emit_logical_or_(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:135)
+// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:138)
 std::vector<Value> emit_logical_or__out(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:139)
+// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:142)
 std::vector<Value> emit_logical_xor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:139)
+// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:142)
 std::vector<Value> emit_logical_xor_(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:139)
+// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:142)
 std::vector<Value> emit_logical_xor__out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:143)
+// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:146)
 std::vector<Value> emit_bitwise_and__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:143)
+// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:146)
 std::vector<Value> emit_bitwise_and___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:143)
+// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:146)
 std::vector<Value> emit_bitwise_and__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:148)
+// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:151)
 std::vector<Value> emit_bitwise_and__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:148)
+// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:151)
 std::vector<Value> emit_bitwise_and___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:148)
+// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:151)
 std::vector<Value> emit_bitwise_and__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:152)
+// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:155)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:152)
+// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:155)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:156)
+// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:159)
 std::vector<Value> emit_bitwise_or__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:156)
+// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:159)
 std::vector<Value> emit_bitwise_or___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:156)
+// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:159)
 std::vector<Value> emit_bitwise_or__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:161)
+// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:164)
 std::vector<Value> emit_bitwise_or__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:161)
+// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:164)
 std::vector<Value> emit_bitwise_or___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:161)
+// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:164)
 std::vector<Value> emit_bitwise_or__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:165)
+// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:168)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:165)
+// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:168)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:169)
+// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:172)
 std::vector<Value> emit_bitwise_xor__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:169)
+// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:172)
 std::vector<Value> emit_bitwise_xor___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:169)
+// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:172)
 std::vector<Value> emit_bitwise_xor__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:174)
+// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:177)
 std::vector<Value> emit_bitwise_xor__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:174)
+// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:177)
 std::vector<Value> emit_bitwise_xor___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:174)
+// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:177)
 std::vector<Value> emit_bitwise_xor__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:178)
+// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:181)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:178)
+// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:181)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_left_shift.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:183)
+// bitwise_left_shift.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:186)
 std::vector<Value> emit_bitwise_left_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift_.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:183)
+// bitwise_left_shift_.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:186)
 std::vector<Value> emit_bitwise_left_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:183)
+// bitwise_left_shift.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:186)
 std::vector<Value> emit_bitwise_left_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_left_shift.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
+// bitwise_left_shift.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:191)
 std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift_.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
+// bitwise_left_shift_.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:191)
 std::vector<Value> emit_bitwise_left_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Tensor_Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
+// bitwise_left_shift.Tensor_Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:191)
 std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_left_shift.Scalar_Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:192)
+// bitwise_left_shift.Scalar_Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:195)
 std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Scalar_Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:192)
+// bitwise_left_shift.Scalar_Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:195)
 std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_right_shift.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:196)
+// bitwise_right_shift.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:199)
 std::vector<Value> emit_bitwise_right_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift_.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:196)
+// bitwise_right_shift_.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:199)
 std::vector<Value> emit_bitwise_right_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:196)
+// bitwise_right_shift.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:199)
 std::vector<Value> emit_bitwise_right_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// bitwise_right_shift.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
+// bitwise_right_shift.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:204)
 std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift_.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
+// bitwise_right_shift_.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:204)
 std::vector<Value> emit_bitwise_right_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Tensor_Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
+// bitwise_right_shift.Tensor_Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:204)
 std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// bitwise_right_shift.Scalar_Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:205)
+// bitwise_right_shift.Scalar_Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:208)
 std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:205)
+// bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:208)
 std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// __lshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:210)
+// __lshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:213)
 std::vector<Value> emit___lshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __ilshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:210)
+// __ilshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:213)
 std::vector<Value> emit___ilshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __lshift__.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:210)
+// __lshift__.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:213)
 std::vector<Value> emit___lshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// __lshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:214)
+// __lshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:217)
 std::vector<Value> emit___lshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __ilshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:214)
+// __ilshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:217)
 std::vector<Value> emit___ilshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __lshift__.Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:214)
+// __lshift__.Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:217)
 std::vector<Value> emit___lshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// __rshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:218)
+// __rshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:221)
 std::vector<Value> emit___rshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __irshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:218)
+// __irshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:221)
 std::vector<Value> emit___irshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __rshift__.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:218)
+// __rshift__.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:221)
 std::vector<Value> emit___rshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// __rshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:222)
+// __rshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:225)
 std::vector<Value> emit___rshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __irshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:222)
+// __irshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:225)
 std::vector<Value> emit___irshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __rshift__.Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:222)
+// __rshift__.Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:225)
 std::vector<Value> emit___rshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:228)
+// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:231)
 std::vector<Value> emit_masked_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:228)
+// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:231)
 std::vector<Value> emit_masked_fill___Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:228)
+// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:231)
 std::vector<Value> emit_masked_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:234)
+// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:237)
 std::vector<Value> emit_masked_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:234)
+// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:237)
 std::vector<Value> emit_masked_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:234)
+// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:237)
 std::vector<Value> emit_masked_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:241)
+// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:244)
 std::vector<Value> emit_lerp__Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:241)
+// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:244)
 std::vector<Value> emit_lerp___Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:241)
+// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:244)
 std::vector<Value> emit_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:246)
+// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:249)
 std::vector<Value> emit_lerp__Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:246)
+// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:249)
 std::vector<Value> emit_lerp___Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:246)
+// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:249)
 std::vector<Value> emit_lerp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:250)
+// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:253)
 std::vector<Value> emit_addcmul(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:250)
+// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:253)
 std::vector<Value> emit_addcmul_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:250)
+// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:253)
 std::vector<Value> emit_addcmul__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
+// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:258)
 std::vector<Value> emit_addcdiv(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
+// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:258)
 std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
+// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:258)
 std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:262)
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:265)
 std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:262)
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:265)
 std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:262)
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:265)
 std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:268)
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:271)
 std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:268)
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:271)
 std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:268)
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:271)
 std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:273)
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
 std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:273)
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
 std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:273)
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
 std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:279)
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:282)
 std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:279)
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:282)
 std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:279)
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:282)
 std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:284)
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
 std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:284)
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
 std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:284)
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
 std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:290)
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:293)
 std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:290)
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:293)
 std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:298)
 std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:298)
 std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:298)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// gcd = gcd(self, other)  (specs/binary.yaml:301)
+// gcd = gcd(self, other)  (specs/binary.yaml:304)
 std::vector<Value> emit_gcd(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd_ = gcd(self, other)  (specs/binary.yaml:301)
+// gcd_ = gcd(self, other)  (specs/binary.yaml:304)
 std::vector<Value> emit_gcd_(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd.out = gcd(self, other)  (specs/binary.yaml:301)
+// gcd.out = gcd(self, other)  (specs/binary.yaml:304)
 std::vector<Value> emit_gcd__out(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
 
-// lcm = lcm(self, other)  (specs/binary.yaml:306)
+// lcm = lcm(self, other)  (specs/binary.yaml:309)
 std::vector<Value> emit_lcm(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm_ = lcm(self, other)  (specs/binary.yaml:306)
+// lcm_ = lcm(self, other)  (specs/binary.yaml:309)
 std::vector<Value> emit_lcm_(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm.out = lcm(self, other)  (specs/binary.yaml:306)
+// lcm.out = lcm(self, other)  (specs/binary.yaml:309)
 std::vector<Value> emit_lcm__out(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
 
 // complex = complex_from(real, imag)  (specs/complex.yaml:7)
@@ -762,87 +762,87 @@ std::vector<Value> emit_bucketize__Scalar(Builder& b, const EmitArgs& a) { retur
 // bucketize.Scalar_out = search_sorted(boundaries, self, right, 'left', None)  (specs/indexing.yaml:182)
 std::vector<Value> emit_bucketize__Scalar_out(Builder& b, const EmitArgs& a) { return {b.search_sorted(a.value(1), a.value(0), a.boolean(3), std::string("left"), std::nullopt)}; }
 
-// histc = histc(self, bins, min, max)  (specs/indexing.yaml:187)
+// histc = histc(self, bins, min, max)  (specs/indexing.yaml:189)
 std::vector<Value> emit_histc(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
-// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:187)
+// histc.out = histc(self, bins, min, max)  (specs/indexing.yaml:189)
 std::vector<Value> emit_histc__out(Builder& b, const EmitArgs& a) { return {b.histc(a.value(0), a.integer(1), a.value(2), a.value(3))}; }
 
-// histogram.bin_ct = edges = histogram_edges(self, bins, range) (histogram_counts(self, edges, weight, density), edges)   (specs/indexing.yaml:194)
+// histogram.bin_ct = edges = histogram_edges(self, bins, range) (histogram_counts(self, edges, weight, density), edges)   (specs/indexing.yaml:196)
 std::vector<Value> emit_histogram__bin_ct(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_edges = b.histogram_edges(a.value(0), a.integer(1), a.reals(2)); return {b.histogram_counts(a.value(0), l_edges, a.optional_value(3), a.boolean(4)), l_edges}; }(); }
-// histogram.bin_ct_out = edges = histogram_edges(self, bins, range) (histogram_counts(self, edges, weight, density), edges)   (specs/indexing.yaml:194)
+// histogram.bin_ct_out = edges = histogram_edges(self, bins, range) (histogram_counts(self, edges, weight, density), edges)   (specs/indexing.yaml:196)
 std::vector<Value> emit_histogram__bin_ct_out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_edges = b.histogram_edges(a.value(0), a.integer(1), a.reals(2)); return {b.histogram_counts(a.value(0), l_edges, a.optional_value(3), a.boolean(4)), l_edges}; }(); }
 
-// histogram.bins_tensor = (histogram_counts(self, bins, weight, density), identity(bins))  (specs/indexing.yaml:205)
+// histogram.bins_tensor = (histogram_counts(self, bins, weight, density), identity(bins))  (specs/indexing.yaml:207)
 std::vector<Value> emit_histogram__bins_tensor(Builder& b, const EmitArgs& a) { return {b.histogram_counts(a.value(0), a.value(1), a.optional_value(2), a.boolean(3)), b.identity(a.value(1))}; }
-// histogram.bins_tensor_out = (histogram_counts(self, bins, weight, density), identity(bins))  (specs/indexing.yaml:205)
+// histogram.bins_tensor_out = (histogram_counts(self, bins, weight, density), identity(bins))  (specs/indexing.yaml:207)
 std::vector<Value> emit_histogram__bins_tensor_out(Builder& b, const EmitArgs& a) { return {b.histogram_counts(a.value(0), a.value(1), a.optional_value(2), a.boolean(3)), b.identity(a.value(1))}; }
 
-// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:216)
+// _embedding_bag = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:218)
 std::vector<Value> emit__embedding_bag(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:225)
+// _embedding_bag_forward_only = (embedding_bag(weight, indices, offsets, mode, per_sample_weights, include_last_offset, padding_idx), embedding_bag_offset2bag(indices, offsets, include_last_offset), embedding_bag_size(indices, offsets, include_last_offset, padding_idx), embedding_bag_max_indices(weight, indices, offsets, mode, include_last_offset, padding_idx))  (specs/indexing.yaml:227)
 std::vector<Value> emit__embedding_bag_forward_only(Builder& b, const EmitArgs& a) { return {b.embedding_bag(a.value(0), a.value(1), a.value(2), a.integer(4), a.optional_value(6), a.boolean(7), a.integer(8)), b.embedding_bag_offset2bag(a.value(1), a.value(2), a.boolean(7)), b.embedding_bag_size(a.value(1), a.value(2), a.boolean(7), a.integer(8)), b.embedding_bag_max_indices(a.value(0), a.value(1), a.value(2), a.integer(4), a.boolean(7), a.integer(8))}; }
 
-// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:233)
+// _embedding_bag_backward = embedding_bag_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)  (specs/indexing.yaml:235)
 std::vector<Value> emit__embedding_bag_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_backward(a.value(0), a.value(1), a.value(3), a.value(4), a.value(5), a.integer(6), a.boolean(7), a.integer(8), a.boolean(9), a.optional_value(10), a.integer(11))}; }
 
-// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:239)
+// _embedding_bag_dense_backward = embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)  (specs/indexing.yaml:241)
 std::vector<Value> emit__embedding_bag_dense_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_dense_backward(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.integer(5), a.boolean(6), a.integer(7), a.optional_value(8), a.integer(9))}; }
 
-// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:245)
+// _embedding_bag_per_sample_weights_backward = embedding_bag_psw_backward(grad, weight, indices, offset2bag, padding_idx)  (specs/indexing.yaml:247)
 std::vector<Value> emit__embedding_bag_per_sample_weights_backward(Builder& b, const EmitArgs& a) { return {b.embedding_bag_psw_backward(a.value(0), a.value(1), a.value(2), a.value(4), a.integer(6))}; }
 
-// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:253)
+// index_add = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:255)
 std::vector<Value> emit_index_add(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:253)
+// index_add_ = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:255)
 std::vector<Value> emit_index_add_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
-// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:253)
+// index_add.out = scatter_along(self, dim, expand_index(index, dim, source), mul(source, alpha), "add")  (specs/indexing.yaml:255)
 std::vector<Value> emit_index_add__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), b.mul(a.value(3), a.value(4)), std::string("add"))}; }
 
-// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:260)
+// index_copy = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:262)
 std::vector<Value> emit_index_copy(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:260)
+// index_copy_ = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:262)
 std::vector<Value> emit_index_copy_(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
-// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:260)
+// index_copy.out = scatter_along(self, dim, expand_index(index, dim, source), source, "")  (specs/indexing.yaml:262)
 std::vector<Value> emit_index_copy__out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:268)
+// index_fill.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:270)
 std::vector<Value> emit_index_fill__int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:268)
+// index_fill_.int_Scalar = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:270)
 std::vector<Value> emit_index_fill___int_Scalar(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:268)
+// index_fill.int_Scalar_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:270)
 std::vector<Value> emit_index_fill__int_Scalar_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:275)
+// index_fill.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:277)
 std::vector<Value> emit_index_fill__int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:275)
+// index_fill_.int_Tensor = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:277)
 std::vector<Value> emit_index_fill___int_Tensor(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
-// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:275)
+// index_fill.int_Tensor_out = scatter_along(self, dim, expand_index(index, dim, self), value, "")  (specs/indexing.yaml:277)
 std::vector<Value> emit_index_fill__int_Tensor_out(Builder& b, const EmitArgs& a) { return {b.scatter_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(0)), a.value(3), std::string(""))}; }
 
-// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:282)
+// index_reduce = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:284)
 std::vector<Value> emit_index_reduce(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:282)
+// index_reduce_ = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:284)
 std::vector<Value> emit_index_reduce_(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
-// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:282)
+// index_reduce.out = scatter_reduce_along(self, dim, expand_index(index, dim, source), source, reduce, include_self)  (specs/indexing.yaml:284)
 std::vector<Value> emit_index_reduce__out(Builder& b, const EmitArgs& a) { return {b.scatter_reduce_along(a.value(0), a.integer(1), b.expand_index(a.value(2), a.integer(1), a.value(3)), a.value(3), a.string(4), a.boolean(5))}; }
 
-// take = take(self, index)  (specs/indexing.yaml:290)
+// take = take(self, index)  (specs/indexing.yaml:292)
 std::vector<Value> emit_take(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
-// take.out = take(self, index)  (specs/indexing.yaml:290)
+// take.out = take(self, index)  (specs/indexing.yaml:292)
 std::vector<Value> emit_take__out(Builder& b, const EmitArgs& a) { return {b.take(a.value(0), a.value(1))}; }
 
-// put = put(self, index, source, accumulate)  (specs/indexing.yaml:296)
+// put = put(self, index, source, accumulate)  (specs/indexing.yaml:298)
 std::vector<Value> emit_put(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:296)
+// put_ = put(self, index, source, accumulate)  (specs/indexing.yaml:298)
 std::vector<Value> emit_put_(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
-// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:296)
+// put.out = put(self, index, source, accumulate)  (specs/indexing.yaml:298)
 std::vector<Value> emit_put__out(Builder& b, const EmitArgs& a) { return {b.put(a.value(0), a.value(1), a.value(2), a.boolean(3))}; }
 
-// _unique2 = (unique_sorted(self, 0), unique_sorted(self, 1) if return_inverse else empty_1d(unique_sorted(self, 3)), unique_sorted(self, 2) if return_counts else empty_1d(unique_sorted(self, 3)), unique_sorted(self, 3))  (specs/indexing.yaml:306)
+// _unique2 = (unique_sorted(self, 0), unique_sorted(self, 1) if return_inverse else empty_1d(unique_sorted(self, 3)), unique_sorted(self, 2) if return_counts else empty_1d(unique_sorted(self, 3)), unique_sorted(self, 3))  (specs/indexing.yaml:308)
 std::vector<Value> emit__unique2(Builder& b, const EmitArgs& a) { return {b.unique_sorted(a.value(0), 0), (a.boolean(2) ? b.unique_sorted(a.value(0), 1) : b.empty_1d(b.unique_sorted(a.value(0), 3))), (a.boolean(3) ? b.unique_sorted(a.value(0), 2) : b.empty_1d(b.unique_sorted(a.value(0), 3))), b.unique_sorted(a.value(0), 3)}; }
 
-// _unique = (unique_sorted(self, 0), unique_sorted(self, 1) if return_inverse else empty_1d(unique_sorted(self, 3)), unique_sorted(self, 3))  (specs/indexing.yaml:313)
+// _unique = (unique_sorted(self, 0), unique_sorted(self, 1) if return_inverse else empty_1d(unique_sorted(self, 3)), unique_sorted(self, 3))  (specs/indexing.yaml:315)
 std::vector<Value> emit__unique(Builder& b, const EmitArgs& a) { return {b.unique_sorted(a.value(0), 0), (a.boolean(2) ? b.unique_sorted(a.value(0), 1) : b.empty_1d(b.unique_sorted(a.value(0), 3))), b.unique_sorted(a.value(0), 3)}; }
 
 // mm = matmul(self, mat2)  (specs/linalg.yaml:10)
@@ -1262,36 +1262,46 @@ std::vector<Value> emit_native_layer_norm(Builder& b, const EmitArgs& a) { retur
 // native_layer_norm_backward = (layer_norm_grad_input(grad_out, input, normalized_shape, mean, rstd, weight), layer_norm_grad_weight(grad_out, input, normalized_shape, mean, rstd), layer_norm_grad_bias(grad_out, normalized_shape))  (specs/normalization.yaml:13)
 std::vector<Value> emit_native_layer_norm_backward(Builder& b, const EmitArgs& a) { return {b.layer_norm_grad_input(a.value(0), a.value(1), a.ints(2), a.value(3), a.value(4), a.optional_value(5)), b.layer_norm_grad_weight(a.value(0), a.value(1), a.ints(2), a.value(3), a.value(4)), b.layer_norm_grad_bias(a.value(0), a.ints(2))}; }
 
-// native_group_norm = (group_norm(input, weight, bias, N, C, HxW, group, eps), group_norm_mean(input, N, C, HxW, group), group_norm_rstd(input, N, C, HxW, group, eps))  (specs/normalization.yaml:18)
+// _weight_norm_interface = norm = sqrt(sum_except_dim(mul(v, v), dim)) (mul(v, div(g, norm)), norm)   (specs/normalization.yaml:21)
+std::vector<Value> emit__weight_norm_interface(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_norm = b.sqrt(b.sum_except_dim(b.mul(a.value(0), a.value(0)), a.integer(2))); return {b.mul(a.value(0), b.div(a.value(1), l_norm)), l_norm}; }(); }
+// _weight_norm_interface.out = norm = sqrt(sum_except_dim(mul(v, v), dim)) (mul(v, div(g, norm)), norm)   (specs/normalization.yaml:21)
+std::vector<Value> emit__weight_norm_interface__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_norm = b.sqrt(b.sum_except_dim(b.mul(a.value(0), a.value(0)), a.integer(2))); return {b.mul(a.value(0), b.div(a.value(1), l_norm)), l_norm}; }(); }
+
+// _weight_norm_interface_backward = grad_g = div(sum_except_dim(mul(grad_w, saved_v), dim), saved_norms) (mul(div(saved_g, saved_norms), sub(grad_w, mul(saved_v, div(grad_g, saved_norms)))), grad_g)   (specs/normalization.yaml:27)
+std::vector<Value> emit__weight_norm_interface_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_grad_g = b.div(b.sum_except_dim(b.mul(a.value(0), a.value(1)), a.integer(4)), a.value(3)); return {b.mul(b.div(a.value(2), a.value(3)), b.sub(a.value(0), b.mul(a.value(1), b.div(l_grad_g, a.value(3))))), l_grad_g}; }(); }
+// _weight_norm_interface_backward.out = grad_g = div(sum_except_dim(mul(grad_w, saved_v), dim), saved_norms) (mul(div(saved_g, saved_norms), sub(grad_w, mul(saved_v, div(grad_g, saved_norms)))), grad_g)   (specs/normalization.yaml:27)
+std::vector<Value> emit__weight_norm_interface_backward__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_grad_g = b.div(b.sum_except_dim(b.mul(a.value(0), a.value(1)), a.integer(4)), a.value(3)); return {b.mul(b.div(a.value(2), a.value(3)), b.sub(a.value(0), b.mul(a.value(1), b.div(l_grad_g, a.value(3))))), l_grad_g}; }(); }
+
+// native_group_norm = (group_norm(input, weight, bias, N, C, HxW, group, eps), group_norm_mean(input, N, C, HxW, group), group_norm_rstd(input, N, C, HxW, group, eps))  (specs/normalization.yaml:33)
 std::vector<Value> emit_native_group_norm(Builder& b, const EmitArgs& a) { return {b.group_norm(a.value(0), a.optional_value(1), a.optional_value(2), a.integer(3), a.integer(4), a.integer(5), a.integer(6), a.real(7)), b.group_norm_mean(a.value(0), a.integer(3), a.integer(4), a.integer(5), a.integer(6)), b.group_norm_rstd(a.value(0), a.integer(3), a.integer(4), a.integer(5), a.integer(6), a.real(7))}; }
 
-// native_group_norm_backward = (group_norm_grad_input(grad_out, input, mean, rstd, weight, N, C, HxW, group), group_norm_grad_weight(grad_out, input, mean, rstd, N, C, HxW, group), group_norm_grad_bias(grad_out, N, C, HxW))  (specs/normalization.yaml:24)
+// native_group_norm_backward = (group_norm_grad_input(grad_out, input, mean, rstd, weight, N, C, HxW, group), group_norm_grad_weight(grad_out, input, mean, rstd, N, C, HxW, group), group_norm_grad_bias(grad_out, N, C, HxW))  (specs/normalization.yaml:39)
 std::vector<Value> emit_native_group_norm_backward(Builder& b, const EmitArgs& a) { return {b.group_norm_grad_input(a.value(0), a.value(1), a.value(2), a.value(3), a.optional_value(4), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_weight(a.value(0), a.value(1), a.value(2), a.value(3), a.integer(5), a.integer(6), a.integer(7), a.integer(8)), b.group_norm_grad_bias(a.value(0), a.integer(5), a.integer(6), a.integer(7))}; }
 
-// native_batch_norm = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) out = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training and not is_none(running_mean) else batch_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training and not is_none(running_var) else batch_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (out, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:32)
+// native_batch_norm = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) out = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training and not is_none(running_mean) else batch_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training and not is_none(running_var) else batch_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (out, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:47)
 std::vector<Value> emit_native_batch_norm(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_out = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), l_batch_mean, l_invstd); const Value l_new_mean = ((a.boolean(5) && !a.is_none(3)) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : l_batch_mean); const Value l_new_var = ((a.boolean(5) && !a.is_none(4)) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : l_batch_var); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_out, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
 
-// _native_batch_norm_legit_functional = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:52)
+// _native_batch_norm_legit_functional = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:67)
 std::vector<Value> emit__native_batch_norm_legit_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_result = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), l_batch_mean, l_invstd); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_result, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
-// _native_batch_norm_legit.out = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:52)
+// _native_batch_norm_legit.out = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:67)
 std::vector<Value> emit__native_batch_norm_legit__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_result = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), l_batch_mean, l_invstd); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_result, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
-// _native_batch_norm_legit = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:52)
+// _native_batch_norm_legit = batch_mean = channel_mean(input) if training else running_mean batch_var = channel_var(input, 0) if training else running_var invstd = rsqrt(add(batch_var, eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) if training else running_mean new_var = lerp(running_var, channel_var(input, 1), momentum) if training else running_var kept_mean = batch_mean if training else empty_1d(input) kept_invstd = invstd if training else empty_1d(input) (result, kept_mean, kept_invstd, new_mean, new_var)   (specs/normalization.yaml:67)
 std::vector<Value> emit__native_batch_norm_legit(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(5) ? b.channel_mean(a.value(0)) : a.value(3)); const Value l_batch_var = (a.boolean(5) ? b.channel_var(a.value(0), 0.0) : a.value(4)); const Value l_invstd = b.rsqrt(b.add(l_batch_var, a.value(7))); const Value l_result = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), l_batch_mean, l_invstd); const Value l_new_mean = (a.boolean(5) ? b.lerp(a.value(3), l_batch_mean, a.value(6)) : a.value(3)); const Value l_new_var = (a.boolean(5) ? b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(6)) : a.value(4)); const Value l_kept_mean = (a.boolean(5) ? l_batch_mean : b.empty_1d(a.value(0))); const Value l_kept_invstd = (a.boolean(5) ? l_invstd : b.empty_1d(a.value(0))); return {l_result, l_kept_mean, l_kept_invstd, l_new_mean, l_new_var}; }(); }
 
-// _batch_norm_with_update_functional = batch_mean = channel_mean(input) invstd = rsqrt(add(channel_var(input, 0), eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) new_var = lerp(running_var, channel_var(input, 1), momentum) (result, batch_mean, invstd, empty_1d(input), new_mean, new_var)   (specs/normalization.yaml:68)
+// _batch_norm_with_update_functional = batch_mean = channel_mean(input) invstd = rsqrt(add(channel_var(input, 0), eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) new_var = lerp(running_var, channel_var(input, 1), momentum) (result, batch_mean, invstd, empty_1d(input), new_mean, new_var)   (specs/normalization.yaml:83)
 std::vector<Value> emit__batch_norm_with_update_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = b.channel_mean(a.value(0)); const Value l_invstd = b.rsqrt(b.add(b.channel_var(a.value(0), 0.0), a.value(6))); const Value l_result = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), l_batch_mean, l_invstd); const Value l_new_mean = b.lerp(a.value(3), l_batch_mean, a.value(5)); const Value l_new_var = b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(5)); return {l_result, l_batch_mean, l_invstd, b.empty_1d(a.value(0)), l_new_mean, l_new_var}; }(); }
-// _batch_norm_with_update.out = batch_mean = channel_mean(input) invstd = rsqrt(add(channel_var(input, 0), eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) new_var = lerp(running_var, channel_var(input, 1), momentum) (result, batch_mean, invstd, empty_1d(input), new_mean, new_var)   (specs/normalization.yaml:68)
+// _batch_norm_with_update.out = batch_mean = channel_mean(input) invstd = rsqrt(add(channel_var(input, 0), eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) new_var = lerp(running_var, channel_var(input, 1), momentum) (result, batch_mean, invstd, empty_1d(input), new_mean, new_var)   (specs/normalization.yaml:83)
 std::vector<Value> emit__batch_norm_with_update__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = b.channel_mean(a.value(0)); const Value l_invstd = b.rsqrt(b.add(b.channel_var(a.value(0), 0.0), a.value(6))); const Value l_result = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), l_batch_mean, l_invstd); const Value l_new_mean = b.lerp(a.value(3), l_batch_mean, a.value(5)); const Value l_new_var = b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(5)); return {l_result, l_batch_mean, l_invstd, b.empty_1d(a.value(0)), l_new_mean, l_new_var}; }(); }
-// _batch_norm_with_update = batch_mean = channel_mean(input) invstd = rsqrt(add(channel_var(input, 0), eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) new_var = lerp(running_var, channel_var(input, 1), momentum) (result, batch_mean, invstd, empty_1d(input), new_mean, new_var)   (specs/normalization.yaml:68)
+// _batch_norm_with_update = batch_mean = channel_mean(input) invstd = rsqrt(add(channel_var(input, 0), eps)) result = batch_norm_apply(input, weight, bias, batch_mean, invstd) new_mean = lerp(running_mean, batch_mean, momentum) new_var = lerp(running_var, channel_var(input, 1), momentum) (result, batch_mean, invstd, empty_1d(input), new_mean, new_var)   (specs/normalization.yaml:83)
 std::vector<Value> emit__batch_norm_with_update(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = b.channel_mean(a.value(0)); const Value l_invstd = b.rsqrt(b.add(b.channel_var(a.value(0), 0.0), a.value(6))); const Value l_result = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), l_batch_mean, l_invstd); const Value l_new_mean = b.lerp(a.value(3), l_batch_mean, a.value(5)); const Value l_new_var = b.lerp(a.value(4), b.channel_var(a.value(0), 1.0), a.value(5)); return {l_result, l_batch_mean, l_invstd, b.empty_1d(a.value(0)), l_new_mean, l_new_var}; }(); }
 
-// _native_batch_norm_legit_no_training = invstd = rsqrt(add(running_var, eps)) out = batch_norm_apply(input, weight, bias, running_mean, invstd) (out, running_mean, invstd)   (specs/normalization.yaml:82)
+// _native_batch_norm_legit_no_training = invstd = rsqrt(add(running_var, eps)) out = batch_norm_apply(input, weight, bias, running_mean, invstd) (out, running_mean, invstd)   (specs/normalization.yaml:97)
 std::vector<Value> emit__native_batch_norm_legit_no_training(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_invstd = b.rsqrt(b.add(a.value(4), a.value(6))); const Value l_out = b.batch_norm_apply(a.value(0), a.optional_value(1), a.optional_value(2), a.value(3), l_invstd); return {l_out, a.value(3), l_invstd}; }(); }
 
-// native_batch_norm_backward = batch_mean = save_mean if train else running_mean invstd = save_invstd if train else rsqrt(add(running_var, eps)) (batch_norm_grad(grad_out, input, weight, batch_mean, invstd, train, 0), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, train, 1), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, train, 2))   (specs/normalization.yaml:91)
+// native_batch_norm_backward = batch_mean = save_mean if train else running_mean invstd = save_invstd if train else rsqrt(add(running_var, eps)) (batch_norm_grad(grad_out, input, weight, batch_mean, invstd, train, 0), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, train, 1), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, train, 2))   (specs/normalization.yaml:106)
 std::vector<Value> emit_native_batch_norm_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(7) ? a.value(5) : a.value(3)); const Value l_invstd = (a.boolean(7) ? a.value(6) : b.rsqrt(b.add(a.value(4), a.value(8)))); return {b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 0), b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 1), b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 2)}; }(); }
 
-// batch_norm_backward = batch_mean = save_mean if update else running_mean invstd = save_var if update else rsqrt(add(running_var, eps)) (batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 0), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 1), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 2))   (specs/normalization.yaml:102)
+// batch_norm_backward = batch_mean = save_mean if update else running_mean invstd = save_var if update else rsqrt(add(running_var, eps)) (batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 0), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 1), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 2))   (specs/normalization.yaml:117)
 std::vector<Value> emit_batch_norm_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(7) ? a.value(5) : a.value(3)); const Value l_invstd = (a.boolean(7) ? a.value(6) : b.rsqrt(b.add(a.value(4), a.value(8)))); return {b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 0), b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 1), b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 2)}; }(); }
 
 // _foreach_add.List = add(self, mul(other, alpha))  (specs/optim.yaml:8)
@@ -3502,667 +3512,667 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar_out, false, -1, {}, {}},
-      {"pow.Scalar", "specs/binary.yaml:68", Variant::Functional,
-       {ArgKind::Scalar, ArgKind::Tensor},
+      {"pow.Scalar", "specs/binary.yaml:70", Variant::Functional,
+       {ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar, false, -1, {}, {}},
-      {"pow.Scalar_out", "specs/binary.yaml:68", Variant::Out,
-       {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
+      {"pow.Scalar_out", "specs/binary.yaml:70", Variant::Out,
+       {ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar_out, false, -1, {}, {}},
-      {"remainder.Tensor", "specs/binary.yaml:75", Variant::Functional,
+      {"remainder.Tensor", "specs/binary.yaml:78", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor, false, 1, {}, {}},
-      {"remainder_.Tensor", "specs/binary.yaml:75", Variant::Inplace,
+      {"remainder_.Tensor", "specs/binary.yaml:78", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Tensor, false, 1, {}, {}},
-      {"remainder.Tensor_out", "specs/binary.yaml:75", Variant::Out,
+      {"remainder.Tensor_out", "specs/binary.yaml:78", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor_out, false, 1, {}, {}},
-      {"remainder.Scalar", "specs/binary.yaml:81", Variant::Functional,
+      {"remainder.Scalar", "specs/binary.yaml:84", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar, false, 1, {}, {}},
-      {"remainder_.Scalar", "specs/binary.yaml:81", Variant::Inplace,
+      {"remainder_.Scalar", "specs/binary.yaml:84", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Scalar, false, 1, {}, {}},
-      {"remainder.Scalar_out", "specs/binary.yaml:81", Variant::Out,
+      {"remainder.Scalar_out", "specs/binary.yaml:84", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_out, false, 1, {}, {}},
-      {"remainder.Scalar_Tensor", "specs/binary.yaml:86", Variant::Functional,
+      {"remainder.Scalar_Tensor", "specs/binary.yaml:89", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor, false, 1, {}, {}},
-      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:86", Variant::Out,
+      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:89", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor_out, false, 1, {}, {}},
-      {"fmod.Tensor", "specs/binary.yaml:92", Variant::Functional,
+      {"fmod.Tensor", "specs/binary.yaml:95", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor, false, 1, {}, {}},
-      {"fmod_.Tensor", "specs/binary.yaml:92", Variant::Inplace,
+      {"fmod_.Tensor", "specs/binary.yaml:95", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Tensor, false, 1, {}, {}},
-      {"fmod.Tensor_out", "specs/binary.yaml:92", Variant::Out,
+      {"fmod.Tensor_out", "specs/binary.yaml:95", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor_out, false, 1, {}, {}},
-      {"fmod.Scalar", "specs/binary.yaml:98", Variant::Functional,
+      {"fmod.Scalar", "specs/binary.yaml:101", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar, false, 1, {}, {}},
-      {"fmod_.Scalar", "specs/binary.yaml:98", Variant::Inplace,
+      {"fmod_.Scalar", "specs/binary.yaml:101", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Scalar, false, 1, {}, {}},
-      {"fmod.Scalar_out", "specs/binary.yaml:98", Variant::Out,
+      {"fmod.Scalar_out", "specs/binary.yaml:101", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar_out, false, 1, {}, {}},
-      {"floor_divide", "specs/binary.yaml:103", Variant::Functional,
+      {"floor_divide", "specs/binary.yaml:106", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide, false, 1, {}, {}},
-      {"floor_divide_.Tensor", "specs/binary.yaml:103", Variant::Inplace,
+      {"floor_divide_.Tensor", "specs/binary.yaml:106", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Tensor, false, 1, {}, {}},
-      {"floor_divide.out", "specs/binary.yaml:103", Variant::Out,
+      {"floor_divide.out", "specs/binary.yaml:106", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__out, false, 1, {}, {}},
-      {"floor_divide.Scalar", "specs/binary.yaml:109", Variant::Functional,
+      {"floor_divide.Scalar", "specs/binary.yaml:112", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar, false, 1, {}, {}},
-      {"floor_divide_.Scalar", "specs/binary.yaml:109", Variant::Inplace,
+      {"floor_divide_.Scalar", "specs/binary.yaml:112", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Scalar, false, 1, {}, {}},
-      {"floor_divide.Scalar_out", "specs/binary.yaml:109", Variant::Out,
+      {"floor_divide.Scalar_out", "specs/binary.yaml:112", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar_out, false, 1, {}, {}},
-      {"div.Tensor_mode", "specs/binary.yaml:115", Variant::Functional,
+      {"div.Tensor_mode", "specs/binary.yaml:118", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor_mode, false, 1, {}, {}},
-      {"div_.Tensor_mode", "specs/binary.yaml:115", Variant::Inplace,
+      {"div_.Tensor_mode", "specs/binary.yaml:118", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor_mode, false, 1, {}, {}},
-      {"div.out_mode", "specs/binary.yaml:115", Variant::Out,
+      {"div.out_mode", "specs/binary.yaml:118", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__out_mode, false, 1, {}, {}},
-      {"div.Scalar_mode", "specs/binary.yaml:122", Variant::Functional,
+      {"div.Scalar_mode", "specs/binary.yaml:125", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode, false, 1, {}, {}},
-      {"div_.Scalar_mode", "specs/binary.yaml:122", Variant::Inplace,
+      {"div_.Scalar_mode", "specs/binary.yaml:125", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar_mode, false, 1, {}, {}},
-      {"div.Scalar_mode_out", "specs/binary.yaml:122", Variant::Out,
+      {"div.Scalar_mode_out", "specs/binary.yaml:125", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode_out, false, 1, {}, {}},
-      {"logical_and", "specs/binary.yaml:131", Variant::Functional,
+      {"logical_and", "specs/binary.yaml:134", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and, false, -1, {}, {}},
-      {"logical_and_", "specs/binary.yaml:131", Variant::Inplace,
+      {"logical_and_", "specs/binary.yaml:134", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and_, false, -1, {}, {}},
-      {"logical_and.out", "specs/binary.yaml:131", Variant::Out,
+      {"logical_and.out", "specs/binary.yaml:134", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and__out, false, -1, {}, {}},
-      {"logical_or", "specs/binary.yaml:135", Variant::Functional,
+      {"logical_or", "specs/binary.yaml:138", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or, false, -1, {}, {}},
-      {"logical_or_", "specs/binary.yaml:135", Variant::Inplace,
+      {"logical_or_", "specs/binary.yaml:138", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or_, false, -1, {}, {}},
-      {"logical_or.out", "specs/binary.yaml:135", Variant::Out,
+      {"logical_or.out", "specs/binary.yaml:138", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or__out, false, -1, {}, {}},
-      {"logical_xor", "specs/binary.yaml:139", Variant::Functional,
+      {"logical_xor", "specs/binary.yaml:142", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor, false, -1, {}, {}},
-      {"logical_xor_", "specs/binary.yaml:139", Variant::Inplace,
+      {"logical_xor_", "specs/binary.yaml:142", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor_, false, -1, {}, {}},
-      {"logical_xor.out", "specs/binary.yaml:139", Variant::Out,
+      {"logical_xor.out", "specs/binary.yaml:142", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor__out, false, -1, {}, {}},
-      {"bitwise_and.Tensor", "specs/binary.yaml:143", Variant::Functional,
+      {"bitwise_and.Tensor", "specs/binary.yaml:146", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor, false, -1, {}, {}},
-      {"bitwise_and_.Tensor", "specs/binary.yaml:143", Variant::Inplace,
+      {"bitwise_and_.Tensor", "specs/binary.yaml:146", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Tensor, false, -1, {}, {}},
-      {"bitwise_and.Tensor_out", "specs/binary.yaml:143", Variant::Out,
+      {"bitwise_and.Tensor_out", "specs/binary.yaml:146", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor_out, false, -1, {}, {}},
-      {"bitwise_and.Scalar", "specs/binary.yaml:148", Variant::Functional,
+      {"bitwise_and.Scalar", "specs/binary.yaml:151", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar, false, -1, {}, {}},
-      {"bitwise_and_.Scalar", "specs/binary.yaml:148", Variant::Inplace,
+      {"bitwise_and_.Scalar", "specs/binary.yaml:151", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Scalar, false, -1, {}, {}},
-      {"bitwise_and.Scalar_out", "specs/binary.yaml:148", Variant::Out,
+      {"bitwise_and.Scalar_out", "specs/binary.yaml:151", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_out, false, -1, {}, {}},
-      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:152", Variant::Functional,
+      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:155", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:152", Variant::Out,
+      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:155", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_or.Tensor", "specs/binary.yaml:156", Variant::Functional,
+      {"bitwise_or.Tensor", "specs/binary.yaml:159", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor, false, -1, {}, {}},
-      {"bitwise_or_.Tensor", "specs/binary.yaml:156", Variant::Inplace,
+      {"bitwise_or_.Tensor", "specs/binary.yaml:159", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Tensor, false, -1, {}, {}},
-      {"bitwise_or.Tensor_out", "specs/binary.yaml:156", Variant::Out,
+      {"bitwise_or.Tensor_out", "specs/binary.yaml:159", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor_out, false, -1, {}, {}},
-      {"bitwise_or.Scalar", "specs/binary.yaml:161", Variant::Functional,
+      {"bitwise_or.Scalar", "specs/binary.yaml:164", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar, false, -1, {}, {}},
-      {"bitwise_or_.Scalar", "specs/binary.yaml:161", Variant::Inplace,
+      {"bitwise_or_.Scalar", "specs/binary.yaml:164", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Scalar, false, -1, {}, {}},
-      {"bitwise_or.Scalar_out", "specs/binary.yaml:161", Variant::Out,
+      {"bitwise_or.Scalar_out", "specs/binary.yaml:164", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_out, false, -1, {}, {}},
-      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:165", Variant::Functional,
+      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:168", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:165", Variant::Out,
+      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:168", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_xor.Tensor", "specs/binary.yaml:169", Variant::Functional,
+      {"bitwise_xor.Tensor", "specs/binary.yaml:172", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor, false, -1, {}, {}},
-      {"bitwise_xor_.Tensor", "specs/binary.yaml:169", Variant::Inplace,
+      {"bitwise_xor_.Tensor", "specs/binary.yaml:172", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Tensor, false, -1, {}, {}},
-      {"bitwise_xor.Tensor_out", "specs/binary.yaml:169", Variant::Out,
+      {"bitwise_xor.Tensor_out", "specs/binary.yaml:172", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor_out, false, -1, {}, {}},
-      {"bitwise_xor.Scalar", "specs/binary.yaml:174", Variant::Functional,
+      {"bitwise_xor.Scalar", "specs/binary.yaml:177", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar, false, -1, {}, {}},
-      {"bitwise_xor_.Scalar", "specs/binary.yaml:174", Variant::Inplace,
+      {"bitwise_xor_.Scalar", "specs/binary.yaml:177", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Scalar, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_out", "specs/binary.yaml:174", Variant::Out,
+      {"bitwise_xor.Scalar_out", "specs/binary.yaml:177", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_out, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:178", Variant::Functional,
+      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:181", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:178", Variant::Out,
+      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:181", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor", "specs/binary.yaml:183", Variant::Functional,
+      {"bitwise_left_shift.Tensor", "specs/binary.yaml:186", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift_.Tensor", "specs/binary.yaml:183", Variant::Inplace,
+      {"bitwise_left_shift_.Tensor", "specs/binary.yaml:186", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_out", "specs/binary.yaml:183", Variant::Out,
+      {"bitwise_left_shift.Tensor_out", "specs/binary.yaml:186", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_Scalar", "specs/binary.yaml:188", Variant::Functional,
+      {"bitwise_left_shift.Tensor_Scalar", "specs/binary.yaml:191", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_left_shift_.Tensor_Scalar", "specs/binary.yaml:188", Variant::Inplace,
+      {"bitwise_left_shift_.Tensor_Scalar", "specs/binary.yaml:191", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_Scalar_out", "specs/binary.yaml:188", Variant::Out,
+      {"bitwise_left_shift.Tensor_Scalar_out", "specs/binary.yaml:191", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Scalar_Tensor", "specs/binary.yaml:192", Variant::Functional,
+      {"bitwise_left_shift.Scalar_Tensor", "specs/binary.yaml:195", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift.Scalar_Tensor_out", "specs/binary.yaml:192", Variant::Out,
+      {"bitwise_left_shift.Scalar_Tensor_out", "specs/binary.yaml:195", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor", "specs/binary.yaml:196", Variant::Functional,
+      {"bitwise_right_shift.Tensor", "specs/binary.yaml:199", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift_.Tensor", "specs/binary.yaml:196", Variant::Inplace,
+      {"bitwise_right_shift_.Tensor", "specs/binary.yaml:199", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_out", "specs/binary.yaml:196", Variant::Out,
+      {"bitwise_right_shift.Tensor_out", "specs/binary.yaml:199", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_Scalar", "specs/binary.yaml:201", Variant::Functional,
+      {"bitwise_right_shift.Tensor_Scalar", "specs/binary.yaml:204", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_right_shift_.Tensor_Scalar", "specs/binary.yaml:201", Variant::Inplace,
+      {"bitwise_right_shift_.Tensor_Scalar", "specs/binary.yaml:204", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_Scalar_out", "specs/binary.yaml:201", Variant::Out,
+      {"bitwise_right_shift.Tensor_Scalar_out", "specs/binary.yaml:204", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Scalar_Tensor", "specs/binary.yaml:205", Variant::Functional,
+      {"bitwise_right_shift.Scalar_Tensor", "specs/binary.yaml:208", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift.Scalar_Tensor_out", "specs/binary.yaml:205", Variant::Out,
+      {"bitwise_right_shift.Scalar_Tensor_out", "specs/binary.yaml:208", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor_out, false, -1, {}, {}},
-      {"__lshift__.Tensor", "specs/binary.yaml:210", Variant::Functional,
+      {"__lshift__.Tensor", "specs/binary.yaml:213", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor, false, -1, {}, {}},
-      {"__ilshift__.Tensor", "specs/binary.yaml:210", Variant::Inplace,
+      {"__ilshift__.Tensor", "specs/binary.yaml:213", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Tensor, false, -1, {}, {}},
-      {"__lshift__.Tensor_out", "specs/binary.yaml:210", Variant::Out,
+      {"__lshift__.Tensor_out", "specs/binary.yaml:213", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor_out, false, -1, {}, {}},
-      {"__lshift__.Scalar", "specs/binary.yaml:214", Variant::Functional,
+      {"__lshift__.Scalar", "specs/binary.yaml:217", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar, false, -1, {}, {}},
-      {"__ilshift__.Scalar", "specs/binary.yaml:214", Variant::Inplace,
+      {"__ilshift__.Scalar", "specs/binary.yaml:217", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Scalar, false, -1, {}, {}},
-      {"__lshift__.Scalar_out", "specs/binary.yaml:214", Variant::Out,
+      {"__lshift__.Scalar_out", "specs/binary.yaml:217", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar_out, false, -1, {}, {}},
-      {"__rshift__.Tensor", "specs/binary.yaml:218", Variant::Functional,
+      {"__rshift__.Tensor", "specs/binary.yaml:221", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor, false, -1, {}, {}},
-      {"__irshift__.Tensor", "specs/binary.yaml:218", Variant::Inplace,
+      {"__irshift__.Tensor", "specs/binary.yaml:221", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Tensor, false, -1, {}, {}},
-      {"__rshift__.Tensor_out", "specs/binary.yaml:218", Variant::Out,
+      {"__rshift__.Tensor_out", "specs/binary.yaml:221", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor_out, false, -1, {}, {}},
-      {"__rshift__.Scalar", "specs/binary.yaml:222", Variant::Functional,
+      {"__rshift__.Scalar", "specs/binary.yaml:225", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar, false, -1, {}, {}},
-      {"__irshift__.Scalar", "specs/binary.yaml:222", Variant::Inplace,
+      {"__irshift__.Scalar", "specs/binary.yaml:225", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Scalar, false, -1, {}, {}},
-      {"__rshift__.Scalar_out", "specs/binary.yaml:222", Variant::Out,
+      {"__rshift__.Scalar_out", "specs/binary.yaml:225", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar_out, false, -1, {}, {}},
-      {"masked_fill.Scalar", "specs/binary.yaml:228", Variant::Functional,
+      {"masked_fill.Scalar", "specs/binary.yaml:231", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar, false, -1, {}, {}},
-      {"masked_fill_.Scalar", "specs/binary.yaml:228", Variant::Inplace,
+      {"masked_fill_.Scalar", "specs/binary.yaml:231", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Scalar, false, -1, {}, {}},
-      {"masked_fill.Scalar_out", "specs/binary.yaml:228", Variant::Out,
+      {"masked_fill.Scalar_out", "specs/binary.yaml:231", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar_out, false, -1, {}, {}},
-      {"masked_fill.Tensor", "specs/binary.yaml:234", Variant::Functional,
+      {"masked_fill.Tensor", "specs/binary.yaml:237", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor, false, -1, {}, {}},
-      {"masked_fill_.Tensor", "specs/binary.yaml:234", Variant::Inplace,
+      {"masked_fill_.Tensor", "specs/binary.yaml:237", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Tensor, false, -1, {}, {}},
-      {"masked_fill.Tensor_out", "specs/binary.yaml:234", Variant::Out,
+      {"masked_fill.Tensor_out", "specs/binary.yaml:237", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor_out, false, -1, {}, {}},
-      {"lerp.Scalar", "specs/binary.yaml:241", Variant::Functional,
+      {"lerp.Scalar", "specs/binary.yaml:244", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar, false, -1, {}, {}},
-      {"lerp_.Scalar", "specs/binary.yaml:241", Variant::Inplace,
+      {"lerp_.Scalar", "specs/binary.yaml:244", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Scalar, false, -1, {}, {}},
-      {"lerp.Scalar_out", "specs/binary.yaml:241", Variant::Out,
+      {"lerp.Scalar_out", "specs/binary.yaml:244", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar_out, false, -1, {}, {}},
-      {"lerp.Tensor", "specs/binary.yaml:246", Variant::Functional,
+      {"lerp.Tensor", "specs/binary.yaml:249", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor, false, -1, {}, {}},
-      {"lerp_.Tensor", "specs/binary.yaml:246", Variant::Inplace,
+      {"lerp_.Tensor", "specs/binary.yaml:249", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Tensor, false, -1, {}, {}},
-      {"lerp.Tensor_out", "specs/binary.yaml:246", Variant::Out,
+      {"lerp.Tensor_out", "specs/binary.yaml:249", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor_out, false, -1, {}, {}},
-      {"addcmul", "specs/binary.yaml:250", Variant::Functional,
+      {"addcmul", "specs/binary.yaml:253", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul, false, -1, {}, {}},
-      {"addcmul_", "specs/binary.yaml:250", Variant::Inplace,
+      {"addcmul_", "specs/binary.yaml:253", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul_, false, -1, {}, {}},
-      {"addcmul.out", "specs/binary.yaml:250", Variant::Out,
+      {"addcmul.out", "specs/binary.yaml:253", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul__out, false, -1, {}, {}},
-      {"addcdiv", "specs/binary.yaml:255", Variant::Functional,
+      {"addcdiv", "specs/binary.yaml:258", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv, false, -1, {}, {}},
-      {"addcdiv_", "specs/binary.yaml:255", Variant::Inplace,
+      {"addcdiv_", "specs/binary.yaml:258", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv_, false, -1, {}, {}},
-      {"addcdiv.out", "specs/binary.yaml:255", Variant::Out,
+      {"addcdiv.out", "specs/binary.yaml:258", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv__out, false, -1, {}, {}},
-      {"atan2", "specs/binary.yaml:262", Variant::Functional,
+      {"atan2", "specs/binary.yaml:265", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2, false, -1, {}, {}},
-      {"atan2_", "specs/binary.yaml:262", Variant::Inplace,
+      {"atan2_", "specs/binary.yaml:265", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2_, false, -1, {}, {}},
-      {"atan2.out", "specs/binary.yaml:262", Variant::Out,
+      {"atan2.out", "specs/binary.yaml:265", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2__out, false, -1, {}, {}},
-      {"hypot", "specs/binary.yaml:268", Variant::Functional,
+      {"hypot", "specs/binary.yaml:271", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot, false, -1, {}, {}},
-      {"hypot_", "specs/binary.yaml:268", Variant::Inplace,
+      {"hypot_", "specs/binary.yaml:271", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot_, false, -1, {}, {}},
-      {"hypot.out", "specs/binary.yaml:268", Variant::Out,
+      {"hypot.out", "specs/binary.yaml:271", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot__out, false, -1, {}, {}},
-      {"copysign.Tensor", "specs/binary.yaml:273", Variant::Functional,
+      {"copysign.Tensor", "specs/binary.yaml:276", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Tensor, false, -1, {}, {}},
-      {"copysign_.Tensor", "specs/binary.yaml:273", Variant::Inplace,
+      {"copysign_.Tensor", "specs/binary.yaml:276", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Tensor, false, -1, {}, {}},
-      {"copysign.out", "specs/binary.yaml:273", Variant::Out,
+      {"copysign.out", "specs/binary.yaml:276", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__out, false, -1, {}, {}},
-      {"copysign.Scalar", "specs/binary.yaml:279", Variant::Functional,
+      {"copysign.Scalar", "specs/binary.yaml:282", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar, false, -1, {}, {}},
-      {"copysign_.Scalar", "specs/binary.yaml:279", Variant::Inplace,
+      {"copysign_.Scalar", "specs/binary.yaml:282", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Scalar, false, -1, {}, {}},
-      {"copysign.Scalar_out", "specs/binary.yaml:279", Variant::Out,
+      {"copysign.Scalar_out", "specs/binary.yaml:282", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar_out, false, -1, {}, {}},
-      {"xlogy.Tensor", "specs/binary.yaml:284", Variant::Functional,
+      {"xlogy.Tensor", "specs/binary.yaml:287", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Tensor, false, -1, {}, {}},
-      {"xlogy_.Tensor", "specs/binary.yaml:284", Variant::Inplace,
+      {"xlogy_.Tensor", "specs/binary.yaml:287", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Tensor, false, -1, {}, {}},
-      {"xlogy.OutTensor", "specs/binary.yaml:284", Variant::Out,
+      {"xlogy.OutTensor", "specs/binary.yaml:287", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutTensor, false, -1, {}, {}},
-      {"xlogy.Scalar_Self", "specs/binary.yaml:290", Variant::Functional,
+      {"xlogy.Scalar_Self", "specs/binary.yaml:293", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Self, false, -1, {}, {}},
-      {"xlogy.OutScalar_Self", "specs/binary.yaml:290", Variant::Out,
+      {"xlogy.OutScalar_Self", "specs/binary.yaml:293", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Self, false, -1, {}, {}},
-      {"xlogy.Scalar_Other", "specs/binary.yaml:295", Variant::Functional,
+      {"xlogy.Scalar_Other", "specs/binary.yaml:298", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Other, false, -1, {}, {}},
-      {"xlogy_.Scalar_Other", "specs/binary.yaml:295", Variant::Inplace,
+      {"xlogy_.Scalar_Other", "specs/binary.yaml:298", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Scalar_Other, false, -1, {}, {}},
-      {"xlogy.OutScalar_Other", "specs/binary.yaml:295", Variant::Out,
+      {"xlogy.OutScalar_Other", "specs/binary.yaml:298", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other, false, -1, {}, {}},
-      {"gcd", "specs/binary.yaml:301", Variant::Functional,
+      {"gcd", "specs/binary.yaml:304", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd, false, -1, {}, {}},
-      {"gcd_", "specs/binary.yaml:301", Variant::Inplace,
+      {"gcd_", "specs/binary.yaml:304", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd_, false, -1, {}, {}},
-      {"gcd.out", "specs/binary.yaml:301", Variant::Out,
+      {"gcd.out", "specs/binary.yaml:304", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd__out, false, -1, {}, {}},
-      {"lcm", "specs/binary.yaml:306", Variant::Functional,
+      {"lcm", "specs/binary.yaml:309", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm, false, -1, {}, {}},
-      {"lcm_", "specs/binary.yaml:306", Variant::Inplace,
+      {"lcm_", "specs/binary.yaml:309", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm_, false, -1, {}, {}},
-      {"lcm.out", "specs/binary.yaml:306", Variant::Out,
+      {"lcm.out", "specs/binary.yaml:309", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
@@ -4892,167 +4902,167 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_bucketize__Scalar_out, false, -1, {}, {}},
-      {"histc", "specs/indexing.yaml:187", Variant::Functional,
+      {"histc", "specs/indexing.yaml:189", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 2, 3}, Compute::Common, {},
        {-1}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_histc, false, -1, {}, {}},
-      {"histc.out", "specs/indexing.yaml:187", Variant::Out,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_histc, false, -1, {}, {}},
+      {"histc.out", "specs/indexing.yaml:189", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2, 3}, Compute::Common, {4},
        {4}, false, false,
-       {"float16", "bfloat16", "float32", "float64"}, &emit_histc__out, false, -1, {}, {}},
-      {"histogram.bin_ct", "specs/indexing.yaml:194", Variant::Functional,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_histc__out, false, -1, {}, {}},
+      {"histogram.bin_ct", "specs/indexing.yaml:196", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_histogram__bin_ct, false, -1, {}, {}},
-      {"histogram.bin_ct_out", "specs/indexing.yaml:194", Variant::Out,
+      {"histogram.bin_ct_out", "specs/indexing.yaml:196", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {5, 6},
        {5, 6}, false, false,
        {"float32", "float64"}, &emit_histogram__bin_ct_out, false, -1, {}, {}},
-      {"histogram.bins_tensor", "specs/indexing.yaml:205", Variant::Functional,
+      {"histogram.bins_tensor", "specs/indexing.yaml:207", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {}, Compute::Output, {},
        {-1, -1}, false, false,
        {"float32", "float64"}, &emit_histogram__bins_tensor, false, -1, {}, {}},
-      {"histogram.bins_tensor_out", "specs/indexing.yaml:205", Variant::Out,
+      {"histogram.bins_tensor_out", "specs/indexing.yaml:207", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {}, Compute::Output, {4, 5},
        {4, 5}, false, false,
        {"float32", "float64"}, &emit_histogram__bins_tensor_out, false, -1, {}, {}},
-      {"_embedding_bag", "specs/indexing.yaml:216", Variant::Functional,
+      {"_embedding_bag", "specs/indexing.yaml:218", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}, {}},
-      {"_embedding_bag_forward_only", "specs/indexing.yaml:225", Variant::Functional,
+      {"_embedding_bag_forward_only", "specs/indexing.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 6}, Compute::Common, {},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_forward_only, false, -1, {1, 0, -1, 0, false, -1, false, "Index {position} of input takes value {value} which is not in the valid range [0, {size})"}, {}},
-      {"_embedding_bag_backward", "specs/indexing.yaml:233", Variant::Functional,
+      {"_embedding_bag_backward", "specs/indexing.yaml:235", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 10}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_backward, false, -1, {}, {}},
-      {"_embedding_bag_dense_backward", "specs/indexing.yaml:239", Variant::Functional,
+      {"_embedding_bag_dense_backward", "specs/indexing.yaml:241", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 8}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_dense_backward, false, -1, {}, {}},
-      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:245", Variant::Functional,
+      {"_embedding_bag_per_sample_weights_backward", "specs/indexing.yaml:247", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__embedding_bag_per_sample_weights_backward, false, -1, {}, {}},
-      {"index_add", "specs/indexing.yaml:253", Variant::Functional,
+      {"index_add", "specs/indexing.yaml:255", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_add_", "specs/indexing.yaml:253", Variant::Inplace,
+      {"index_add_", "specs/indexing.yaml:255", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3, 4}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add_, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_add.out", "specs/indexing.yaml:253", Variant::Out,
+      {"index_add.out", "specs/indexing.yaml:255", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3, 4}, Compute::Common, {5},
        {5}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_add__out, false, -1, {2, 0, 1, 0, false, -1, false, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_copy", "specs/indexing.yaml:260", Variant::Functional,
+      {"index_copy", "specs/indexing.yaml:262", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_copy_", "specs/indexing.yaml:260", Variant::Inplace,
+      {"index_copy_", "specs/indexing.yaml:262", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy_, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_copy.out", "specs/indexing.yaml:260", Variant::Out,
+      {"index_copy.out", "specs/indexing.yaml:262", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_copy__out, false, -1, {2, 0, 1, 0, false, -1, true, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_fill.int_Scalar", "specs/indexing.yaml:268", Variant::Functional,
+      {"index_fill.int_Scalar", "specs/indexing.yaml:270", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_fill_.int_Scalar", "specs/indexing.yaml:268", Variant::Inplace,
+      {"index_fill_.int_Scalar", "specs/indexing.yaml:270", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Scalar, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_fill.int_Scalar_out", "specs/indexing.yaml:268", Variant::Out,
+      {"index_fill.int_Scalar_out", "specs/indexing.yaml:270", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Scalar_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_fill.int_Tensor", "specs/indexing.yaml:275", Variant::Functional,
+      {"index_fill.int_Tensor", "specs/indexing.yaml:277", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_fill_.int_Tensor", "specs/indexing.yaml:275", Variant::Inplace,
+      {"index_fill_.int_Tensor", "specs/indexing.yaml:277", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill___int_Tensor, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_fill.int_Tensor_out", "specs/indexing.yaml:275", Variant::Out,
+      {"index_fill.int_Tensor_out", "specs/indexing.yaml:277", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 3}, Compute::Output, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_fill__int_Tensor_out, false, -1, {2, 0, 1, 0, true, -1, true, "index {value} is out of bounds for dimension {dim} with size {size}"}, {}},
-      {"index_reduce", "specs/indexing.yaml:282", Variant::Functional,
+      {"index_reduce", "specs/indexing.yaml:284", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}, {}},
-      {"index_reduce_", "specs/indexing.yaml:282", Variant::Inplace,
+      {"index_reduce_", "specs/indexing.yaml:284", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce_, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}, {}},
-      {"index_reduce.out", "specs/indexing.yaml:282", Variant::Out,
+      {"index_reduce.out", "specs/indexing.yaml:284", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 3}, Compute::Common, {6},
        {6}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_index_reduce__out, false, -1, {2, 0, 1, 0, false, -1, true, "index out of range in self"}, {}},
-      {"take", "specs/indexing.yaml:290", Variant::Functional,
+      {"take", "specs/indexing.yaml:292", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}, {}},
-      {"take.out", "specs/indexing.yaml:290", Variant::Out,
+      {"take.out", "specs/indexing.yaml:292", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_take__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}, {}},
-      {"put", "specs/indexing.yaml:296", Variant::Functional,
+      {"put", "specs/indexing.yaml:298", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}, {}},
-      {"put_", "specs/indexing.yaml:296", Variant::Inplace,
+      {"put_", "specs/indexing.yaml:298", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 2}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put_, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}, {}},
-      {"put.out", "specs/indexing.yaml:296", Variant::Out,
+      {"put.out", "specs/indexing.yaml:298", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 2}, Compute::Common, {4},
        {4}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_put__out, false, -1, {1, 0, -1, IndexCheck::kFlattened, true, -1, true, "out of range: tried to access index {value} on a tensor of {size} elements."}, {}},
-      {"_unique2", "specs/indexing.yaml:306", Variant::Functional,
+      {"_unique2", "specs/indexing.yaml:308", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__unique2, true, -1, {}, {0, 2}},
-      {"_unique", "specs/indexing.yaml:313", Variant::Functional,
+      {"_unique", "specs/indexing.yaml:315", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
@@ -5892,62 +5902,82 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 3, 4, 5, 6}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_layer_norm_backward, false, -1, {}, {}},
-      {"native_group_norm", "specs/normalization.yaml:18", Variant::Functional,
+      {"_weight_norm_interface", "specs/normalization.yaml:21", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__weight_norm_interface, false, -1, {}, {}},
+      {"_weight_norm_interface.out", "specs/normalization.yaml:21", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1}, Compute::Common, {3, 4},
+       {3, 4}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__weight_norm_interface__out, false, -1, {}, {}},
+      {"_weight_norm_interface_backward", "specs/normalization.yaml:27", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1, 2, 3}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__weight_norm_interface_backward, false, -1, {}, {}},
+      {"_weight_norm_interface_backward.out", "specs/normalization.yaml:27", Variant::Out,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
+       {0, 1, 2, 3}, Compute::Common, {5, 6},
+       {5, 6}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__weight_norm_interface_backward__out, false, -1, {}, {}},
+      {"native_group_norm", "specs/normalization.yaml:33", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_group_norm, false, -1, {}, {}},
-      {"native_group_norm_backward", "specs/normalization.yaml:24", Variant::Functional,
+      {"native_group_norm_backward", "specs/normalization.yaml:39", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2, 3, 4}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_group_norm_backward, false, -1, {}, {}},
-      {"native_batch_norm", "specs/normalization.yaml:32", Variant::Functional,
+      {"native_batch_norm", "specs/normalization.yaml:47", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {3, 4},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_batch_norm, false, -1, {}, {}},
-      {"_native_batch_norm_legit_functional", "specs/normalization.yaml:52", Variant::Functional,
+      {"_native_batch_norm_legit_functional", "specs/normalization.yaml:67", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {},
        {-1, -1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit_functional, false, -1, {}, {}},
-      {"_native_batch_norm_legit.out", "specs/normalization.yaml:52", Variant::Out,
+      {"_native_batch_norm_legit.out", "specs/normalization.yaml:67", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {8, 9, 10, 3, 4},
        {8, 9, 10}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit__out, false, -1, {}, {}},
-      {"_native_batch_norm_legit", "specs/normalization.yaml:52", Variant::Inplace,
+      {"_native_batch_norm_legit", "specs/normalization.yaml:67", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 6, 7}, Compute::Common, {3, 4},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit, false, -1, {}, {}},
-      {"_batch_norm_with_update_functional", "specs/normalization.yaml:68", Variant::Functional,
+      {"_batch_norm_with_update_functional", "specs/normalization.yaml:83", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 5, 6}, Compute::Common, {},
        {-1, -1, -1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__batch_norm_with_update_functional, false, -1, {}, {}},
-      {"_batch_norm_with_update.out", "specs/normalization.yaml:68", Variant::Out,
+      {"_batch_norm_with_update.out", "specs/normalization.yaml:83", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6}, Compute::Common, {7, 8, 9, 10, 3, 4},
        {7, 8, 9, 10}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__batch_norm_with_update__out, false, -1, {}, {}},
-      {"_batch_norm_with_update", "specs/normalization.yaml:68", Variant::Inplace,
+      {"_batch_norm_with_update", "specs/normalization.yaml:83", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 5, 6}, Compute::Common, {3, 4},
        {-1, -1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__batch_norm_with_update, false, -1, {}, {}},
-      {"_native_batch_norm_legit_no_training", "specs/normalization.yaml:82", Variant::Functional,
+      {"_native_batch_norm_legit_no_training", "specs/normalization.yaml:97", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3, 4, 5, 6}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__native_batch_norm_legit_no_training, false, -1, {}, {}},
-      {"native_batch_norm_backward", "specs/normalization.yaml:91", Variant::Functional,
+      {"native_batch_norm_backward", "specs/normalization.yaml:106", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Attr},
        {0, 1, 2, 3, 4, 5, 6, 8}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_batch_norm_backward, false, -1, {}, {}},
-      {"batch_norm_backward", "specs/normalization.yaml:102", Variant::Functional,
+      {"batch_norm_backward", "specs/normalization.yaml:117", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 8, 10}, Compute::Common, {},
        {-1, -1, -1}, false, false,

@@ -4529,6 +4529,10 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // multilabel_margin_loss_backward.grad_input
       nullptr,  // native_layer_norm
       nullptr,  // native_layer_norm_backward
+      nullptr,  // _weight_norm_interface
+      nullptr,  // _weight_norm_interface.out
+      nullptr,  // _weight_norm_interface_backward
+      nullptr,  // _weight_norm_interface_backward.out
       nullptr,  // native_group_norm
       nullptr,  // native_group_norm_backward
       nullptr,  // native_batch_norm

@@ -330,7 +330,7 @@ def test_pow_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_pow_Scalar(dtype):
-    # specs/binary.yaml:68
+    # specs/binary.yaml:70
     check_opinfo(
         "__rpow__",
         dtype,
@@ -342,7 +342,7 @@ def test_pow_Scalar(dtype):
 
 
 def test_pow_Scalar_compiled():
-    # specs/binary.yaml:68: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:70: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rpow__",
         overloads=["pow.Scalar", "pow.Scalar_out"],
@@ -353,7 +353,7 @@ def test_pow_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_pow_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:68: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:70: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rpow__",
         dtype,
@@ -367,7 +367,7 @@ def test_pow_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_remainder_Tensor(dtype):
-    # specs/binary.yaml:75
+    # specs/binary.yaml:78
     check_opinfo(
         "remainder",
         dtype,
@@ -379,7 +379,7 @@ def test_remainder_Tensor(dtype):
 
 
 def test_remainder_Tensor_compiled():
-    # specs/binary.yaml:75: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:78: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "remainder",
         overloads=["remainder.Tensor", "remainder_.Tensor", "remainder.Tensor_out"],
@@ -390,7 +390,7 @@ def test_remainder_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_remainder_Scalar_Tensor(dtype):
-    # specs/binary.yaml:86
+    # specs/binary.yaml:89
     check_opinfo(
         "__rmod__",
         dtype,
@@ -402,7 +402,7 @@ def test_remainder_Scalar_Tensor(dtype):
 
 
 def test_remainder_Scalar_Tensor_compiled():
-    # specs/binary.yaml:86: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:89: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rmod__",
         overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
@@ -413,7 +413,7 @@ def test_remainder_Scalar_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_remainder_Scalar_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:86: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:89: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rmod__",
         dtype,
@@ -427,7 +427,7 @@ def test_remainder_Scalar_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_fmod_Tensor(dtype):
-    # specs/binary.yaml:92
+    # specs/binary.yaml:95
     check_opinfo(
         "fmod",
         dtype,
@@ -439,7 +439,7 @@ def test_fmod_Tensor(dtype):
 
 
 def test_fmod_Tensor_compiled():
-    # specs/binary.yaml:92: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:95: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fmod",
         overloads=["fmod.Tensor", "fmod_.Tensor", "fmod.Tensor_out"],
@@ -450,7 +450,7 @@ def test_fmod_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_floor_divide(dtype):
-    # specs/binary.yaml:103
+    # specs/binary.yaml:106
     check_opinfo(
         "floor_divide",
         dtype,
@@ -462,7 +462,7 @@ def test_floor_divide(dtype):
 
 
 def test_floor_divide_compiled():
-    # specs/binary.yaml:103: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:106: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "floor_divide",
         overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
@@ -473,7 +473,7 @@ def test_floor_divide_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Tensor_mode(dtype):
-    # specs/binary.yaml:115
+    # specs/binary.yaml:118
     check_opinfo(
         "div.floor_rounding",
         dtype,
@@ -485,7 +485,7 @@ def test_div_Tensor_mode(dtype):
 
 
 def test_div_Tensor_mode_compiled():
-    # specs/binary.yaml:115: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:118: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.floor_rounding",
         overloads=["div.Tensor_mode", "div_.Tensor_mode", "div.out_mode"],
@@ -496,7 +496,7 @@ def test_div_Tensor_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Scalar_mode(dtype):
-    # specs/binary.yaml:122
+    # specs/binary.yaml:125
     check_opinfo(
         "div.trunc_rounding",
         dtype,
@@ -508,7 +508,7 @@ def test_div_Scalar_mode(dtype):
 
 
 def test_div_Scalar_mode_compiled():
-    # specs/binary.yaml:122: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:125: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.trunc_rounding",
         overloads=["div.Scalar_mode", "div_.Scalar_mode", "div.Scalar_mode_out"],
@@ -519,7 +519,7 @@ def test_div_Scalar_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_and(dtype):
-    # specs/binary.yaml:131
+    # specs/binary.yaml:134
     check_opinfo(
         "logical_and",
         dtype,
@@ -531,7 +531,7 @@ def test_logical_and(dtype):
 
 
 def test_logical_and_compiled():
-    # specs/binary.yaml:131: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:134: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_and",
         overloads=["logical_and", "logical_and_", "logical_and.out"],
@@ -542,7 +542,7 @@ def test_logical_and_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_and_other_dtypes(dtype):
-    # specs/binary.yaml:131: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:134: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_and",
         dtype,
@@ -556,7 +556,7 @@ def test_logical_and_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_or(dtype):
-    # specs/binary.yaml:135
+    # specs/binary.yaml:138
     check_opinfo(
         "logical_or",
         dtype,
@@ -568,7 +568,7 @@ def test_logical_or(dtype):
 
 
 def test_logical_or_compiled():
-    # specs/binary.yaml:135: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:138: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_or",
         overloads=["logical_or", "logical_or_", "logical_or.out"],
@@ -579,7 +579,7 @@ def test_logical_or_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_or_other_dtypes(dtype):
-    # specs/binary.yaml:135: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:138: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_or",
         dtype,
@@ -593,7 +593,7 @@ def test_logical_or_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_xor(dtype):
-    # specs/binary.yaml:139
+    # specs/binary.yaml:142
     check_opinfo(
         "logical_xor",
         dtype,
@@ -605,7 +605,7 @@ def test_logical_xor(dtype):
 
 
 def test_logical_xor_compiled():
-    # specs/binary.yaml:139: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:142: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_xor",
         overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
@@ -616,7 +616,7 @@ def test_logical_xor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_xor_other_dtypes(dtype):
-    # specs/binary.yaml:139: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:142: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_xor",
         dtype,
@@ -630,7 +630,7 @@ def test_logical_xor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_and_Tensor(dtype):
-    # specs/binary.yaml:143
+    # specs/binary.yaml:146
     check_opinfo(
         "bitwise_and",
         dtype,
@@ -642,7 +642,7 @@ def test_bitwise_and_Tensor(dtype):
 
 
 def test_bitwise_and_Tensor_compiled():
-    # specs/binary.yaml:143: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:146: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_and",
         overloads=["bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"],
@@ -653,7 +653,7 @@ def test_bitwise_and_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_or_Tensor(dtype):
-    # specs/binary.yaml:156
+    # specs/binary.yaml:159
     check_opinfo(
         "bitwise_or",
         dtype,
@@ -665,7 +665,7 @@ def test_bitwise_or_Tensor(dtype):
 
 
 def test_bitwise_or_Tensor_compiled():
-    # specs/binary.yaml:156: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:159: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_or",
         overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
@@ -676,7 +676,7 @@ def test_bitwise_or_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_xor_Tensor(dtype):
-    # specs/binary.yaml:169
+    # specs/binary.yaml:172
     check_opinfo(
         "bitwise_xor",
         dtype,
@@ -688,7 +688,7 @@ def test_bitwise_xor_Tensor(dtype):
 
 
 def test_bitwise_xor_Tensor_compiled():
-    # specs/binary.yaml:169: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:172: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_xor",
         overloads=["bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"],
@@ -699,7 +699,7 @@ def test_bitwise_xor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
 def test_bitwise_left_shift_Tensor(dtype):
-    # specs/binary.yaml:183
+    # specs/binary.yaml:186
     check_opinfo(
         "bitwise_left_shift",
         dtype,
@@ -711,7 +711,7 @@ def test_bitwise_left_shift_Tensor(dtype):
 
 
 def test_bitwise_left_shift_Tensor_compiled():
-    # specs/binary.yaml:183: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:186: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_left_shift",
         overloads=["bitwise_left_shift.Tensor", "bitwise_left_shift_.Tensor", "bitwise_left_shift.Tensor_out"],
@@ -722,7 +722,7 @@ def test_bitwise_left_shift_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
 def test_bitwise_right_shift_Tensor(dtype):
-    # specs/binary.yaml:196
+    # specs/binary.yaml:199
     check_opinfo(
         "bitwise_right_shift",
         dtype,
@@ -734,7 +734,7 @@ def test_bitwise_right_shift_Tensor(dtype):
 
 
 def test_bitwise_right_shift_Tensor_compiled():
-    # specs/binary.yaml:196: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:199: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_right_shift",
         overloads=["bitwise_right_shift.Tensor", "bitwise_right_shift_.Tensor", "bitwise_right_shift.Tensor_out"],
@@ -745,7 +745,7 @@ def test_bitwise_right_shift_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_fill_Scalar(dtype):
-    # specs/binary.yaml:228
+    # specs/binary.yaml:231
     check_opinfo(
         "masked_fill",
         dtype,
@@ -757,7 +757,7 @@ def test_masked_fill_Scalar(dtype):
 
 
 def test_masked_fill_Scalar_compiled():
-    # specs/binary.yaml:228: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:231: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_fill",
         overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
@@ -768,7 +768,7 @@ def test_masked_fill_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_fill_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:228: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:231: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_fill",
         dtype,
@@ -782,7 +782,7 @@ def test_masked_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lerp_Scalar(dtype):
-    # specs/binary.yaml:241
+    # specs/binary.yaml:244
     check_opinfo(
         "lerp",
         dtype,
@@ -794,7 +794,7 @@ def test_lerp_Scalar(dtype):
 
 
 def test_lerp_Scalar_compiled():
-    # specs/binary.yaml:241: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:244: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lerp",
         overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
@@ -805,7 +805,7 @@ def test_lerp_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_lerp_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:241: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:244: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lerp",
         dtype,
@@ -819,7 +819,7 @@ def test_lerp_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addcmul(dtype):
-    # specs/binary.yaml:250
+    # specs/binary.yaml:253
     check_opinfo(
         "addcmul",
         dtype,
@@ -831,7 +831,7 @@ def test_addcmul(dtype):
 
 
 def test_addcmul_compiled():
-    # specs/binary.yaml:250: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:253: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcmul",
         overloads=["addcmul", "addcmul_", "addcmul.out"],
@@ -842,7 +842,7 @@ def test_addcmul_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addcmul_other_dtypes(dtype):
-    # specs/binary.yaml:250: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:253: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcmul",
         dtype,
@@ -856,7 +856,7 @@ def test_addcmul_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_addcdiv(dtype):
-    # specs/binary.yaml:255
+    # specs/binary.yaml:258
     check_opinfo(
         "addcdiv",
         dtype,
@@ -868,7 +868,7 @@ def test_addcdiv(dtype):
 
 
 def test_addcdiv_compiled():
-    # specs/binary.yaml:255: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:258: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcdiv",
         overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
@@ -879,7 +879,7 @@ def test_addcdiv_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_addcdiv_other_dtypes(dtype):
-    # specs/binary.yaml:255: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:258: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcdiv",
         dtype,
@@ -893,7 +893,7 @@ def test_addcdiv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan2(dtype):
-    # specs/binary.yaml:262
+    # specs/binary.yaml:265
     check_opinfo(
         "atan2",
         dtype,
@@ -905,7 +905,7 @@ def test_atan2(dtype):
 
 
 def test_atan2_compiled():
-    # specs/binary.yaml:262: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:265: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan2",
         overloads=["atan2", "atan2_", "atan2.out"],
@@ -916,7 +916,7 @@ def test_atan2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan2_other_dtypes(dtype):
-    # specs/binary.yaml:262: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:265: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan2",
         dtype,
@@ -930,7 +930,7 @@ def test_atan2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hypot(dtype):
-    # specs/binary.yaml:268
+    # specs/binary.yaml:271
     check_opinfo(
         "hypot",
         dtype,
@@ -942,7 +942,7 @@ def test_hypot(dtype):
 
 
 def test_hypot_compiled():
-    # specs/binary.yaml:268: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:271: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "hypot",
         overloads=["hypot", "hypot_", "hypot.out"],
@@ -953,7 +953,7 @@ def test_hypot_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hypot_other_dtypes(dtype):
-    # specs/binary.yaml:268: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:271: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "hypot",
         dtype,
@@ -967,7 +967,7 @@ def test_hypot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_copysign_Tensor(dtype):
-    # specs/binary.yaml:273
+    # specs/binary.yaml:276
     check_opinfo(
         "copysign",
         dtype,
@@ -979,7 +979,7 @@ def test_copysign_Tensor(dtype):
 
 
 def test_copysign_Tensor_compiled():
-    # specs/binary.yaml:273: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:276: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "copysign",
         overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
@@ -990,7 +990,7 @@ def test_copysign_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_copysign_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:273: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:276: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "copysign",
         dtype,
@@ -1004,7 +1004,7 @@ def test_copysign_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_xlogy_Tensor(dtype):
-    # specs/binary.yaml:284
+    # specs/binary.yaml:287
     check_opinfo(
         "xlogy",
         dtype,
@@ -1016,7 +1016,7 @@ def test_xlogy_Tensor(dtype):
 
 
 def test_xlogy_Tensor_compiled():
-    # specs/binary.yaml:284: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:287: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "xlogy",
         overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
@@ -1027,7 +1027,7 @@ def test_xlogy_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_xlogy_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:284: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:287: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "xlogy",
         dtype,
@@ -1041,7 +1041,7 @@ def test_xlogy_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_gcd(dtype):
-    # specs/binary.yaml:301
+    # specs/binary.yaml:304
     check_opinfo(
         "gcd",
         dtype,
@@ -1053,7 +1053,7 @@ def test_gcd(dtype):
 
 
 def test_gcd_compiled():
-    # specs/binary.yaml:301: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:304: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "gcd",
         overloads=["gcd", "gcd_", "gcd.out"],
@@ -1064,7 +1064,7 @@ def test_gcd_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_lcm(dtype):
-    # specs/binary.yaml:306
+    # specs/binary.yaml:309
     check_opinfo(
         "lcm",
         dtype,
@@ -1076,7 +1076,7 @@ def test_lcm(dtype):
 
 
 def test_lcm_compiled():
-    # specs/binary.yaml:306: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:309: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lcm",
         overloads=["lcm", "lcm_", "lcm.out"],
@@ -2459,9 +2459,9 @@ def test_bucketize_Tensor_other_dtypes(dtype):
     )
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
 def test_histc(dtype):
-    # specs/indexing.yaml:187
+    # specs/indexing.yaml:189
     check_opinfo(
         "histc",
         dtype,
@@ -2473,7 +2473,7 @@ def test_histc(dtype):
 
 
 def test_histc_compiled():
-    # specs/indexing.yaml:187: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:189: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "histc",
         overloads=["histc", "histc.out"],
@@ -2482,23 +2482,9 @@ def test_histc_compiled():
     )
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float64"])
-def test_histc_other_dtypes(dtype):
-    # specs/indexing.yaml:187: every other dtype it supports, over the first 3 samples
-    check_opinfo(
-        "histc",
-        dtype,
-        overloads=["histc", "histc.out"],
-        variants=["Functional", "Out"],
-        atol=None,
-        rtol=None,
-        max_samples=3,
-    )
-
-
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_histogram_bin_ct(dtype):
-    # specs/indexing.yaml:194
+    # specs/indexing.yaml:196
     check_opinfo(
         "histogram",
         dtype,
@@ -2510,7 +2496,7 @@ def test_histogram_bin_ct(dtype):
 
 
 def test_histogram_bin_ct_compiled():
-    # specs/indexing.yaml:194: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:196: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "histogram",
         overloads=["histogram.bin_ct", "histogram.bin_ct_out"],
@@ -2521,7 +2507,7 @@ def test_histogram_bin_ct_compiled():
 
 @pytest.mark.parametrize("dtype", ["float64"])
 def test_histogram_bin_ct_other_dtypes(dtype):
-    # specs/indexing.yaml:194: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:196: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "histogram",
         dtype,
@@ -2535,7 +2521,7 @@ def test_histogram_bin_ct_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__embedding_bag(dtype):
-    # specs/indexing.yaml:216
+    # specs/indexing.yaml:218
     check_opinfo(
         "nn.functional.embedding_bag",
         dtype,
@@ -2547,7 +2533,7 @@ def test__embedding_bag(dtype):
 
 
 def test__embedding_bag_compiled():
-    # specs/indexing.yaml:216: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:218: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.embedding_bag",
         overloads=["_embedding_bag"],
@@ -2558,7 +2544,7 @@ def test__embedding_bag_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_add(dtype):
-    # specs/indexing.yaml:253
+    # specs/indexing.yaml:255
     check_opinfo(
         "index_add",
         dtype,
@@ -2570,7 +2556,7 @@ def test_index_add(dtype):
 
 
 def test_index_add_compiled():
-    # specs/indexing.yaml:253: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:255: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_add",
         overloads=["index_add", "index_add_", "index_add.out"],
@@ -2581,7 +2567,7 @@ def test_index_add_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_add_other_dtypes(dtype):
-    # specs/indexing.yaml:253: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:255: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_add",
         dtype,
@@ -2595,7 +2581,7 @@ def test_index_add_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_copy(dtype):
-    # specs/indexing.yaml:260
+    # specs/indexing.yaml:262
     check_opinfo(
         "index_copy",
         dtype,
@@ -2607,7 +2593,7 @@ def test_index_copy(dtype):
 
 
 def test_index_copy_compiled():
-    # specs/indexing.yaml:260: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:262: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_copy",
         overloads=["index_copy", "index_copy_", "index_copy.out"],
@@ -2618,7 +2604,7 @@ def test_index_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_copy_other_dtypes(dtype):
-    # specs/indexing.yaml:260: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:262: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_copy",
         dtype,
@@ -2632,7 +2618,7 @@ def test_index_copy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_index_fill_int_Scalar(dtype):
-    # specs/indexing.yaml:268
+    # specs/indexing.yaml:270
     check_opinfo(
         "index_fill",
         dtype,
@@ -2644,7 +2630,7 @@ def test_index_fill_int_Scalar(dtype):
 
 
 def test_index_fill_int_Scalar_compiled():
-    # specs/indexing.yaml:268: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:270: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_fill",
         overloads=["index_fill.int_Scalar", "index_fill_.int_Scalar", "index_fill.int_Scalar_out"],
@@ -2655,7 +2641,7 @@ def test_index_fill_int_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_fill_int_Scalar_other_dtypes(dtype):
-    # specs/indexing.yaml:268: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:270: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_fill",
         dtype,
@@ -2669,7 +2655,7 @@ def test_index_fill_int_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_index_reduce(dtype):
-    # specs/indexing.yaml:282
+    # specs/indexing.yaml:284
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2681,7 +2667,7 @@ def test_index_reduce(dtype):
 
 
 def test_index_reduce_compiled():
-    # specs/indexing.yaml:282: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:284: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "index_reduce.prod",
         overloads=["index_reduce", "index_reduce_", "index_reduce.out"],
@@ -2692,7 +2678,7 @@ def test_index_reduce_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_index_reduce_other_dtypes(dtype):
-    # specs/indexing.yaml:282: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:284: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "index_reduce.prod",
         dtype,
@@ -2706,7 +2692,7 @@ def test_index_reduce_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_take(dtype):
-    # specs/indexing.yaml:290
+    # specs/indexing.yaml:292
     check_opinfo(
         "take",
         dtype,
@@ -2718,7 +2704,7 @@ def test_take(dtype):
 
 
 def test_take_compiled():
-    # specs/indexing.yaml:290: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:292: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "take",
         overloads=["take", "take.out"],
@@ -2729,7 +2715,7 @@ def test_take_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_take_other_dtypes(dtype):
-    # specs/indexing.yaml:290: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:292: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "take",
         dtype,
@@ -2743,7 +2729,7 @@ def test_take_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_put(dtype):
-    # specs/indexing.yaml:296
+    # specs/indexing.yaml:298
     check_opinfo(
         "put",
         dtype,
@@ -2755,7 +2741,7 @@ def test_put(dtype):
 
 
 def test_put_compiled():
-    # specs/indexing.yaml:296: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:298: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "put",
         overloads=["put", "put_", "put.out"],
@@ -2766,7 +2752,7 @@ def test_put_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_put_other_dtypes(dtype):
-    # specs/indexing.yaml:296: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:298: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "put",
         dtype,
@@ -2780,7 +2766,7 @@ def test_put_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__unique2(dtype):
-    # specs/indexing.yaml:306
+    # specs/indexing.yaml:308
     check_opinfo(
         "unique",
         dtype,
@@ -2792,7 +2778,7 @@ def test__unique2(dtype):
 
 
 def test__unique2_compiled():
-    # specs/indexing.yaml:306: the first float32 sample through torch.compile(backend="tpu")
+    # specs/indexing.yaml:308: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "unique",
         overloads=["_unique2"],
@@ -2804,7 +2790,7 @@ def test__unique2_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__unique2_other_dtypes(dtype):
-    # specs/indexing.yaml:306: every other dtype it supports, over the first 3 samples
+    # specs/indexing.yaml:308: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "unique",
         dtype,
@@ -4889,7 +4875,7 @@ def test_native_layer_norm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_native_group_norm(dtype):
-    # specs/normalization.yaml:18
+    # specs/normalization.yaml:33
     check_opinfo(
         "nn.functional.group_norm",
         dtype,
@@ -4901,7 +4887,7 @@ def test_native_group_norm(dtype):
 
 
 def test_native_group_norm_compiled():
-    # specs/normalization.yaml:18: the first float32 sample through torch.compile(backend="tpu")
+    # specs/normalization.yaml:33: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.group_norm",
         overloads=["native_group_norm"],
@@ -4912,7 +4898,7 @@ def test_native_group_norm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_native_group_norm_other_dtypes(dtype):
-    # specs/normalization.yaml:18: every other dtype it supports, over the first 3 samples
+    # specs/normalization.yaml:33: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.group_norm",
         dtype,
@@ -4926,7 +4912,7 @@ def test_native_group_norm_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_native_batch_norm(dtype):
-    # specs/normalization.yaml:32
+    # specs/normalization.yaml:47
     check_opinfo(
         "nn.functional.batch_norm",
         dtype,
@@ -4938,7 +4924,7 @@ def test_native_batch_norm(dtype):
 
 
 def test_native_batch_norm_compiled():
-    # specs/normalization.yaml:32: the first float32 sample through torch.compile(backend="tpu")
+    # specs/normalization.yaml:47: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.batch_norm",
         overloads=["native_batch_norm"],
@@ -4949,7 +4935,7 @@ def test_native_batch_norm_compiled():
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__batch_norm_with_update_functional(dtype):
-    # specs/normalization.yaml:68
+    # specs/normalization.yaml:83
     check_opinfo(
         "_batch_norm_with_update",
         dtype,
@@ -4961,7 +4947,7 @@ def test__batch_norm_with_update_functional(dtype):
 
 
 def test__batch_norm_with_update_functional_compiled():
-    # specs/normalization.yaml:68: the first float32 sample through torch.compile(backend="tpu")
+    # specs/normalization.yaml:83: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_batch_norm_with_update",
         overloads=["_batch_norm_with_update_functional", "_batch_norm_with_update.out", "_batch_norm_with_update"],

@@ -46,21 +46,21 @@ Value Builder::transcendental(const char* op, const Value& v) {
   // computes in float32 here) keeps the fast path: its error stays well under a bfloat16 ulp. XLA's
   // CPU backend accepts the attribute and is accurate either way. (Not for cbrt: libtpu fails to
   // compile it with the attribute, and its cbrt is within 4 ulps.)
-  if (v.element() != ElementType::F32 || !numerics_.accurate_math || nominal_element_ == ElementType::BF16) {
-    return unary(op, v);
-  }
+  if (!accurate_f32(v)) return unary(op, v);
   return emit("stablehlo." + std::string(op) + " " + name(v) +
                   " {result_accuracy = #stablehlo.result_accuracy<mode = #stablehlo.result_accuracy_mode<HIGHEST>>} : " +
                   v.type.mlir(),
               v.type);
 }
 
+bool Builder::accurate_f32(const Value& v) const {
+  return v.element() == ElementType::F32 && numerics_.accurate_math && nominal_element_ != ElementType::BF16;
+}
+
 Value Builder::sigmoid(const Value& v) {
   // XLA's logistic on a TPU is ~85 ulps off with or without result_accuracy. With t = exp(-|x|) (no
   // overflow): 1 / (1 + t) for x >= 0, t / (1 + t) below, a few ulps from the exact value everywhere.
-  if (!is_float(v.element()) || !numerics_.accurate_math || nominal_element_ == ElementType::BF16) {
-    return unary("logistic", v);
-  }
+  if (!accurate_f32(v)) return unary("logistic", v);
   const Value t = exp(neg(abs(v)));
   const Value r = div(scalar_like(1, v), add(scalar_like(1, v), t));
   return select(ge(v, scalar_like(0, v)), r, mul(t, r));

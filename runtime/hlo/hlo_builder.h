@@ -131,6 +131,8 @@ class Builder {
   Value matmul(const Value& a, const Value& b);  // 2-D x 2-D
   // PyTorch reduction conventions: `dims` may be negative; empty = all dims.
   Value sum(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
+  // The sum over every dim but `dim`, kept as size 1 (weight norm's reductions).
+  Value sum_except_dim(const Value& v, int64_t dim);
   Value mean(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
   Value cat(const std::vector<Value>& values, int64_t dim);  // skips PyTorch's legacy empty 1-D inputs
   Value broadcast_like(const Value& v, const Value& like) { return broadcast_to(v, like.dims()); }
@@ -427,7 +429,10 @@ class Builder {
   Value upsample_linear_backward(const Value& grad, const std::vector<int64_t>& input_size, bool align_corners, std::optional<double> s0, std::optional<double> s1, std::optional<double> s2);
 
   // special functions and op_db gap primitives (specs/special.yaml; runtime/hlo/special.cc)
-  Value power_of(double base, const Value& exponent);  // base ** exponent (logspace)
+  // base ** exponent (exp2, logspace, a Python number ** a tensor). Float32 in accurate mode: the
+  // power of two of exponent * log2(base) split off exactly, so 2 ** n is exact and the rest within
+  // ~2 ulps (a TPU's pow is exp(y log x) with its fast log).
+  Value power_of(double base, const Value& exponent);
   Value count_nonzero(const Value& v, const std::vector<int64_t>& dims);  // int64; empty dims = all
   Value logaddexp(const Value& a, const Value& b);  // log(exp(a) + exp(b)) without overflow
   // index (1-D or 0-d; negatives wrap by like's size along dim) laid along dim of like's shape, dim resized to
@@ -604,6 +609,8 @@ class Builder {
 
   // A float32 transcendental (stablehlo op name) with the accuracy the numerics ask for.
   Value transcendental(const char* op, const Value& v);
+  // Whether v's math takes the accurate float32 formulations (float32, accurate mode, not bfloat16).
+  bool accurate_f32(const Value& v) const;
   // precision_config's operand list for a contraction of `element` ("" where DEFAULT suffices).
   std::string precision_of(ElementType element) const;
 

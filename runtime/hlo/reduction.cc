@@ -49,6 +49,15 @@ Value Builder::sum(const Value& v, const std::vector<int64_t>& dims_in, bool kee
   return keep_dims(*this, reduce(v, dims, v.element() == ElementType::Pred ? "or" : "add", 0), v, dims, keepdim);
 }
 
+Value Builder::sum_except_dim(const Value& v, int64_t dim) {
+  const int64_t kept = normalize_dims({dim}, v.rank()).at(0);
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < v.rank(); ++d) {
+    if (d != kept) dims.push_back(d);
+  }
+  return sum(v, dims, true);
+}
+
 Value Builder::mean(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim) {
   const auto dims = normalize_dims(dims_in, v.rank());
   int64_t count = 1;

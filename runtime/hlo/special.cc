@@ -17,7 +17,26 @@ Value Builder::count_nonzero(const Value& v, const std::vector<int64_t>& dims) {
   return sum(convert(set, ElementType::S64), dims, false);
 }
 
-Value Builder::power_of(double base, const Value& exponent) { return power(scalar_like(base, exponent), exponent); }
+Value Builder::power_of(double base, const Value& exponent) {
+  const ElementType e = exponent.element();
+  if (!accurate_f32(exponent) || !(base > 0) || base == 1 || !std::isfinite(base)) {
+    return power(is_float(e) || is_complex(e) ? scalar_like(base, exponent) : constant_int(static_cast<int64_t>(base), e),
+                 exponent);
+  }
+  // t = exponent * log2(base) = n + f with n = round(t) and |f| <= 1/2 (exact): 2^f = exp(f ln 2)
+  // within an ulp, then times 2^n as two exact powers of two built from their bits (n clamped to
+  // where the result is 0 or infinite anyway).
+  const Value t = base == 2 ? exponent : mul(exponent, scalar_like(std::log2(base), exponent));
+  const Value n = maximum(minimum(round(t), scalar_like(254, t)), scalar_like(-252, t));
+  const Value fraction = exp(mul(sub(t, n), scalar_like(M_LN2, t)));
+  const Value half = floor(mul(n, scalar_like(0.5, n)));
+  auto two_to = [&](const Value& k) {  // 2^k for integral k in [-126, 127]: exponent bits k + 127
+    const Value bits = binary("shift_left", add(convert(k, ElementType::S32), constant_int(127, ElementType::S32)),
+                              constant_int(23, ElementType::S32));
+    return reinterpret(bits, ElementType::F32);
+  };
+  return mul(mul(fraction, two_to(half)), two_to(sub(n, half)));
+}
 
 Value Builder::expand_index(const Value& index, int64_t dim_in, const Value& like) {
   if (like.rank() == 0) return reshape(index, {});

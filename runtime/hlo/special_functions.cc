@@ -231,9 +231,34 @@ Value Builder::erfinv(const Value& v) {
   return select(isinf(y), y, select(isnan(y), y, refined));
 }
 Value Builder::nextafter(const Value& a, const Value& b) { return chlo("next_after", {a, b}); }
-Value Builder::acosh(const Value& v) { return chlo("acosh", {v}); }
-Value Builder::asinh(const Value& v) { return chlo("asinh", {v}); }
-Value Builder::atanh(const Value& v) { return chlo("atanh", {v}); }
+// XLA expands the CHLO inverse hyperbolics with its own log: on a TPU its fast one (2.5e-4 relative).
+// Float32 in accurate mode builds them on the accurate log1p and log instead, without cancellation:
+// asinh |x| = log1p(|x| + x^2 / (1 + sqrt(1 + x^2))), acosh x = log1p(t + sqrt(t (2 + t))) with
+// t = x - 1, atanh |x| = log1p(2|x| / (1 - |x|)) / 2; past 2^12, log(x) + log 2.
+Value Builder::acosh(const Value& v) {
+  if (!accurate_f32(v)) return chlo("acosh", {v});
+  const Value one = scalar_like(1, v), t = sub(v, one);
+  const Value small = log1p(add(t, sqrt(mul(t, add(scalar_like(2, v), t)))));
+  const Value large = add(log(v), scalar_like(M_LN2, v));
+  const Value r = select(gt(v, scalar_like(4096, v)), large, small);
+  return select(lt(v, one), scalar_like(NAN, v), r);
+}
+
+Value Builder::asinh(const Value& v) {
+  if (!accurate_f32(v)) return chlo("asinh", {v});
+  const Value x = abs(v), one = scalar_like(1, v), x2 = mul(x, x);
+  const Value small = log1p(add(x, div(x2, add(one, sqrt(add(one, x2))))));
+  const Value large = add(log(x), scalar_like(M_LN2, v));
+  const Value r = select(gt(x, scalar_like(4096, v)), large, small);
+  return select(lt(v, scalar_like(0, v)), neg(r), r);
+}
+
+Value Builder::atanh(const Value& v) {
+  if (!accurate_f32(v)) return chlo("atanh", {v});
+  const Value x = abs(v), one = scalar_like(1, v);
+  const Value r = mul(scalar_like(0.5, v), log1p(div(add(x, x), sub(one, x))));
+  return select(lt(v, scalar_like(0, v)), neg(r), r);
+}
 
 Value Builder::bessel_i0e(const Value& v) {
   const Value x = abs(v);

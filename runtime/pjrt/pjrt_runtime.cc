@@ -90,6 +90,7 @@ DeviceBuffer::DeviceBuffer(Runtime* runtime, PJRT_Buffer* buffer, ElementType ty
 }
 
 DeviceBuffer::~DeviceBuffer() {
+  if (from_execution) runtime_->keep_unfinished(buffer_);
   auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
   PJRT_Error* error = runtime_->api()->PJRT_Buffer_Destroy(&args);
@@ -165,6 +166,34 @@ void Runtime::note_buffer_made(int64_t nbytes, int device) {
   raise_to(d.peak_buffers, ++d.live_buffers);
   d.allocations++;
   d.allocated_bytes += nbytes;
+}
+
+void Runtime::keep_unfinished(PJRT_Buffer* buffer) {
+  auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready.buffer = buffer;
+  if (PJRT_Error* error = api_->PJRT_Buffer_ReadyEvent(&ready)) {
+    take_error(error);
+    return;
+  }
+  auto is_ready = [&](PJRT_Event* event) {
+    auto query = PJRT_ARGS(PJRT_Event_IsReady_Args);
+    query.event = event;
+    if (PJRT_Error* error = api_->PJRT_Event_IsReady(&query)) take_error(error);
+    return query.is_ready;
+  };
+  auto destroy = [&](PJRT_Event* event) {
+    auto args = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    args.event = event;
+    api_->PJRT_Event_Destroy(&args);
+  };
+  if (is_ready(ready.event)) return destroy(ready.event);
+  std::lock_guard<std::mutex> lock(pending_mutex_);
+  if (unfinished_.size() >= 1024) {  // keep the list short: most have finished by now
+    unfinished_.erase(std::remove_if(unfinished_.begin(), unfinished_.end(),
+                                     [&](PJRT_Event* e) { return is_ready(e) ? (destroy(e), true) : false; }),
+                      unfinished_.end());
+  }
+  unfinished_.push_back(ready.event);
 }
 
 void Runtime::note_buffer_freed(int64_t nbytes, int device) {
@@ -502,6 +531,7 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   for (size_t i = 0; i < outputs.size(); ++i) {
     result.push_back(std::make_shared<DeviceBuffer>(this, outputs[i], exe.output_types[i].element,
                                                     exe.output_types[i].dims, device));
+    result.back()->from_execution = true;
     pending_.push_back(result.back());
   }
   return result;
@@ -509,9 +539,20 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
 
 void Runtime::synchronize() {
   std::vector<std::weak_ptr<DeviceBuffer>> pending;
+  std::vector<PJRT_Event*> unfinished;
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending.swap(pending_);
+    unfinished.swap(unfinished_);
+  }
+  for (size_t i = 0; i < unfinished.size(); ++i) {
+    try {
+      await_event(unfinished[i], "waiting for the device");
+    } catch (...) {  // the rest are still awaited (and destroyed) by the next synchronize
+      std::lock_guard<std::mutex> lock(pending_mutex_);
+      unfinished_.insert(unfinished_.end(), unfinished.begin() + static_cast<std::ptrdiff_t>(i) + 1, unfinished.end());
+      throw;
+    }
   }
   for (auto& weak : pending) {
     auto buffer = weak.lock();

@@ -46,6 +46,8 @@ class DeviceBuffer {
   int device() const { return device_; }
   int64_t numel() const;
   int64_t nbytes() const { return numel() * element_size(type_); }
+  // An execution's output: until it is known ready, dropping it leaves its event for synchronize().
+  bool from_execution = false;
 
  private:
   Runtime* runtime_;
@@ -163,7 +165,7 @@ class Runtime {
   std::vector<BufferPtr> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args, int device,
                                  const std::vector<int64_t>& donated = {});
 
-  // Waits for everything enqueued so far.
+  // Waits for everything enqueued so far (outputs already dropped included).
   void synchronize();
 
   // Drops the in-process tier (tests use it to prove the disk tier works).
@@ -181,6 +183,9 @@ class Runtime {
   void await_event(PJRT_Event* event, const char* what);
   void note_buffer_made(int64_t nbytes, int device);
   void note_buffer_freed(int64_t nbytes, int device);
+  // Called as an execution's output is destroyed: keeps its ready event for synchronize() where the
+  // computation may still be running.
+  void keep_unfinished(PJRT_Buffer* buffer);
 
  private:
   ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types);
@@ -207,6 +212,7 @@ class Runtime {
   std::unordered_map<std::string, ExecutablePtr> compiled_;  // module text -> executable
   std::mutex pending_mutex_;
   std::vector<std::weak_ptr<DeviceBuffer>> pending_;  // outputs not yet awaited by synchronize()
+  std::vector<PJRT_Event*> unfinished_;                // ready events of outputs dropped while running
 };
 
 }  // namespace torchtpu::rt

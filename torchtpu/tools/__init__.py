@@ -1,5 +1,7 @@
-"""Command-line tools: `python -m torchtpu.tools.coverage` (what runs from specs) and
-`python -m torchtpu.tools.report prog.py` (where a program's time goes); `plots` draws their charts."""
+"""Command-line tools: `python -m torchtpu.tools.coverage` (what runs from specs),
+`python -m torchtpu.tools.report prog.py` (where a program's time goes) and
+`python -m torchtpu.tools.accuracy` (float32 error against float64, per function); `plots` draws
+their charts."""
 
 from __future__ import annotations
 
