@@ -611,7 +611,7 @@ class Builder {
   Value transcendental(const char* op, const Value& v);
   // Whether v's math takes the accurate float32 formulations (float32, accurate mode, not bfloat16).
   bool accurate_f32(const Value& v) const;
-  // precision_config's operand list for a contraction of `element` ("" where DEFAULT suffices).
+  // The precision_config of a contraction of `element`'s operands: "HIGHEST", "HIGH" or "" (DEFAULT).
   std::string precision_of(ElementType element) const;
 
   Numerics numerics_;

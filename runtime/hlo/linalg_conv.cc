@@ -26,7 +26,8 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
   const std::string precision = precision_of(a.element());
   return emit("stablehlo.dot_general " + name(a) + ", " + name(b) + ", batching_dims = " + list(lhs_batch) + " x " +
                   list(rhs_batch) + ", contracting_dims = " + list(lhs_contract) + " x " + list(rhs_contract) +
-                  (precision.empty() ? "" : ", precision = [" + precision + "]") + " : (" + a.type.mlir() + ", " +
+                  (precision.empty() ? "" : ", precision = [" + precision + ", " + precision + "]") + " : (" +
+                  a.type.mlir() + ", " +
                   b.type.mlir() + ") -> " + t.mlir(),
               t);
 }
@@ -37,7 +38,7 @@ std::string Builder::precision_of(ElementType element) const {
   if ((element != ElementType::F32 && element != ElementType::C64) || numerics_.matmul == MatmulPrecision::Default) {
     return "";
   }
-  return numerics_.matmul == MatmulPrecision::Highest ? "HIGHEST, HIGHEST" : "HIGH, HIGH";
+  return numerics_.matmul == MatmulPrecision::Highest ? "HIGHEST" : "HIGH";
 }
 
 Value Builder::matmul(const Value& a, const Value& b) { return dot_general(a, b, {}, {}, {1}, {0}); }
@@ -170,11 +171,10 @@ Value regular_grad_weight(Builder& b, const Value& x, const Value& gy, const std
                        stride, 1, groups);
 }
 
-// The generic form's precision_config attribute for precision_of's list ("HIGH, HIGH").
+// The generic form's precision_config attribute for both operands ("" for DEFAULT).
 std::string precision_config(const std::string& precision) {
   if (precision.empty()) return "";
-  const std::string one = precision.substr(0, precision.find(','));
-  return ", precision_config = [#stablehlo<precision " + one + ">, #stablehlo<precision " + one + ">]";
+  return ", precision_config = [#stablehlo<precision " + precision + ">, #stablehlo<precision " + precision + ">]";
 }
 
 std::vector<int64_t> spatial_sizes(const Value& v) { return std::vector<int64_t>(v.dims().begin() + 2, v.dims().end()); }
