@@ -142,8 +142,54 @@ Value Builder::chlo(const char* op, std::vector<Value> operands) {
   return emit("\"chlo." + std::string(op) + "\"(" + args + ") : (" + types + ") -> " + t.mlir(), t);
 }
 
-Value Builder::lgamma(const Value& v) { return chlo("lgamma", {v}); }
-Value Builder::digamma(const Value& v) { return chlo("digamma", {v}); }
+// XLA's CHLO lgamma and digamma call its own log: on a TPU the fast one (lgamma up to 1.4 relative
+// near its roots, digamma 5e-2). Float32 in accurate mode builds them on the accurate log instead.
+// lgamma: Stirling's series from 8 up, below that shifted by the recurrence (minus one log of the
+// product x (x + 1) ... (x + 7)), reflected at x <= 0 (log(pi / |sin(pi x)|) - lgamma(1 - x), the sine
+// of x's fractional part); within ~2e-6 absolute of CPU near the roots 1 and 2.
+Value Builder::lgamma(const Value& v) {
+  if (!accurate_f32(v)) return chlo("lgamma", {v});
+  auto c = [&](double value) { return scalar_like(value, v); };
+  auto positive = [&](const Value& x) {  // x > 0
+    const Value shifted = lt(x, c(8));
+    Value product = x;
+    for (int k = 1; k < 8; ++k) product = mul(product, add(x, c(k)));
+    const Value y = select(shifted, add(x, c(8)), x);
+    const Value inverse = div(c(1), y);
+    // 1/(12y) - 1/(360y^3) + 1/(1260y^5) - 1/(1680y^7)
+    const Value series = mul(inverse, horner(*this, mul(inverse, inverse), {-1.0 / 1680, 1.0 / 1260, -1.0 / 360, 1.0 / 12}));
+    const Value stirling = add(add(sub(mul(sub(y, c(0.5)), log(y)), y), c(0.91893853320467274178)), series);
+    return select(shifted, sub(stirling, log(product)), stirling);
+  };
+  const Value fraction = sub(v, round(v));
+  const Value reflected = sub(log(div(c(M_PI), abs(sin(mul(c(M_PI), fraction))))), positive(sub(c(1), v)));
+  const Value r = select(le(v, c(0)), reflected, positive(v));
+  return select(eq(abs(v), c(INFINITY)), c(INFINITY), r);
+}
+
+// digamma as CPU computes it: reflected below 0 (minus pi / tan(pi r), r the fractional part), pushed
+// up to 10 by the recurrence (minus 1/x per step), then the asymptotic series with the accurate log.
+Value Builder::digamma(const Value& v) {
+  if (!accurate_f32(v)) return chlo("digamma", {v});
+  auto c = [&](double value) { return scalar_like(value, v); };
+  const Value negative = lt(v, c(0));
+  Value x = select(negative, sub(c(1), v), v);
+  Value r = c(0);
+  for (int step = 0; step < 10; ++step) {  // x >= 0 here: ten steps reach 10
+    const Value below = lt(x, c(10));
+    r = select(below, sub(r, div(c(1), x)), r);
+    x = select(below, add(x, c(1)), x);
+  }
+  const Value z = div(c(1), mul(x, x));
+  const Value tail_terms = mul(z, horner(*this, z, {8.33333333333333333333E-2, -2.10927960927960927961E-2,
+                                                    7.57575757575757575758E-3, -4.16666666666666666667E-3,
+                                                    3.96825396825396825397E-3, -8.33333333333333333333E-3,
+                                                    8.33333333333333333333E-2}));
+  r = sub(sub(add(r, log(x)), div(c(0.5), x)), select(lt(x, c(1e17)), tail_terms, c(0)));
+  const Value fraction = sub(v, trunc(v));
+  r = select(negative, sub(r, div(c(M_PI), tan(mul(c(M_PI), fraction)))), r);
+  return select(bitwise_and(negative, eq(fraction, c(0))), c(NAN), r);  // poles at the negative integers
+}
 namespace {
 
 // (2k)! / B_2k for k = 1..12: the Euler-Maclaurin tail of the Hurwitz zeta function.
