@@ -64,7 +64,7 @@ def _run_here(code: str, env: dict) -> subprocess.CompletedProcess:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 returncode, _ = run_as_main(program, [])
         finally:
-            torchtpu._C.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+            torchtpu._C.set_fallback_is_error(torchtpu._fallback_is_error_by_env())
     return subprocess.CompletedProcess(["<in process>"], returncode, out.getvalue(), err.getvalue())
 
 

@@ -105,6 +105,11 @@ def _register_device():
     _keep_parameters_on_transfer()
 
 
+def _fallback_is_error_by_env() -> bool:
+    """TORCHTPU_FALLBACK=error (what a tool that forbids fallback for a while restores afterwards)."""
+    return os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error"
+
+
 def _start_runtime():
     global _ext, _init_error
     try:
@@ -119,7 +124,7 @@ def _start_runtime():
         _init_error = str(e)
         ext._set_init_error(_init_error)
         return
-    ext.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+    ext.set_fallback_is_error(_fallback_is_error_by_env())
     ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
     math_mode = os.environ.get("TORCHTPU_MATH", "accurate").lower()
     if math_mode not in ("accurate", "fast"):

@@ -543,7 +543,7 @@ def _sweep_here(selection: list[tuple[int, str]], progress=None) -> list[Result]
             if progress:
                 progress(results[-1], len(results), len(selection))
     finally:
-        torchtpu._C.set_fallback_is_error(os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error")
+        torchtpu._C.set_fallback_is_error(torchtpu._fallback_is_error_by_env())
         warnings.resetwarnings()
     return results
 
