@@ -58,6 +58,21 @@ def test_parity_sweeps_opinfos_on_tpu_and_groups_what_has_no_spec(capsys):
     assert "  aten::unique_consecutive: 1  unique_consecutive" in out
 
 
+def test_parity_sweep_in_slices_written_as_lines(tmp_path, capsys):
+    # A TPU run has minutes per call: a slice of the selection, each result appended as it finishes,
+    # and the summary of every slice's lines together.
+    from torchtpu.tools import opdb_sweep
+
+    lines = tmp_path / "sweep.jsonl"
+    for part in ("0:1", "1:"):
+        assert coverage.main(["--parity", "--ops", "add,neg,abs", "--slice", part, "--jsonl", str(lines)]) == 0
+    assert len(lines.read_text().splitlines()) == 3
+    capsys.readouterr()
+    assert opdb_sweep.main(["--summarize", str(lines)]) == 0
+    out = capsys.readouterr().out
+    assert "op_db sweep on tpu: 3 OpInfos" in out and "forward: 3 passing" in out
+
+
 def test_sweep_classifies_errors():
     from torchtpu.tools import opdb_sweep
 

@@ -3,6 +3,8 @@
     python -m torchtpu.tools.coverage                  # overloads with specs, core-op coverage
     python -m torchtpu.tools.coverage --parity         # also sweep PyTorch's whole op_db on tpu vs CPU
     python -m torchtpu.tools.coverage --parity --ops acosh,take --jobs 2 --json results.json
+    python -m torchtpu.tools.coverage --parity --slice 0:300 --jsonl part1.jsonl   # a TPU call's share
+    python -m torchtpu.tools.opdb_sweep --summarize part1.jsonl part2.jsonl          # the slices together
     python -m torchtpu.tools.coverage --workload x.py  # also run a program and list its CPU fallbacks
     python -m torchtpu.tools.coverage --workload x.py -- --steps 5   # ... giving it arguments
 """
@@ -39,6 +41,10 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", help="with --parity: comma-separated OpInfo names instead of all of op_db")
     parser.add_argument("--jobs", type=int, default=1, help="with --parity: worker processes")
     parser.add_argument("--json", help="with --parity: also write every OpInfo's result to this file")
+    parser.add_argument("--slice", help="with --parity: START:STOP, the positions of the selection to sweep "
+                                        "(a TPU sweeps ~1.3 s per OpInfo: split the 702 over several runs)")
+    parser.add_argument("--jsonl", help="with --parity: append each OpInfo's result to this file as it "
+                                        "finishes (kept if the run is cut off)")
     parser.add_argument("--workload", help="a Python program to run on tpu; its CPU fallbacks are listed")
     parser.add_argument("workload_args", nargs="*", help="the workload's arguments (after --)")
     args = parser.parse_args(argv)
@@ -59,7 +65,18 @@ def main(argv=None) -> int:
         from torchtpu.tools import opdb_sweep
 
         selection = opdb_sweep.select(args.ops.split(",") if args.ops else None)
-        results = opdb_sweep.sweep(selection, jobs=args.jobs)
+        if args.slice:
+            start, _, stop = args.slice.partition(":")
+            selection = selection[int(start or 0):int(stop) if stop else None]
+        progress = None
+        if args.jsonl:
+            import json
+
+            def progress(result, done, total):
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps(result.to_json()) + "\n")
+
+        results = opdb_sweep.sweep(selection, jobs=args.jobs, progress=progress)
         print(opdb_sweep.summary(results), flush=True)
         if args.json:
             import json

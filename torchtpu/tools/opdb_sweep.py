@@ -651,9 +651,20 @@ def main(argv=None) -> int:
     parser.add_argument("--ops", help="comma-separated OpInfo names (default: all of op_db)")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--json", help="also write every result to this file")
+    parser.add_argument("--summarize", nargs="+", metavar="JSONL",
+                        help="print the summary of results written with coverage --jsonl (one or more slices)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)
+        return 0
+    if args.summarize:
+        by_name = {}
+        for path in args.summarize:
+            with open(path) as f:
+                for line in f:
+                    result = Result.from_json(json.loads(line))
+                    by_name[result.name] = result
+        print(summary(list(by_name.values())))
         return 0
     results = sweep(select(args.ops.split(",") if args.ops else None), args.jobs)
     print(summary(results))
