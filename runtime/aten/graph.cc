@@ -236,7 +236,7 @@ class Capture final : public GraphCapture {
             torch::jit::Stack* stack) override {
     if (spec.data_dependent) refuse("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
     const CallPlan plan = plan_call(spec, meta, op, args);
-    if (!plan.unsupported.empty()) refuse(plan.unsupported + " (aten::" + spec.overload + ")");
+    if (!plan.unsupported.empty()) return run_on_cpu(op, stack, plan.unsupported);  // refuses: the graph splits
     if (!plan.resizes.empty()) {  // as eager: resize the outs (a storage the graph computes refuses), plan again
       resize_outs(plan.resizes, args);
       return call(spec, meta, op, args, stack);
