@@ -27,6 +27,7 @@ FUNCTIONS = {
     "log1p": (torch.log1p, -0.999, 5), "tanh": (torch.tanh, -5, 5), "sigmoid": (torch.sigmoid, -20, 20),
     "square": (torch.square, -5, 5), "pow2": (lambda v: v ** 2, -5, 5), "silu": (F.silu, -5, 5),
     "softplus": (F.softplus, -5, 5), "logsigmoid": (F.logsigmoid, -5, 5),
+    "erfc": (torch.special.erfc, -3, 9),  # its tail, erfc(9) = 4e-37, is what log_ndtr and erfinv divide by
 }
 
 

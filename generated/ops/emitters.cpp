@@ -2723,271 +2723,271 @@ std::vector<Value> emit_igammac_(Builder& b, const EmitArgs& a) { return {b.igam
 // igammac.out = igamma(nominal(self), nominal(other), True)  (specs/special.yaml:261)
 std::vector<Value> emit_igammac__out(Builder& b, const EmitArgs& a) { return {b.igamma(b.nominal(a.value(0)), b.nominal(a.value(1)), true)}; }
 
-// special_erfcx = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:269)
-std::vector<Value> emit_special_erfcx(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_hi = [&] { const Value anchor = b.round([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(64.0, anchor)); }()); return b.div(anchor, b.scalar_like(64.0, anchor)); }(); const Value l_lo = b.sub(a.value(0), l_hi); const Value l_direct = b.mul(b.mul(b.exp(b.mul(l_hi, l_hi)), b.exp(b.mul(l_lo, b.add(b.add(l_hi, l_hi), l_lo)))), b.erfc(a.value(0))); const Value l_t = [&] { const Value anchor = [&] { const Value anchor = b.mul(a.value(0), a.value(0)); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); const Value l_s = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(-135135.0, anchor)); }(); return b.add(b.scalar_like(10395.0, anchor), anchor); }()); return b.add(b.scalar_like(-945.0, anchor), anchor); }()); return b.add(b.scalar_like(105.0, anchor), anchor); }()); return b.add(b.scalar_like(-15.0, anchor), anchor); }()); return b.add(b.scalar_like(3.0, anchor), anchor); }()); return b.add(b.scalar_like(-1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); const Value l_asymptotic = b.div(l_s, [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(1.7724538509055159, anchor)); }()); return {b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(6.0, anchor)); }(), l_direct, l_asymptotic)}; }(); }
-// special_erfcx.out = hi = div(round(mul(self, 64)), 64) lo = sub(self, hi) direct = mul(mul(exp(mul(hi, hi)), exp(mul(lo, add(add(hi, hi), lo)))), erfc(self)) t = div(1, mul(mul(self, self), 2)) s = add(1, mul(t, add(-1, mul(t, add(3, mul(t, add(-15, mul(t, add(105, mul(t, add(-945, mul(t, add(10395, mul(t, -135135)))))))))))))) asymptotic = div(s, mul(self, 1.7724538509055159)) where(lt(self, 6), direct, asymptotic)   (specs/special.yaml:269)
-std::vector<Value> emit_special_erfcx__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_hi = [&] { const Value anchor = b.round([&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(64.0, anchor)); }()); return b.div(anchor, b.scalar_like(64.0, anchor)); }(); const Value l_lo = b.sub(a.value(0), l_hi); const Value l_direct = b.mul(b.mul(b.exp(b.mul(l_hi, l_hi)), b.exp(b.mul(l_lo, b.add(b.add(l_hi, l_hi), l_lo)))), b.erfc(a.value(0))); const Value l_t = [&] { const Value anchor = [&] { const Value anchor = b.mul(a.value(0), a.value(0)); return b.mul(anchor, b.scalar_like(2.0, anchor)); }(); return b.div(b.scalar_like(1.0, anchor), anchor); }(); const Value l_s = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(-135135.0, anchor)); }(); return b.add(b.scalar_like(10395.0, anchor), anchor); }()); return b.add(b.scalar_like(-945.0, anchor), anchor); }()); return b.add(b.scalar_like(105.0, anchor), anchor); }()); return b.add(b.scalar_like(-15.0, anchor), anchor); }()); return b.add(b.scalar_like(3.0, anchor), anchor); }()); return b.add(b.scalar_like(-1.0, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); const Value l_asymptotic = b.div(l_s, [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(1.7724538509055159, anchor)); }()); return {b.where([&] { const Value anchor = a.value(0); return b.lt(anchor, b.scalar_like(6.0, anchor)); }(), l_direct, l_asymptotic)}; }(); }
+// special_erfcx = erfcx(self)  (specs/special.yaml:268)
+std::vector<Value> emit_special_erfcx(Builder& b, const EmitArgs& a) { return {b.erfcx(a.value(0))}; }
+// special_erfcx.out = erfcx(self)  (specs/special.yaml:268)
+std::vector<Value> emit_special_erfcx__out(Builder& b, const EmitArgs& a) { return {b.erfcx(a.value(0))}; }
 
-// special_xlog1py.self_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:282)
+// special_xlog1py.self_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:274)
 std::vector<Value> emit_special_xlog1py__self_scalar(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
-// special_xlog1py.self_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:282)
+// special_xlog1py.self_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:274)
 std::vector<Value> emit_special_xlog1py__self_scalar_out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
 
-// special_xlog1py.other_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
+// special_xlog1py.other_scalar = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:279)
 std::vector<Value> emit_special_xlog1py__other_scalar(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
-// special_xlog1py.other_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:287)
+// special_xlog1py.other_scalar_out = where(isnan(nominal(other)), nominal(other), where(eq(nominal(self), 0), fill(0, nominal(self)), mul(nominal(self), log1p(nominal(other)))))  (specs/special.yaml:279)
 std::vector<Value> emit_special_xlog1py__other_scalar_out(Builder& b, const EmitArgs& a) { return {b.where(b.isnan(b.nominal(a.value(1))), b.nominal(a.value(1)), b.where([&] { const Value anchor = b.nominal(a.value(0)); return b.eq(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = b.nominal(a.value(0)); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(b.nominal(a.value(0)), b.log1p(b.nominal(a.value(1))))))}; }
 
-// i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:294)
+// i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:286)
 std::vector<Value> emit_i0(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
-// i0_ = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:294)
+// i0_ = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:286)
 std::vector<Value> emit_i0_(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
-// i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:294)
+// i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:286)
 std::vector<Value> emit_i0__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
 
-// special_i0e = bessel_i0e(self)  (specs/special.yaml:300)
+// special_i0e = bessel_i0e(self)  (specs/special.yaml:292)
 std::vector<Value> emit_special_i0e(Builder& b, const EmitArgs& a) { return {b.bessel_i0e(a.value(0))}; }
-// special_i0e.out = bessel_i0e(self)  (specs/special.yaml:300)
+// special_i0e.out = bessel_i0e(self)  (specs/special.yaml:292)
 std::vector<Value> emit_special_i0e__out(Builder& b, const EmitArgs& a) { return {b.bessel_i0e(a.value(0))}; }
 
-// special_modified_bessel_i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:306)
+// special_modified_bessel_i0 = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:298)
 std::vector<Value> emit_special_modified_bessel_i0(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
-// special_modified_bessel_i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:306)
+// special_modified_bessel_i0.out = mul(exp(abs(self)), bessel_i0e(self))  (specs/special.yaml:298)
 std::vector<Value> emit_special_modified_bessel_i0__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i0e(a.value(0)))}; }
 
-// special_modified_bessel_i1 = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:312)
+// special_modified_bessel_i1 = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:304)
 std::vector<Value> emit_special_modified_bessel_i1(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i1e(a.value(0)))}; }
-// special_modified_bessel_i1.out = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:312)
+// special_modified_bessel_i1.out = mul(exp(abs(self)), bessel_i1e(self))  (specs/special.yaml:304)
 std::vector<Value> emit_special_modified_bessel_i1__out(Builder& b, const EmitArgs& a) { return {b.mul(b.exp(b.abs(a.value(0))), b.bessel_i1e(a.value(0)))}; }
 
-// special_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:321)
+// special_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:313)
 std::vector<Value> emit_special_chebyshev_polynomial_t(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
-// special_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:321)
+// special_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:313)
 std::vector<Value> emit_special_chebyshev_polynomial_t__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
 
-// special_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:327)
+// special_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:319)
 std::vector<Value> emit_special_chebyshev_polynomial_t__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
-// special_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:327)
+// special_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:319)
 std::vector<Value> emit_special_chebyshev_polynomial_t__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
 
-// special_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
+// special_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:324)
 std::vector<Value> emit_special_chebyshev_polynomial_t__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
-// special_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:332)
+// special_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "t")  (specs/special.yaml:324)
 std::vector<Value> emit_special_chebyshev_polynomial_t__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("t"))}; }
 
-// special_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:337)
+// special_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:329)
 std::vector<Value> emit_special_chebyshev_polynomial_u(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
-// special_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:337)
+// special_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:329)
 std::vector<Value> emit_special_chebyshev_polynomial_u__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
 
-// special_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:343)
+// special_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:335)
 std::vector<Value> emit_special_chebyshev_polynomial_u__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
-// special_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:343)
+// special_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:335)
 std::vector<Value> emit_special_chebyshev_polynomial_u__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
 
-// special_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
+// special_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:340)
 std::vector<Value> emit_special_chebyshev_polynomial_u__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
-// special_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:348)
+// special_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "u")  (specs/special.yaml:340)
 std::vector<Value> emit_special_chebyshev_polynomial_u__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("u"))}; }
 
-// special_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:353)
+// special_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:345)
 std::vector<Value> emit_special_chebyshev_polynomial_v(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
-// special_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:353)
+// special_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:345)
 std::vector<Value> emit_special_chebyshev_polynomial_v__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
 
-// special_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:359)
+// special_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:351)
 std::vector<Value> emit_special_chebyshev_polynomial_v__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
-// special_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:359)
+// special_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:351)
 std::vector<Value> emit_special_chebyshev_polynomial_v__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
 
-// special_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
+// special_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:356)
 std::vector<Value> emit_special_chebyshev_polynomial_v__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
-// special_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:364)
+// special_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "v")  (specs/special.yaml:356)
 std::vector<Value> emit_special_chebyshev_polynomial_v__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("v"))}; }
 
-// special_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:369)
+// special_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:361)
 std::vector<Value> emit_special_chebyshev_polynomial_w(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
-// special_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:369)
+// special_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:361)
 std::vector<Value> emit_special_chebyshev_polynomial_w__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
 
-// special_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:375)
+// special_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:367)
 std::vector<Value> emit_special_chebyshev_polynomial_w__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
-// special_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:375)
+// special_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:367)
 std::vector<Value> emit_special_chebyshev_polynomial_w__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
 
-// special_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
+// special_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:372)
 std::vector<Value> emit_special_chebyshev_polynomial_w__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
-// special_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:380)
+// special_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "w")  (specs/special.yaml:372)
 std::vector<Value> emit_special_chebyshev_polynomial_w__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("w"))}; }
 
-// special_shifted_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:385)
+// special_shifted_chebyshev_polynomial_t = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:377)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
-// special_shifted_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:385)
+// special_shifted_chebyshev_polynomial_t.out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:377)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
 
-// special_shifted_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:391)
+// special_shifted_chebyshev_polynomial_t.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:383)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
-// special_shifted_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:391)
+// special_shifted_chebyshev_polynomial_t.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:383)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
 
-// special_shifted_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
+// special_shifted_chebyshev_polynomial_t.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:388)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
-// special_shifted_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:396)
+// special_shifted_chebyshev_polynomial_t.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "st")  (specs/special.yaml:388)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_t__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("st"))}; }
 
-// special_shifted_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:401)
+// special_shifted_chebyshev_polynomial_u = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:393)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
-// special_shifted_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:401)
+// special_shifted_chebyshev_polynomial_u.out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:393)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
 
-// special_shifted_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:407)
+// special_shifted_chebyshev_polynomial_u.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:399)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
-// special_shifted_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:407)
+// special_shifted_chebyshev_polynomial_u.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:399)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
 
-// special_shifted_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
+// special_shifted_chebyshev_polynomial_u.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:404)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
-// special_shifted_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:412)
+// special_shifted_chebyshev_polynomial_u.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "su")  (specs/special.yaml:404)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_u__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("su"))}; }
 
-// special_shifted_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:417)
+// special_shifted_chebyshev_polynomial_v = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:409)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
-// special_shifted_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:417)
+// special_shifted_chebyshev_polynomial_v.out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:409)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
 
-// special_shifted_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:423)
+// special_shifted_chebyshev_polynomial_v.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:415)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
-// special_shifted_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:423)
+// special_shifted_chebyshev_polynomial_v.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:415)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
 
-// special_shifted_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
+// special_shifted_chebyshev_polynomial_v.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:420)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
-// special_shifted_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:428)
+// special_shifted_chebyshev_polynomial_v.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sv")  (specs/special.yaml:420)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_v__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sv"))}; }
 
-// special_shifted_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:433)
+// special_shifted_chebyshev_polynomial_w = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:425)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
-// special_shifted_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:433)
+// special_shifted_chebyshev_polynomial_w.out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:425)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
 
-// special_shifted_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:439)
+// special_shifted_chebyshev_polynomial_w.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:431)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
-// special_shifted_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:439)
+// special_shifted_chebyshev_polynomial_w.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:431)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
 
-// special_shifted_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
+// special_shifted_chebyshev_polynomial_w.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:436)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
-// special_shifted_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:444)
+// special_shifted_chebyshev_polynomial_w.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "sw")  (specs/special.yaml:436)
 std::vector<Value> emit_special_shifted_chebyshev_polynomial_w__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("sw"))}; }
 
-// special_hermite_polynomial_h = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:449)
+// special_hermite_polynomial_h = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:441)
 std::vector<Value> emit_special_hermite_polynomial_h(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
-// special_hermite_polynomial_h.out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:449)
+// special_hermite_polynomial_h.out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:441)
 std::vector<Value> emit_special_hermite_polynomial_h__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
 
-// special_hermite_polynomial_h.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:455)
+// special_hermite_polynomial_h.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:447)
 std::vector<Value> emit_special_hermite_polynomial_h__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
-// special_hermite_polynomial_h.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:455)
+// special_hermite_polynomial_h.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:447)
 std::vector<Value> emit_special_hermite_polynomial_h__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
 
-// special_hermite_polynomial_h.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
+// special_hermite_polynomial_h.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:452)
 std::vector<Value> emit_special_hermite_polynomial_h__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
-// special_hermite_polynomial_h.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:460)
+// special_hermite_polynomial_h.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "h")  (specs/special.yaml:452)
 std::vector<Value> emit_special_hermite_polynomial_h__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("h"))}; }
 
-// special_hermite_polynomial_he = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:465)
+// special_hermite_polynomial_he = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:457)
 std::vector<Value> emit_special_hermite_polynomial_he(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
-// special_hermite_polynomial_he.out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:465)
+// special_hermite_polynomial_he.out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:457)
 std::vector<Value> emit_special_hermite_polynomial_he__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
 
-// special_hermite_polynomial_he.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:471)
+// special_hermite_polynomial_he.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:463)
 std::vector<Value> emit_special_hermite_polynomial_he__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
-// special_hermite_polynomial_he.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:471)
+// special_hermite_polynomial_he.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:463)
 std::vector<Value> emit_special_hermite_polynomial_he__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
 
-// special_hermite_polynomial_he.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
+// special_hermite_polynomial_he.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:468)
 std::vector<Value> emit_special_hermite_polynomial_he__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
-// special_hermite_polynomial_he.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:476)
+// special_hermite_polynomial_he.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "he")  (specs/special.yaml:468)
 std::vector<Value> emit_special_hermite_polynomial_he__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("he"))}; }
 
-// special_laguerre_polynomial_l = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:481)
+// special_laguerre_polynomial_l = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:473)
 std::vector<Value> emit_special_laguerre_polynomial_l(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
-// special_laguerre_polynomial_l.out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:481)
+// special_laguerre_polynomial_l.out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:473)
 std::vector<Value> emit_special_laguerre_polynomial_l__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
 
-// special_laguerre_polynomial_l.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:487)
+// special_laguerre_polynomial_l.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:479)
 std::vector<Value> emit_special_laguerre_polynomial_l__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
-// special_laguerre_polynomial_l.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:487)
+// special_laguerre_polynomial_l.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:479)
 std::vector<Value> emit_special_laguerre_polynomial_l__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
 
-// special_laguerre_polynomial_l.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
+// special_laguerre_polynomial_l.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:484)
 std::vector<Value> emit_special_laguerre_polynomial_l__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
-// special_laguerre_polynomial_l.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:492)
+// special_laguerre_polynomial_l.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "l")  (specs/special.yaml:484)
 std::vector<Value> emit_special_laguerre_polynomial_l__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("l"))}; }
 
-// special_legendre_polynomial_p = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:497)
+// special_legendre_polynomial_p = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:489)
 std::vector<Value> emit_special_legendre_polynomial_p(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
-// special_legendre_polynomial_p.out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:497)
+// special_legendre_polynomial_p.out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:489)
 std::vector<Value> emit_special_legendre_polynomial_p__out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
 
-// special_legendre_polynomial_p.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:503)
+// special_legendre_polynomial_p.x_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:495)
 std::vector<Value> emit_special_legendre_polynomial_p__x_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
-// special_legendre_polynomial_p.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:503)
+// special_legendre_polynomial_p.x_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:495)
 std::vector<Value> emit_special_legendre_polynomial_p__x_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
 
-// special_legendre_polynomial_p.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
+// special_legendre_polynomial_p.n_scalar = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:500)
 std::vector<Value> emit_special_legendre_polynomial_p__n_scalar(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
-// special_legendre_polynomial_p.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:508)
+// special_legendre_polynomial_p.n_scalar_out = orthogonal_polynomial(nominal(x), nominal(n), "p")  (specs/special.yaml:500)
 std::vector<Value> emit_special_legendre_polynomial_p__n_scalar_out(Builder& b, const EmitArgs& a) { return {b.orthogonal_polynomial(b.nominal(a.value(0)), b.nominal(a.value(1)), std::string("p"))}; }
 
-// special_spherical_bessel_j0 = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:514)
+// special_spherical_bessel_j0 = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:506)
 std::vector<Value> emit_special_spherical_bessel_j0(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.mul(a.value(0), a.value(0)); const Value l_series = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(1.6059043836821613e-10, anchor)); }(); return b.add(b.scalar_like(-2.505210838544172e-08, anchor), anchor); }()); return b.add(b.scalar_like(2.755731922398589e-06, anchor), anchor); }()); return b.add(b.scalar_like(-0.0001984126984126984, anchor), anchor); }()); return b.add(b.scalar_like(0.008333333333333333, anchor), anchor); }()); return b.add(b.scalar_like(-0.16666666666666666, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return {b.where(b.isinf(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where([&] { const Value anchor = b.abs(a.value(0)); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), l_series, b.div(b.sin(a.value(0)), a.value(0))))}; }(); }
-// special_spherical_bessel_j0.out = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:514)
+// special_spherical_bessel_j0.out = t = mul(x, x) series = add(1, mul(t, add(-0.16666666666666666, mul(t, add(0.008333333333333333, mul(t, add(-0.0001984126984126984, mul(t, add(2.755731922398589e-06, mul(t, add(-2.505210838544172e-08, mul(t, 1.6059043836821613e-10)))))))))))) where(isinf(x), fill(0, x), where(lt(abs(x), 0.5), series, div(sin(x), x)))   (specs/special.yaml:506)
 std::vector<Value> emit_special_spherical_bessel_j0__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_t = b.mul(a.value(0), a.value(0)); const Value l_series = [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = b.mul(l_t, [&] { const Value anchor = [&] { const Value anchor = l_t; return b.mul(anchor, b.scalar_like(1.6059043836821613e-10, anchor)); }(); return b.add(b.scalar_like(-2.505210838544172e-08, anchor), anchor); }()); return b.add(b.scalar_like(2.755731922398589e-06, anchor), anchor); }()); return b.add(b.scalar_like(-0.0001984126984126984, anchor), anchor); }()); return b.add(b.scalar_like(0.008333333333333333, anchor), anchor); }()); return b.add(b.scalar_like(-0.16666666666666666, anchor), anchor); }()); return b.add(b.scalar_like(1.0, anchor), anchor); }(); return {b.where(b.isinf(a.value(0)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where([&] { const Value anchor = b.abs(a.value(0)); return b.lt(anchor, b.scalar_like(0.5, anchor)); }(), l_series, b.div(b.sin(a.value(0)), a.value(0))))}; }(); }
 
-// special_bessel_j0 = bessel(self, "j0")  (specs/special.yaml:526)
+// special_bessel_j0 = bessel(self, "j0")  (specs/special.yaml:518)
 std::vector<Value> emit_special_bessel_j0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j0"))}; }
-// special_bessel_j0.out = bessel(self, "j0")  (specs/special.yaml:526)
+// special_bessel_j0.out = bessel(self, "j0")  (specs/special.yaml:518)
 std::vector<Value> emit_special_bessel_j0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j0"))}; }
 
-// special_bessel_j1 = bessel(self, "j1")  (specs/special.yaml:532)
+// special_bessel_j1 = bessel(self, "j1")  (specs/special.yaml:524)
 std::vector<Value> emit_special_bessel_j1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j1"))}; }
-// special_bessel_j1.out = bessel(self, "j1")  (specs/special.yaml:532)
+// special_bessel_j1.out = bessel(self, "j1")  (specs/special.yaml:524)
 std::vector<Value> emit_special_bessel_j1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("j1"))}; }
 
-// special_bessel_y0 = bessel(self, "y0")  (specs/special.yaml:538)
+// special_bessel_y0 = bessel(self, "y0")  (specs/special.yaml:530)
 std::vector<Value> emit_special_bessel_y0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y0"))}; }
-// special_bessel_y0.out = bessel(self, "y0")  (specs/special.yaml:538)
+// special_bessel_y0.out = bessel(self, "y0")  (specs/special.yaml:530)
 std::vector<Value> emit_special_bessel_y0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y0"))}; }
 
-// special_bessel_y1 = bessel(self, "y1")  (specs/special.yaml:544)
+// special_bessel_y1 = bessel(self, "y1")  (specs/special.yaml:536)
 std::vector<Value> emit_special_bessel_y1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y1"))}; }
-// special_bessel_y1.out = bessel(self, "y1")  (specs/special.yaml:544)
+// special_bessel_y1.out = bessel(self, "y1")  (specs/special.yaml:536)
 std::vector<Value> emit_special_bessel_y1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("y1"))}; }
 
-// special_modified_bessel_k0 = bessel(self, "k0")  (specs/special.yaml:550)
+// special_modified_bessel_k0 = bessel(self, "k0")  (specs/special.yaml:542)
 std::vector<Value> emit_special_modified_bessel_k0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0"))}; }
-// special_modified_bessel_k0.out = bessel(self, "k0")  (specs/special.yaml:550)
+// special_modified_bessel_k0.out = bessel(self, "k0")  (specs/special.yaml:542)
 std::vector<Value> emit_special_modified_bessel_k0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0"))}; }
 
-// special_modified_bessel_k1 = bessel(self, "k1")  (specs/special.yaml:556)
+// special_modified_bessel_k1 = bessel(self, "k1")  (specs/special.yaml:548)
 std::vector<Value> emit_special_modified_bessel_k1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1"))}; }
-// special_modified_bessel_k1.out = bessel(self, "k1")  (specs/special.yaml:556)
+// special_modified_bessel_k1.out = bessel(self, "k1")  (specs/special.yaml:548)
 std::vector<Value> emit_special_modified_bessel_k1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1"))}; }
 
-// special_scaled_modified_bessel_k0 = bessel(x, "k0e")  (specs/special.yaml:562)
+// special_scaled_modified_bessel_k0 = bessel(x, "k0e")  (specs/special.yaml:554)
 std::vector<Value> emit_special_scaled_modified_bessel_k0(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0e"))}; }
-// special_scaled_modified_bessel_k0.out = bessel(x, "k0e")  (specs/special.yaml:562)
+// special_scaled_modified_bessel_k0.out = bessel(x, "k0e")  (specs/special.yaml:554)
 std::vector<Value> emit_special_scaled_modified_bessel_k0__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k0e"))}; }
 
-// special_scaled_modified_bessel_k1 = bessel(x, "k1e")  (specs/special.yaml:568)
+// special_scaled_modified_bessel_k1 = bessel(x, "k1e")  (specs/special.yaml:560)
 std::vector<Value> emit_special_scaled_modified_bessel_k1(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1e"))}; }
-// special_scaled_modified_bessel_k1.out = bessel(x, "k1e")  (specs/special.yaml:568)
+// special_scaled_modified_bessel_k1.out = bessel(x, "k1e")  (specs/special.yaml:560)
 std::vector<Value> emit_special_scaled_modified_bessel_k1__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("k1e"))}; }
 
-// special_airy_ai = bessel(x, "airy_ai")  (specs/special.yaml:574)
+// special_airy_ai = bessel(x, "airy_ai")  (specs/special.yaml:566)
 std::vector<Value> emit_special_airy_ai(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("airy_ai"))}; }
-// special_airy_ai.out = bessel(x, "airy_ai")  (specs/special.yaml:574)
+// special_airy_ai.out = bessel(x, "airy_ai")  (specs/special.yaml:566)
 std::vector<Value> emit_special_airy_ai__out(Builder& b, const EmitArgs& a) { return {b.bessel(a.value(0), std::string("airy_ai"))}; }
 
 // fill.Scalar = fill(value, self)  (specs/tensor.yaml:3)
@@ -8917,537 +8917,537 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_igammac__out, false, -1, {}, {}},
-      {"special_erfcx", "specs/special.yaml:269", Variant::Functional,
+      {"special_erfcx", "specs/special.yaml:268", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_erfcx, false, -1, {}, {}},
-      {"special_erfcx.out", "specs/special.yaml:269", Variant::Out,
+      {"special_erfcx.out", "specs/special.yaml:268", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_erfcx__out, false, -1, {}, {}},
-      {"special_xlog1py.self_scalar", "specs/special.yaml:282", Variant::Functional,
+      {"special_xlog1py.self_scalar", "specs/special.yaml:274", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__self_scalar, false, -1, {}, {}},
-      {"special_xlog1py.self_scalar_out", "specs/special.yaml:282", Variant::Out,
+      {"special_xlog1py.self_scalar_out", "specs/special.yaml:274", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__self_scalar_out, false, -1, {}, {}},
-      {"special_xlog1py.other_scalar", "specs/special.yaml:287", Variant::Functional,
+      {"special_xlog1py.other_scalar", "specs/special.yaml:279", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__other_scalar, false, -1, {}, {}},
-      {"special_xlog1py.other_scalar_out", "specs/special.yaml:287", Variant::Out,
+      {"special_xlog1py.other_scalar_out", "specs/special.yaml:279", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_xlog1py__other_scalar_out, false, -1, {}, {}},
-      {"i0", "specs/special.yaml:294", Variant::Functional,
+      {"i0", "specs/special.yaml:286", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_i0, false, -1, {}, {}},
-      {"i0_", "specs/special.yaml:294", Variant::Inplace,
+      {"i0_", "specs/special.yaml:286", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_i0_, false, -1, {}, {}},
-      {"i0.out", "specs/special.yaml:294", Variant::Out,
+      {"i0.out", "specs/special.yaml:286", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_i0__out, false, -1, {}, {}},
-      {"special_i0e", "specs/special.yaml:300", Variant::Functional,
+      {"special_i0e", "specs/special.yaml:292", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i0e, false, -1, {}, {}},
-      {"special_i0e.out", "specs/special.yaml:300", Variant::Out,
+      {"special_i0e.out", "specs/special.yaml:292", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_i0e__out, false, -1, {}, {}},
-      {"special_modified_bessel_i0", "specs/special.yaml:306", Variant::Functional,
+      {"special_modified_bessel_i0", "specs/special.yaml:298", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i0, false, -1, {}, {}},
-      {"special_modified_bessel_i0.out", "specs/special.yaml:306", Variant::Out,
+      {"special_modified_bessel_i0.out", "specs/special.yaml:298", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i0__out, false, -1, {}, {}},
-      {"special_modified_bessel_i1", "specs/special.yaml:312", Variant::Functional,
+      {"special_modified_bessel_i1", "specs/special.yaml:304", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i1, false, -1, {}, {}},
-      {"special_modified_bessel_i1.out", "specs/special.yaml:312", Variant::Out,
+      {"special_modified_bessel_i1.out", "specs/special.yaml:304", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_i1__out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_t", "specs/special.yaml:321", Variant::Functional,
+      {"special_chebyshev_polynomial_t", "specs/special.yaml:313", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_t.out", "specs/special.yaml:321", Variant::Out,
+      {"special_chebyshev_polynomial_t.out", "specs/special.yaml:313", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:327", Variant::Functional,
+      {"special_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:319", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__x_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:327", Variant::Out,
+      {"special_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:319", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__x_scalar_out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:332", Variant::Functional,
+      {"special_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:324", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__n_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:332", Variant::Out,
+      {"special_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:324", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_t__n_scalar_out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_u", "specs/special.yaml:337", Variant::Functional,
+      {"special_chebyshev_polynomial_u", "specs/special.yaml:329", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_u.out", "specs/special.yaml:337", Variant::Out,
+      {"special_chebyshev_polynomial_u.out", "specs/special.yaml:329", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:343", Variant::Functional,
+      {"special_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:335", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__x_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:343", Variant::Out,
+      {"special_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:335", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__x_scalar_out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:348", Variant::Functional,
+      {"special_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:340", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__n_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:348", Variant::Out,
+      {"special_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:340", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_u__n_scalar_out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_v", "specs/special.yaml:353", Variant::Functional,
+      {"special_chebyshev_polynomial_v", "specs/special.yaml:345", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_v.out", "specs/special.yaml:353", Variant::Out,
+      {"special_chebyshev_polynomial_v.out", "specs/special.yaml:345", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:359", Variant::Functional,
+      {"special_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:351", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__x_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:359", Variant::Out,
+      {"special_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:351", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__x_scalar_out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:364", Variant::Functional,
+      {"special_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:356", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__n_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:364", Variant::Out,
+      {"special_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:356", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_v__n_scalar_out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_w", "specs/special.yaml:369", Variant::Functional,
+      {"special_chebyshev_polynomial_w", "specs/special.yaml:361", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_w.out", "specs/special.yaml:369", Variant::Out,
+      {"special_chebyshev_polynomial_w.out", "specs/special.yaml:361", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:375", Variant::Functional,
+      {"special_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:367", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__x_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:375", Variant::Out,
+      {"special_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:367", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__x_scalar_out, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:380", Variant::Functional,
+      {"special_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:372", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__n_scalar, false, -1, {}, {}},
-      {"special_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:380", Variant::Out,
+      {"special_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:372", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_chebyshev_polynomial_w__n_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_t", "specs/special.yaml:385", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_t", "specs/special.yaml:377", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_t.out", "specs/special.yaml:385", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_t.out", "specs/special.yaml:377", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:391", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_t.x_scalar", "specs/special.yaml:383", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__x_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:391", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_t.x_scalar_out", "specs/special.yaml:383", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__x_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:396", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_t.n_scalar", "specs/special.yaml:388", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__n_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:396", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_t.n_scalar_out", "specs/special.yaml:388", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_t__n_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_u", "specs/special.yaml:401", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_u", "specs/special.yaml:393", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_u.out", "specs/special.yaml:401", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_u.out", "specs/special.yaml:393", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:407", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_u.x_scalar", "specs/special.yaml:399", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__x_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:407", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_u.x_scalar_out", "specs/special.yaml:399", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__x_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:412", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_u.n_scalar", "specs/special.yaml:404", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__n_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:412", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_u.n_scalar_out", "specs/special.yaml:404", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_u__n_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_v", "specs/special.yaml:417", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_v", "specs/special.yaml:409", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_v.out", "specs/special.yaml:417", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_v.out", "specs/special.yaml:409", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:423", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_v.x_scalar", "specs/special.yaml:415", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__x_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:423", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_v.x_scalar_out", "specs/special.yaml:415", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__x_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:428", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_v.n_scalar", "specs/special.yaml:420", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__n_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:428", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_v.n_scalar_out", "specs/special.yaml:420", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_v__n_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_w", "specs/special.yaml:433", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_w", "specs/special.yaml:425", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_w.out", "specs/special.yaml:433", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_w.out", "specs/special.yaml:425", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:439", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_w.x_scalar", "specs/special.yaml:431", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__x_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:439", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_w.x_scalar_out", "specs/special.yaml:431", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__x_scalar_out, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:444", Variant::Functional,
+      {"special_shifted_chebyshev_polynomial_w.n_scalar", "specs/special.yaml:436", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__n_scalar, false, -1, {}, {}},
-      {"special_shifted_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:444", Variant::Out,
+      {"special_shifted_chebyshev_polynomial_w.n_scalar_out", "specs/special.yaml:436", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_shifted_chebyshev_polynomial_w__n_scalar_out, false, -1, {}, {}},
-      {"special_hermite_polynomial_h", "specs/special.yaml:449", Variant::Functional,
+      {"special_hermite_polynomial_h", "specs/special.yaml:441", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h, false, -1, {}, {}},
-      {"special_hermite_polynomial_h.out", "specs/special.yaml:449", Variant::Out,
+      {"special_hermite_polynomial_h.out", "specs/special.yaml:441", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__out, false, -1, {}, {}},
-      {"special_hermite_polynomial_h.x_scalar", "specs/special.yaml:455", Variant::Functional,
+      {"special_hermite_polynomial_h.x_scalar", "specs/special.yaml:447", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__x_scalar, false, -1, {}, {}},
-      {"special_hermite_polynomial_h.x_scalar_out", "specs/special.yaml:455", Variant::Out,
+      {"special_hermite_polynomial_h.x_scalar_out", "specs/special.yaml:447", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__x_scalar_out, false, -1, {}, {}},
-      {"special_hermite_polynomial_h.n_scalar", "specs/special.yaml:460", Variant::Functional,
+      {"special_hermite_polynomial_h.n_scalar", "specs/special.yaml:452", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__n_scalar, false, -1, {}, {}},
-      {"special_hermite_polynomial_h.n_scalar_out", "specs/special.yaml:460", Variant::Out,
+      {"special_hermite_polynomial_h.n_scalar_out", "specs/special.yaml:452", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_h__n_scalar_out, false, -1, {}, {}},
-      {"special_hermite_polynomial_he", "specs/special.yaml:465", Variant::Functional,
+      {"special_hermite_polynomial_he", "specs/special.yaml:457", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he, false, -1, {}, {}},
-      {"special_hermite_polynomial_he.out", "specs/special.yaml:465", Variant::Out,
+      {"special_hermite_polynomial_he.out", "specs/special.yaml:457", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__out, false, -1, {}, {}},
-      {"special_hermite_polynomial_he.x_scalar", "specs/special.yaml:471", Variant::Functional,
+      {"special_hermite_polynomial_he.x_scalar", "specs/special.yaml:463", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__x_scalar, false, -1, {}, {}},
-      {"special_hermite_polynomial_he.x_scalar_out", "specs/special.yaml:471", Variant::Out,
+      {"special_hermite_polynomial_he.x_scalar_out", "specs/special.yaml:463", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__x_scalar_out, false, -1, {}, {}},
-      {"special_hermite_polynomial_he.n_scalar", "specs/special.yaml:476", Variant::Functional,
+      {"special_hermite_polynomial_he.n_scalar", "specs/special.yaml:468", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__n_scalar, false, -1, {}, {}},
-      {"special_hermite_polynomial_he.n_scalar_out", "specs/special.yaml:476", Variant::Out,
+      {"special_hermite_polynomial_he.n_scalar_out", "specs/special.yaml:468", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_hermite_polynomial_he__n_scalar_out, false, -1, {}, {}},
-      {"special_laguerre_polynomial_l", "specs/special.yaml:481", Variant::Functional,
+      {"special_laguerre_polynomial_l", "specs/special.yaml:473", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l, false, -1, {}, {}},
-      {"special_laguerre_polynomial_l.out", "specs/special.yaml:481", Variant::Out,
+      {"special_laguerre_polynomial_l.out", "specs/special.yaml:473", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__out, false, -1, {}, {}},
-      {"special_laguerre_polynomial_l.x_scalar", "specs/special.yaml:487", Variant::Functional,
+      {"special_laguerre_polynomial_l.x_scalar", "specs/special.yaml:479", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__x_scalar, false, -1, {}, {}},
-      {"special_laguerre_polynomial_l.x_scalar_out", "specs/special.yaml:487", Variant::Out,
+      {"special_laguerre_polynomial_l.x_scalar_out", "specs/special.yaml:479", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__x_scalar_out, false, -1, {}, {}},
-      {"special_laguerre_polynomial_l.n_scalar", "specs/special.yaml:492", Variant::Functional,
+      {"special_laguerre_polynomial_l.n_scalar", "specs/special.yaml:484", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__n_scalar, false, -1, {}, {}},
-      {"special_laguerre_polynomial_l.n_scalar_out", "specs/special.yaml:492", Variant::Out,
+      {"special_laguerre_polynomial_l.n_scalar_out", "specs/special.yaml:484", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_laguerre_polynomial_l__n_scalar_out, false, -1, {}, {}},
-      {"special_legendre_polynomial_p", "specs/special.yaml:497", Variant::Functional,
+      {"special_legendre_polynomial_p", "specs/special.yaml:489", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p, false, -1, {}, {}},
-      {"special_legendre_polynomial_p.out", "specs/special.yaml:497", Variant::Out,
+      {"special_legendre_polynomial_p.out", "specs/special.yaml:489", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__out, false, -1, {}, {}},
-      {"special_legendre_polynomial_p.x_scalar", "specs/special.yaml:503", Variant::Functional,
+      {"special_legendre_polynomial_p.x_scalar", "specs/special.yaml:495", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__x_scalar, false, -1, {}, {}},
-      {"special_legendre_polynomial_p.x_scalar_out", "specs/special.yaml:503", Variant::Out,
+      {"special_legendre_polynomial_p.x_scalar_out", "specs/special.yaml:495", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__x_scalar_out, false, -1, {}, {}},
-      {"special_legendre_polynomial_p.n_scalar", "specs/special.yaml:508", Variant::Functional,
+      {"special_legendre_polynomial_p.n_scalar", "specs/special.yaml:500", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__n_scalar, false, -1, {}, {}},
-      {"special_legendre_polynomial_p.n_scalar_out", "specs/special.yaml:508", Variant::Out,
+      {"special_legendre_polynomial_p.n_scalar_out", "specs/special.yaml:500", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_legendre_polynomial_p__n_scalar_out, false, -1, {}, {}},
-      {"special_spherical_bessel_j0", "specs/special.yaml:514", Variant::Functional,
+      {"special_spherical_bessel_j0", "specs/special.yaml:506", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_spherical_bessel_j0, false, -1, {}, {}},
-      {"special_spherical_bessel_j0.out", "specs/special.yaml:514", Variant::Out,
+      {"special_spherical_bessel_j0.out", "specs/special.yaml:506", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_spherical_bessel_j0__out, false, -1, {}, {}},
-      {"special_bessel_j0", "specs/special.yaml:526", Variant::Functional,
+      {"special_bessel_j0", "specs/special.yaml:518", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j0, false, -1, {}, {}},
-      {"special_bessel_j0.out", "specs/special.yaml:526", Variant::Out,
+      {"special_bessel_j0.out", "specs/special.yaml:518", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j0__out, false, -1, {}, {}},
-      {"special_bessel_j1", "specs/special.yaml:532", Variant::Functional,
+      {"special_bessel_j1", "specs/special.yaml:524", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j1, false, -1, {}, {}},
-      {"special_bessel_j1.out", "specs/special.yaml:532", Variant::Out,
+      {"special_bessel_j1.out", "specs/special.yaml:524", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_j1__out, false, -1, {}, {}},
-      {"special_bessel_y0", "specs/special.yaml:538", Variant::Functional,
+      {"special_bessel_y0", "specs/special.yaml:530", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y0, false, -1, {}, {}},
-      {"special_bessel_y0.out", "specs/special.yaml:538", Variant::Out,
+      {"special_bessel_y0.out", "specs/special.yaml:530", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y0__out, false, -1, {}, {}},
-      {"special_bessel_y1", "specs/special.yaml:544", Variant::Functional,
+      {"special_bessel_y1", "specs/special.yaml:536", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y1, false, -1, {}, {}},
-      {"special_bessel_y1.out", "specs/special.yaml:544", Variant::Out,
+      {"special_bessel_y1.out", "specs/special.yaml:536", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_bessel_y1__out, false, -1, {}, {}},
-      {"special_modified_bessel_k0", "specs/special.yaml:550", Variant::Functional,
+      {"special_modified_bessel_k0", "specs/special.yaml:542", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k0, false, -1, {}, {}},
-      {"special_modified_bessel_k0.out", "specs/special.yaml:550", Variant::Out,
+      {"special_modified_bessel_k0.out", "specs/special.yaml:542", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k0__out, false, -1, {}, {}},
-      {"special_modified_bessel_k1", "specs/special.yaml:556", Variant::Functional,
+      {"special_modified_bessel_k1", "specs/special.yaml:548", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k1, false, -1, {}, {}},
-      {"special_modified_bessel_k1.out", "specs/special.yaml:556", Variant::Out,
+      {"special_modified_bessel_k1.out", "specs/special.yaml:548", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_modified_bessel_k1__out, false, -1, {}, {}},
-      {"special_scaled_modified_bessel_k0", "specs/special.yaml:562", Variant::Functional,
+      {"special_scaled_modified_bessel_k0", "specs/special.yaml:554", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k0, false, -1, {}, {}},
-      {"special_scaled_modified_bessel_k0.out", "specs/special.yaml:562", Variant::Out,
+      {"special_scaled_modified_bessel_k0.out", "specs/special.yaml:554", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k0__out, false, -1, {}, {}},
-      {"special_scaled_modified_bessel_k1", "specs/special.yaml:568", Variant::Functional,
+      {"special_scaled_modified_bessel_k1", "specs/special.yaml:560", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k1, false, -1, {}, {}},
-      {"special_scaled_modified_bessel_k1.out", "specs/special.yaml:568", Variant::Out,
+      {"special_scaled_modified_bessel_k1.out", "specs/special.yaml:560", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_scaled_modified_bessel_k1__out, false, -1, {}, {}},
-      {"special_airy_ai", "specs/special.yaml:574", Variant::Functional,
+      {"special_airy_ai", "specs/special.yaml:566", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_special_airy_ai, false, -1, {}, {}},
-      {"special_airy_ai.out", "specs/special.yaml:574", Variant::Out,
+      {"special_airy_ai.out", "specs/special.yaml:566", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,

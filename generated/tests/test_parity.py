@@ -10109,7 +10109,7 @@ def test_igammac_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_erfcx(dtype):
-    # specs/special.yaml:269
+    # specs/special.yaml:268
     check_opinfo(
         "special.erfcx",
         dtype,
@@ -10121,7 +10121,7 @@ def test_special_erfcx(dtype):
 
 
 def test_special_erfcx_compiled():
-    # specs/special.yaml:269: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:268: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.erfcx",
         overloads=["special_erfcx", "special_erfcx.out"],
@@ -10132,7 +10132,7 @@ def test_special_erfcx_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_erfcx_other_dtypes(dtype):
-    # specs/special.yaml:269: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:268: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.erfcx",
         dtype,
@@ -10146,7 +10146,7 @@ def test_special_erfcx_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_i0(dtype):
-    # specs/special.yaml:294
+    # specs/special.yaml:286
     check_opinfo(
         "i0",
         dtype,
@@ -10158,7 +10158,7 @@ def test_i0(dtype):
 
 
 def test_i0_compiled():
-    # specs/special.yaml:294: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:286: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "i0",
         overloads=["i0", "i0_", "i0.out"],
@@ -10169,7 +10169,7 @@ def test_i0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_i0_other_dtypes(dtype):
-    # specs/special.yaml:294: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:286: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "i0",
         dtype,
@@ -10183,7 +10183,7 @@ def test_i0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_i0e(dtype):
-    # specs/special.yaml:300
+    # specs/special.yaml:292
     check_opinfo(
         "special.i0e",
         dtype,
@@ -10195,7 +10195,7 @@ def test_special_i0e(dtype):
 
 
 def test_special_i0e_compiled():
-    # specs/special.yaml:300: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:292: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.i0e",
         overloads=["special_i0e", "special_i0e.out"],
@@ -10206,7 +10206,7 @@ def test_special_i0e_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_i0e_other_dtypes(dtype):
-    # specs/special.yaml:300: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:292: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.i0e",
         dtype,
@@ -10220,7 +10220,7 @@ def test_special_i0e_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_i0(dtype):
-    # specs/special.yaml:306
+    # specs/special.yaml:298
     check_opinfo(
         "special.modified_bessel_i0",
         dtype,
@@ -10232,7 +10232,7 @@ def test_special_modified_bessel_i0(dtype):
 
 
 def test_special_modified_bessel_i0_compiled():
-    # specs/special.yaml:306: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:298: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_i0",
         overloads=["special_modified_bessel_i0", "special_modified_bessel_i0.out"],
@@ -10243,7 +10243,7 @@ def test_special_modified_bessel_i0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_i0_other_dtypes(dtype):
-    # specs/special.yaml:306: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:298: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_i0",
         dtype,
@@ -10257,7 +10257,7 @@ def test_special_modified_bessel_i0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_i1(dtype):
-    # specs/special.yaml:312
+    # specs/special.yaml:304
     check_opinfo(
         "special.modified_bessel_i1",
         dtype,
@@ -10269,7 +10269,7 @@ def test_special_modified_bessel_i1(dtype):
 
 
 def test_special_modified_bessel_i1_compiled():
-    # specs/special.yaml:312: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:304: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_i1",
         overloads=["special_modified_bessel_i1", "special_modified_bessel_i1.out"],
@@ -10280,7 +10280,7 @@ def test_special_modified_bessel_i1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_i1_other_dtypes(dtype):
-    # specs/special.yaml:312: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:304: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_i1",
         dtype,
@@ -10294,7 +10294,7 @@ def test_special_modified_bessel_i1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_t(dtype):
-    # specs/special.yaml:321
+    # specs/special.yaml:313
     check_opinfo(
         "special.chebyshev_polynomial_t",
         dtype,
@@ -10306,7 +10306,7 @@ def test_special_chebyshev_polynomial_t(dtype):
 
 
 def test_special_chebyshev_polynomial_t_compiled():
-    # specs/special.yaml:321: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:313: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_t",
         overloads=["special_chebyshev_polynomial_t", "special_chebyshev_polynomial_t.out"],
@@ -10317,7 +10317,7 @@ def test_special_chebyshev_polynomial_t_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_t_other_dtypes(dtype):
-    # specs/special.yaml:321: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:313: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_t",
         dtype,
@@ -10331,7 +10331,7 @@ def test_special_chebyshev_polynomial_t_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_u(dtype):
-    # specs/special.yaml:337
+    # specs/special.yaml:329
     check_opinfo(
         "special.chebyshev_polynomial_u",
         dtype,
@@ -10343,7 +10343,7 @@ def test_special_chebyshev_polynomial_u(dtype):
 
 
 def test_special_chebyshev_polynomial_u_compiled():
-    # specs/special.yaml:337: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:329: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_u",
         overloads=["special_chebyshev_polynomial_u", "special_chebyshev_polynomial_u.out"],
@@ -10354,7 +10354,7 @@ def test_special_chebyshev_polynomial_u_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_u_other_dtypes(dtype):
-    # specs/special.yaml:337: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:329: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_u",
         dtype,
@@ -10368,7 +10368,7 @@ def test_special_chebyshev_polynomial_u_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_v(dtype):
-    # specs/special.yaml:353
+    # specs/special.yaml:345
     check_opinfo(
         "special.chebyshev_polynomial_v",
         dtype,
@@ -10380,7 +10380,7 @@ def test_special_chebyshev_polynomial_v(dtype):
 
 
 def test_special_chebyshev_polynomial_v_compiled():
-    # specs/special.yaml:353: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:345: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_v",
         overloads=["special_chebyshev_polynomial_v", "special_chebyshev_polynomial_v.out"],
@@ -10391,7 +10391,7 @@ def test_special_chebyshev_polynomial_v_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_v_other_dtypes(dtype):
-    # specs/special.yaml:353: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:345: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_v",
         dtype,
@@ -10405,7 +10405,7 @@ def test_special_chebyshev_polynomial_v_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_chebyshev_polynomial_w(dtype):
-    # specs/special.yaml:369
+    # specs/special.yaml:361
     check_opinfo(
         "special.chebyshev_polynomial_w",
         dtype,
@@ -10417,7 +10417,7 @@ def test_special_chebyshev_polynomial_w(dtype):
 
 
 def test_special_chebyshev_polynomial_w_compiled():
-    # specs/special.yaml:369: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:361: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.chebyshev_polynomial_w",
         overloads=["special_chebyshev_polynomial_w", "special_chebyshev_polynomial_w.out"],
@@ -10428,7 +10428,7 @@ def test_special_chebyshev_polynomial_w_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_chebyshev_polynomial_w_other_dtypes(dtype):
-    # specs/special.yaml:369: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:361: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.chebyshev_polynomial_w",
         dtype,
@@ -10442,7 +10442,7 @@ def test_special_chebyshev_polynomial_w_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_t(dtype):
-    # specs/special.yaml:385
+    # specs/special.yaml:377
     check_opinfo(
         "special.shifted_chebyshev_polynomial_t",
         dtype,
@@ -10454,7 +10454,7 @@ def test_special_shifted_chebyshev_polynomial_t(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_t_compiled():
-    # specs/special.yaml:385: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:377: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_t",
         overloads=["special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_t.out"],
@@ -10465,7 +10465,7 @@ def test_special_shifted_chebyshev_polynomial_t_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_t_other_dtypes(dtype):
-    # specs/special.yaml:385: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:377: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_t",
         dtype,
@@ -10479,7 +10479,7 @@ def test_special_shifted_chebyshev_polynomial_t_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_u(dtype):
-    # specs/special.yaml:401
+    # specs/special.yaml:393
     check_opinfo(
         "special.shifted_chebyshev_polynomial_u",
         dtype,
@@ -10491,7 +10491,7 @@ def test_special_shifted_chebyshev_polynomial_u(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_u_compiled():
-    # specs/special.yaml:401: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:393: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_u",
         overloads=["special_shifted_chebyshev_polynomial_u", "special_shifted_chebyshev_polynomial_u.out"],
@@ -10502,7 +10502,7 @@ def test_special_shifted_chebyshev_polynomial_u_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_u_other_dtypes(dtype):
-    # specs/special.yaml:401: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:393: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_u",
         dtype,
@@ -10516,7 +10516,7 @@ def test_special_shifted_chebyshev_polynomial_u_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_v(dtype):
-    # specs/special.yaml:417
+    # specs/special.yaml:409
     check_opinfo(
         "special.shifted_chebyshev_polynomial_v",
         dtype,
@@ -10528,7 +10528,7 @@ def test_special_shifted_chebyshev_polynomial_v(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_v_compiled():
-    # specs/special.yaml:417: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:409: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_v",
         overloads=["special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_v.out"],
@@ -10539,7 +10539,7 @@ def test_special_shifted_chebyshev_polynomial_v_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_v_other_dtypes(dtype):
-    # specs/special.yaml:417: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:409: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_v",
         dtype,
@@ -10553,7 +10553,7 @@ def test_special_shifted_chebyshev_polynomial_v_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_shifted_chebyshev_polynomial_w(dtype):
-    # specs/special.yaml:433
+    # specs/special.yaml:425
     check_opinfo(
         "special.shifted_chebyshev_polynomial_w",
         dtype,
@@ -10565,7 +10565,7 @@ def test_special_shifted_chebyshev_polynomial_w(dtype):
 
 
 def test_special_shifted_chebyshev_polynomial_w_compiled():
-    # specs/special.yaml:433: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:425: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.shifted_chebyshev_polynomial_w",
         overloads=["special_shifted_chebyshev_polynomial_w", "special_shifted_chebyshev_polynomial_w.out"],
@@ -10576,7 +10576,7 @@ def test_special_shifted_chebyshev_polynomial_w_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_shifted_chebyshev_polynomial_w_other_dtypes(dtype):
-    # specs/special.yaml:433: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:425: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.shifted_chebyshev_polynomial_w",
         dtype,
@@ -10590,7 +10590,7 @@ def test_special_shifted_chebyshev_polynomial_w_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_hermite_polynomial_h(dtype):
-    # specs/special.yaml:449
+    # specs/special.yaml:441
     check_opinfo(
         "special.hermite_polynomial_h",
         dtype,
@@ -10602,7 +10602,7 @@ def test_special_hermite_polynomial_h(dtype):
 
 
 def test_special_hermite_polynomial_h_compiled():
-    # specs/special.yaml:449: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:441: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.hermite_polynomial_h",
         overloads=["special_hermite_polynomial_h", "special_hermite_polynomial_h.out"],
@@ -10613,7 +10613,7 @@ def test_special_hermite_polynomial_h_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_hermite_polynomial_h_other_dtypes(dtype):
-    # specs/special.yaml:449: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:441: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.hermite_polynomial_h",
         dtype,
@@ -10627,7 +10627,7 @@ def test_special_hermite_polynomial_h_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_hermite_polynomial_he(dtype):
-    # specs/special.yaml:465
+    # specs/special.yaml:457
     check_opinfo(
         "special.hermite_polynomial_he",
         dtype,
@@ -10639,7 +10639,7 @@ def test_special_hermite_polynomial_he(dtype):
 
 
 def test_special_hermite_polynomial_he_compiled():
-    # specs/special.yaml:465: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:457: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.hermite_polynomial_he",
         overloads=["special_hermite_polynomial_he", "special_hermite_polynomial_he.out"],
@@ -10650,7 +10650,7 @@ def test_special_hermite_polynomial_he_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_hermite_polynomial_he_other_dtypes(dtype):
-    # specs/special.yaml:465: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:457: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.hermite_polynomial_he",
         dtype,
@@ -10664,7 +10664,7 @@ def test_special_hermite_polynomial_he_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_laguerre_polynomial_l(dtype):
-    # specs/special.yaml:481
+    # specs/special.yaml:473
     check_opinfo(
         "special.laguerre_polynomial_l",
         dtype,
@@ -10676,7 +10676,7 @@ def test_special_laguerre_polynomial_l(dtype):
 
 
 def test_special_laguerre_polynomial_l_compiled():
-    # specs/special.yaml:481: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:473: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.laguerre_polynomial_l",
         overloads=["special_laguerre_polynomial_l", "special_laguerre_polynomial_l.out"],
@@ -10687,7 +10687,7 @@ def test_special_laguerre_polynomial_l_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_laguerre_polynomial_l_other_dtypes(dtype):
-    # specs/special.yaml:481: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:473: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.laguerre_polynomial_l",
         dtype,
@@ -10701,7 +10701,7 @@ def test_special_laguerre_polynomial_l_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_legendre_polynomial_p(dtype):
-    # specs/special.yaml:497
+    # specs/special.yaml:489
     check_opinfo(
         "special.legendre_polynomial_p",
         dtype,
@@ -10713,7 +10713,7 @@ def test_special_legendre_polynomial_p(dtype):
 
 
 def test_special_legendre_polynomial_p_compiled():
-    # specs/special.yaml:497: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:489: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.legendre_polynomial_p",
         overloads=["special_legendre_polynomial_p", "special_legendre_polynomial_p.out"],
@@ -10724,7 +10724,7 @@ def test_special_legendre_polynomial_p_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_legendre_polynomial_p_other_dtypes(dtype):
-    # specs/special.yaml:497: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:489: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.legendre_polynomial_p",
         dtype,
@@ -10738,7 +10738,7 @@ def test_special_legendre_polynomial_p_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_spherical_bessel_j0(dtype):
-    # specs/special.yaml:514
+    # specs/special.yaml:506
     check_opinfo(
         "special.spherical_bessel_j0",
         dtype,
@@ -10750,7 +10750,7 @@ def test_special_spherical_bessel_j0(dtype):
 
 
 def test_special_spherical_bessel_j0_compiled():
-    # specs/special.yaml:514: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:506: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.spherical_bessel_j0",
         overloads=["special_spherical_bessel_j0", "special_spherical_bessel_j0.out"],
@@ -10761,7 +10761,7 @@ def test_special_spherical_bessel_j0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_spherical_bessel_j0_other_dtypes(dtype):
-    # specs/special.yaml:514: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:506: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.spherical_bessel_j0",
         dtype,
@@ -10775,7 +10775,7 @@ def test_special_spherical_bessel_j0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_j0(dtype):
-    # specs/special.yaml:526
+    # specs/special.yaml:518
     check_opinfo(
         "special.bessel_j0",
         dtype,
@@ -10787,7 +10787,7 @@ def test_special_bessel_j0(dtype):
 
 
 def test_special_bessel_j0_compiled():
-    # specs/special.yaml:526: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:518: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_j0",
         overloads=["special_bessel_j0", "special_bessel_j0.out"],
@@ -10798,7 +10798,7 @@ def test_special_bessel_j0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_j0_other_dtypes(dtype):
-    # specs/special.yaml:526: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:518: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_j0",
         dtype,
@@ -10812,7 +10812,7 @@ def test_special_bessel_j0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_j1(dtype):
-    # specs/special.yaml:532
+    # specs/special.yaml:524
     check_opinfo(
         "special.bessel_j1",
         dtype,
@@ -10824,7 +10824,7 @@ def test_special_bessel_j1(dtype):
 
 
 def test_special_bessel_j1_compiled():
-    # specs/special.yaml:532: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:524: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_j1",
         overloads=["special_bessel_j1", "special_bessel_j1.out"],
@@ -10835,7 +10835,7 @@ def test_special_bessel_j1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_j1_other_dtypes(dtype):
-    # specs/special.yaml:532: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:524: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_j1",
         dtype,
@@ -10849,7 +10849,7 @@ def test_special_bessel_j1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_y0(dtype):
-    # specs/special.yaml:538
+    # specs/special.yaml:530
     check_opinfo(
         "special.bessel_y0",
         dtype,
@@ -10861,7 +10861,7 @@ def test_special_bessel_y0(dtype):
 
 
 def test_special_bessel_y0_compiled():
-    # specs/special.yaml:538: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:530: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_y0",
         overloads=["special_bessel_y0", "special_bessel_y0.out"],
@@ -10872,7 +10872,7 @@ def test_special_bessel_y0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_y0_other_dtypes(dtype):
-    # specs/special.yaml:538: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:530: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_y0",
         dtype,
@@ -10886,7 +10886,7 @@ def test_special_bessel_y0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_bessel_y1(dtype):
-    # specs/special.yaml:544
+    # specs/special.yaml:536
     check_opinfo(
         "special.bessel_y1",
         dtype,
@@ -10898,7 +10898,7 @@ def test_special_bessel_y1(dtype):
 
 
 def test_special_bessel_y1_compiled():
-    # specs/special.yaml:544: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:536: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.bessel_y1",
         overloads=["special_bessel_y1", "special_bessel_y1.out"],
@@ -10909,7 +10909,7 @@ def test_special_bessel_y1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_bessel_y1_other_dtypes(dtype):
-    # specs/special.yaml:544: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:536: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.bessel_y1",
         dtype,
@@ -10923,7 +10923,7 @@ def test_special_bessel_y1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_k0(dtype):
-    # specs/special.yaml:550
+    # specs/special.yaml:542
     check_opinfo(
         "special.modified_bessel_k0",
         dtype,
@@ -10935,7 +10935,7 @@ def test_special_modified_bessel_k0(dtype):
 
 
 def test_special_modified_bessel_k0_compiled():
-    # specs/special.yaml:550: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:542: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_k0",
         overloads=["special_modified_bessel_k0", "special_modified_bessel_k0.out"],
@@ -10946,7 +10946,7 @@ def test_special_modified_bessel_k0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_k0_other_dtypes(dtype):
-    # specs/special.yaml:550: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:542: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_k0",
         dtype,
@@ -10960,7 +10960,7 @@ def test_special_modified_bessel_k0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_modified_bessel_k1(dtype):
-    # specs/special.yaml:556
+    # specs/special.yaml:548
     check_opinfo(
         "special.modified_bessel_k1",
         dtype,
@@ -10972,7 +10972,7 @@ def test_special_modified_bessel_k1(dtype):
 
 
 def test_special_modified_bessel_k1_compiled():
-    # specs/special.yaml:556: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:548: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.modified_bessel_k1",
         overloads=["special_modified_bessel_k1", "special_modified_bessel_k1.out"],
@@ -10983,7 +10983,7 @@ def test_special_modified_bessel_k1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_modified_bessel_k1_other_dtypes(dtype):
-    # specs/special.yaml:556: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:548: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.modified_bessel_k1",
         dtype,
@@ -10997,7 +10997,7 @@ def test_special_modified_bessel_k1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_scaled_modified_bessel_k0(dtype):
-    # specs/special.yaml:562
+    # specs/special.yaml:554
     check_opinfo(
         "special.scaled_modified_bessel_k0",
         dtype,
@@ -11009,7 +11009,7 @@ def test_special_scaled_modified_bessel_k0(dtype):
 
 
 def test_special_scaled_modified_bessel_k0_compiled():
-    # specs/special.yaml:562: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:554: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.scaled_modified_bessel_k0",
         overloads=["special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k0.out"],
@@ -11020,7 +11020,7 @@ def test_special_scaled_modified_bessel_k0_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_scaled_modified_bessel_k0_other_dtypes(dtype):
-    # specs/special.yaml:562: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:554: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.scaled_modified_bessel_k0",
         dtype,
@@ -11034,7 +11034,7 @@ def test_special_scaled_modified_bessel_k0_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_scaled_modified_bessel_k1(dtype):
-    # specs/special.yaml:568
+    # specs/special.yaml:560
     check_opinfo(
         "special.scaled_modified_bessel_k1",
         dtype,
@@ -11046,7 +11046,7 @@ def test_special_scaled_modified_bessel_k1(dtype):
 
 
 def test_special_scaled_modified_bessel_k1_compiled():
-    # specs/special.yaml:568: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:560: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.scaled_modified_bessel_k1",
         overloads=["special_scaled_modified_bessel_k1", "special_scaled_modified_bessel_k1.out"],
@@ -11057,7 +11057,7 @@ def test_special_scaled_modified_bessel_k1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_scaled_modified_bessel_k1_other_dtypes(dtype):
-    # specs/special.yaml:568: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:560: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.scaled_modified_bessel_k1",
         dtype,
@@ -11071,7 +11071,7 @@ def test_special_scaled_modified_bessel_k1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_special_airy_ai(dtype):
-    # specs/special.yaml:574
+    # specs/special.yaml:566
     check_opinfo(
         "special.airy_ai",
         dtype,
@@ -11083,7 +11083,7 @@ def test_special_airy_ai(dtype):
 
 
 def test_special_airy_ai_compiled():
-    # specs/special.yaml:574: the first float32 sample through torch.compile(backend="tpu")
+    # specs/special.yaml:566: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "special.airy_ai",
         overloads=["special_airy_ai", "special_airy_ai.out"],
@@ -11094,7 +11094,7 @@ def test_special_airy_ai_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_special_airy_ai_other_dtypes(dtype):
-    # specs/special.yaml:574: every other dtype it supports, over the first 3 samples
+    # specs/special.yaml:566: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "special.airy_ai",
         dtype,

@@ -208,6 +208,7 @@ class Builder {
   Value polygamma(int64_t n, const Value& v);
   Value zeta(const Value& x, const Value& q);  // Hurwitz zeta
   Value erfc(const Value& v);
+  Value erfcx(const Value& v);  // exp(x^2) erfc(x)
   Value erfinv(const Value& v);
   Value nextafter(const Value& a, const Value& b);
   Value acosh(const Value& v);

@@ -260,7 +260,54 @@ Value Builder::polygamma(int64_t n, const Value& v) {
   return mul(c(n % 2 ? factorial : -factorial), hurwitz_zeta(*this, static_cast<double>(n + 1), v));
 }
 Value Builder::zeta(const Value& x, const Value& q) { return chlo("zeta", {x, q}); }
-Value Builder::erfc(const Value& v) { return chlo("erfc", {v}); }
+namespace {
+
+// erfcx(z) = exp(z^2) erfc(z) for z >= 0.5 as s P(2.5 s - 1), s = 2 / (2 + z): P is a degree-10 fit of
+// erfcx(z) / s made here (smooth on s in (0, 0.8], 1/(2 sqrt(pi)) at s = 0; below 4e-8 relative).
+Value erfcx_fit(Builder& b, const Value& z) {
+  const Value s = b.div(b.scalar_like(2, z), b.add(b.scalar_like(2, z), z));
+  const Value t = b.sub(b.mul(b.scalar_like(2.5, z), s), b.scalar_like(1, z));
+  return b.mul(s, horner(b, t, {2.808123958767821e-06, -1.6615326701486325e-05, -2.202852966759413e-05,
+                                0.00017220016217271372, 0.00016111149996335378, -0.0015059591239809781,
+                                -0.002760403259512667, 0.012959049073448449, 0.08096949304860973,
+                                0.23215039215743125, 0.4475028793779374}));
+}
+
+// exp(sign z^2) without z^2's rounding, which the exponent multiplies (5e-6 relative at z = 4):
+// z^2 = hi^2 + lo (hi + z) with hi = z to 1/64, so hi^2 is exact below 2^9. Written e + e expm1(b)
+// because XLA's simplifier folds exp(a) exp(b) back into exp(a + b).
+Value exp_of_square(Builder& b, const Value& z, double sign) {
+  const Value hi = b.div(b.round(b.mul(z, b.scalar_like(64, z))), b.scalar_like(64, z)), lo = b.sub(z, hi);
+  const Value coarse = b.exp(b.mul(b.scalar_like(sign, z), b.mul(hi, hi)));
+  return b.add(coarse, b.mul(coarse, b.expm1(b.mul(b.scalar_like(sign, z), b.mul(lo, b.add(hi, z))))));
+}
+
+}  // namespace
+
+// XLA's CHLO erfc multiplies its polynomial by its own exp(-x^2): on a TPU the fast exp, with x^2's
+// rounding amplified, which log_ndtr's and erfinv's gradients divide by. Float32 in accurate mode:
+// 1 - erf below 0.5, exp(-z^2) erfcx(z) above (both pieces above; ~6 ulp), erfc(-z) = 2 - erfc(z).
+Value Builder::erfc(const Value& v) {
+  if (!accurate_f32(v)) return chlo("erfc", {v});
+  auto c = [&](double value) { return scalar_like(value, v); };
+  const Value z = abs(v);
+  const Value tail = select(lt(z, c(10)), mul(exp_of_square(*this, z, -1), erfcx_fit(*this, z)), c(0));  // erfc(10) < float32's range
+  const Value positive = select(lt(z, c(0.5)), sub(c(1), erf(z)), tail);
+  return select(lt(v, c(0)), sub(c(2), positive), positive);
+}
+
+// exp(x^2) erfc(x). Float32 in accurate mode: the fit from 0.5 up, below it exp(x^2) erfc(x) with the
+// exact square. Other dtypes: that product below 6, above it the asymptotic series
+// 1/(x sqrt(pi)) (1 - 1/(2x^2) + 3/(2x^2)^2 - ...) (exp(x^2) overflows float32 before erfc underflows).
+Value Builder::erfcx(const Value& v) {
+  auto c = [&](double value) { return scalar_like(value, v); };
+  const Value direct = mul(exp_of_square(*this, v, 1), erfc(v));
+  if (accurate_f32(v)) return select(lt(v, c(0.5)), direct, erfcx_fit(*this, v));
+  const Value t = div(c(1), mul(mul(v, v), c(2)));
+  const Value series = add(c(1), mul(t, horner(*this, t, {-135135, 10395, -945, 105, -15, 3, -1})));
+  const Value asymptotic = div(series, mul(v, c(1.7724538509055159)));
+  return select(lt(v, c(6)), direct, asymptotic);
+}
 // XLA's erf_inv is a few ulp off near +-1, which exp(y^2) in its gradient multiplies: one Newton step
 // on erf(y) = x brings it to CPU's accuracy. In the tails the residual is taken on erfc(|y|) = 1 - |x|
 // (both sides exact there) instead of erf(y) - x, which cancels.
