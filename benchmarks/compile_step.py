@@ -17,7 +17,23 @@ each run as
   cpu eager     the same model with PyTorch's own CPU kernels
   jax.jit       (Llama only) the same Llama written below in plain jax.numpy, loaded with the torch
                 model's weights, its whole train step (value_and_grad + clipping + AdamW) in one jax.jit,
-                run on jax's CPU backend: XLA on the same CPU, the floor graph mode is measured against
+                on the platform torchtpu runs on (jax's TPU beside ours on a TPU host, its CPU backend
+                otherwise): the same XLA, the floor graph mode is measured against
+
+--size picks the Llama: tiny (examples/llama.py's), 110m (vocab 8192, hidden 1024, 8 layers, batch 8x512)
+or 500m (vocab 32000, hidden 1536, 16 layers, batch 4x1024); the ResNet is always the tiny one.
+--dtype bfloat16 runs every torch mode under torch.autocast(dtype=torch.bfloat16) and the jax Llama
+with the same casting policy (matmul and attention operands in bfloat16, log-softmax and the loss in
+float32, float32 weights and optimizer). --precision sets torch.set_float32_matmul_precision and the
+matching jax precision (highest: full float32; high: bfloat16x3; medium: one bfloat16 pass, jax's
+default), so both sides always run the same matmul precision.
+
+Besides the median: tokens/s, MFU (model FLOPs: 6 x matmul parameters x tokens plus attention's
+12 x layers x hidden x length x tokens for a train step, a third of that for inference, against
+--peak-tflops, by default 197 on a TPU v5e) and peak memory: torch modes, torch.tpu.max_memory_allocated
+during the mode (tensors, not XLA's temporaries) and the plugin allocator's process-wide peak where it
+keeps one; jax, its device's peak_bytes_in_use. Process-wide peaks are a mode's own when it is the
+only one the process runs: --modes "tpu graph,jax.jit" picks them.
 
 Every mode starts from the same weights (built on the CPU from --seed) and steps on one fixed batch
 that is already on its device, so host-to-device copies are not timed. A step's clock stops after
@@ -38,12 +54,15 @@ mode is the faster of tpu compiled and tpu graph, and both are printed.
 The tpu compiled column is skipped, with a note, while no "tpu" backend is registered with Dynamo.
 
 Usage: python benchmarks/compile_step.py [--steps N] [--warmup N] [--model llama|resnet|all]
-                                         [--seed S] [--cpu-threads N] [--plot out.png]
+                                         [--size tiny|110m|500m] [--dtype float32|bfloat16]
+                                         [--precision highest|high|medium] [--modes M,M]
+                                         [--peak-tflops T] [--seed S] [--cpu-threads N] [--plot out.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -51,9 +70,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
-
-# jax must pick its CPU backend: XLA on this CPU is the floor we compare against.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +86,11 @@ LLAMA_LR, LLAMA_WEIGHT_DECAY, LLAMA_CLIP = 3e-3, 0.1, 1.0  # as common.train_cau
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 TARGET_VS_JAX, TARGET_VS_EAGER = 1.1, 5.0
 LOSS_RTOL = 1e-4
+# (vocab, hidden, intermediate, layers, heads, kv heads, batch, sequence length), as llama.SIZES
+LLAMA_SIZES = {"tiny": llama.SIZES[True], "110m": (8192, 1024, 2816, 8, 16, 8, 8, 512),
+               "500m": (32000, 1536, 4096, 16, 12, 4, 4, 1024)}
+JAX_PRECISION = {"highest": "highest", "high": "high", "medium": "default"}  # torch's setting -> jax's
+PEAK_TFLOPS = {"TPU v5 lite": 197.0, "TPU v5e": 197.0}  # bfloat16 peak per chip, by device name
 
 
 @dataclass
@@ -78,6 +99,8 @@ class Result:
     ms: float | None = None  # median milliseconds per timed step
     first_s: float | None = None  # wall time of the first call (tracing + compiling + running)
     compiles: int | None = None  # executables compiled during the first call (jax: the one jit)
+    peak_bytes: int | None = None  # torch: max_memory_allocated during the mode; jax: its device's peak
+    device_peak_bytes: int | None = None  # torch: the plugin allocator's process-wide peak, where kept
     compile_s: float | None = None  # seconds spent compiling them
     disk_hits: int = 0  # tpu kernels loaded from the disk cache instead of compiled
     note: str = ""  # why there is no number
@@ -119,12 +142,18 @@ def no_sync(_: Any) -> None:
 
 # The torch steps, shared by both models.
 
+def autocast(device: str, amp: torch.dtype | None):
+    """torch.autocast to `amp` on `device`, or nothing for float32."""
+    return torch.autocast(device, dtype=amp) if amp is not None else contextlib.nullcontext()
+
+
 def torch_train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], device: str, compiled: bool,
                      make_optimizer: Callable, loss_fn: Callable, clip: float | None,
-                     graphed: bool = False) -> Callable[[], Any]:
+                     graphed: bool = False, amp: torch.dtype | None = None) -> Callable[[], Any]:
     """One training step as examples/common.fit takes it (forward, backward, clipping, optimizer step),
     on `device`; with `compiled`, the model and the update are each compiled by the "tpu" backend; with
-    `graphed`, the whole eager step is captured by torch.tpu.graph and replayed."""
+    `graphed`, the whole eager step is captured by torch.tpu.graph and replayed; with `amp`, the forward
+    and loss run under autocast to that dtype."""
     model = model.to(device).train()
     batch = tuple(t.to(device) for t in batch)
     optimizer = make_optimizer(model.parameters(), capturable=graphed)
@@ -140,7 +169,8 @@ def torch_train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], de
         update = torch.compile(update, backend="tpu")
 
     def step() -> torch.Tensor:
-        loss = loss_fn(forward, *batch)
+        with autocast(device, amp):
+            loss = loss_fn(forward, *batch)
         loss.backward()
         update()
         optimizer.zero_grad(set_to_none=True)  # only drops references: nothing to compile
@@ -170,13 +200,13 @@ def graph_of(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
 
 
 def torch_inference_step(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], device: str, compiled: bool,
-                         forward_fn: Callable, graphed: bool = False) -> Callable[[], Any]:
+                         forward_fn: Callable, graphed: bool = False, amp: torch.dtype | None = None) -> Callable[[], Any]:
     model = model.to(device).eval()
     batch = tuple(t.to(device) for t in batch)
     forward = torch.compile(model, backend="tpu") if compiled else model
 
     def step() -> torch.Tensor:
-        with torch.no_grad():
+        with torch.no_grad(), autocast(device, amp):
             return forward_fn(forward, *batch)
 
     return graph_of(step) if graphed else step
@@ -188,8 +218,9 @@ class JaxLlama:
     """LlamaForCausalLM's forward and loss for one HF config, as pure functions of a parameter dict
     whose weights keep torch's layouts (a Linear's weight is (out, in), applied as x @ W.T)."""
 
-    def __init__(self, config):
+    def __init__(self, config, compute_dtype=None):
         rope = config.rope_parameters
+        self.compute = compute_dtype  # None: float32 throughout; bfloat16: autocast's policy (see mm)
         if rope.get("rope_type", "default") != "default" or config.hidden_act != "silu":
             raise ValueError("the jax Llama implements only default RoPE and SiLU")
         if config.attention_bias or config.mlp_bias:
@@ -224,6 +255,17 @@ class JaxLlama:
             raise ValueError(f"weights the jax Llama does not use: {sorted(state)}")
         return params
 
+    def mm(self, subscripts: str, a, b):
+        """An einsum with both operands in the compute dtype, as autocast casts matmul operands (the
+        result stays in it, as autocast's does); float32 weights are cast where they are used."""
+        import jax.numpy as jnp
+        if self.compute is not None:
+            a, b = a.astype(self.compute), b.astype(self.compute)
+        return jnp.einsum(subscripts, a, b)
+
+    def linear(self, x, weight):
+        return self.mm("...i,oi->...o", x, weight)  # torch's layout: x @ W.T
+
     def rms_norm(self, x, weight):
         import jax
         import jax.numpy as jnp
@@ -249,23 +291,23 @@ class JaxLlama:
         import jax
         import jax.numpy as jnp
         batch, length, _ = h.shape
-        q = (h @ layer["q"].T).reshape(batch, length, self.heads, self.head_dim)
-        k = (h @ layer["k"].T).reshape(batch, length, self.kv_heads, self.head_dim)
-        v = (h @ layer["v"].T).reshape(batch, length, self.kv_heads, self.head_dim)
+        q = self.linear(h, layer["q"]).reshape(batch, length, self.heads, self.head_dim)
+        k = self.linear(h, layer["k"]).reshape(batch, length, self.kv_heads, self.head_dim)
+        v = self.linear(h, layer["v"]).reshape(batch, length, self.kv_heads, self.head_dim)
         q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         # Grouped-query attention: kv head j serves query heads j*group .. (j+1)*group-1 (HF's repeat_kv).
         group = self.heads // self.kv_heads
         k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * self.head_dim ** -0.5
+        scores = self.mm("bqhd,bkhd->bhqk", q, k) * self.head_dim ** -0.5
         causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, self.heads * self.head_dim)
-        return out @ layer["o"].T
+        # the softmax in float32 (as the attention kernels do under autocast), its result cast back
+        probs = jax.nn.softmax(jnp.where(causal, scores.astype(jnp.float32), -jnp.inf), axis=-1).astype(scores.dtype)
+        out = self.mm("bhqk,bkhd->bqhd", probs, v).reshape(batch, length, self.heads * self.head_dim)
+        return self.linear(out, layer["o"])
 
-    @staticmethod
-    def mlp(layer, h):
+    def mlp(self, layer, h):
         import jax
-        return (jax.nn.silu(h @ layer["gate"].T) * (h @ layer["up"].T)) @ layer["down"].T
+        return self.linear(jax.nn.silu(self.linear(h, layer["gate"])) * self.linear(h, layer["up"]), layer["down"])
 
     def embed(self, table, ids):
         """The lookup, with no gradient flowing into the padding row (torch's padding_idx)."""
@@ -281,13 +323,13 @@ class JaxLlama:
             x = x + self.attention(layer, self.rms_norm(x, layer["input_norm"]), cos, sin)
             x = x + self.mlp(layer, self.rms_norm(x, layer["post_norm"]))
         x = self.rms_norm(x, params["norm"])
-        return x @ (params["embed"] if self.tied else params["lm_head"]).T
+        return self.linear(x, params["embed"] if self.tied else params["lm_head"])
 
     def loss(self, params, ids):
         """Mean next-token cross-entropy, labels = ids shifted by one (HF's ForCausalLMLoss)."""
         import jax
         import jax.numpy as jnp
-        log_probs = jax.nn.log_softmax(self.logits(params, ids)[:, :-1], axis=-1)
+        log_probs = jax.nn.log_softmax(self.logits(params, ids)[:, :-1].astype(jnp.float32), axis=-1)  # autocast: float32
         return -jnp.mean(jnp.take_along_axis(log_probs, ids[:, 1:, None], axis=-1))
 
 
@@ -347,44 +389,57 @@ def jax_llama_steps(jl: JaxLlama, params, ids_np):
     return (train_c, state, train_compile_s), (logits_c, logits_compile_s)
 
 
-def check_jax_loss(seed: int, ids: torch.Tensor) -> bool:
-    """The jax Llama against torch on the CPU, same weights and batch: the loss before any step and
-    after one train step must agree to LOSS_RTOL relative. Prints both."""
+def check_jax_loss(seed: int) -> bool:
+    """The jax Llama against torch on the CPU, the tiny Llama's weights and a batch of it, in float32 at
+    full matmul precision on both sides (whatever the run's --dtype and --precision): the loss before
+    any step and after one train step must agree to LOSS_RTOL relative. Prints both."""
+    import jax
     import jax.numpy as jnp
+    vocab, *_, batch, length = llama.SIZES[True]
+    (ids,) = next(common.token_batches(seed, batch, length, vocab))
     model = llama.build(True, seed)
     jl = JaxLlama(model.config)
     params = jl.params_from(model)
     ids_j = jnp.asarray(ids.numpy())
-    (train_c, state, _), _ = jax_llama_steps(jl, jl.params_from(model), ids.numpy())
+    with jax.default_matmul_precision("highest"):
+        (train_c, state, _), _ = jax_llama_steps(jl, jl.params_from(model), ids.numpy())
     loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
     torch_step = torch_train_step(model, (ids,), "cpu", False, lambda p, **kw: torch.optim.AdamW(
         p, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY, **kw), loss_fn, LLAMA_CLIP)
 
     ok = True
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
     for when in ("initial weights", "after 1 train step"):
         with torch.no_grad():
             torch_loss = loss_fn(model, ids).item()
-        jax_loss = float(jl.loss(params, ids_j))
+        with jax.default_matmul_precision("highest"):
+            jax_loss = float(jl.loss(params, ids_j))
         rel = abs(jax_loss - torch_loss) / abs(torch_loss)
         ok &= rel <= LOSS_RTOL
         print(f"  loss check, {when:<19} torch cpu {torch_loss:.7f}  jax {jax_loss:.7f}  "
               f"rel diff {rel:.1e} ({'ok' if rel <= LOSS_RTOL else f'> {LOSS_RTOL:g}'})")
         torch_step()
         params, state, _ = train_c(params, state, ids_j)
+    torch.set_float32_matmul_precision(precision)
     return ok
 
 
 # The models.
 
 def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, Result]]:
-    vocab, *_, batch, length = llama.SIZES[True]
+    sizes = LLAMA_SIZES[args.size]
+    vocab, *_, batch, length = sizes
     (ids,) = next(common.token_batches(args.seed, batch, length, vocab))
     make_opt = lambda p, **kw: torch.optim.AdamW(p, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY, **kw)  # noqa: E731
     loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
     logits_fn = lambda m, ids: m(input_ids=ids).logits  # noqa: E731
-    results = torch_results(args, compile_ok, tpu_ok, lambda: llama.build(True, args.seed), (ids,),
+    results = torch_results(args, compile_ok, tpu_ok, lambda: llama.build(sizes, args.seed), (ids,),
                             make_opt, loss_fn, LLAMA_CLIP, logits_fn)
-
+    if "jax.jit" not in args.modes:
+        for phase in results:
+            results[phase]["jax.jit"] = Result(note="not in --modes")
+        return results
     try:
         import jax
     except ImportError:
@@ -394,12 +449,14 @@ def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, R
         print(f"  jax.jit: skipped, {note}")
         return results
     print(f"  jax {jax.__version__} on {jax.devices()[0].platform}")
-    check_jax_loss(args.seed, ids)
-    model = llama.build(True, args.seed)
-    jl = JaxLlama(model.config)
-    (train_c, state, train_compile_s), (logits_c, logits_compile_s) = jax_llama_steps(
-        jl, jl.params_from(model), ids.numpy())
+    check_jax_loss(args.seed)
+    model = llama.build(sizes, args.seed)
+    jl = JaxLlama(model.config, jax.numpy.bfloat16 if args.dtype == "bfloat16" else None)
+    with jax.default_matmul_precision(JAX_PRECISION[args.precision]):
+        (train_c, state, train_compile_s), (logits_c, logits_compile_s) = jax_llama_steps(
+            jl, jl.params_from(model), ids.numpy())
     params, ids_j = jl.params_from(model), jax.numpy.asarray(ids.numpy())
+    del model
     jax_sync = jax.block_until_ready
 
     def jax_train() -> Any:
@@ -411,6 +468,7 @@ def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, R
                                    ("inference", lambda: logits_c(params, ids_j), logits_compile_s)]:
         r = measure(step, jax_sync, args.warmup, args.steps, on_tpu=False)
         r.compiles, r.compile_s = 1, compile_s
+        r.peak_bytes = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
         results[phase]["jax.jit"] = r
     return results
 
@@ -435,8 +493,12 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
     modes = {"tpu eager": ("tpu", False, False), "tpu compiled": ("tpu", True, False),
              "tpu graph": ("tpu", False, True), "cpu eager": ("cpu", False, False)}
     results: dict[str, dict[str, Result]] = {"train": {}, "inference": {}}
+    amp = torch.bfloat16 if args.dtype == "bfloat16" else None
     for phase in results:
         for mode, (device, compiled, graphed) in modes.items():
+            if mode not in args.modes:
+                results[phase][mode] = Result(note="not in --modes")
+                continue
             if device == "tpu" and not tpu_ok:
                 results[phase][mode] = Result(note="no tpu runtime")
                 continue
@@ -445,13 +507,19 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 continue
             if compiled:
                 torch._dynamo.reset()  # each compiled mode counts its own graphs
+            if device == "tpu":
+                torch.tpu.reset_peak_memory_stats()
             try:
                 if phase == "train":
-                    step = torch_train_step(build(), batch, device, compiled, make_opt, loss_fn, clip, graphed)
+                    step = torch_train_step(build(), batch, device, compiled, make_opt, loss_fn, clip, graphed, amp)
                 else:
-                    step = torch_inference_step(build(), batch, device, compiled, forward_fn, graphed)
-                results[phase][mode] = measure(step, tpu_sync if device == "tpu" else no_sync,
-                                               args.warmup, args.steps, on_tpu=device == "tpu")
+                    step = torch_inference_step(build(), batch, device, compiled, forward_fn, graphed, amp)
+                results[phase][mode] = r = measure(step, tpu_sync if device == "tpu" else no_sync,
+                                                   args.warmup, args.steps, on_tpu=device == "tpu")
+                del step  # the mode's model, optimizer and graph go before the next mode starts
+                if device == "tpu":
+                    r.peak_bytes = torch.tpu.max_memory_allocated()
+                    r.device_peak_bytes = torch.tpu.device_memory_stats().get("peak_bytes_in_use")
             except Exception as error:  # noqa: BLE001 - one failing mode should not hide the others
                 # The first line only: some errors print whole tensors.
                 message = (str(error).strip().splitlines() or [""])[0][:300]
@@ -471,10 +539,28 @@ def ratio(a: Result, b: Result) -> float | None:
     return a.ms / b.ms if a.ms is not None and b.ms is not None else None
 
 
-def print_table(model: str, results: dict[str, dict[str, Result]]) -> None:
-    header = (f"{'phase':<10}{'mode':<14}{'median ms':>11}{'first call s':>14}{'compiles':>10}"
-              f"{'compile s':>11}{'s/graph':>9}{'disk hits':>11}")
-    print(f"\n{model}: median of the timed steps; first call = tracing + compiling + one step")
+def llama_work(sizes: tuple) -> tuple[int, dict[str, float]]:
+    """Tokens per step and model FLOPs per step of each phase: 2 per multiply-add of every matmul
+    parameter per token (3x that to train) plus attention's two (length x length) products per layer."""
+    vocab, hidden, inter, layers, heads, kv_heads, batch, length = sizes
+    head_dim = hidden // heads
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * inter
+    matmul_params = layers * per_layer + vocab * hidden  # the lm head is a matmul; the embedding a lookup
+    tokens = batch * length
+    forward = 2 * matmul_params * tokens + 4 * layers * heads * head_dim * length * tokens
+    return tokens, {"train": 3.0 * forward, "inference": float(forward)}
+
+
+def mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int | None = None,
+                flops: dict[str, float] | None = None, peak_tflops: float | None = None) -> None:
+    header = (f"{'phase':<10}{'mode':<14}{'median ms':>11}{'tokens/s':>11}{'MFU':>7}{'first call s':>14}"
+              f"{'compiles':>10}{'compile s':>11}{'s/graph':>9}{'disk hits':>11}{'peak MiB':>10}{'dev peak':>10}")
+    print(f"\n{model}: median of the timed steps; first call = tracing + compiling + one step; peak MiB: "
+          f"tensors (torch) or the device's peak (jax); dev peak: the plugin's process-wide peak")
     print(header)
     print("-" * len(header))
     for phase, by_mode in results.items():
@@ -486,15 +572,23 @@ def print_table(model: str, results: dict[str, dict[str, Result]]) -> None:
                 print(f"{phase:<10}{mode:<14}{'-':>11}  {r.note}")
                 continue
             per_graph = r.compile_s / r.compiles if r.compiles else None
+            mfu = flops[phase] / (r.ms / 1e3) / (peak_tflops * 1e12) if flops and peak_tflops else None
             cells = [f"{r.first_s:.3f}" if mode != "jax.jit" else "-",
                      "-" if r.compiles is None else str(r.compiles),
                      "-" if r.compile_s is None else f"{r.compile_s:.3f}",
                      "-" if per_graph is None else f"{per_graph:.3f}",
                      str(r.disk_hits) if mode.startswith("tpu") else "-"]
-            print(f"{phase:<10}{mode:<14}{r.ms:>11.2f}{cells[0]:>14}{cells[1]:>10}{cells[2]:>11}{cells[3]:>9}"
-                  f"{cells[4]:>11}")
+            rate = f"{tokens / (r.ms / 1e3):.0f}" if tokens else "-"
+            print(f"{phase:<10}{mode:<14}{r.ms:>11.2f}{rate:>11}{'-' if mfu is None else f'{mfu:.1%}':>7}"
+                  f"{cells[0]:>14}{cells[1]:>10}{cells[2]:>11}{cells[3]:>9}{cells[4]:>11}"
+                  f"{mib(r.peak_bytes):>10}{mib(r.device_peak_bytes):>10}")
     print("-" * len(header))
     for phase, by_mode in results.items():
+        peaks = {m: by_mode[m].peak_bytes for m in ("tpu graph", "tpu compiled", "jax.jit")
+                 if m in by_mode and by_mode[m].peak_bytes}
+        if "jax.jit" in peaks and len(peaks) > 1:
+            print(f"{phase:<10}peak memory / jax.jit's: " + "  ".join(
+                f"{m} {peaks[m] / peaks['jax.jit']:.2f}x" for m in peaks if m != "jax.jit"))
         graph_modes = [m for m in ("tpu compiled", "tpu graph") if by_mode[m].ms is not None]
         best = min(graph_modes, key=lambda m: by_mode[m].ms, default="tpu compiled")
         vs_jax = ratio(by_mode[best], by_mode["jax.jit"])
@@ -552,14 +646,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per mode (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first call (default 3)")
     parser.add_argument("--model", choices=["llama", "resnet", "all"], default="all")
+    parser.add_argument("--size", choices=list(LLAMA_SIZES), default="tiny", help="the Llama's size (default tiny)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16: torch modes under autocast, jax with the same casting policy")
+    parser.add_argument("--precision", choices=list(JAX_PRECISION), default=torch.get_float32_matmul_precision(),
+                        help="float32 matmul precision, torch's setting and jax's equivalent (default torch's)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated modes to run (default all: {','.join(MODES)})")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the chip's peak TFLOP/s for MFU (default: known TPUs by name, else no MFU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu-threads", type=int, default=1,
                         help="torch CPU threads for the cpu eager column (default 1; 0 keeps torch's default)")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw the medians as a bar chart")
     args = parser.parse_args()
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(args.modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
 
     if args.cpu_threads > 0:
         torch.set_num_threads(args.cpu_threads)
+    torch.set_float32_matmul_precision(args.precision)
     tpu_ok = torchtpu.is_available()
     if not tpu_ok:
         print(f"note: no tpu runtime ({torchtpu.init_error()}); the tpu columns are skipped")
@@ -568,8 +676,14 @@ def main() -> None:
         print('note: torch.compile backend "tpu" is not registered (graph mode not there yet); '
               "the tpu compiled column is skipped")
     platform = torchtpu._C.platform_name() if tpu_ok else "none"
-    print(f"compile_step: tiny models, {args.steps} timed steps after {args.warmup} warm-up, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} CPU threads), PJRT plugin {platform}")
+    # jax runs where torchtpu does: on a TPU host beside it on the chip, else on XLA's CPU backend.
+    os.environ.setdefault("JAX_PLATFORMS", "tpu" if platform == "tpu" else "cpu")
+    device_name = torch.tpu.get_device_name() if tpu_ok else "none"
+    peak_tflops = args.peak_tflops or PEAK_TFLOPS.get(device_name)
+    print(f"compile_step: Llama {args.size}, {args.dtype}, matmul precision {args.precision}, {args.steps} timed "
+          f"steps after {args.warmup} warm-up, torch {torch.__version__} ({torch.get_num_threads()} CPU threads), "
+          f"PJRT plugin {platform} ({device_name}), MFU against "
+          f"{f'{peak_tflops:g} TFLOP/s' if peak_tflops else 'nothing (no --peak-tflops)'}")
 
     runs = {"llama": llama_results, "resnet": resnet_results}
     chosen = list(runs) if args.model == "all" else [args.model]
@@ -578,7 +692,11 @@ def main() -> None:
         print(f"\n{name}:")
         all_results[name] = runs[name](args, compile_ok, tpu_ok)
     for name in chosen:
-        print_table(name, all_results[name])
+        if name == "llama":
+            tokens, flops = llama_work(LLAMA_SIZES[args.size])
+            print_table(name, all_results[name], tokens, flops, peak_tflops)
+        else:
+            print_table(name, all_results[name])
     if args.plot:
         plot(args.plot, all_results)
 

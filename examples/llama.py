@@ -22,15 +22,16 @@ import common
 SIZES = {True: (64, 32, 64, 2, 4, 2, 4, 16), False: (128, 128, 344, 4, 4, 2, 16, 64)}
 
 
-def config(tiny: bool) -> LlamaConfig:
-    vocab, hidden, inter, layers, heads, kv_heads, _, length = SIZES[tiny]
+def config(tiny: bool | tuple) -> LlamaConfig:
+    """The config of SIZES[tiny], or of a sizes tuple in SIZES' order (the benchmark's larger Llamas)."""
+    vocab, hidden, inter, layers, heads, kv_heads, _, length = tiny if isinstance(tiny, tuple) else SIZES[tiny]
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                        max_position_embeddings=2 * length, attention_dropout=0.0,
                        bos_token_id=None, eos_token_id=None, pad_token_id=0)
 
 
-def build(tiny: bool, seed: int) -> LlamaForCausalLM:
+def build(tiny: bool | tuple, seed: int) -> LlamaForCausalLM:
     return common.build_on_cpu(lambda: LlamaForCausalLM(config(tiny)), seed)
 
 

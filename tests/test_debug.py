@@ -163,3 +163,27 @@ def test_memory_statistics_count_device_buffers_as_cuda_does():
     torch.tpu.empty_cache()  # nothing cached; allowed as on cuda
     with pytest.raises(ValueError, match="Expected a tpu device"):
         torch.tpu.memory_allocated("cpu")
+
+
+def test_device_memory_stats_are_the_plugins_view():
+    stats = torch.tpu.device_memory_stats()
+    if not stats:  # a plugin may keep no count (PJRT lets it answer UNIMPLEMENTED)
+        assert "plugin's allocator" not in torch.tpu.memory_summary()
+        return
+    x = torch.ones(1 << 20).to(TPU)  # 4 MiB
+    assert torch.tpu.device_memory_stats()["bytes_in_use"] >= 4 << 20
+    assert "plugin's allocator" in torch.tpu.memory_summary()
+    del x
+
+
+def test_out_of_memory_is_torchs_error_and_the_process_goes_on():
+    held = torch.ones(1024).to(TPU)
+    torch.zeros(4, dtype=torch.uint8, device=TPU).add_(1)  # the small scalars the runtime keeps, made now
+    before = torch.tpu.memory_allocated()
+    # far beyond any host's or chip's memory: the plugin refuses the allocation
+    huge = torch.zeros(1 << 48, dtype=torch.uint8, device=TPU)  # a fill: no buffer of its size yet
+    with pytest.raises(torch.OutOfMemoryError, match=r"TPU out of memory on tpu:0.*Tensors hold"):
+        huge.add_(1)  # the add's result is the allocation
+    del huge
+    assert torch.tpu.memory_allocated() == before
+    assert torch.equal((held + 1).cpu(), torch.full((1024,), 2.0))

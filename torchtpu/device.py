@@ -25,6 +25,14 @@ def init() -> None:
     _C()
 
 
+def __getattr__(name: str):
+    # torch.cuda's `_initialized` flag, read by torch.utils.checkpoint (it saves and restores a
+    # device's RNG state around recomputation only where the device module says it is initialized).
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def device_count() -> int:
     ext = torchtpu._C_or_none()
     return ext.device_count() if ext is not None else 0
@@ -178,6 +186,14 @@ def max_memory_allocated(device=None) -> int:
     return torch.accelerator.max_memory_allocated(_index(device))
 
 
+def device_memory_stats(device=None) -> dict:
+    """The plugin allocator's own view of `device` (PJRT's device memory stats): "bytes_in_use" and,
+    where the plugin keeps them, "peak_bytes_in_use", "bytes_limit" and "largest_alloc_size". Unlike
+    memory_stats() it counts XLA's temporaries and other clients' buffers (jax's, in one process): it
+    is the number to set beside jax's `device.memory_stats()`. Empty where the plugin keeps no count."""
+    return dict(torchtpu._C.plugin_memory_stats(_index(device)))
+
+
 def memory_reserved(device=None) -> int:
     return torch.accelerator.memory_reserved(_index(device))
 
@@ -223,6 +239,10 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     for title, key, fmt in rows:
         lines.append(f"{title:<20}" + "".join(f"{fmt(stats[f'{key}.all.{k}']):>{w}}"
                                                for k, w in (("current", 14), ("peak", 14), ("allocated", 15), ("freed", 15))))
+    plugin = device_memory_stats(index)
+    if plugin:
+        held = ", ".join(f"{key} {size(value)}" for key, value in plugin.items())
+        lines += ["-" * width, f" The plugin's allocator (with XLA's temporaries): {held}"[:width]]
     lines += ["-" * width, " No caching allocator: a buffer is freed when its last tensor is; reserved = allocated.",
               "=" * width]
     return "\n".join(lines)

@@ -40,6 +40,14 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& lists) 
   return all;
 }
 
+bool python_is_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 int reduce_op(const c10d::ReduceOp& op) {
   TORCH_CHECK(op.op_ != c10d::ReduceOp::PREMUL_SUM, "torchtpu: the tpu backend does not take PREMUL_SUM");
   return static_cast<int>(op.op_);
@@ -51,9 +59,10 @@ class PythonTransportBackend final : public c10d::Backend {
       : Backend(rank, size), transport_(std::move(transport)) {}
 
   ~PythonTransportBackend() override {
-    // A process that never destroyed its group drops the backend after Python has finalized:
-    // the transport is left to the OS then.
-    if (!Py_IsInitialized()) {
+    // A process that never destroyed its group drops the backend while or after Python finalizes:
+    // the transport is left to the OS then. (Taking the GIL on another thread during finalization
+    // ends that thread by a forced unwind, which a destructor turns into std::terminate.)
+    if (!Py_IsInitialized() || python_is_finalizing()) {
       transport_.release();
       return;
     }

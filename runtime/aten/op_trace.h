@@ -15,7 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "pjrt/pjrt_runtime.h"
+
 namespace torchtpu {
+
+// torch.OutOfMemoryError (what CUDA raises) for an allocation the plugin refused, naming what the
+// current device holds (torch_storage.cc).
+[[noreturn]] void raise_out_of_memory(const rt::OutOfMemoryError& error);
 
 struct TraceEvent {
   std::string name;    // "aten::add.Tensor", "graph 3", "aten::_copy_from tpu->cpu", ...
@@ -90,12 +96,12 @@ class TracedCall {
     at::RecordFunction range(at::RecordScope::USER_SCOPE);
     if (range.isActive()) range.before(range_name);
     if (!recording() && !range.isActive()) {
-      run();
+      run_reporting_memory(run);
       return;
     }
     const int64_t start = trace_now_ns();
     executing_ = true;
-    run();
+    run_reporting_memory(run);
     wait_if_measuring(range.isActive());
     executing_ = false;
     execute_ns_ += trace_now_ns() - start - compile_in_execute_ns_;
@@ -106,6 +112,14 @@ class TracedCall {
   void record(std::string name, std::string shapes);
 
  private:
+  template <typename F>
+  static void run_reporting_memory(F& run) {
+    try {
+      run();
+    } catch (const rt::OutOfMemoryError& error) {
+      raise_out_of_memory(error);
+    }
+  }
   void wait_if_measuring(bool profiling);
 
   static thread_local int t_depth;               // recorded steps running on this thread

@@ -79,6 +79,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("platform_version", [] { return torchtpu::runtime().platform_version(); });
   m.def("plugin_path", [] { return torchtpu::runtime().plugin_path(); });
   m.def("device_kind", [](int device) { return torchtpu::runtime().device_kind(device); });
+  m.def("plugin_memory_stats", [](int device) {
+    py::dict stats;
+    const torchtpu::rt::PluginMemoryStats s = torchtpu::runtime().plugin_memory_stats(device);
+    if (!s.available) return stats;
+    stats["bytes_in_use"] = s.bytes_in_use;
+    for (auto [key, value] : {std::pair{"peak_bytes_in_use", s.peak_bytes_in_use}, {"bytes_limit", s.bytes_limit},
+                              {"largest_alloc_size", s.largest_alloc_size}}) {
+      if (value >= 0) stats[key] = value;
+    }
+    return stats;
+  });
   m.def("api_version", [] {
     auto& rt = torchtpu::runtime();
     return py::make_tuple(rt.api_major(), rt.api_minor());

@@ -16,6 +16,7 @@
 #include <ATen/ops/set_native.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -83,6 +84,12 @@ struct TpuAllocator final : c10::DeviceAllocator {
 };
 
 TpuAllocator g_allocator;
+
+std::string gib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
 
 struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
@@ -474,6 +481,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Storage", TORCH_FN(at::native::set_));
   m.impl("set_.source_Tensor", TORCH_FN(at::native::set_tensor_));
+}
+
+
+void raise_out_of_memory(const rt::OutOfMemoryError& error) {
+  rt::Runtime& rt = runtime();
+  const int device = current_device();
+  const rt::DeviceMemory& held = rt.device_memory(device);
+  const rt::PluginMemoryStats plugin = rt.plugin_memory_stats(device);
+  std::string limit = plugin.bytes_limit >= 0 ? " of " + gib(plugin.bytes_limit) : "";
+  std::string in_use = plugin.available ? "; the device has " + gib(plugin.bytes_in_use) + limit +
+                                              " in use (tensors and XLA's temporaries)" : "";
+  std::string cause = error.what();
+  while (!cause.empty() && cause.back() == '.') cause.pop_back();
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "TPU out of memory on tpu:", device, ". ", cause,
+                   ". Tensors hold ", gib(held.live_bytes.load()), " in ", held.live_buffers.load(),
+                   " buffers on tpu:", device, " (peak ", gib(held.peak_bytes.load()), ")", in_use,
+                   ". torch.tpu.memory_summary() shows what is held; free tensors or use smaller batches.");
 }
 
 }  // namespace torchtpu

@@ -144,7 +144,28 @@ std::string Runtime::take_error(PJRT_Error* error) {
 
 void Runtime::check(PJRT_Error* error, const char* what) {
   if (!error) return;
-  throw RuntimeError(std::string("torchtpu: PJRT error while ") + what + ": " + take_error(error));
+  auto code = PJRT_ARGS(PJRT_Error_GetCode_Args);
+  code.error = error;
+  const bool exhausted = !api_->PJRT_Error_GetCode(&code) && code.code == PJRT_Error_Code_RESOURCE_EXHAUSTED;
+  std::string message = std::string("torchtpu: PJRT error while ") + what + ": " + take_error(error);
+  if (exhausted) throw OutOfMemoryError(message);
+  throw RuntimeError(message);
+}
+
+PluginMemoryStats Runtime::plugin_memory_stats(int device) {
+  PluginMemoryStats stats;
+  auto args = PJRT_ARGS(PJRT_Device_MemoryStats_Args);
+  args.device = devices_.at(static_cast<size_t>(device));
+  if (PJRT_Error* error = api_->PJRT_Device_MemoryStats(&args)) {
+    take_error(error);  // UNIMPLEMENTED on some plugins: the stats are diagnostics
+    return stats;
+  }
+  stats.available = true;
+  stats.bytes_in_use = args.bytes_in_use;
+  if (args.peak_bytes_in_use_is_set) stats.peak_bytes_in_use = args.peak_bytes_in_use;
+  if (args.bytes_limit_is_set) stats.bytes_limit = args.bytes_limit;
+  if (args.largest_alloc_size_is_set) stats.largest_alloc_size = args.largest_alloc_size;
+  return stats;
 }
 
 void Runtime::await_event(PJRT_Event* event, const char* what) {

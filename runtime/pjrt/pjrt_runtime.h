@@ -30,6 +30,22 @@ class RuntimeError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The plugin could not allocate (PJRT's RESOURCE_EXHAUSTED); torch's layer raises torch.OutOfMemoryError.
+class OutOfMemoryError : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
+
+// The plugin allocator's own counts for one device (PJRT_Device_MemoryStats): unlike DeviceMemory they
+// include XLA's temporaries and every client's buffers. -1 where the plugin does not say.
+struct PluginMemoryStats {
+  bool available = false;  // false where the plugin does not implement the query
+  int64_t bytes_in_use = -1;
+  int64_t peak_bytes_in_use = -1;
+  int64_t bytes_limit = -1;
+  int64_t largest_alloc_size = -1;
+};
+
 class Runtime;
 
 // One device buffer. Destroyed (and uncounted) when the last owner lets go.
@@ -173,6 +189,7 @@ class Runtime {
 
   Metrics& metrics() { return metrics_; }
   DeviceMemory& device_memory(int device) { return device_memory_[static_cast<size_t>(device)]; }
+  PluginMemoryStats plugin_memory_stats(int device);
   CompileCache& cache() { return *cache_; }
 
   // Internal plumbing shared with DeviceBuffer/Executable.
