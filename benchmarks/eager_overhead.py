@@ -6,9 +6,14 @@
   jax.jit     (when jax is installed) the same op as a jitted jax function on arrays already on the
               device, on the platform torchtpu runs on (on a TPU host, the same chip): jax's dispatch
 
+--dispatch-variants also times the bare launch of a 64x64 add four ways (a portable executable, as
+every kernel uses today, or one compiled for the device; outputs dropped at once or kept until the
+loop ends): where a plugin spends a launch.
+
 Targets: tpu eager within 3x of bare PJRT (a cache hit skips Meta, emission and module hashing), and
 no slower than jax.jit's one-op dispatch.
-Usage: python benchmarks/eager_overhead.py [--size N] [--iterations N] [--repeats N] [--plot out.png]
+Usage: python benchmarks/eager_overhead.py [--size N] [--iterations N] [--repeats N] [--dispatch-variants]
+                                          [--plot out.png]
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64, help="elements per side of the small tensors")
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--dispatch-variants", action="store_true",
+                        help="also time the bare launch: portable vs device-assigned executable, outputs dropped vs kept")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw the timings and eager/bare ratios as bar charts")
     args = parser.parse_args()
     if not torchtpu.is_available():
@@ -92,6 +99,14 @@ def main() -> None:
         print(f"geometric mean eager/jax.jit: {geo_jax:.2f}x (target <= 1x: {'met' if geo_jax <= 1 else 'NOT met'})")
     else:
         print("jax.jit: not installed (pip install -e .[bench]); no jax column")
+    if args.dispatch_variants:
+        print("\nbare launch of a 64x64 float32 add (median of the repeats):")
+        samples: dict[str, list[float]] = {}
+        for _ in range(args.repeats):
+            for name, ns in torchtpu._C._dispatch_variants_ns(args.iterations):
+                samples.setdefault(name, []).append(ns / 1e3)
+        for name, us in samples.items():
+            print(f"  {name:<28}{statistics.median(us):>10.2f} us")
     if args.plot:
         plot(args.plot, rows, geo, f"{n}x{n} float32, {torchtpu._C.platform_name()} PJRT plugin")
 

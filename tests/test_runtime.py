@@ -328,3 +328,14 @@ def test_clearing_in_process_caches_releases_executables():
     torchtpu._C.clear_in_process_caches()
     assert metrics()["live_executables"] == 0
     assert torch.equal((torch.arange(7, device="tpu") * 5).cpu(), torch.arange(7) * 5)  # reloaded
+
+
+def test_dispatch_variants_launch_portable_and_device_assigned_executables():
+    # benchmarks/eager_overhead.py --dispatch-variants: both kinds of executable run on the current
+    # device, their outputs dropped at once or kept (each variant's launches are all awaited)
+    before = metrics()["executions"]
+    variants = dict(torchtpu._C._dispatch_variants_ns(5))
+    assert set(variants) == {f"{kind}, outputs {fate}" for kind in ("portable", "assigned")
+                             for fate in ("dropped", "kept")}
+    assert all(ns > 0 for ns in variants.values())
+    assert metrics()["executions"] - before == 4 * (20 + 5)  # the warm-up launches, then the timed ones

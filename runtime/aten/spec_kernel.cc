@@ -453,6 +453,39 @@ double repeat_captured_execution_ns(int iterations) {
   return static_cast<double>(ns.count()) / iterations;
 }
 
+std::vector<std::pair<std::string, double>> dispatch_variants_ns(int iterations) {
+  auto& rt = runtime();
+  const int device = current_device();
+  const rt::TensorType type{rt::ElementType::F32, {64, 64}};
+  rt::Builder b;
+  const std::string text = b.finish({b.add(b.parameter(type), b.parameter(type))});
+  const std::vector<float> host(64 * 64, 1.0f);
+  const std::vector<rt::BufferPtr> inputs = {rt.to_device(host.data(), type.element, type.dims, device),
+                                             rt.to_device(host.data(), type.element, type.dims, device)};
+  const std::vector<PJRT_Buffer*> raw = {inputs[0]->raw(), inputs[1]->raw()};
+  const rt::ExecutablePtr portable = rt.compile(text, {type});
+  const rt::ExecutablePtr assigned = rt.compile_for_device(text, {type}, device);
+  std::vector<std::pair<std::string, double>> results;
+  for (const auto& [name, exe] : {std::pair{"portable", portable}, {"assigned", assigned}}) {
+    for (const bool keep_outputs : {false, true}) {
+      std::vector<std::vector<rt::BufferPtr>> kept;
+      kept.reserve(keep_outputs ? static_cast<size_t>(iterations) : 0);
+      for (int i = 0; i < 20; ++i) rt.execute(*exe, raw, device);  // warm
+      rt.synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < iterations; ++i) {
+        auto outputs = rt.execute(*exe, raw, device);
+        if (keep_outputs) kept.push_back(std::move(outputs));
+      }
+      rt.synchronize();
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+      results.emplace_back(std::string(name) + (keep_outputs ? ", outputs kept" : ", outputs dropped"),
+                           static_cast<double>(ns.count()) / iterations);
+    }
+  }
+  return results;
+}
+
 torch::CppFunction spec_kernel(const OpSpec& spec, MetaCallFn meta) {
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<SpecKernel>(spec, meta));
 }

@@ -126,6 +126,10 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     return torchtpu::repeat_captured_execution_ns(iterations);
   });
+  m.def("_dispatch_variants_ns", [](int iterations) {
+    py::gil_scoped_release release;
+    return torchtpu::dispatch_variants_ns(iterations);
+  });
   m.def("clear_in_process_caches", [] {
     torchtpu::clear_kernel_caches();
     torchtpu::runtime().clear_in_process_cache();

@@ -105,5 +105,8 @@ uint64_t reseed_randomly(int device);
 // them bare (no dispatch, no key) and return nanoseconds per execution.
 void capture_next_execution();
 double repeat_captured_execution_ns(int iterations);
+// The bare launch of a 64x64 float32 add in variants (portable executable or one compiled for the
+// device; outputs dropped at once or kept until the loop ends): nanoseconds per launch of each.
+std::vector<std::pair<std::string, double>> dispatch_variants_ns(int iterations);
 
 }  // namespace torchtpu

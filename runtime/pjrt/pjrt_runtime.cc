@@ -29,6 +29,16 @@ T make_args(size_t struct_size) {
 // plus compile_portable_executable: true, so one executable runs on any device we name at execute time.
 const std::string kCompileOptions("\x1a\x04\x20\x01\x28\x01\x20\x01", 8);
 
+// The same build options with device_assignment {replica_count: 1, computation_count: 1,
+// computation_devices {replica_device_ids: id}} and not portable: an executable for that device only.
+std::string compile_options_for_device(int64_t id) {
+  if (id < 0 || id > 127) throw RuntimeError("torchtpu: device ids past 127 are not encoded here");
+  const char c = static_cast<char>(id);
+  const char bytes[] = {'\x1a', '\x0e', '\x20', '\x01', '\x28', '\x01', '\x4a', '\x08',
+                        '\x08', '\x01', '\x10', '\x01', '\x1a', '\x02', '\x08', c};
+  return std::string(bytes, sizeof bytes);
+}
+
 PJRT_Buffer_Type to_pjrt(ElementType t) {
   switch (t) {
     case ElementType::Pred: return PJRT_Buffer_Type_PRED;
@@ -297,6 +307,16 @@ void Runtime::install(std::unique_ptr<Runtime> runtime) {
   g_runtime = runtime.release();
 }
 
+int64_t Runtime::device_id(int device) {
+  auto desc = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  desc.device = devices_.at(static_cast<size_t>(device));
+  check(api_->PJRT_Device_GetDescription(&desc), "describing a device");
+  auto id = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+  id.device_description = desc.device_description;
+  check(api_->PJRT_DeviceDescription_Id(&id), "reading a device id");
+  return id.id;
+}
+
 std::string Runtime::device_kind(int device) const {
   auto desc = PJRT_ARGS(PJRT_Device_GetDescription_Args);
   desc.device = devices_.at(device);
@@ -439,8 +459,13 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
   return exe;
 }
 
+ExecutablePtr Runtime::compile_for_device(const std::string& module_text, const std::vector<TensorType>& output_types,
+                                          int device) {
+  return compile_uncached(module_text, output_types, device);
+}
+
 ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
-                                        const std::vector<TensorType>& output_types) {
+                                        const std::vector<TensorType>& output_types, int assigned_device) {
   const auto start = std::chrono::steady_clock::now();
   auto program = PJRT_ARGS(PJRT_Program);
   std::string code = module_text;
@@ -451,8 +476,9 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
   auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;
-  args.compile_options = kCompileOptions.data();
-  args.compile_options_size = kCompileOptions.size();
+  const std::string options = assigned_device < 0 ? kCompileOptions : compile_options_for_device(device_id(assigned_device));
+  args.compile_options = options.data();
+  args.compile_options_size = options.size();
   PJRT_Error* error = api_->PJRT_Client_Compile(&args);
   if (error) {
     try {
@@ -468,6 +494,7 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
   exe->runtime = this;
   exe->output_types = output_types;
   exe->num_outputs = output_types.size();
+  exe->assigned_device = assigned_device;
   metrics_.compiles++;
   metrics_.compile_ns +=
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
@@ -537,7 +564,11 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   args.num_devices = 1;
   args.num_args = args_in.size();
   args.output_lists = &output_list;
-  args.execute_device = devices_.at(device);
+  if (exe.assigned_device >= 0 && exe.assigned_device != device) {
+    throw RuntimeError("torchtpu: an executable compiled for device " + std::to_string(exe.assigned_device) +
+                       " was launched on device " + std::to_string(device));
+  }
+  args.execute_device = exe.assigned_device >= 0 ? nullptr : devices_.at(device);
   check(api_->PJRT_LoadedExecutable_Execute(&args), "executing");
   metrics_.executions++;
 

@@ -88,6 +88,7 @@ struct Executable {
   size_t num_outputs = 0;
   std::vector<TensorType> output_types;
   Runtime* runtime = nullptr;
+  int assigned_device = -1;  // >= 0: compiled for that device only (launched without naming one)
   ~Executable();
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
@@ -174,6 +175,10 @@ class Runtime {
 
   // Compiles (or fetches from the two cache tiers) a StableHLO module in text form.
   ExecutablePtr compile(const std::string& module_text, const std::vector<TensorType>& output_types);
+  // Compiles for one device (a device assignment, not a portable executable), bypassing both caches:
+  // the dispatch measurements compare launching it with launching the portable one.
+  ExecutablePtr compile_for_device(const std::string& module_text, const std::vector<TensorType>& output_types,
+                                   int device);
 
   // Enqueues an execution; returns the output buffers at once (they become ready later).
   // `donated`: argument indices whose buffers the executable may consume (aliased to an output in
@@ -190,6 +195,7 @@ class Runtime {
   Metrics& metrics() { return metrics_; }
   DeviceMemory& device_memory(int device) { return device_memory_[static_cast<size_t>(device)]; }
   PluginMemoryStats plugin_memory_stats(int device);
+  int64_t device_id(int device);  // the plugin's global id of our device index
   CompileCache& cache() { return *cache_; }
 
   // Internal plumbing shared with DeviceBuffer/Executable.
@@ -206,7 +212,8 @@ class Runtime {
 
  private:
   ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types);
-  ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types);
+  ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types,
+                                 int assigned_device = -1);
   // Null (and why in `refusal`) where the plugin refuses the blob.
   ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types,
                                 std::string* refusal);
