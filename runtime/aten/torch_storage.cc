@@ -339,6 +339,11 @@ rt::TensorType storage_type(const at::Tensor& t, bool* lazy) {
   *lazy = s.buffer == nullptr;
   if (s.buffer) return rt::TensorType{s.buffer->type(), s.buffer->dims()};
   const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
+  // A storage exactly covered by a contiguous tensor takes its shape, as an upload of it would: a
+  // flat buffer read or written in the tensor's shape is a relayout on a TPU (tiles are 2-D).
+  if (t.storage_offset() == 0 && t.is_contiguous() && t.numel() * itemsize == static_cast<int64_t>(s.nbytes)) {
+    return rt::TensorType{element_type(t.scalar_type()), t.sizes().vec()};
+  }
   return rt::TensorType{element_type(t.scalar_type()), {static_cast<int64_t>(s.nbytes) / itemsize}};
 }
 
