@@ -187,3 +187,30 @@ def test_out_of_memory_is_torchs_error_and_the_process_goes_on():
     del huge
     assert torch.tpu.memory_allocated() == before
     assert torch.equal((held + 1).cpu(), torch.full((1024,), 2.0))
+
+
+def test_eager_modes_switch_and_give_the_same_results():
+    assert torch.tpu.get_eager_mode() == "strict"
+    x = torch.randn(64, 64)
+    strict = (x.to(TPU) @ x.to(TPU)).relu().sum(0).cpu()
+    torch.tpu.set_eager_mode("blocking")  # every op waits for the device before it returns
+    try:
+        assert torch.tpu.get_eager_mode() == "blocking"
+        assert "eager mode:          blocking" in torchtpu.debug.metrics_report()
+        blocking = (x.to(TPU) @ x.to(TPU)).relu().sum(0).cpu()
+        with pytest.raises(torch.OutOfMemoryError):  # raised by the op itself
+            torch.zeros(1 << 48, dtype=torch.uint8, device=TPU).add_(1)
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    assert torch.equal(strict, blocking)
+    with pytest.raises(ValueError, match="mode must be one of 'strict', 'blocking'"):
+        torch.tpu.set_eager_mode("lazy")
+
+
+def test_eager_mode_from_the_environment():
+    from conftest import run_python
+
+    code = "import torch, torchtpu; print(torch.tpu.get_eager_mode())"
+    proc = run_python(code, {"TORCHTPU_EAGER_MODE": "blocking"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "blocking"

@@ -132,6 +132,12 @@ def _start_runtime():
         ext._set_init_error(_init_error)
         return
     ext.set_accurate_math(math_mode == "accurate")
+    eager_mode = os.environ.get("TORCHTPU_EAGER_MODE", "strict").lower()
+    if eager_mode not in ("strict", "blocking"):
+        _init_error = f"torchtpu: TORCHTPU_EAGER_MODE must be 'strict' or 'blocking', not {eager_mode!r}"
+        ext._set_init_error(_init_error)
+        return
+    ext._set_eager_blocking(eager_mode == "blocking")
     _ext = ext
 
 

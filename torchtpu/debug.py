@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+import torch
+
 import torchtpu
 
 
@@ -24,6 +26,7 @@ def metrics_report() -> str:
     m = metrics()
     ops = m["ops"]
     lines = [
+        f"eager mode:          {torch.tpu.get_eager_mode()}, math {torch.tpu.get_math_mode()}",
         f"ops executed:        {sum(ops.values())} calls of {len(ops)} spec'd overloads",
         *(f"  {op}: {count}" for op, count in sorted(ops.items(), key=lambda kv: -kv[1])[:10]),
         f"executions:          {m['executions']}",

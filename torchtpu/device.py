@@ -120,6 +120,24 @@ def get_math_mode() -> str:
     return "accurate" if _C().accurate_math() else "fast"
 
 
+EAGER_MODES = ("strict", "blocking")
+
+
+def set_eager_mode(mode: str) -> None:
+    """How eager ops run on tpu: "strict" (the default: each op is enqueued and returns at once, its
+    results ready later; a host read waits) or "blocking" (each op waits for the device before it
+    returns, so a device error, an out-of-memory among them, surfaces at the op that caused it; for
+    debugging, slower). Also TORCHTPU_EAGER_MODE. Results are the same in every mode."""
+    if mode not in EAGER_MODES:
+        raise ValueError(f"torch.tpu.set_eager_mode: mode must be one of {', '.join(map(repr, EAGER_MODES))}, "
+                         f"not {mode!r}")
+    _C()._set_eager_blocking(mode == "blocking")
+
+
+def get_eager_mode() -> str:
+    return "blocking" if _C()._eager_blocking() else "strict"
+
+
 def manual_seed(seed: int) -> None:
     """Seeds the current device's generator."""
     _C().set_generator_state(current_device(), int(seed) & 0xFFFFFFFFFFFFFFFF, 0)

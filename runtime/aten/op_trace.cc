@@ -8,6 +8,9 @@
 namespace torchtpu {
 
 std::atomic<bool> g_tracing{false};
+std::atomic<bool> g_eager_blocking{false};
+
+void wait_for_device() { runtime().synchronize(); }
 thread_local int TracedCall::t_depth = 0;
 thread_local TracedCall* TracedCall::t_current = nullptr;
 

@@ -39,6 +39,12 @@ struct TraceEvent {
 extern std::atomic<bool> g_tracing;
 inline bool tracing() { return g_tracing.load(std::memory_order_relaxed); }
 
+// Eager mode "blocking" (torch.tpu.set_eager_mode): every execution and transfer waits for the
+// device before its op returns, so a device error surfaces at the op that caused it.
+extern std::atomic<bool> g_eager_blocking;
+inline bool eager_blocking() { return g_eager_blocking.load(std::memory_order_relaxed); }
+void wait_for_device();  // runtime().synchronize(), out of line
+
 // Starts a trace (an error if one is running); `synchronize`: each recorded step waits for its
 // results, so execute times are the device's, not the time to enqueue.
 // Returns the trace's start (trace_now_ns()).
@@ -116,6 +122,7 @@ class TracedCall {
   static void run_reporting_memory(F& run) {
     try {
       run();
+      if (eager_blocking()) wait_for_device();
     } catch (const rt::OutOfMemoryError& error) {
       raise_out_of_memory(error);
     }

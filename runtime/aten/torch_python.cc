@@ -126,6 +126,8 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     return torchtpu::repeat_captured_execution_ns(iterations);
   });
+  m.def("_set_eager_blocking", [](bool blocking) { torchtpu::g_eager_blocking = blocking; });
+  m.def("_eager_blocking", [] { return torchtpu::eager_blocking(); });
   m.def("_dispatch_variants_ns", [](int iterations) {
     py::gil_scoped_release release;
     return torchtpu::dispatch_variants_ns(iterations);
