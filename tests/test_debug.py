@@ -214,3 +214,27 @@ def test_eager_mode_from_the_environment():
     proc = run_python(code, {"TORCHTPU_EAGER_MODE": "blocking"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "blocking"
+
+
+def test_donated_buffers_are_not_counted_twice():
+    # An in-place update donates its storage's buffer to the execution: the result takes its memory,
+    # so the peak does not count both (eager ops and torch.tpu.graph replays alike).
+    p, q = torch.zeros(1 << 16, device=TPU), torch.zeros(1 << 16, device=TPU)
+
+    def step():
+        p.add_(1)
+        q.mul_(2).add_(p)
+
+    step()
+    graph = torch.tpu.TPUGraph()
+    with torch.tpu.graph(graph):
+        step()
+    for run in (step, graph.replay):
+        torch.tpu.synchronize()
+        held = torch.tpu.memory_allocated()
+        torch.tpu.reset_peak_memory_stats()
+        run()
+        torch.tpu.synchronize()
+        assert torch.tpu.memory_allocated() == held
+        assert torch.tpu.max_memory_allocated() == held, run
+    assert torch.equal(p.cpu(), torch.full((1 << 16,), 3.0))

@@ -563,7 +563,7 @@ std::vector<rt::BufferPtr> execute_graph(const CompiledGraph& graph, const std::
     raw.push_back(keep.back()->raw());
   }
   std::vector<rt::BufferPtr> results;
-  traced.execute("tpu::graph", [&] { results = runtime().execute(*graph.exe, raw, device, donatable(graph.aliases, keep)); });
+  traced.execute("tpu::graph", [&] { results = runtime().execute(*graph.exe, raw, device, donatable(graph.aliases, keep), &keep); });
   if (traced.recording()) traced.record("graph " + std::to_string(graph.id), std::to_string(raw.size()) + " inputs");
   return results;
 }

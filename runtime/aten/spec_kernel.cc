@@ -362,7 +362,7 @@ class SpecKernel final : public c10::OperatorKernel {
     // A captured execution is replayed by the benchmark: its inputs must outlive it (no donation).
     const bool capturing = g_capture_next_execution;
     auto outputs = runtime().execute(*entry.exe, raw, device,
-                                     capturing ? std::vector<int64_t>{} : donatable(entry.aliases, keep));
+                                     capturing ? std::vector<int64_t>{} : donatable(entry.aliases, keep), &keep);
     int64_t rows = -1;  // data_dependent: the outputs' real row count, read from the module's last result
     if (spec_.data_dependent) {
       runtime().to_host(*outputs.back(), &rows, sizeof rows);  // synchronizes: the shape is the data's

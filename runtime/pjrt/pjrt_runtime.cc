@@ -109,7 +109,7 @@ DeviceBuffer::~DeviceBuffer() {
     destroy.error = error;
     runtime_->api()->PJRT_Error_Destroy(&destroy);
   }
-  runtime_->note_buffer_freed(nbytes(), device_);
+  if (counted) runtime_->note_buffer_freed(nbytes(), device_);
 }
 
 int64_t DeviceBuffer::numel() const {
@@ -160,6 +160,23 @@ void Runtime::check(PJRT_Error* error, const char* what) {
   std::string message = std::string("torchtpu: PJRT error while ") + what + ": " + take_error(error);
   if (exhausted) throw OutOfMemoryError(message);
   throw RuntimeError(message);
+}
+
+void Runtime::uncount_donated(const std::vector<BufferPtr>& owners, const std::vector<int64_t>& donated) {
+  for (int64_t i : donated) {
+    DeviceBuffer& buffer = *owners.at(static_cast<size_t>(i));
+    if (!buffer.counted) continue;
+    auto args = PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
+    args.buffer = buffer.raw();
+    if (PJRT_Error* error = api_->PJRT_Buffer_IsDeleted(&args)) {
+      take_error(error);
+      continue;
+    }
+    if (args.is_deleted) {
+      note_buffer_freed(buffer.nbytes(), buffer.device());
+      buffer.counted = false;
+    }
+  }
 }
 
 PluginMemoryStats Runtime::plugin_memory_stats(int device) {
@@ -541,7 +558,8 @@ ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vecto
 }
 
 std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args_in,
-                                        int device, const std::vector<int64_t>& donated) {
+                                        int device, const std::vector<int64_t>& donated,
+                                        const std::vector<BufferPtr>* owners) {
   auto options = PJRT_ARGS(PJRT_ExecuteOptions);
   // Inputs are storages other tensors may still read: only the ones the caller donates may go.
   std::vector<int64_t> keep;
@@ -571,6 +589,7 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   args.execute_device = exe.assigned_device >= 0 ? nullptr : devices_.at(device);
   check(api_->PJRT_LoadedExecutable_Execute(&args), "executing");
   metrics_.executions++;
+  if (owners) uncount_donated(*owners, donated);
 
   std::vector<BufferPtr> result;
   result.reserve(outputs.size());

@@ -64,6 +64,9 @@ class DeviceBuffer {
   int64_t nbytes() const { return numel() * element_size(type_); }
   // An execution's output: until it is known ready, dropping it leaves its event for synchronize().
   bool from_execution = false;
+  // Counted in the device's memory; false once an execution consumed it (donated: its memory is
+  // now an output's, which is counted).
+  bool counted = true;
 
  private:
   Runtime* runtime_;
@@ -183,8 +186,11 @@ class Runtime {
   // Enqueues an execution; returns the output buffers at once (they become ready later).
   // `donated`: argument indices whose buffers the executable may consume (aliased to an output in
   // the module; the caller holds the only reference). Every other argument stays intact.
+  // `owners`: the BufferPtrs of `args` where some are donated; those the plugin consumed stop counting
+  // as held memory before the outputs (which now hold it) are counted.
   std::vector<BufferPtr> execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args, int device,
-                                 const std::vector<int64_t>& donated = {});
+                                 const std::vector<int64_t>& donated = {},
+                                 const std::vector<BufferPtr>* owners = nullptr);
 
   // Waits for everything enqueued so far (outputs already dropped included).
   void synchronize();
@@ -195,6 +201,7 @@ class Runtime {
   Metrics& metrics() { return metrics_; }
   DeviceMemory& device_memory(int device) { return device_memory_[static_cast<size_t>(device)]; }
   PluginMemoryStats plugin_memory_stats(int device);
+
   int64_t device_id(int device);  // the plugin's global id of our device index
   CompileCache& cache() { return *cache_; }
 
@@ -212,6 +219,7 @@ class Runtime {
 
  private:
   ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types);
+  void uncount_donated(const std::vector<BufferPtr>& owners, const std::vector<int64_t>& donated);
   ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types,
                                  int assigned_device = -1);
   // Null (and why in `refusal`) where the plugin refuses the blob.
