@@ -253,3 +253,33 @@ def test_collectives_plot(tmp_path, monkeypatch):
     path = tmp_path / "collectives.png"
     bench.plot(str(path), results, [4096, 16384], types.SimpleNamespace(batch=8))
     assert_png(path)
+
+
+# --- the benchmarks themselves, at their smallest (the flags keep working) --------------------
+
+def run_benchmark(name: str, *args: str) -> subprocess.CompletedProcess:
+    from conftest import skip_if_device_is_exclusive
+
+    skip_if_device_is_exclusive()
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", f"{name}.py"), *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_compile_step_runs_its_size_dtype_and_mode_flags():
+    proc = run_benchmark("compile_step", "--model", "llama", "--size", "tiny", "--dtype", "bfloat16",
+                         "--precision", "medium", "--modes", "tpu graph,tpu eager", "--steps", "1", "--warmup", "0")
+    out = proc.stdout
+    assert "Llama tiny, bfloat16, matmul precision medium" in out
+    assert "tokens/s" in out and "peak MiB" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("train ", "inference "))]
+    graph = [r for r in rows if r[1:3] == ["tpu", "graph"]]
+    assert len(graph) == 2 and all(float(r[3]) > 0 for r in graph)  # a median per phase
+    assert any(r[1:3] == ["cpu", "eager"] and "not in --modes" in " ".join(r) for r in rows)
+
+
+def test_eager_overhead_dispatch_variants():
+    proc = run_benchmark("eager_overhead", "--iterations", "20", "--repeats", "1", "--dispatch-variants")
+    for variant in ("portable, outputs dropped", "assigned, outputs kept"):
+        assert variant in proc.stdout
