@@ -6,9 +6,9 @@
   jax.jit     (when jax is installed) the same op as a jitted jax function on arrays already on the
               device, on the platform torchtpu runs on (on a TPU host, the same chip): jax's dispatch
 
---dispatch-variants also times the bare launch of a 64x64 add four ways (a portable executable, as
-every kernel uses today, or one compiled for the device; outputs dropped at once or kept until the
-loop ends): where a plugin spends a launch.
+--dispatch-variants also times the bare launch of a 64x64 add four ways (a portable executable named
+a device at each launch, or one compiled for the device as every kernel is; outputs dropped at once
+or kept until the loop ends): where a plugin spends a launch.
 
 Targets: tpu eager within 3x of bare PJRT (a cache hit skips Meta, emission and module hashing), and
 no slower than jax.jit's one-op dispatch.

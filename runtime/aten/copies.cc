@@ -136,7 +136,7 @@ std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<
       auto results = build(b);
       std::vector<rt::TensorType> types;
       for (const auto& r : results) types.push_back(r.type);
-      return runtime().compile(b.finish(results), types);
+      return runtime().compile(b.finish(results), types, device);
     });
     std::lock_guard<std::mutex> lock(g_modules_mutex);
     g_modules.emplace(key, exe);

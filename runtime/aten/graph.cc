@@ -224,7 +224,7 @@ class Capture final : public GraphCapture {
   std::shared_ptr<CompiledGraph> compiled(const std::vector<rt::Value>& results) {
     std::vector<rt::TensorType> types;
     for (const rt::Value& r : results) types.push_back(r.type);
-    graph_.exe = runtime().compile(builder_.finish(results, graph_.aliases), types);
+    graph_.exe = runtime().compile(builder_.finish(results, graph_.aliases), types, device_);
     graph_.device = device_;
     return std::make_shared<CompiledGraph>(std::move(graph_));
   }

@@ -222,7 +222,7 @@ class SpecKernel final : public c10::OperatorKernel {
         clear_kernel_caches();
         runtime().clear_in_process_cache();
       }
-      std::shared_ptr<Entry> built = TracedCall::compile([&] { return build(op, args, numerics); });
+      std::shared_ptr<Entry> built = TracedCall::compile([&] { return build(op, args, numerics, device); });
       std::lock_guard<std::mutex> lock(mutex_);
       entry = cache_.emplace(key, std::move(built)).first->second;
     }
@@ -390,7 +390,8 @@ class SpecKernel final : public c10::OperatorKernel {
     });
   }
 
-  std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args, const rt::Numerics& numerics) {
+  std::unique_ptr<Entry> build(const c10::OperatorHandle& op, c10::IValue* args, const rt::Numerics& numerics,
+                               int device) {
     auto entry = std::make_unique<Entry>();
     entry->plan = plan_call(spec_, meta_, op, args);
     if (!entry->plan.resizes.empty() || !entry->plan.unsupported.empty()) return entry;
@@ -414,7 +415,7 @@ class SpecKernel final : public c10::OperatorKernel {
     }
     std::vector<rt::TensorType> types;
     for (const auto& r : call.storages) types.push_back(r.type);
-    entry->exe = runtime().compile(b.finish(call.storages, entry->aliases), types);
+    entry->exe = runtime().compile(b.finish(call.storages, entry->aliases), types, device);
     entry->plan.fresh = std::move(call.fresh);
     entry->plan.fresh_is_list = std::move(call.fresh_is_list);
     return entry;
@@ -463,8 +464,8 @@ std::vector<std::pair<std::string, double>> dispatch_variants_ns(int iterations)
   const std::vector<rt::BufferPtr> inputs = {rt.to_device(host.data(), type.element, type.dims, device),
                                              rt.to_device(host.data(), type.element, type.dims, device)};
   const std::vector<PJRT_Buffer*> raw = {inputs[0]->raw(), inputs[1]->raw()};
-  const rt::ExecutablePtr portable = rt.compile(text, {type});
-  const rt::ExecutablePtr assigned = rt.compile_for_device(text, {type}, device);
+  const rt::ExecutablePtr portable = rt.compile_portable(text, {type});
+  const rt::ExecutablePtr assigned = rt.compile(text, {type}, device);
   std::vector<std::pair<std::string, double>> results;
   for (const auto& [name, exe] : {std::pair{"portable", portable}, {"assigned", assigned}}) {
     for (const bool keep_outputs : {false, true}) {

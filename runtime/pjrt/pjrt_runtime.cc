@@ -26,7 +26,8 @@ T make_args(size_t struct_size) {
 #define PJRT_ARGS(type) make_args<type>(type##_STRUCT_SIZE)
 
 // A serialized xla.CompileOptionsProto: executable_build_options {num_replicas: 1, num_partitions: 1}
-// plus compile_portable_executable: true, so one executable runs on any device we name at execute time.
+// plus compile_portable_executable: true, so one executable runs on any device we name at execute
+// time (only the dispatch measurement's baseline: launching a portable executable costs more).
 const std::string kCompileOptions("\x1a\x04\x20\x01\x28\x01\x20\x01", 8);
 
 // The same build options with device_assignment {replica_count: 1, computation_count: 1,
@@ -421,7 +422,8 @@ void Runtime::clear_in_process_cache() {
   compiled_.clear();
 }
 
-ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector<TensorType>& output_types) {
+ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector<TensorType>& output_types,
+                               int device) {
   const auto start = std::chrono::steady_clock::now();
   t_last_compile = CompileOutcome{};
   {
@@ -429,10 +431,10 @@ ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector
     auto it = compiled_.find(module_text);
     if (it != compiled_.end()) {
       metrics_.memory_cache_hits++;
-      return it->second;
+      return it->second;  // perhaps for another device: execute() finds or makes this one's
     }
   }
-  auto exe = compile_through_disk(module_text, output_types);  // sets the tier
+  auto exe = compile_through_disk(module_text, output_types, device);  // sets the tier
   t_last_compile.ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   std::lock_guard<std::mutex> lock(compiled_mutex_);
@@ -441,14 +443,16 @@ ExecutablePtr Runtime::compile(const std::string& module_text, const std::vector
 }
 
 ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
-                                            const std::vector<TensorType>& output_types) {
+                                            const std::vector<TensorType>& output_types, int device) {
   // Everything a serialized executable depends on; stored in the entry and compared on load.
-  const std::string key_material = identity() + "\noptions=" + hex_digest(kCompileOptions) + "\n" + module_text;
+  const std::string options = compile_options_for_device(device_id(device));
+  const std::string key_material = identity() + "\noptions=" + hex_digest(options) + "\n" + module_text;
   std::string blob;
   switch (cache_->load(key_material, &blob)) {
     case CompileCache::LoadResult::Hit: {
       std::string refusal;
-      if (auto exe = load_serialized(blob, output_types, &refusal)) {
+      if (auto exe = load_serialized(blob, output_types, device, &refusal)) {
+        exe->module_text = module_text;
         metrics_.disk_cache_hits++;
         t_last_compile.tier = CompileOutcome::Disk;
         return exe;
@@ -467,7 +471,7 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
     case CompileCache::LoadResult::Missing:
       break;
   }
-  auto exe = compile_uncached(module_text, output_types);
+  auto exe = compile_uncached(module_text, output_types, device);
   t_last_compile.tier = CompileOutcome::Compiled;
   if (cache_->enabled()) {
     const std::string blob = serialize(*exe);
@@ -476,9 +480,17 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
   return exe;
 }
 
-ExecutablePtr Runtime::compile_for_device(const std::string& module_text, const std::vector<TensorType>& output_types,
-                                          int device) {
-  return compile_uncached(module_text, output_types, device);
+ExecutablePtr Runtime::compile_portable(const std::string& module_text, const std::vector<TensorType>& output_types) {
+  return compile_uncached(module_text, output_types, -1);
+}
+
+const Executable& Runtime::for_device(const Executable& exe, int device) {
+  if (exe.assigned_device < 0 || exe.assigned_device == device) return exe;
+  auto& mutable_exe = const_cast<Executable&>(exe);  // the variants are a cache beside it
+  std::lock_guard<std::mutex> lock(mutable_exe.variants_mutex);
+  auto& variant = mutable_exe.variants[device];
+  if (!variant) variant = compile_through_disk(exe.module_text, exe.output_types, device);
+  return *variant;
 }
 
 ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
@@ -506,6 +518,7 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
   }
   dump_module(module_text);
   auto exe = std::make_shared<Executable>();
+  exe->module_text = module_text;
   exe->loaded = args.executable;
   metrics_.live_executables++;
   exe->runtime = this;
@@ -539,7 +552,7 @@ std::string Runtime::serialize(const Executable& exe) {
 }
 
 ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vector<TensorType>& output_types,
-                                       std::string* refusal) {
+                                       int device, std::string* refusal) {
   auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
   args.client = client_;
   args.serialized_executable = blob.data();
@@ -550,6 +563,7 @@ ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vecto
   }
   auto exe = std::make_shared<Executable>();
   exe->loaded = args.loaded_executable;
+  exe->assigned_device = device;
   metrics_.live_executables++;
   exe->runtime = this;
   exe->output_types = output_types;
@@ -557,9 +571,10 @@ ExecutablePtr Runtime::load_serialized(const std::string& blob, const std::vecto
   return exe;
 }
 
-std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector<PJRT_Buffer*>& args_in,
+std::vector<BufferPtr> Runtime::execute(const Executable& compiled, const std::vector<PJRT_Buffer*>& args_in,
                                         int device, const std::vector<int64_t>& donated,
                                         const std::vector<BufferPtr>* owners) {
+  const Executable& exe = for_device(compiled, device);
   auto options = PJRT_ARGS(PJRT_ExecuteOptions);
   // Inputs are storages other tensors may still read: only the ones the caller donates may go.
   std::vector<int64_t> keep;
@@ -582,10 +597,6 @@ std::vector<BufferPtr> Runtime::execute(const Executable& exe, const std::vector
   args.num_devices = 1;
   args.num_args = args_in.size();
   args.output_lists = &output_list;
-  if (exe.assigned_device >= 0 && exe.assigned_device != device) {
-    throw RuntimeError("torchtpu: an executable compiled for device " + std::to_string(exe.assigned_device) +
-                       " was launched on device " + std::to_string(device));
-  }
   args.execute_device = exe.assigned_device >= 0 ? nullptr : devices_.at(device);
   check(api_->PJRT_LoadedExecutable_Execute(&args), "executing");
   metrics_.executions++;

@@ -86,12 +86,17 @@ constexpr int64_t kMaxLiveExecutables = 2048;
 constexpr int64_t kMaxMemoryMappings = 40000;
 int64_t process_memory_mappings();  // Linux: lines of /proc/self/maps; elsewhere 0
 
+// Compiled for one device (a device assignment, as jax compiles: launched without naming a device);
+// the first launch on another device compiles the module for that one too (kept in `variants`).
 struct Executable {
   PJRT_LoadedExecutable* loaded = nullptr;
   size_t num_outputs = 0;
   std::vector<TensorType> output_types;
   Runtime* runtime = nullptr;
-  int assigned_device = -1;  // >= 0: compiled for that device only (launched without naming one)
+  int assigned_device = -1;  // -1: portable (the dispatch measurement's baseline), named per launch
+  std::string module_text;   // to compile it for another device
+  std::mutex variants_mutex;
+  std::unordered_map<int, std::shared_ptr<Executable>> variants;  // device -> the module compiled for it
   ~Executable();
 };
 using ExecutablePtr = std::shared_ptr<Executable>;
@@ -177,11 +182,11 @@ class Runtime {
   std::vector<int64_t> device_layout(const DeviceBuffer& buffer);
 
   // Compiles (or fetches from the two cache tiers) a StableHLO module in text form.
-  ExecutablePtr compile(const std::string& module_text, const std::vector<TensorType>& output_types);
-  // Compiles for one device (a device assignment, not a portable executable), bypassing both caches:
-  // the dispatch measurements compare launching it with launching the portable one.
-  ExecutablePtr compile_for_device(const std::string& module_text, const std::vector<TensorType>& output_types,
-                                   int device);
+  // For `device` (launching it on another device compiles it for that one on first use).
+  ExecutablePtr compile(const std::string& module_text, const std::vector<TensorType>& output_types, int device = 0);
+  // A portable executable (any device, named at each launch), bypassing both caches: the dispatch
+  // measurements compare launching it with launching a device's own.
+  ExecutablePtr compile_portable(const std::string& module_text, const std::vector<TensorType>& output_types);
 
   // Enqueues an execution; returns the output buffers at once (they become ready later).
   // `donated`: argument indices whose buffers the executable may consume (aliased to an output in
@@ -218,12 +223,14 @@ class Runtime {
   void keep_unfinished(PJRT_Buffer* buffer);
 
  private:
-  ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types);
+  ExecutablePtr compile_through_disk(const std::string& module_text, const std::vector<TensorType>& output_types,
+                                     int device);
+  const Executable& for_device(const Executable& exe, int device);
   void uncount_donated(const std::vector<BufferPtr>& owners, const std::vector<int64_t>& donated);
   ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types,
                                  int assigned_device = -1);
   // Null (and why in `refusal`) where the plugin refuses the blob.
-  ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types,
+  ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types, int device,
                                 std::string* refusal);
   std::string serialize(const Executable& exe);  // empty where the plugin cannot
 
