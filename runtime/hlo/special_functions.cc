@@ -167,7 +167,7 @@ Value Builder::lgamma(const Value& v) {
   return select(eq(abs(v), c(INFINITY)), c(INFINITY), r);
 }
 
-// digamma as CPU computes it: reflected below 0 (minus pi / tan(pi r), r the fractional part), pushed
+// digamma as CPU computes it: reflected below 0 (minus pi / tan(pi r), r the distance to the nearest integer), pushed
 // up to 10 by the recurrence (minus 1/x per step), then the asymptotic series with the accurate log.
 Value Builder::digamma(const Value& v) {
   if (!accurate_f32(v)) return chlo("digamma", {v});
@@ -186,7 +186,9 @@ Value Builder::digamma(const Value& v) {
                                                     3.96825396825396825397E-3, -8.33333333333333333333E-3,
                                                     8.33333333333333333333E-2}));
   r = sub(sub(add(r, log(x)), div(c(0.5), x)), select(lt(x, c(1e17)), tail_terms, c(0)));
-  const Value fraction = sub(v, trunc(v));
+  // tan has period pi: pi (v - round(v)) is within pi/2 and exact to its rounding, where pi (v - trunc(v))
+  // near -1 would carry float32 rounding of ~3 into tan near a pole (CPU reflects in double).
+  const Value fraction = sub(v, round(v));
   r = select(negative, sub(r, div(c(M_PI), tan(mul(c(M_PI), fraction)))), r);
   return select(bitwise_and(negative, eq(fraction, c(0))), c(NAN), r);  // poles at the negative integers
 }
