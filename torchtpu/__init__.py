@@ -126,18 +126,15 @@ def _start_runtime():
         return
     ext.set_fallback_is_error(_fallback_is_error_by_env())
     ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
-    math_mode = os.environ.get("TORCHTPU_MATH", "accurate").lower()
-    if math_mode not in ("accurate", "fast"):
-        _init_error = f"torchtpu: TORCHTPU_MATH must be 'accurate' or 'fast', not {math_mode!r}"
-        ext._set_init_error(_init_error)
-        return
-    ext.set_accurate_math(math_mode == "accurate")
-    eager_mode = os.environ.get("TORCHTPU_EAGER_MODE", "strict").lower()
-    if eager_mode not in ("strict", "blocking"):
-        _init_error = f"torchtpu: TORCHTPU_EAGER_MODE must be 'strict' or 'blocking', not {eager_mode!r}"
-        ext._set_init_error(_init_error)
-        return
-    ext._set_eager_blocking(eager_mode == "blocking")
+    modes = {}
+    for variable, default, other in (("TORCHTPU_MATH", "accurate", "fast"), ("TORCHTPU_EAGER_MODE", "strict", "blocking")):
+        modes[variable] = os.environ.get(variable, default).lower()
+        if modes[variable] not in (default, other):
+            _init_error = f"torchtpu: {variable} must be {default!r} or {other!r}, not {modes[variable]!r}"
+            ext._set_init_error(_init_error)
+            return
+    ext.set_accurate_math(modes["TORCHTPU_MATH"] == "accurate")
+    ext._set_eager_blocking(modes["TORCHTPU_EAGER_MODE"] == "blocking")
     _ext = ext
 
 
