@@ -452,7 +452,7 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
     case CompileCache::LoadResult::Hit: {
       std::string refusal;
       if (auto exe = load_serialized(blob, output_types, device, &refusal)) {
-        exe->module_text = module_text;
+        exe->module_text = module_text;  // to compile it for another device
         metrics_.disk_cache_hits++;
         t_last_compile.tier = CompileOutcome::Disk;
         return exe;
@@ -471,7 +471,8 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
     case CompileCache::LoadResult::Missing:
       break;
   }
-  auto exe = compile_uncached(module_text, output_types, device);
+  auto exe = compile_uncached(module_text, output_types, device, options);
+  exe->module_text = module_text;
   t_last_compile.tier = CompileOutcome::Compiled;
   if (cache_->enabled()) {
     const std::string blob = serialize(*exe);
@@ -481,7 +482,7 @@ ExecutablePtr Runtime::compile_through_disk(const std::string& module_text,
 }
 
 ExecutablePtr Runtime::compile_portable(const std::string& module_text, const std::vector<TensorType>& output_types) {
-  return compile_uncached(module_text, output_types, -1);
+  return compile_uncached(module_text, output_types, -1, kCompileOptions);
 }
 
 const Executable& Runtime::for_device(const Executable& exe, int device) {
@@ -494,7 +495,8 @@ const Executable& Runtime::for_device(const Executable& exe, int device) {
 }
 
 ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
-                                        const std::vector<TensorType>& output_types, int assigned_device) {
+                                        const std::vector<TensorType>& output_types, int assigned_device,
+                                        const std::string& options) {
   const auto start = std::chrono::steady_clock::now();
   auto program = PJRT_ARGS(PJRT_Program);
   std::string code = module_text;
@@ -505,7 +507,6 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
   auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;
-  const std::string options = assigned_device < 0 ? kCompileOptions : compile_options_for_device(device_id(assigned_device));
   args.compile_options = options.data();
   args.compile_options_size = options.size();
   PJRT_Error* error = api_->PJRT_Client_Compile(&args);
@@ -518,7 +519,6 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
   }
   dump_module(module_text);
   auto exe = std::make_shared<Executable>();
-  exe->module_text = module_text;
   exe->loaded = args.executable;
   metrics_.live_executables++;
   exe->runtime = this;

@@ -227,8 +227,9 @@ class Runtime {
                                      int device);
   const Executable& for_device(const Executable& exe, int device);
   void uncount_donated(const std::vector<BufferPtr>& owners, const std::vector<int64_t>& donated);
+  // `options` compile for `assigned_device` (-1: portable).
   ExecutablePtr compile_uncached(const std::string& module_text, const std::vector<TensorType>& output_types,
-                                 int assigned_device = -1);
+                                 int assigned_device, const std::string& options);
   // Null (and why in `refusal`) where the plugin refuses the blob.
   ExecutablePtr load_serialized(const std::string& blob, const std::vector<TensorType>& output_types, int device,
                                 std::string* refusal);
