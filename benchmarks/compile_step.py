@@ -32,8 +32,14 @@ Besides the median: tokens/s, MFU (model FLOPs: 6 x matmul parameters x tokens p
 12 x layers x hidden x length x tokens for a train step, a third of that for inference, against
 --peak-tflops, by default 197 on a TPU v5e) and peak memory: torch modes, torch.tpu.max_memory_allocated
 during the mode (tensors, not XLA's temporaries) and the plugin allocator's process-wide peak where it
-keeps one; jax, its device's peak_bytes_in_use. Process-wide peaks are a mode's own when it is the
-only one the process runs: --modes "tpu graph,jax.jit" picks them.
+keeps one; jax, its device's peak_bytes_in_use. Process-wide peaks are a mode's own only when it is the
+only mode and phase the process runs (on a TPU jax's peak also holds torchtpu's buffers: one allocator
+serves both): --isolate runs each mode and phase in a process of its own, one after another, and then
+compares those peaks. --modes "tpu graph,jax.jit" and --phases train pick what runs.
+
+Graph mode makes the optimizer's state with one eager step before capturing (as CUDA graphs are used),
+on a slice of the batch (the Llama: one row of an eighth the length; the ResNet: two images), so the
+eager activations stay out of the mode's peak.
 
 Every mode starts from the same weights (built on the CPU from --seed) and steps on one fixed batch
 that is already on its device, so host-to-device copies are not timed. A step's clock stops after
@@ -55,7 +61,7 @@ The tpu compiled column is skipped, with a note, while no "tpu" backend is regis
 
 Usage: python benchmarks/compile_step.py [--steps N] [--warmup N] [--model llama|resnet|all]
                                          [--size tiny|110m|500m] [--dtype float32|bfloat16]
-                                         [--precision highest|high|medium] [--modes M,M]
+                                         [--precision highest|high|medium] [--modes M,M] [--phases P,P] [--isolate]
                                          [--peak-tflops T] [--seed S] [--cpu-threads N] [--plot out.png]
 """
 
@@ -63,13 +69,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+# --isolate: this process only starts the others and prints their table, so it must not open the device
+# (one process at a time may hold a TPU); each child gets the plugin choice this process was given.
+PLUGIN_CHOICE = os.environ.get("TORCHTPU_PJRT_PLUGIN")
+if "--isolate" in sys.argv:
+    os.environ["TORCHTPU_PJRT_PLUGIN"] = "none"
 
 import torch
 import torch.nn.functional as F
@@ -149,13 +166,16 @@ def autocast(device: str, amp: torch.dtype | None):
 
 def torch_train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], device: str, compiled: bool,
                      make_optimizer: Callable, loss_fn: Callable, clip: float | None,
-                     graphed: bool = False, amp: torch.dtype | None = None) -> Callable[[], Any]:
+                     graphed: bool = False, amp: torch.dtype | None = None,
+                     warmup_batch: tuple[torch.Tensor, ...] | None = None) -> Callable[[], Any]:
     """One training step as examples/common.fit takes it (forward, backward, clipping, optimizer step),
     on `device`; with `compiled`, the model and the update are each compiled by the "tpu" backend; with
-    `graphed`, the whole eager step is captured by torch.tpu.graph and replayed; with `amp`, the forward
-    and loss run under autocast to that dtype."""
+    `graphed`, the whole eager step is captured by torch.tpu.graph and replayed, after one eager step on
+    `warmup_batch` (default `batch`) that makes the optimizer's state; with `amp`, the forward and loss
+    run under autocast to that dtype."""
     model = model.to(device).train()
     batch = tuple(t.to(device) for t in batch)
+    warmup_batch = batch if warmup_batch is None else tuple(t.to(device) for t in warmup_batch)
     optimizer = make_optimizer(model.parameters(), capturable=graphed)
     params = [p for p in model.parameters() if p.requires_grad]
     forward = torch.compile(model, backend="tpu") if compiled else model
@@ -168,28 +188,30 @@ def torch_train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], de
     if compiled:
         update = torch.compile(update, backend="tpu")
 
-    def step() -> torch.Tensor:
+    def step_on(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
         with autocast(device, amp):
-            loss = loss_fn(forward, *batch)
+            loss = loss_fn(forward, *inputs)
         loss.backward()
         update()
         optimizer.zero_grad(set_to_none=True)  # only drops references: nothing to compile
         return loss
 
-    return graph_of(step) if graphed else step
+    step = functools.partial(step_on, batch)
+    return graph_of(step, functools.partial(step_on, warmup_batch)) if graphed else step
 
 
-def graph_of(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """The step captured by torch.tpu.graph on the first call, after two eager steps (an optimizer
-    makes its state on its first step), as CUDA graphs are used; every call replays it and returns
-    the captured output, which the replay rewrote."""
+def graph_of(step: Callable[[], torch.Tensor], warmup: Callable[[], Any] | None = None) -> Callable[[], torch.Tensor]:
+    """The step captured by torch.tpu.graph on the first call, after one eager call of `warmup` where the
+    step needs state that its first call makes (an optimizer's), as CUDA graphs are used; every call
+    replays it and returns the captured output, which the replay rewrote. The warm-up is the one eager
+    step of the mode: run on a smaller batch, it keeps the eager activations out of the mode's peak."""
     graph, output = None, None
 
     def replay() -> torch.Tensor:
         nonlocal graph, output
         if graph is None:
-            for _ in range(2):
-                step()
+            if warmup is not None:
+                warmup()
             graph = torch.tpu.TPUGraph()
             with torch.tpu.graph(graph):
                 output = step()
@@ -434,8 +456,10 @@ def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, R
     make_opt = lambda p, **kw: torch.optim.AdamW(p, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY, **kw)  # noqa: E731
     loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
     logits_fn = lambda m, ids: m(input_ids=ids).logits  # noqa: E731
+    # graph mode's one eager warm-up step (it makes AdamW's state) on one row of an eighth the length
+    warmup_ids = ids[:1, :max(8, length // 8)]
     results = torch_results(args, compile_ok, tpu_ok, lambda: llama.build(sizes, args.seed), (ids,),
-                            make_opt, loss_fn, LLAMA_CLIP, logits_fn)
+                            make_opt, loss_fn, LLAMA_CLIP, logits_fn, (warmup_ids,))
     if "jax.jit" not in args.modes:
         for phase in results:
             results[phase]["jax.jit"] = Result(note="not in --modes")
@@ -466,6 +490,9 @@ def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, R
 
     for phase, step, compile_s in [("train", jax_train, train_compile_s),
                                    ("inference", lambda: logits_c(params, ids_j), logits_compile_s)]:
+        if phase not in args.phases:
+            results[phase]["jax.jit"] = Result(note="not in --phases")
+            continue
         r = measure(step, jax_sync, args.warmup, args.steps, on_tpu=False)
         r.compiles, r.compile_s = 1, compile_s
         r.peak_bytes = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
@@ -480,22 +507,27 @@ def resnet_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, 
     loss_fn = lambda m, x, y: F.cross_entropy(m(x), y)  # noqa: E731
     forward_fn = lambda m, x, y: m(x)  # noqa: E731
     results = torch_results(args, compile_ok, tpu_ok, lambda: resnet.build(True, args.seed), (images, labels),
-                            make_opt, loss_fn, None, forward_fn)
+                            make_opt, loss_fn, None, forward_fn, (images[:2], labels[:2]))
     for phase in results:
         results[phase]["jax.jit"] = Result(note="Llama only")
     return results
 
 
 def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: tuple, make_opt: Callable,
-                  loss_fn: Callable, clip: float | None, forward_fn: Callable) -> dict[str, dict[str, Result]]:
+                  loss_fn: Callable, clip: float | None, forward_fn: Callable,
+                  warmup_batch: tuple) -> dict[str, dict[str, Result]]:
     """The three torch modes of both phases, each on a freshly built model so no mode sees another's
-    trained weights. A mode that fails is reported with its error rather than ending the run."""
+    trained weights. A mode that fails is reported with its error rather than ending the run. Graph
+    mode's eager warm-up step trains on `warmup_batch` (a slice of the batch: smaller activations)."""
     modes = {"tpu eager": ("tpu", False, False), "tpu compiled": ("tpu", True, False),
              "tpu graph": ("tpu", False, True), "cpu eager": ("cpu", False, False)}
     results: dict[str, dict[str, Result]] = {"train": {}, "inference": {}}
     amp = torch.bfloat16 if args.dtype == "bfloat16" else None
     for phase in results:
         for mode, (device, compiled, graphed) in modes.items():
+            if phase not in args.phases:
+                results[phase][mode] = Result(note="not in --phases")
+                continue
             if mode not in args.modes:
                 results[phase][mode] = Result(note="not in --modes")
                 continue
@@ -511,7 +543,8 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 torch.tpu.reset_peak_memory_stats()
             try:
                 if phase == "train":
-                    step = torch_train_step(build(), batch, device, compiled, make_opt, loss_fn, clip, graphed, amp)
+                    step = torch_train_step(build(), batch, device, compiled, make_opt, loss_fn, clip, graphed, amp,
+                                            warmup_batch)
                 else:
                     step = torch_inference_step(build(), batch, device, compiled, forward_fn, graphed, amp)
                 results[phase][mode] = r = measure(step, tpu_sync if device == "tpu" else no_sync,
@@ -527,6 +560,42 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 results[phase][mode] = Result(note=f"failed: {type(error).__name__}")
             print(f"  {phase:<9} {mode:<12} {fmt_ms(results[phase][mode])}", flush=True)
     return results
+
+
+def isolated_results(args, chosen: list[str]) -> tuple[dict[str, dict[str, dict[str, Result]]], str]:
+    """Every mode and phase asked for, run by this script in a child process of its own, one at a time
+    (one process at a time may hold a TPU), the children's results merged into one table; and the
+    device's name, as the children saw it."""
+    merged: dict[str, dict[str, dict[str, Result]]] = {}
+    device_name = "none"
+    for mode, phase in [(m, p) for m in args.modes for p in args.phases]:
+        with tempfile.TemporaryDirectory() as scratch:
+            out = Path(scratch) / "results.json"
+            command = [sys.executable, __file__, "--modes", mode, "--phases", phase, "--results-json", str(out),
+                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
+                       "--size", args.size, "--dtype", args.dtype, "--precision", args.precision,
+                       "--seed", str(args.seed), "--cpu-threads", str(args.cpu_threads)]
+            if args.peak_tflops:
+                command += ["--peak-tflops", str(args.peak_tflops)]
+            print(f"\n--isolate: {phase} {mode} in a process of its own", flush=True)
+            env = dict(os.environ)
+            env.pop("TORCHTPU_PJRT_PLUGIN")
+            if PLUGIN_CHOICE is not None:
+                env["TORCHTPU_PJRT_PLUGIN"] = PLUGIN_CHOICE
+            done = subprocess.run(command, env=env)
+            report = json.loads(out.read_text()) if out.exists() else {}
+        results = report.get("results", {})
+        device_name = report.get("device_name", device_name)
+        for name in chosen:
+            got = results.get(name, {}).get(phase, {}).get(mode)
+            merged.setdefault(name, {"train": {}, "inference": {}})[phase][mode] = (
+                Result(**got) if got else Result(note=f"failed: its process exited {done.returncode}"))
+    for phases in merged.values():  # what was not asked for, as the other runs say
+        for phase in ("train", "inference"):
+            for mode in MODES:
+                phases[phase].setdefault(mode, Result(
+                    note="not in --phases" if phase not in args.phases else "not in --modes"))
+    return merged, device_name
 
 
 # Reporting.
@@ -556,7 +625,12 @@ def mib(n: int | None) -> str:
 
 
 def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int | None = None,
-                flops: dict[str, float] | None = None, peak_tflops: float | None = None) -> None:
+                flops: dict[str, float] | None = None, peak_tflops: float | None = None,
+                process_peaks: bool = False) -> None:
+    """The table of every mode's numbers, then the ratios. With `process_peaks` (each mode ran alone in
+    its process) the memory ratio compares the plugin's process-wide peak with jax's device peak, both
+    counting XLA's temporaries; else tensors against jax's peak, which on a TPU also holds torchtpu's
+    buffers (one allocator serves both)."""
     header = (f"{'phase':<10}{'mode':<14}{'median ms':>11}{'tokens/s':>11}{'MFU':>7}{'first call s':>14}"
               f"{'compiles':>10}{'compile s':>11}{'s/graph':>9}{'disk hits':>11}{'peak MiB':>10}{'dev peak':>10}")
     print(f"\n{model}: median of the timed steps; first call = tracing + compiling + one step; peak MiB: "
@@ -584,10 +658,12 @@ def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int |
                   f"{mib(r.peak_bytes):>10}{mib(r.device_peak_bytes):>10}")
     print("-" * len(header))
     for phase, by_mode in results.items():
-        peaks = {m: by_mode[m].peak_bytes for m in ("tpu graph", "tpu compiled", "jax.jit")
-                 if m in by_mode and by_mode[m].peak_bytes}
+        peaks = {m: (by_mode[m].device_peak_bytes if process_peaks and m != "jax.jit" else by_mode[m].peak_bytes)
+                 for m in ("tpu eager", "tpu graph", "tpu compiled", "jax.jit") if m in by_mode}
+        peaks = {m: p for m, p in peaks.items() if p}
         if "jax.jit" in peaks and len(peaks) > 1:
-            print(f"{phase:<10}peak memory / jax.jit's: " + "  ".join(
+            kind = "process-wide" if process_peaks else "tensors; --isolate for process-wide"
+            print(f"{phase:<10}peak memory / jax.jit's ({kind}): " + "  ".join(
                 f"{m} {peaks[m] / peaks['jax.jit']:.2f}x" for m in peaks if m != "jax.jit"))
         graph_modes = [m for m in ("tpu compiled", "tpu graph") if by_mode[m].ms is not None]
         best = min(graph_modes, key=lambda m: by_mode[m].ms, default="tpu compiled")
@@ -653,17 +729,33 @@ def main() -> None:
                         help="float32 matmul precision, torch's setting and jax's equivalent (default torch's)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"comma-separated modes to run (default all: {','.join(MODES)})")
+    parser.add_argument("--phases", default="train,inference",
+                        help="comma-separated phases to run (default train,inference)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the chip's peak TFLOP/s for MFU (default: known TPUs by name, else no MFU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu-threads", type=int, default=1,
                         help="torch CPU threads for the cpu eager column (default 1; 0 keeps torch's default)")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw the medians as a bar chart")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run each mode in a process of its own, one after another, so every peak is "
+                             "the mode's own process-wide peak (jax and torchtpu share one TPU allocator)")
+    parser.add_argument("--results-json", metavar="OUT.json", help=argparse.SUPPRESS)  # --isolate's children
     args = parser.parse_args()
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:
         parser.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
+    args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    if not args.phases or set(args.phases) - {"train", "inference"}:
+        parser.error(f"--phases: choose from train, inference (got {args.phases})")
+
+    runs = {"llama": llama_results, "resnet": resnet_results}
+    chosen = list(runs) if args.model == "all" else [args.model]
+    if args.isolate:
+        all_results, device_name = isolated_results(args, chosen)
+        report(args, chosen, all_results, device_name, process_peaks=True)
+        return
 
     if args.cpu_threads > 0:
         torch.set_num_threads(args.cpu_threads)
@@ -679,24 +771,35 @@ def main() -> None:
     # jax runs where torchtpu does: on a TPU host beside it on the chip, else on XLA's CPU backend.
     os.environ.setdefault("JAX_PLATFORMS", "tpu" if platform == "tpu" else "cpu")
     device_name = torch.tpu.get_device_name() if tpu_ok else "none"
-    peak_tflops = args.peak_tflops or PEAK_TFLOPS.get(device_name)
+    peak_tflops = peak_tflops_of(args, device_name)
     print(f"compile_step: Llama {args.size}, {args.dtype}, matmul precision {args.precision}, {args.steps} timed "
           f"steps after {args.warmup} warm-up, torch {torch.__version__} ({torch.get_num_threads()} CPU threads), "
           f"PJRT plugin {platform} ({device_name}), MFU against "
           f"{f'{peak_tflops:g} TFLOP/s' if peak_tflops else 'nothing (no --peak-tflops)'}")
 
-    runs = {"llama": llama_results, "resnet": resnet_results}
-    chosen = list(runs) if args.model == "all" else [args.model]
     all_results = {}
     for name in chosen:
         print(f"\n{name}:")
         all_results[name] = runs[name](args, compile_ok, tpu_ok)
+    if args.results_json:
+        Path(args.results_json).write_text(json.dumps({"device_name": device_name, "results": {
+            name: {phase: {mode: dataclasses.asdict(r) for mode, r in by_mode.items()}
+                   for phase, by_mode in phases.items()} for name, phases in all_results.items()}}))
+    report(args, chosen, all_results, device_name, process_peaks=len(args.modes) == 1 and len(args.phases) == 1)
+
+
+def peak_tflops_of(args, device_name: str) -> float | None:
+    return args.peak_tflops or next((t for name, t in PEAK_TFLOPS.items() if device_name.startswith(name)), None)
+
+
+def report(args, chosen: list[str], all_results: dict, device_name: str, process_peaks: bool) -> None:
+    peak_tflops = peak_tflops_of(args, device_name)
     for name in chosen:
         if name == "llama":
             tokens, flops = llama_work(LLAMA_SIZES[args.size])
-            print_table(name, all_results[name], tokens, flops, peak_tflops)
+            print_table(name, all_results[name], tokens, flops, peak_tflops, process_peaks)
         else:
-            print_table(name, all_results[name])
+            print_table(name, all_results[name], process_peaks=process_peaks)
     if args.plot:
         plot(args.plot, all_results)
 

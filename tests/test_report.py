@@ -279,6 +279,18 @@ def test_compile_step_runs_its_size_dtype_and_mode_flags():
     assert any(r[1:3] == ["cpu", "eager"] and "not in --modes" in " ".join(r) for r in rows)
 
 
+def test_compile_step_isolate_runs_each_mode_and_phase_in_its_own_process():
+    proc = run_benchmark("compile_step", "--model", "llama", "--isolate", "--modes", "tpu graph,tpu eager",
+                         "--phases", "inference", "--steps", "1", "--warmup", "0")
+    out = proc.stdout
+    assert out.count("--isolate: inference") == 2  # one process per mode of the one phase
+    rows = [line.split() for line in out.splitlines() if line.startswith(("train ", "inference "))]
+    merged = [r for r in rows if "/" not in r][-10:]  # the parent's table: every mode of both phases
+    assert [r for r in merged if r[0] == "train" and "not in --phases" in " ".join(r)]
+    ran = [r for r in merged if r[0] == "inference" and r[1] == "tpu" and r[2] in ("graph", "eager")]
+    assert len(ran) == 2 and all(float(r[3]) > 0 for r in ran)
+
+
 def test_eager_overhead_dispatch_variants():
     proc = run_benchmark("eager_overhead", "--iterations", "20", "--repeats", "1", "--dispatch-variants")
     for variant in ("portable, outputs dropped", "assigned, outputs kept"):

@@ -52,15 +52,19 @@ def _tpu_hardware_present() -> bool:
 
 
 def resolve_plugin() -> str:
-    """The path of the PJRT plugin to load. Default: the TPU plugin if a TPU is present, else CPU."""
+    """The path of the PJRT plugin to load. Default: the TPU plugin if a TPU is present, else CPU.
+    `none` loads no plugin (torchtpu imports, is_available() is False): for a process that must leave
+    the device to its children, since one process at a time may hold a TPU."""
     choice = os.environ.get(PLUGIN_ENV, "").strip()
+    if choice == "none":
+        raise PluginNotFound(f"torchtpu: {PLUGIN_ENV}=none: no PJRT plugin loaded in this process")
     if choice and (os.sep in choice or choice.endswith(".so")):
         if not os.path.exists(choice):
             raise PluginNotFound(f"torchtpu: {PLUGIN_ENV}={choice!r} does not exist")
         return choice
     if choice and choice not in PACKAGES:
         raise PluginNotFound(f"torchtpu: {PLUGIN_ENV}={choice!r} is not one of {', '.join(PACKAGES)} "
-                             f"or a path to a PJRT plugin .so")
+                             f"a path to a PJRT plugin .so, or none")
     kinds = [choice] if choice else (["tpu", "cpu"] if _tpu_hardware_present() else ["cpu"])
     tried_all = []
     for kind in kinds:
