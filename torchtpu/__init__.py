@@ -8,10 +8,13 @@ of a tpu tensor raises an error that says what was tried and which variable to s
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import os
 import sys
+import threading
+import weakref
 
 import torch
 
@@ -105,6 +108,52 @@ def _register_device():
     _keep_parameters_on_transfer()
 
 
+class _GraphTaskProbe:
+    """A Python object a graph task holds, to see when the autograd thread has freed the task."""
+
+
+def _free_graph_tasks_before_exit():
+    """Waits until each tpu autograd thread has freed the last backward's graph task.
+
+    backward() stores the caller's contextvars.Context in its graph task, and the device's autograd
+    thread can drop that task after backward() has returned. If that happens while the interpreter
+    finalizes, the decref cannot take the GIL, the thread is unwound through a noexcept destructor
+    and the process aborts ("terminate called without an active exception": a few % of scripts that
+    end right after a backward). A thread frees its previous task before it takes the next one, so a
+    backward through each device thread whose task holds a probe, and a wait until the probe is freed,
+    leaves the threads holding nothing of Python's. It launches nothing (empty tensors).
+    """
+    engine = torch.autograd.Variable._execution_engine
+    try:
+        for index in range(torch.tpu.device_count()):
+            probe, freed = _GraphTaskProbe(), threading.Event()
+            weakref.finalize(probe, freed.set)
+            leaf = torch.empty(0, device=torch.device("tpu", index), requires_grad=True)
+            root = leaf.view(0)  # its backward runs on the device's autograd thread
+            torch._C._stash_obj_in_tls("torchtpu_graph_task_probe", probe)  # the graph task copies it
+            try:
+                engine.run_backward((root,), (torch.empty_like(leaf),), False, False, (), False, True)
+            finally:
+                torch._C._remove_obj_from_tls("torchtpu_graph_task_probe")
+            del probe
+            freed.wait(timeout=10)
+    except Exception:  # at exit, a broken runtime has nothing left to free
+        pass
+
+
+def _end_fused_block_after_step(optimizer, args, kwargs) -> None:
+    if _ext._eager_fused():
+        _ext._fused_flush("an optimizer step")
+
+
+def _at_exit() -> None:
+    try:
+        _ext._fused_flush("exit")  # what a fused block recorded runs, as in the other modes
+    except Exception:
+        pass
+    _free_graph_tasks_before_exit()
+
+
 def _fallback_is_error_by_env() -> bool:
     """TORCHTPU_FALLBACK=error (what a tool that forbids fallback for a while restores afterwards)."""
     return os.environ.get("TORCHTPU_FALLBACK", "").lower() == "error"
@@ -127,15 +176,24 @@ def _start_runtime():
     ext.set_fallback_is_error(_fallback_is_error_by_env())
     ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
     modes = {}
-    for variable, default, other in (("TORCHTPU_MATH", "accurate", "fast"), ("TORCHTPU_EAGER_MODE", "strict", "blocking")):
-        modes[variable] = os.environ.get(variable, default).lower()
-        if modes[variable] not in (default, other):
-            _init_error = f"torchtpu: {variable} must be {default!r} or {other!r}, not {modes[variable]!r}"
+    for variable, allowed in (("TORCHTPU_MATH", ("accurate", "fast")),
+                              ("TORCHTPU_EAGER_MODE", ("strict", "blocking", "fused"))):
+        modes[variable] = os.environ.get(variable, allowed[0]).lower()
+        if modes[variable] not in allowed:
+            _init_error = (f"torchtpu: {variable} must be {', '.join(map(repr, allowed[:-1]))} or {allowed[-1]!r}, "
+                           f"not {modes[variable]!r}")
             ext._set_init_error(_init_error)
             return
     ext.set_accurate_math(modes["TORCHTPU_MATH"] == "accurate")
     ext._set_eager_blocking(modes["TORCHTPU_EAGER_MODE"] == "blocking")
+    ext._set_eager_fused(modes["TORCHTPU_EAGER_MODE"] == "fused")
     _ext = ext
+    atexit.register(_at_exit)
+    # A fused block ends with each optimizer step: a training loop's iterations are then blocks of
+    # the same ops, which run one compiled module.
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(_end_fused_block_after_step)
 
 
 _register_device()
