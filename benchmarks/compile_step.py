@@ -10,6 +10,8 @@ Two phases per model:
 each run as
 
   tpu eager     the model on device "tpu", op by op through the spec kernels
+  tpu fused     the same eager code in fused eager mode (torch.tpu.set_eager_mode("fused")): ops are
+                recorded and each step runs as one module (the optimizer step or the sync ends it)
   tpu compiled  torch.compile(model, backend="tpu"), and the optimizer update (clipping + step)
                 compiled with torch.compile(..., backend="tpu") too
   tpu graph     the whole eager step (forward, backward, clipping, optimizer step) captured once with
@@ -57,6 +59,8 @@ one process with the PJRT and jax CPU thread pools, a tiny Llama train step took
 
 Targets (tiny Llama, train step): graph mode <= 1.1x jax.jit, and >= 5x faster than tpu eager; graph
 mode is the faster of tpu compiled and tpu graph, and both are printed.
+Fused eager mode, on a TPU: >= 10x faster than tpu eager and <= 1.3x tpu graph's time; on the CPU
+plugin at least as fast as tpu eager.
 The tpu compiled column is skipped, with a note, while no "tpu" backend is registered with Dynamo.
 
 Usage: python benchmarks/compile_step.py [--steps N] [--warmup N] [--model llama|resnet|all]
@@ -98,10 +102,11 @@ import common  # noqa: E402
 import llama  # noqa: E402
 import resnet  # noqa: E402
 
-MODES = ("tpu eager", "tpu compiled", "tpu graph", "cpu eager", "jax.jit")
+MODES = ("tpu eager", "tpu fused", "tpu compiled", "tpu graph", "cpu eager", "jax.jit")
 LLAMA_LR, LLAMA_WEIGHT_DECAY, LLAMA_CLIP = 3e-3, 0.1, 1.0  # as common.train_causal_lm
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
 TARGET_VS_JAX, TARGET_VS_EAGER = 1.1, 5.0
+TARGET_FUSED_VS_EAGER, TARGET_FUSED_VS_GRAPH = 10.0, 1.3  # fused eager mode, on a TPU (issue 21)
 LOSS_RTOL = 1e-4
 # (vocab, hidden, intermediate, layers, heads, kv heads, batch, sequence length), as llama.SIZES
 LLAMA_SIZES = {"tiny": llama.SIZES[True], "110m": (8192, 1024, 2816, 8, 16, 8, 8, 512),
@@ -519,8 +524,9 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
     """The three torch modes of both phases, each on a freshly built model so no mode sees another's
     trained weights. A mode that fails is reported with its error rather than ending the run. Graph
     mode's eager warm-up step trains on `warmup_batch` (a slice of the batch: smaller activations)."""
-    modes = {"tpu eager": ("tpu", False, False), "tpu compiled": ("tpu", True, False),
-             "tpu graph": ("tpu", False, True), "cpu eager": ("cpu", False, False)}
+    modes = {"tpu eager": ("tpu", False, False), "tpu fused": ("tpu", False, False),
+             "tpu compiled": ("tpu", True, False), "tpu graph": ("tpu", False, True),
+             "cpu eager": ("cpu", False, False)}
     results: dict[str, dict[str, Result]] = {"train": {}, "inference": {}}
     amp = torch.bfloat16 if args.dtype == "bfloat16" else None
     for phase in results:
@@ -541,6 +547,7 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 torch._dynamo.reset()  # each compiled mode counts its own graphs
             if device == "tpu":
                 torch.tpu.reset_peak_memory_stats()
+                torch.tpu.set_eager_mode("fused" if mode == "tpu fused" else "strict")
             try:
                 if phase == "train":
                     step = torch_train_step(build(), batch, device, compiled, make_opt, loss_fn, clip, graphed, amp,
@@ -558,6 +565,9 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 message = (str(error).strip().splitlines() or [""])[0][:300]
                 print(f"  {phase} {mode} raised {type(error).__name__}: {message}")
                 results[phase][mode] = Result(note=f"failed: {type(error).__name__}")
+            finally:
+                if device == "tpu":
+                    torch.tpu.set_eager_mode("strict")
             print(f"  {phase:<9} {mode:<12} {fmt_ms(results[phase][mode])}", flush=True)
     return results
 
@@ -659,7 +669,7 @@ def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int |
     print("-" * len(header))
     for phase, by_mode in results.items():
         peaks = {m: (by_mode[m].device_peak_bytes if process_peaks and m != "jax.jit" else by_mode[m].peak_bytes)
-                 for m in ("tpu eager", "tpu graph", "tpu compiled", "jax.jit") if m in by_mode}
+                 for m in ("tpu eager", "tpu fused", "tpu graph", "tpu compiled", "jax.jit") if m in by_mode}
         peaks = {m: p for m, p in peaks.items() if p}
         if "jax.jit" in peaks and len(peaks) > 1:
             kind = "process-wide" if process_peaks else "tensors; --isolate for process-wide"
@@ -677,6 +687,11 @@ def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int |
             line.append(f"tpu eager / {mode}: {show(ratio(by_mode['tpu eager'], by_mode[mode]))}")
         line.append(f"tpu eager / cpu eager: {show(ratio(by_mode['tpu eager'], by_mode['cpu eager']))}")
         print("  ".join(line))
+        fused = by_mode.get("tpu fused")
+        if fused is not None and fused.ms is not None:
+            print(f"{'':<10}tpu fused: {show(ratio(by_mode['tpu eager'], fused))} faster than tpu eager (target >= "
+                  f"{TARGET_FUSED_VS_EAGER:g}x on a TPU), {show(ratio(fused, by_mode['tpu graph']))} tpu graph's time "
+                  f"(target <= {TARGET_FUSED_VS_GRAPH}x)")
         if targets:
             print(f"{'':<10}targets, with {best}: vs jax.jit {show(vs_jax)} (<= {TARGET_VS_JAX}x: "
                   f"{verdict(vs_jax, vs_jax is not None and vs_jax <= TARGET_VS_JAX)}), vs tpu eager {show(speedup)} "
@@ -703,7 +718,8 @@ def plot(path: str, all_results: dict[str, dict[str, dict[str, Result]]]) -> Non
 
     medians = {mode: [result(m, p, mode).ms for m, p in groups] for mode in MODES}
     ratios = {f"{a} / {b}": [ratio(result(m, p, a), result(m, p, b)) for m, p in groups]
-              for a, b in [("tpu compiled", "jax.jit"), ("tpu graph", "jax.jit"), ("tpu eager", "tpu compiled"),
+              for a, b in [("tpu compiled", "jax.jit"), ("tpu graph", "jax.jit"), ("tpu fused", "tpu graph"),
+                           ("tpu eager", "tpu fused"), ("tpu eager", "tpu compiled"),
                            ("tpu eager", "tpu graph"), ("tpu eager", "cpu eager")]}
     try:
         plots.draw(path,

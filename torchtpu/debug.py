@@ -19,6 +19,9 @@ def metrics() -> dict:
     compile_module = sys.modules.get("torchtpu._compile")
     m["graph"] = compile_module.stats() if compile_module else {
         "graphs": 0, "captures": 0, "recompiles": 0, "executions": 0, "recompile_reasons": [], "splits": {}}
+    # Fused eager mode: ops recorded, blocks run and compiled (a block met again is not), and what
+    # made each block run.
+    m["fused"] = torchtpu._require_runtime()._fused_metrics()
     return m
 
 
@@ -43,6 +46,10 @@ def metrics_report() -> str:
                  f"{graph['recompiles']} recompiles)")
     lines += [f"  recompiled: {reason}" for reason in graph["recompile_reasons"][-5:]]
     lines += [f"  split around {op}: {n}" for op, n in sorted(graph["splits"].items(), key=lambda kv: -kv[1])]
+    fused = m["fused"]
+    lines.append(f"fused blocks:        {fused['blocks_run']} run ({fused['ops_recorded']} ops recorded), "
+                 f"{fused['blocks_compiled']} compiled")
+    lines += [f"  ran at {reason}: {n}" for reason, n in sorted(fused["flush_reasons"].items(), key=lambda kv: -kv[1])]
     fallbacks = m["cpu_fallbacks"]
     lines.append(f"CPU fallbacks:       {sum(fallbacks.values())}")
     for op, count in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
@@ -57,7 +64,7 @@ class OpEvent:
     """One step recorded by `trace()`: a spec kernel call, CPU fallback, copy or compiled-graph run."""
 
     name: str          # "aten::add.Tensor", "aten::mode", "graph 3", "aten::_copy_from cpu->tpu:0"
-    kind: str          # "op" | "fallback" | "graph" | "copy"
+    kind: str          # "op" | "fallback" | "graph" | "copy" | "fused"
     shapes: str        # its tensor arguments, e.g. "f32[4, 8], f32[8]"
     cache: str         # where its executable came from: "hit" (kernel cache), "memory", "disk", "compile", ""
     start_us: float    # since the trace started

@@ -31,10 +31,7 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst);
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (dst.numel() == 0) return dst;
-  if (GraphCapture* capture = GraphCapture::active()) {
-    capture->copy(self, dst);
-    return dst;
-  }
+  if (GraphCapture* capture = GraphCapture::active(); capture && capture->copy(self, dst)) return dst;
   TracedCall traced("copy", (is_tpu(dst) ? dst : self).device().index());
   traced.execute("tpu::copy", [&] { copy_eagerly(self, dst); });
   if (traced.recording()) {
@@ -116,6 +113,7 @@ at::Tensor upload_with_layout(const at::Tensor& self, at::IntArrayRef minor_to_m
 // torchtpu::device_layout(Tensor self) -> int[]: the dim order (minor to major) the device stores
 // the tensor's storage in ([] for a lazy storage or a plugin that does not say).
 std::vector<int64_t> device_layout(const at::Tensor& self) {
+  flush_fused("a host read");
   const TpuStorage& storage = storage_of(self);
   return storage.buffer ? runtime().device_layout(*storage.buffer) : std::vector<int64_t>{};
 }

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -98,14 +99,31 @@ rt::Value constant_scalar(rt::Builder& b, const c10::Scalar& s, rt::ElementType 
   return b.constant_int(s.isBoolean() ? static_cast<int64_t>(s.toBool()) : s.toLong(), element);
 }
 
+// What a capture's module is for.
+enum class CaptureKind : uint8_t {
+  Compiled,  // a torch.compile graph: its inputs are given to begin(), its outputs to finish()
+  Step,      // torch.tpu.graph: a whole step whose inputs and outputs are the storages it reads and
+             // writes (made before it began, or alive after it ended)
+  Fused,     // a fused eager block: runs once, on the buffers and values its ops were recorded with
+};
+
+// A fused block's module and what it runs on: the buffers and scalars its ops were recorded with,
+// and the storages (alive when it was finished) that take its results.
+struct FusedRun {
+  rt::ExecutablePtr exe;
+  std::vector<rt::BufferPtr> params;
+  std::vector<std::pair<int, int>> aliases;                 // (parameter, result) that may share a buffer
+  std::vector<std::pair<c10::Storage, int>> written;        // (storage, result): its new contents
+  int device = 0;
+};
+
 class Capture final : public GraphCapture {
  public:
-  // by_storage: a whole-step capture, whose inputs and outputs are the storages it reads and writes
-  // (made before it began, or alive after it ended); otherwise the graph's inputs are given to begin().
-  Capture(std::string key, int device, bool by_storage = false)
+  Capture(std::string key, int device, CaptureKind kind = CaptureKind::Compiled)
       : key_(std::move(key)),
         device_(device),
-        by_storage_(by_storage),
+        by_storage_(kind == CaptureKind::Step),
+        fused_(kind == CaptureKind::Fused),
         first_serial_(next_storage_serial()),
         builder_(current_numerics()) {}
 
@@ -154,7 +172,7 @@ class Capture final : public GraphCapture {
       GraphOutput out;
       const auto input = input_of_.find(t.unsafeGetTensorImpl());
       if (!is_tpu(t)) {
-        if (input == input_of_.end()) refuse("returns a tensor on the host");
+        if (input == input_of_.end()) fail("returns a tensor on the host");
         out.input = input->second;
         out.host = true;
         graph_.outputs.push_back(out);
@@ -208,6 +226,33 @@ class Capture final : public GraphCapture {
     return compiled(results);
   }
 
+  // A fused block's results: the new contents of every storage it wrote that is still alive (held
+  // by someone besides this capture), in the order the block met them.
+  FusedRun finish_fused() {
+    std::vector<const Slot*> written;
+    for (const auto& entry : storages_) {
+      if (entry.second.written && entry.second.keep.use_count() > 1) written.push_back(&entry.second);
+    }
+    std::sort(written.begin(), written.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
+    FusedRun run;
+    std::vector<rt::Value> results;
+    for (const Slot* slot : written) {
+      const int result = static_cast<int>(results.size());
+      run.written.emplace_back(slot->keep, result);
+      results.push_back(slot->value);
+      if (slot->param >= 0 && builder_.parameter_type(slot->param) == slot->value.type) {
+        run.aliases.emplace_back(slot->param, result);
+      }
+    }
+    std::vector<rt::TensorType> types;
+    for (const rt::Value& r : results) types.push_back(r.type);
+    run.exe = runtime().compile(builder_.finish(results, run.aliases), types, device_);
+    for (GraphParam& p : graph_.params) run.params.push_back(std::move(p.constant));
+    run.device = device_;
+    return run;
+  }
+  bool empty() const { return graph_.params.empty() && storages_.empty(); }
+
   // A written input's new contents may take its buffer's place (donation).
   void add_aliases(const std::vector<std::pair<int, int>>& written, GraphParam::Kind kind,
                    const std::vector<rt::Value>& results) {
@@ -232,19 +277,27 @@ class Capture final : public GraphCapture {
   const std::string& key() const { return key_; }
   int device() const { return device_; }
 
-  void call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
+  bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
             torch::jit::Stack* stack) override {
-    if (spec.data_dependent) refuse("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
+    if (spec.data_dependent) fail("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
     const CallPlan plan = plan_call(spec, meta, op, args);
-    if (!plan.unsupported.empty()) return run_on_cpu(op, stack, plan.unsupported);  // refuses: the graph splits
+    if (!plan.unsupported.empty()) {
+      run_on_cpu(op, stack, plan.unsupported);  // refuses: the graph splits
+      return true;
+    }
     if (!plan.resizes.empty()) {  // as eager: resize the outs (a storage the graph computes refuses), plan again
       resize_outs(plan.resizes, args);
       return call(spec, meta, op, args, stack);
     }
+    record(spec, plan, args, stack);
+    return true;
+  }
+
+  // Emits a planned call: written storages get their new values, fresh results are new tensors
+  // whose storages hold theirs.
+  void record(const OpSpec& spec, const CallPlan& plan, c10::IValue* args, torch::jit::Stack* stack) {
     Inputs inputs(*this);
     EmittedCall call = emit_call(spec, builder_, plan, args, inputs);
-
-    // Written storages get their new values; fresh results are new tensors whose storages hold theirs.
     size_t next_written = defined_count(call.fresh);
     for (int w : spec.written) {
       for (const at::Tensor& t : written_tensors(args[w])) set_value(t, call.storages.at(next_written++));
@@ -258,8 +311,8 @@ class Capture final : public GraphCapture {
     });
   }
 
-  void copy(const at::Tensor& src, const at::Tensor& dst) override {
-    if (!is_tpu(dst)) refuse("copies a value to the host");
+  bool copy(const at::Tensor& src, const at::Tensor& dst) override {
+    if (!is_tpu(dst)) fail("copies a value to the host");
     TORCH_CHECK(!is_tpu(src) || src.device() == dst.device(), kRefusal, "copies between two tpu devices");
     rt::Value value;
     if (is_tpu(src)) {
@@ -276,9 +329,11 @@ class Capture final : public GraphCapture {
       value = builder_.parameter(rt::TensorType{element_type(dst.scalar_type()), dst.sizes().vec()});
     }
     set_value(dst, write_tensor(builder_, contents(dst), storage_type_of(dst), value, dst));
+    return true;
   }
 
-  [[noreturn]] void refuse(const std::string& what) override {
+  void refuse(const std::string& what) override { fail(what); }
+  [[noreturn]] void fail(const std::string& what) {
     if (by_storage_) TORCH_CHECK(false, "torch.tpu.graph cannot capture a block that ", what);
     TORCH_CHECK(false, kRefusal, what);
   }
@@ -290,13 +345,14 @@ class Capture final : public GraphCapture {
     c10::Storage keep;  // keeps the storage (and so its address, the map's key) alive while capturing
     rt::Value value;
     int input = -1;     // the graph input whose storage this is (by_storage: the graph's storage), or -1
+    int param = -1;     // the module parameter its buffer was read as (a constant), or -1
     bool written = false;
     int64_t order = 0;  // when the capture met it
   };
 
   Slot& add_slot(const c10::Storage& storage, const rt::Value& value, int input = -1) {
     const TpuStorage* s = &storage_of(storage);
-    return storages_.emplace(s, Slot{storage, value, input, false, next_order_++}).first->second;
+    return storages_.emplace(s, Slot{storage, value, input, /*param=*/-1, /*written=*/false, next_order_++}).first->second;
   }
 
   // A graph's inputs: storages hold their values so far; a tpu tensor that is no input (a constant
@@ -307,28 +363,48 @@ class Capture final : public GraphCapture {
     explicit Inputs(Capture& capture) : c_(capture) {}
     rt::TensorType storage_type(const at::Tensor& t) override { return c_.storage_type_of(t); }
     std::optional<rt::Value> storage(rt::Builder&, const at::Tensor& t, int, int) override { return c_.contents(t); }
+    // A fused block is a module many iterations share: its scalars are parameters, as in eager.
     rt::Value cpu_scalar(rt::Builder& b, const at::Tensor& t, int, int, rt::ElementType element) override {
+      if (c_.fused_) return c_.constant_param(scalar_buffer(t.item(), element, c_.device_));
       const auto input = c_.input_of_.find(t.unsafeGetTensorImpl());
       if (input == c_.input_of_.end()) return constant_scalar(b, t.item(), element);
       return c_.input_scalar(input->second, element);
     }
     rt::Value scalar(rt::Builder& b, const c10::IValue& v, int, int, rt::ElementType element) override {
+      if (c_.fused_) return c_.constant_param(scalar_buffer(v.toScalar(), element, c_.device_));
       return constant_scalar(b, v.toScalar(), element);
     }
     rt::Value random_state(rt::Builder& b, const c10::IValue* args, int arg) override {
-      if (arg >= 0 && args[arg].toOptional<at::Generator>().has_value()) {
-        c_.refuse("draws from an explicit torch.Generator");
-      }
+      if (arg >= 0) generator_ = args[arg].toOptional<at::Generator>();
+      if (generator_ && !c_.fused_) c_.fail("draws from an explicit torch.Generator");
       random_param_ = c_.graph_.params.size();
       c_.graph_.params.push_back(GraphParam{GraphParam::Random});
       return b.parameter(rt::TensorType{rt::ElementType::U64, {2}});
     }
-    void random_used(uint64_t words) override { c_.graph_.params.at(random_param_).random_words = words; }
+    void random_used(uint64_t words) override {
+      GraphParam& p = c_.graph_.params.at(random_param_);
+      p.random_words = words;
+      if (!c_.fused_) return;
+      // Drawn when recorded, so the generator advances in the order strict mode draws.
+      const auto [seed, offset] = reserve_random(generator_, c_.device_, words);
+      const uint64_t state[2] = {seed, offset};
+      p.kind = GraphParam::Constant;
+      p.constant = runtime().to_device(state, rt::ElementType::U64, {2}, c_.device_);
+    }
 
    private:
     Capture& c_;
     size_t random_param_ = 0;
+    std::optional<at::Generator> generator_;
   };
+
+  // A buffer a fused block's module reads.
+  rt::Value constant_param(rt::BufferPtr buffer) {
+    const rt::TensorType type{buffer->type(), buffer->dims()};
+    graph_.params.push_back(GraphParam{GraphParam::Constant});
+    graph_.params.back().constant = std::move(buffer);
+    return builder_.parameter(type);
+  }
 
   // A host scalar that is a graph input: a module parameter fed its value on every call.
   rt::Value input_scalar(int input, rt::ElementType element) {
@@ -350,11 +426,9 @@ class Capture final : public GraphCapture {
     if (by_storage_ && s.serial < first_serial_) return storage_parameter(t, s);
     if (!s.buffer) return std::nullopt;  // lazy: never written
     TORCH_CHECK(s.device == device_, kRefusal, "reads a tensor on another tpu device");
-    graph_.params.push_back(GraphParam{GraphParam::Constant});
-    graph_.params.back().constant = s.buffer;
-    bool lazy = false;
-    rt::Value v = builder_.parameter(storage_type(t, &lazy));
-    add_slot(t.storage(), v);
+    const int param = static_cast<int>(graph_.params.size());
+    rt::Value v = constant_param(s.buffer);
+    add_slot(t.storage(), v).param = param;
     return v;
   }
 
@@ -387,6 +461,7 @@ class Capture final : public GraphCapture {
   std::string key_;
   int device_;
   bool by_storage_;
+  bool fused_;
   uint64_t first_serial_;  // storages with a smaller serial were made before the capture began
   int64_t next_order_ = 0;
   rt::Builder builder_;
@@ -394,6 +469,168 @@ class Capture final : public GraphCapture {
   std::unordered_map<const TpuStorage*, Slot> storages_;
   std::unordered_map<const c10::TensorImpl*, int> input_of_;
 };
+
+// The device a call's tpu tensors are on (the current device where there are none); -1 where they
+// are on several (the eager kernel raises PyTorch's error).
+int device_of_call(const OpSpec& spec, const c10::IValue* args) {
+  int device = -1;
+  bool mixed = false;
+  const auto see = [&](const at::Tensor& t) {
+    if (!is_tpu(t)) return;
+    const int d = t.device().index();
+    mixed |= device >= 0 && d != device;
+    device = d;
+  };
+  for (size_t i = 0; i < spec.args.size(); ++i) {
+    switch (spec.args[i]) {
+      case ArgKind::Tensor:
+        if (args[i].isTensor()) see(args[i].toTensor());
+        break;
+      case ArgKind::TensorList:
+        for (const at::Tensor& t : args[i].toTensorList()) see(t);
+        break;
+      case ArgKind::OptionalTensorList:
+        for (const c10::IValue& e : args[i].toListRef()) {
+          if (e.isTensor()) see(e.toTensor());
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  if (mixed) return -1;
+  return device >= 0 ? device : current_device();
+}
+
+// Fused eager mode: spec'd calls and device copies are planned (Meta: errors raise at the call) and
+// emitted into one pending block, whose results are storages holding module values; the block runs
+// as one module when something needs a value (a host read, a CPU fallback, a data-dependent shape,
+// synchronize, a copy to another device, a graph, a size bound, an optimizer step, exit). One block
+// for the process: the autograd engine's device thread records into the block the caller began.
+class FusedRecorder final : public GraphCapture {
+ public:
+  bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
+            torch::jit::Stack* stack) override {
+    if (spec.data_dependent) {
+      flush("an output shape that depends on the data");
+      return false;
+    }
+    const int device = device_of_call(spec, args);
+    if (device < 0) {
+      flush("tensors on two devices");
+      return false;
+    }
+    const CallPlan plan = plan_call(spec, meta, op, args);
+    if (!plan.unsupported.empty()) {
+      run_on_cpu(op, stack, plan.unsupported);  // refuses: runs the block first
+      return true;
+    }
+    if (!plan.resizes.empty()) {
+      resize_outs(plan.resizes, args);  // a storage of the block is resized after the block ran
+      return call(spec, meta, op, args, stack);
+    }
+    check_call_values(spec, plan.compute, args);  // may read values: runs the block first
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    block_on(device).record(spec, plan, args, stack);
+    names_.push_back(spec.overload);
+    ops_recorded_.fetch_add(1, std::memory_order_relaxed);
+    if (names_.size() >= max_ops_) flush("size bound");
+    return true;
+  }
+
+  bool copy(const at::Tensor& src, const at::Tensor& dst) override {
+    if (!is_tpu(dst) || (is_tpu(src) && src.device() != dst.device())) {
+      flush(is_tpu(dst) ? "a copy between tpu devices" : "a host read");
+      return false;
+    }
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    // An upload into a storage the block has not met is written at once (as strict mode does).
+    if (!is_tpu(src) && !(block_ && block_->holds(storage_of(dst)))) return false;
+    block_on(dst.device().index()).copy(src, dst);
+    names_.push_back("_copy_from");
+    ops_recorded_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  void refuse(const std::string& what) override { flush(what.c_str()); }
+
+  bool holds(const TpuStorage& storage) const override {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return block_ && block_->holds(storage);
+  }
+
+  void flush(const char* reason) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    if (!block_) return;
+    std::unique_ptr<Capture> block = std::move(block_);  // a failure drops the block
+    std::vector<const char*> names = std::move(names_);
+    names_.clear();
+    if (block->empty()) return;
+    reasons_[reason]++;
+    blocks_run_++;
+    TracedCall traced("fused", block->device());
+    try {
+      FusedRun run = TracedCall::compile([&] { return block->finish_fused(); });
+      if (rt::last_compile_outcome().tier != rt::CompileOutcome::Memory) blocks_compiled_++;
+      traced.set_cache(rt::last_compile_outcome().tier == rt::CompileOutcome::Memory ? "memory" : "compile");
+      std::vector<PJRT_Buffer*> raw;
+      for (const rt::BufferPtr& b : run.params) raw.push_back(b->raw());
+      const std::vector<int64_t> donated = donatable(run.aliases, run.params);
+      std::vector<rt::BufferPtr> results;
+      traced.execute("tpu::fused", [&] { results = runtime().execute(*run.exe, raw, run.device, donated, &run.params); });
+      for (const auto& [storage, result] : run.written) storage_of(storage).buffer = results[result];
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "torchtpu: a fused block of ", names.size(), " ops (", describe_ops(names),
+                  ") failed when it ran (at: ", reason, "): ", e.what(),
+                  "\nRun with torch.tpu.set_eager_mode(\"blocking\") to raise at the op that fails.");
+    }
+    if (traced.recording()) traced.record("fused block (" + std::string(reason) + ")", std::to_string(names.size()) + " ops");
+  }
+
+  // (ops recorded, blocks run, blocks compiled, flush reasons)
+  std::tuple<int64_t, int64_t, int64_t, std::map<std::string, int64_t>> metrics() const {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return {ops_recorded_.load(), blocks_run_, blocks_compiled_, reasons_};
+  }
+  void set_max_ops(size_t ops) { max_ops_ = std::max<size_t>(ops, 1); }
+
+ private:
+  // The pending block, begun on `device` under the current numerics (a block on another device or
+  // under another matmul precision or math mode runs first).
+  Capture& block_on(int device) {
+    const rt::Numerics numerics = current_numerics();
+    if (block_ && (block_->device() != device || numerics.matmul != numerics_.matmul ||
+                   numerics.accurate_math != numerics_.accurate_math)) {
+      flush(block_->device() != device ? "an op on another device" : "a change of numerics");
+    }
+    if (!block_) {
+      block_ = std::make_unique<Capture>(std::string(), device, CaptureKind::Fused);
+      numerics_ = numerics;
+    }
+    return *block_;
+  }
+
+  static std::string describe_ops(const std::vector<const char*>& names) {
+    std::string text;
+    const size_t shown = std::min<size_t>(names.size(), 8);
+    for (size_t i = names.size() - shown; i < names.size(); ++i) text += std::string(text.empty() ? "" : ", ") + "aten::" + names[i];
+    return names.size() > shown ? "..., " + text : text;
+  }
+
+  mutable std::recursive_mutex mutex_;
+  std::unique_ptr<Capture> block_;
+  rt::Numerics numerics_;
+  std::vector<const char*> names_;  // the block's ops, for errors
+  size_t max_ops_ = 10000;
+  std::atomic<int64_t> ops_recorded_{0};
+  int64_t blocks_run_ = 0, blocks_compiled_ = 0;
+  std::map<std::string, int64_t> reasons_;
+};
+
+// Never destroyed: the block holds buffers, which must not outlive the runtime at exit (Python's
+// exit runs the block first).
+FusedRecorder* const g_fused_recorder = new FusedRecorder();
+std::atomic<bool> g_fused{false};
 
 // This thread's capture while one is active (outside begin(), which must not be captured).
 thread_local std::unique_ptr<Capture> g_capture;
@@ -407,6 +644,7 @@ std::atomic<int64_t> g_next_graph_id{1};
 
 // torchtpu::graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]
 std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
+  flush_fused("a graph capture");
   TORCH_CHECK(!g_capture && !g_step_capture.load(), "torchtpu: a graph is already being captured");
   const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
@@ -449,8 +687,9 @@ std::vector<rt::BufferPtr> execute_graph(const CompiledGraph& graph, const std::
 
 // torch.tpu.graph: a whole-step capture on the current device, seen by every thread.
 void step_capture_begin() {
+  flush_fused("a graph capture");
   TORCH_CHECK(!g_capture && !g_step_capture.load(), "torch.tpu.graph: a graph is already being captured");
-  g_step_capture_owner = std::make_unique<Capture>(std::string(), current_device(), /*by_storage=*/true);
+  g_step_capture_owner = std::make_unique<Capture>(std::string(), current_device(), CaptureKind::Step);
   g_step_capture.store(g_step_capture_owner.get());
 }
 
@@ -479,6 +718,7 @@ void step_graph_replay(int64_t id) {
     graph = it->second;
   }
   TORCH_CHECK(!g_capture && !g_step_capture.load(), "torch.tpu.graph: a graph cannot be replayed while one is captured");
+  flush_fused("a graph replay");
   const std::vector<rt::BufferPtr> results = execute_graph(*graph, {}, graph->device);
   for (const auto& [storage, result] : graph->written_storages) storage_of(graph->storages[storage]).buffer = results[result];
 }
@@ -494,6 +734,7 @@ void step_graph_release(int64_t id) {
 // tensors each way cost twice what the call itself does.
 std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
   TORCH_CHECK(!g_step_capture.load(), "torch.tpu.graph cannot capture a torch.compile'd function: capture the eager code");
+  flush_fused("a compiled graph");
   const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
   const std::string key = input_key(family, inputs, device);
@@ -576,6 +817,7 @@ int64_t compiled_graph_count() {
 // torchtpu::device_address(Tensor t) -> int: where the tensor's storage lies in device memory
 // (tests: a donated storage is updated where it lies). Waits for the buffer.
 int64_t device_address(const at::Tensor& t) {
+  flush_fused("a host read");
   const rt::BufferPtr& buffer = storage_of(t).buffer;
   TORCH_CHECK(buffer, "torchtpu: the tensor's storage has not been written yet");
   rt::Runtime& rt = runtime();
@@ -590,7 +832,20 @@ int64_t device_address(const at::Tensor& t) {
 
 }  // namespace
 
-GraphCapture* GraphCapture::active() { return g_capture ? g_capture.get() : g_step_capture.load(std::memory_order_acquire); }
+GraphCapture* GraphCapture::active() {
+  if (g_capture) return g_capture.get();
+  if (Capture* step = g_step_capture.load(std::memory_order_acquire)) return step;
+  return g_fused.load(std::memory_order_relaxed) ? g_fused_recorder : nullptr;
+}
+
+bool fused_eager() { return g_fused.load(); }
+
+void set_fused_eager(bool fused) {
+  if (!fused) flush_fused("the eager mode changed");
+  g_fused.store(fused);
+}
+
+void flush_fused(const char* reason) { g_fused_recorder->flush(reason); }
 
 int64_t compiled_graphs() { return compiled_graph_count(); }
 
@@ -616,6 +871,21 @@ void bind_graph(pybind11::module& m) {
   m.def("_step_capturing", [] { return g_step_capture.load() != nullptr; });
   m.def("_step_graph_replay", &step_graph_replay, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("_step_graph_release", &step_graph_release);
+  m.def("_set_eager_fused", &set_fused_eager);
+  m.def("_eager_fused", &fused_eager);
+  m.def("_fused_flush", [](const std::string& reason) {
+    flush_fused(reason.c_str());
+  }, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("_fused_metrics", [] {
+    const auto [ops, blocks, compiled, reasons] = g_fused_recorder->metrics();
+    pybind11::dict d;
+    d["ops_recorded"] = ops;
+    d["blocks_run"] = blocks;
+    d["blocks_compiled"] = compiled;
+    d["flush_reasons"] = reasons;
+    return d;
+  });
+  m.def("_set_fused_max_ops", [](int64_t ops) { g_fused_recorder->set_max_ops(static_cast<size_t>(ops)); });
 }
 
 }  // namespace torchtpu

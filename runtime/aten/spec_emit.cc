@@ -156,6 +156,7 @@ EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, 
   }
 
   std::vector<rt::Value> results;
+  b.restart_random_counters();
   try {
     results = spec.emit(b, ea);
   } catch (const std::exception& e) {

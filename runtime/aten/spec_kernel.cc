@@ -158,6 +158,18 @@ void check_indices(const IndexCheck& check, const c10::IValue* args) {
   check_index_values(check, index, dim, into.dim() == 0 ? 1 : into.size(dim), ignored);
 }
 
+// Integer division by zero raises, as on CPU (whose message is just "ZeroDivisionError"). Reading
+// whether a tpu divisor holds a zero synchronizes.
+void check_divisor(const c10::IValue& divisor) {
+  bool zero = false;
+  if (divisor.isScalar()) {
+    zero = divisor.toScalar().equal(0);
+  } else if (divisor.isTensor() && divisor.toTensor().defined() && divisor.toTensor().numel() > 0) {
+    zero = at::eq(divisor.toTensor(), 0).any().item<bool>();
+  }
+  TORCH_CHECK(!zero, "ZeroDivisionError");
+}
+
 void key_scalar_kind(KeyWriter& key, const c10::IValue& v) {
   key.tag(v.isNone() ? 'N' : v.toScalar().isFloatingPoint() ? 'f' : v.toScalar().isBoolean() ? 'b' : 'i');
 }
@@ -195,10 +207,7 @@ class SpecKernel final : public c10::OperatorKernel {
       if (spec_.args[i] == ArgKind::OptionalTensorList) args[i] = expand_indices(args[i], args[0].toTensor());
     }
 
-    if (GraphCapture* capture = GraphCapture::active()) {
-      capture->call(spec_, meta_, op, args, stack);
-      return;
-    }
+    if (GraphCapture* capture = GraphCapture::active(); capture && capture->call(spec_, meta_, op, args, stack)) return;
 
     int device = -1;
     const rt::Numerics numerics = current_numerics();
@@ -234,12 +243,7 @@ class SpecKernel final : public c10::OperatorKernel {
       resize_outs(entry->plan.resizes, args);
       return (*this)(op, c10::DispatchKeySet(), stack);
     }
-    if (spec_.divisor >= 0 && c10::isIntegralType(entry->plan.compute, /*includeBool=*/true)) {
-      check_divisor(args[spec_.divisor]);
-    }
-    if (spec_.index_check.index >= 0 && g_check_indices.load(std::memory_order_relaxed)) {
-      check_indices(spec_.index_check, args);
-    }
+    check_call_values(spec_, entry->plan.compute, args);
     std::string shapes = traced.recording() ? describe_args(args, spec_.args.size()) : std::string();  // before run() pops them
     traced.execute("tpu::execute", [&] { run(*entry, args, n, device, stack); });
     if (traced.recording()) traced.record(std::string("aten::") + spec_.overload, std::move(shapes));
@@ -257,18 +261,6 @@ class SpecKernel final : public c10::OperatorKernel {
   }
 
  private:
-  // Integer division by zero raises, as on CPU (whose message is just "ZeroDivisionError"). Reading
-  // whether a tpu divisor holds a zero synchronizes.
-  static void check_divisor(const c10::IValue& divisor) {
-    bool zero = false;
-    if (divisor.isScalar()) {
-      zero = divisor.toScalar().equal(0);
-    } else if (divisor.isTensor() && divisor.toTensor().defined() && divisor.toTensor().numel() > 0) {
-      zero = at::eq(divisor.toTensor(), 0).any().item<bool>();
-    }
-    TORCH_CHECK(!zero, "ZeroDivisionError");
-  }
-
   // The op, every argument's view and storage metadata and the compile-time attributes. Sets
   // `device` from the tensors (the current device where there are none).
   std::string call_key(const c10::IValue* args, int& device, const rt::Numerics& numerics) const {
@@ -429,6 +421,13 @@ class SpecKernel final : public c10::OperatorKernel {
 };
 
 }  // namespace
+
+void check_call_values(const OpSpec& spec, at::ScalarType compute, const c10::IValue* args) {
+  if (spec.divisor >= 0 && c10::isIntegralType(compute, /*includeBool=*/true)) check_divisor(args[spec.divisor]);
+  if (spec.index_check.index >= 0 && g_check_indices.load(std::memory_order_relaxed)) {
+    check_indices(spec.index_check, args);
+  }
+}
 
 std::vector<int64_t> donatable(const std::vector<std::pair<int, int>>& aliases, const std::vector<rt::BufferPtr>& inputs) {
   std::vector<int64_t> donated;

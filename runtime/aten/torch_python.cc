@@ -97,6 +97,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("cache_dir", [] { return torchtpu::runtime().cache().dir(); });
   m.def("synchronize", [] {
     py::gil_scoped_release release;
+    torchtpu::flush_fused("synchronize");
     torchtpu::runtime().synchronize();
   });
   m.def("metrics", &metrics);

@@ -59,6 +59,13 @@ void write_into(const at::Tensor& dst, const rt::BufferPtr& value_buffer);
 // Reads a view into a new buffer of its sizes (contiguous), in dtype `element`.
 rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element);
 
+// Eager modes (torch.tpu.set_eager_mode): strict, blocking (op_trace.h) and fused (graph.cc: ops
+// are recorded into a pending block that runs as one module when a value is needed).
+bool fused_eager();
+void set_fused_eager(bool fused);  // leaving fused mode runs the pending block
+// Runs the pending fused block (if any) as one module; `reason` is counted in the metrics.
+void flush_fused(const char* reason);
+
 int current_device();
 void set_current_device(int device);
 

@@ -581,9 +581,11 @@ class Builder {
   // A constant tensor from its element literals ("[1, 2]"; pooling block).
   Value dense_constant(const std::string& elements, const TensorType& type);
 
-  // The most counter values (of a random state parameter) one random draw so far consumed: a
-  // call must advance its generator past them so that the next call's stream does not overlap.
+  // The most counter values (of a random state parameter) one random draw consumed since the last
+  // restart: a call must advance its generator past them so that the next call's stream does not
+  // overlap. Restarted per op (a module of many ops draws each op's from its own state).
   int64_t random_counters() const { return random_counters_; }
+  void restart_random_counters() { random_counters_ = 0; }
 
   // Prints the module whose function returns `results`.
   // The module text. `aliases`: (parameter, result) pairs whose result may reuse the parameter's
