@@ -1,6 +1,9 @@
 """Eager overhead: median microseconds per cached op on small tensors, side by side in one run:
 
   tpu eager   the op through PyTorch's dispatcher and the spec kernel (cache hit) on device "tpu"
+  tpu fused   the op in fused eager mode (torch.tpu.set_eager_mode("fused")): recorded, in blocks of
+              --block-ops calls whose results are kept, each block then run as one module (cached
+              after its first run): the recording's cost per op plus a share of the block's run
   cpu native  the same op with PyTorch's own CPU kernel
   bare PJRT   the very executable and input buffers of that kernel call, re-executed in a C++ loop
   jax.jit     (when jax is installed) the same op as a jitted jax function on arrays already on the
@@ -42,11 +45,33 @@ def per_op_us(fn, iterations: int, repeats: int, sync) -> float:
     return statistics.median(samples)
 
 
+def fused_per_op_us(fn, block_ops: int, blocks: int, repeats: int) -> float:
+    """Microseconds per op in fused eager mode: blocks of `block_ops` calls (results kept), each run by a sync."""
+    def block() -> None:
+        results = [fn() for _ in range(block_ops)]
+        torch.tpu.synchronize()
+        del results
+
+    torch.tpu.set_eager_mode("fused")
+    try:
+        block()  # compiles the block's module once
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(blocks):
+                block()
+            samples.append((time.perf_counter() - start) / (blocks * block_ops) * 1e6)
+        return statistics.median(samples)
+    finally:
+        torch.tpu.set_eager_mode("strict")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=64, help="elements per side of the small tensors")
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--block-ops", type=int, default=100, help="ops per fused block (tpu fused column)")
     parser.add_argument("--dispatch-variants", action="store_true",
                         help="also time the bare launch: portable vs device-assigned executable, outputs dropped vs kept")
     parser.add_argument("--plot", metavar="OUT.png", help="also draw the timings and eager/bare ratios as bar charts")
@@ -69,14 +94,16 @@ def main() -> None:
     jax_ops = jax_versions(cpu, args.iterations, args.repeats)
     print(f"torchtpu eager overhead: {n}x{n} float32, {torchtpu._C.platform_name()} PJRT plugin, "
           f"median of {args.repeats} x {args.iterations}")
-    header = (f"{'op':<18}{'tpu eager us':>14}{'cpu native us':>15}{'bare PJRT us':>14}{'jax.jit us':>12}"
-              f"{'eager/bare':>12}{'eager/cpu':>11}{'eager/jax':>11}")
+    header = (f"{'op':<18}{'tpu eager us':>14}{'tpu fused us':>14}{'cpu native us':>15}{'bare PJRT us':>14}"
+              f"{'jax.jit us':>12}{'eager/bare':>12}{'eager/cpu':>11}{'eager/jax':>11}")
     print(header)
     print("-" * len(header))
     ratios, jax_ratios = [], []
     rows = []  # (op, eager us, native us, bare us)
     for name, op in ops.items():
         eager = per_op_us(lambda: op(tpu), args.iterations, args.repeats, torch.tpu.synchronize)
+        fused = fused_per_op_us(lambda: op(tpu), args.block_ops, max(1, args.iterations // args.block_ops),
+                                args.repeats)
         native = per_op_us(lambda: op(cpu), args.iterations, args.repeats, no_sync)
         torchtpu._C._capture_next_execution()
         op(tpu)
@@ -89,7 +116,7 @@ def main() -> None:
             jax_ratios.append(eager / jax_us)
         rows.append((name, eager, native, bare))
         jax_cells = (f"{jax_us:>12.2f}", f"{eager / jax_us:>10.2f}x") if jax_us else (f"{'-':>12}", f"{'-':>11}")
-        print(f"{name:<18}{eager:>14.2f}{native:>15.2f}{bare:>14.2f}{jax_cells[0]}{eager / bare:>11.2f}x"
+        print(f"{name:<18}{eager:>14.2f}{fused:>14.2f}{native:>15.2f}{bare:>14.2f}{jax_cells[0]}{eager / bare:>11.2f}x"
               f"{eager / native:>10.2f}x{jax_cells[1]}")
     print("-" * len(header))
     geo = statistics.geometric_mean(ratios)

@@ -32,9 +32,10 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120.0,
                in_process_on_tpu: bool = False) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter with os.environ plus `env` overrides (None value = unset).
     On a TPU host: skipped, unless `in_process_on_tpu` (the program then runs here, its stdout
-    captured; of `env` only TORCHTPU_FALLBACK can take effect in a running process)."""
+    captured; of `env` only TORCHTPU_FALLBACK and TORCHTPU_EAGER_MODE can take effect in a running
+    process)."""
     if EXCLUSIVE_DEVICE and (env or {}).get("TORCHTPU_PJRT_PLUGIN") != "cpu":
-        if not in_process_on_tpu or set(env or {}) - {"TORCHTPU_FALLBACK"}:
+        if not in_process_on_tpu or set(env or {}) - {"TORCHTPU_FALLBACK", "TORCHTPU_EAGER_MODE"}:
             pytest.skip(EXCLUSIVE_REASON)
         return _run_here(code, env or {})
     full_env = dict(os.environ)
@@ -61,7 +62,8 @@ def _run_here(code: str, env: dict) -> subprocess.CompletedProcess:
         with open(program, "w") as f:
             f.write(code)
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                    eager_mode(env.get("TORCHTPU_EAGER_MODE", torch.tpu.get_eager_mode())):
                 returncode, _ = run_as_main(program, [])
         finally:
             torchtpu._C.set_fallback_is_error(torchtpu._fallback_is_error_by_env())
@@ -121,6 +123,26 @@ def assert_equal_cpu(actual: torch.Tensor, expected: torch.Tensor, exact: bool =
         torch.testing.assert_close(host, expected, rtol=0, atol=0, equal_nan=True)
     else:
         torch.testing.assert_close(host, expected, equal_nan=True, **tol)
+
+
+@contextlib.contextmanager
+def eager_mode(mode: str):
+    """torch.tpu.set_eager_mode(mode) for the block, then the mode before it."""
+    before = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        torch.tpu.set_eager_mode(before)
+
+
+@pytest.fixture
+def strict_eager(monkeypatch):
+    """The test observes strict mode's one execution per op (counts, traces, where errors raise): it
+    and the processes it starts run in strict mode whatever TORCHTPU_EAGER_MODE says."""
+    monkeypatch.setenv("TORCHTPU_EAGER_MODE", "strict")
+    with eager_mode("strict"):
+        yield
 
 
 @pytest.fixture

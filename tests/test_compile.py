@@ -59,7 +59,7 @@ def test_backend_and_device_interface_are_registered():
     assert event.query() and stream.query()
 
 
-def test_forward_and_backward_match_cpu_and_run_as_few_executions():
+def test_forward_and_backward_match_cpu_and_run_as_few_executions(strict_eager):
     cpu = mlp()
     model = copy.deepcopy(cpu).to("tpu")
     compiled = torch.compile(model, backend="tpu")

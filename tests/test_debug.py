@@ -18,7 +18,7 @@ def traced(fn, **kwargs):
     return t, result
 
 
-def test_trace_records_each_op_with_its_cache_outcome_and_times():
+def test_trace_records_each_op_with_its_cache_outcome_and_times(strict_eager):
     x_cpu = torch.randn(37, 13)
     x = x_cpu.to(TPU)
     # A shape no other test uses: the first call builds a module, the second finds it in the kernel cache.
@@ -115,7 +115,7 @@ def test_traces_do_not_nest_and_stop_on_errors():
     assert t.events
 
 
-def test_trace_without_synchronizing_keeps_the_program_asynchronous():
+def test_trace_without_synchronizing_keeps_the_program_asynchronous(strict_eager):
     x = torch.randn(16, 16, device=TPU)
     t, y = traced(lambda: x @ x, sync=False)
     assert [e.name for e in t.events] == ["aten::mm"]
@@ -123,7 +123,7 @@ def test_trace_without_synchronizing_keeps_the_program_asynchronous():
     torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-4)
 
 
-def test_profiler_shows_tpu_ops_and_their_device_time():
+def test_profiler_shows_tpu_ops_and_their_device_time(strict_eager):
     x = torch.randn(23, 29, device=TPU)
     with torch.profiler.profile() as prof:
         y = torch.sigmoid(x @ x.t())  # a shape no other test uses: its modules are built under the profiler
@@ -176,7 +176,7 @@ def test_device_memory_stats_are_the_plugins_view():
     del x
 
 
-def test_out_of_memory_is_torchs_error_and_the_process_goes_on():
+def test_out_of_memory_is_torchs_error_and_the_process_goes_on(strict_eager):
     held = torch.ones(1024).to(TPU)
     torch.zeros(4, dtype=torch.uint8, device=TPU).add_(1)  # the small scalars the runtime keeps, made now
     before = torch.tpu.memory_allocated()
@@ -189,7 +189,7 @@ def test_out_of_memory_is_torchs_error_and_the_process_goes_on():
     assert torch.equal((held + 1).cpu(), torch.full((1024,), 2.0))
 
 
-def test_eager_modes_switch_and_give_the_same_results():
+def test_eager_modes_switch_and_give_the_same_results(strict_eager):
     assert torch.tpu.get_eager_mode() == "strict"
     x = torch.randn(64, 64)
     strict = (x.to(TPU) @ x.to(TPU)).relu().sum(0).cpu()

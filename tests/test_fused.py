@@ -3,23 +3,11 @@ results, random streams and errors of strict mode."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 import torchtpu
-from conftest import TPU, run_python
-
-
-@contextlib.contextmanager
-def eager_mode(mode: str):
-    before = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(mode)
-    try:
-        yield
-    finally:
-        torch.tpu.set_eager_mode(before)
+from conftest import TPU, eager_mode, run_python
 
 
 def fused_metrics() -> dict:
@@ -83,6 +71,7 @@ def test_results_equal_strict_mode_through_views_and_in_place_writes():
 
 def test_scalars_change_without_recompiling_the_block():
     t = torch.arange(8.0, device=TPU)
+    torch.tpu.synchronize()  # t is a buffer before the blocks that read it
     with eager_mode("fused"):
         (t * 0.5 + 2).cpu()  # compiles the block once
         compiled = fused_metrics()["blocks_compiled"]
@@ -150,6 +139,24 @@ def test_intermediates_get_no_device_buffer():
     for _ in range(10):
         expected = (expected * 1.01).tanh()
     torch.testing.assert_close(y.cpu(), expected)
+
+
+def test_out_of_memory_raises_when_the_block_runs_and_the_process_goes_on():
+    held = torch.ones(1024, device=TPU)
+    torch.tpu.synchronize()  # what a failed block was to compute is lost: held is not part of it
+    with eager_mode("fused"):
+        huge = torch.zeros(1 << 48, dtype=torch.uint8, device=TPU)
+        huge.add_(1)  # recorded: the allocation is the block's
+        with pytest.raises(torch.OutOfMemoryError, match="TPU out of memory on tpu:0"):
+            torch.tpu.synchronize()
+        del huge
+        assert torch.equal((held + 1).cpu(), torch.full((1024,), 2.0))
+
+
+def test_mixed_devices_raise_pytorchs_error():
+    with eager_mode("fused"):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            torch.ones(3, device=TPU) + torch.ones(3)
 
 
 def test_a_size_bound_splits_long_blocks():

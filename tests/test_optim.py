@@ -51,7 +51,7 @@ def test_optimizer_matches_cpu(name, form):
         torch.testing.assert_close(a, e, atol=2e-6, rtol=2e-5)
 
 
-def test_fused_adamw_is_one_spec_call_per_step():
+def test_fused_adamw_is_one_spec_call_per_step(strict_eager):
     model = _model().to("tpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
     model(torch.randn(2, 6, device="tpu")).sum().backward()

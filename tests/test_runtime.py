@@ -165,7 +165,7 @@ def test_cache_persists_across_processes(fresh_cache_dir):
     assert _entries(fresh_cache_dir) == entries
 
 
-def test_corrupt_cache_entries_are_rejected_and_replaced(fresh_cache_dir):
+def test_corrupt_cache_entries_are_rejected_and_replaced(fresh_cache_dir, strict_eager):
     first = _run_workload(fresh_cache_dir)
     entries = _entries(fresh_cache_dir)
     assert len(entries) >= 4, entries

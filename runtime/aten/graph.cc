@@ -278,7 +278,7 @@ class Capture final : public GraphCapture {
   int device() const { return device_; }
 
   bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
-            torch::jit::Stack* stack) override {
+            torch::jit::Stack* stack, const CallPlan*) override {
     if (spec.data_dependent) fail("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
     const CallPlan plan = plan_call(spec, meta, op, args);
     if (!plan.unsupported.empty()) {
@@ -287,7 +287,7 @@ class Capture final : public GraphCapture {
     }
     if (!plan.resizes.empty()) {  // as eager: resize the outs (a storage the graph computes refuses), plan again
       resize_outs(plan.resizes, args);
-      return call(spec, meta, op, args, stack);
+      return call(spec, meta, op, args, stack, nullptr);
     }
     record(spec, plan, args, stack);
     return true;
@@ -317,12 +317,15 @@ class Capture final : public GraphCapture {
     rt::Value value;
     if (is_tpu(src)) {
       value = read_tensor(builder_, contents(src), storage_type_of(src), src);
+      // PyTorch's conj bit: a conjugated view's storage holds the unconjugated values.
+      if (src.is_conj() != dst.is_conj()) value = builder_.conj_of(value);
     } else if (const auto input = input_of_.find(src.unsafeGetTensorImpl());
                input != input_of_.end() && src.dim() == 0) {
       // A host scalar the graph takes as an input (an optimizer's step count).
       value = builder_.broadcast_to(input_scalar(input->second, element_type(dst.scalar_type())), dst.sizes().vec());
     } else {  // a host tensor the graph uploads: a constant of this capture
-      const at::Tensor host = src.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+      const at::Tensor values = (dst.is_conj() ? src.conj() : src).resolve_conj();  // what dst's storage holds
+      const at::Tensor host = values.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
       graph_.params.push_back(GraphParam{GraphParam::Constant});
       graph_.params.back().constant = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()),
                                                           dst.sizes().vec(), device_);
@@ -476,6 +479,8 @@ int device_of_call(const OpSpec& spec, const c10::IValue* args) {
   int device = -1;
   bool mixed = false;
   const auto see = [&](const at::Tensor& t) {
+    if (!t.defined() || is_cpu_scalar(t)) return;
+    mixed |= !is_tpu(t);
     if (!is_tpu(t)) return;
     const int d = t.device().index();
     mixed |= device >= 0 && d != device;
@@ -509,8 +514,10 @@ int device_of_call(const OpSpec& spec, const c10::IValue* args) {
 // for the process: the autograd engine's device thread records into the block the caller began.
 class FusedRecorder final : public GraphCapture {
  public:
+  bool records_repeatedly() const override { return true; }
+
   bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
-            torch::jit::Stack* stack) override {
+            torch::jit::Stack* stack, const CallPlan* planned) override {
     if (spec.data_dependent) {
       flush("an output shape that depends on the data");
       return false;
@@ -520,14 +527,15 @@ class FusedRecorder final : public GraphCapture {
       flush("tensors on two devices");
       return false;
     }
-    const CallPlan plan = plan_call(spec, meta, op, args);
+    CallPlan own;
+    const CallPlan& plan = planned ? *planned : (own = plan_call(spec, meta, op, args));
     if (!plan.unsupported.empty()) {
       run_on_cpu(op, stack, plan.unsupported);  // refuses: runs the block first
       return true;
     }
     if (!plan.resizes.empty()) {
       resize_outs(plan.resizes, args);  // a storage of the block is resized after the block ran
-      return call(spec, meta, op, args, stack);
+      return call(spec, meta, op, args, stack, nullptr);
     }
     check_call_values(spec, plan.compute, args);  // may read values: runs the block first
     std::lock_guard<std::recursive_mutex> lock(mutex_);
@@ -579,10 +587,13 @@ class FusedRecorder final : public GraphCapture {
       std::vector<rt::BufferPtr> results;
       traced.execute("tpu::fused", [&] { results = runtime().execute(*run.exe, raw, run.device, donated, &run.params); });
       for (const auto& [storage, result] : run.written) storage_of(storage).buffer = results[result];
+    } catch (const c10::OutOfMemoryError&) {
+      throw;  // torch.OutOfMemoryError, as the op would raise in strict mode
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "torchtpu: a fused block of ", names.size(), " ops (", describe_ops(names),
                   ") failed when it ran (at: ", reason, "): ", e.what(),
-                  "\nRun with torch.tpu.set_eager_mode(\"blocking\") to raise at the op that fails.");
+                  "\nThe tensors the block was to compute hold no values (they read as zeros). Run with "
+                  "torch.tpu.set_eager_mode(\"blocking\") to raise at the op that fails.");
     }
     if (traced.recording()) traced.record("fused block (" + std::string(reason) + ")", std::to_string(names.size()) + " ops");
   }

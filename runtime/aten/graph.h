@@ -10,6 +10,7 @@
 #include <string>
 
 #include "aten/op_spec.h"
+#include "aten/spec_call.h"
 #include "aten/torch_meta_call.h"
 #include "aten/torch_tpu.h"
 
@@ -22,10 +23,13 @@ class GraphCapture {
   static GraphCapture* active();
 
   // A spec'd op: planned and emitted into the graph; its results are tensors whose storages hold
-  // graph values (the stack gets them as the kernel would return them). False: not recorded (the
-  // fused block ran what it held first): the caller runs the op eagerly.
+  // graph values (the stack gets them as the kernel would return them). `planned`: the kernel's
+  // cached plan of an identical call (null: the Meta pass runs). False: not recorded (the fused
+  // block ran what it held first): the caller runs the op eagerly.
   virtual bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
-                    torch::jit::Stack* stack) = 0;
+                    torch::jit::Stack* stack, const CallPlan* planned = nullptr) = 0;
+  // Whether calls recur (fused eager mode), so that the kernel's cached plans are worth handing in.
+  virtual bool records_repeatedly() const { return false; }
   virtual bool copy(const at::Tensor& src, const at::Tensor& dst) = 0;  // false as call()
   // Something that cannot be part of a graph (a host read, an op without a spec): a graph throws
   // the error that makes it split around the op being captured; the fused block runs what it holds

@@ -207,7 +207,12 @@ class SpecKernel final : public c10::OperatorKernel {
       if (spec_.args[i] == ArgKind::OptionalTensorList) args[i] = expand_indices(args[i], args[0].toTensor());
     }
 
-    if (GraphCapture* capture = GraphCapture::active(); capture && capture->call(spec_, meta_, op, args, stack)) return;
+    if (GraphCapture* capture = GraphCapture::active()) {
+      // Fused eager mode records the same calls every iteration: their Meta pass runs once per key.
+      const std::shared_ptr<const CallPlan> plan =
+          capture->records_repeatedly() && !spec_.data_dependent ? cached_plan(op, args) : nullptr;
+      if (capture->call(spec_, meta_, op, args, stack, plan.get())) return;
+    }
 
     int device = -1;
     const rt::Numerics numerics = current_numerics();
@@ -252,6 +257,7 @@ class SpecKernel final : public c10::OperatorKernel {
   void clear() {
     std::lock_guard<std::mutex> lock(mutex_);
     cache_.clear();
+    plans_.clear();
   }
   int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
   const char* overload() const { return spec_.overload; }
@@ -313,6 +319,20 @@ class SpecKernel final : public c10::OperatorKernel {
     }
     if (device < 0) device = current_device();
     return std::move(key.s);
+  }
+
+  // The plan of a call with this key (its Meta pass runs on the first).
+  std::shared_ptr<const CallPlan> cached_plan(const c10::OperatorHandle& op, const c10::IValue* args) {
+    int device = -1;
+    const std::string key = call_key(args, device, current_numerics());
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto it = plans_.find(key);
+      if (it != plans_.end()) return it->second;
+    }
+    auto plan = std::make_shared<const CallPlan>(plan_call(spec_, meta_, op, args));
+    std::lock_guard<std::mutex> lock(mutex_);
+    return plans_.emplace(key, std::move(plan)).first->second;
   }
 
   // The tensor arguments as the tracer shows them.
@@ -418,6 +438,7 @@ class SpecKernel final : public c10::OperatorKernel {
   std::atomic<int64_t> calls_{0};
   std::mutex mutex_;
   std::unordered_map<std::string, std::shared_ptr<Entry>> cache_;
+  std::unordered_map<std::string, std::shared_ptr<const CallPlan>> plans_;  // fused eager mode's
 };
 
 }  // namespace
