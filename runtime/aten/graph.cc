@@ -247,7 +247,13 @@ class Capture final : public GraphCapture {
     std::vector<rt::TensorType> types;
     for (const rt::Value& r : results) types.push_back(r.type);
     run.exe = runtime().compile(builder_.finish(results, run.aliases), types, device_);
-    for (GraphParam& p : graph_.params) run.params.push_back(std::move(p.constant));
+    for (GraphParam& p : graph_.params) {
+      if (!p.constant) {  // the random state of an op whose emission failed after asking for it: unused
+        const uint64_t unused[2] = {0, 0};
+        p.constant = runtime().to_device(unused, rt::ElementType::U64, {2}, device_);
+      }
+      run.params.push_back(std::move(p.constant));
+    }
     run.device = device_;
     return run;
   }
