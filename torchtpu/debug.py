@@ -14,14 +14,15 @@ import torchtpu
 
 
 def metrics() -> dict:
-    m = torchtpu._require_runtime().metrics()
+    ext = torchtpu._require_runtime()
+    m = ext.metrics()
     # Graph mode's counters (torch.compile); loading it here would import dynamo, so only if used.
     compile_module = sys.modules.get("torchtpu._compile")
     m["graph"] = compile_module.stats() if compile_module else {
         "graphs": 0, "captures": 0, "recompiles": 0, "executions": 0, "recompile_reasons": [], "splits": {}}
     # Fused eager mode: ops recorded, blocks run and compiled (a block met again is not), and what
     # made each block run.
-    m["fused"] = torchtpu._require_runtime()._fused_metrics()
+    m["fused"] = ext._fused_metrics()
     return m
 
 

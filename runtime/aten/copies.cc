@@ -57,9 +57,7 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
     auto out = run_module(
         "copy:" + geometry_key(self) + "->" + geometry_key(dst), inputs,
         [&](rt::Builder& b) {
-          rt::Value src = read_tensor(b, stored(b, src_type, src_lazy), src_type, self);
-          // PyTorch's conj bit: a conjugated view's storage holds the unconjugated values.
-          if (self.is_conj() != dst.is_conj()) src = b.conj_of(src);
+          const rt::Value src = read_for_copy(b, stored(b, src_type, src_lazy), src_type, self, dst);
           return std::vector<rt::Value>{write_tensor(b, stored(b, dst_type, dst_lazy), dst_type, src, dst)};
         },
         dst.device().index());
@@ -67,12 +65,7 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
     return;
   }
   if (is_tpu(dst)) {
-    // What dst's storage holds: the values, conjugated where dst carries the conj bit.
-    const at::Tensor values = (dst.is_conj() ? self.conj() : self).resolve_conj();
-    const at::Tensor host = values.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
-    auto buffer = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()), dst.sizes().vec(),
-                                      dst.device().index());
-    write_into(dst, buffer);
+    write_into(dst, upload_for_copy(self, dst));
     return;
   }
   TORCH_CHECK(is_tpu(self), "torchtpu: _copy_from between ", self.device(), " and ", dst.device());
@@ -81,6 +74,22 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
   runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
   dst.copy_(self.is_conj() ? host.conj() : host);  // host holds the storage's (unconjugated) values
 }
+
+}  // namespace
+
+rt::Value read_for_copy(rt::Builder& b, const std::optional<rt::Value>& storage, const rt::TensorType& storage_type,
+                        const at::Tensor& src, const at::Tensor& dst) {
+  const rt::Value value = read_tensor(b, storage, storage_type, src);
+  return src.is_conj() != dst.is_conj() ? b.conj_of(value) : value;
+}
+
+rt::BufferPtr upload_for_copy(const at::Tensor& src, const at::Tensor& dst) {
+  const at::Tensor values = (dst.is_conj() ? src.conj() : src).resolve_conj();
+  const at::Tensor host = values.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+  return runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()), dst.sizes().vec(), dst.device().index());
+}
+
+namespace {
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   dst.resize_(self.sizes());

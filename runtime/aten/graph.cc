@@ -322,20 +322,13 @@ class Capture final : public GraphCapture {
     TORCH_CHECK(!is_tpu(src) || src.device() == dst.device(), kRefusal, "copies between two tpu devices");
     rt::Value value;
     if (is_tpu(src)) {
-      value = read_tensor(builder_, contents(src), storage_type_of(src), src);
-      // PyTorch's conj bit: a conjugated view's storage holds the unconjugated values.
-      if (src.is_conj() != dst.is_conj()) value = builder_.conj_of(value);
+      value = read_for_copy(builder_, contents(src), storage_type_of(src), src, dst);
     } else if (const auto input = input_of_.find(src.unsafeGetTensorImpl());
                input != input_of_.end() && src.dim() == 0) {
       // A host scalar the graph takes as an input (an optimizer's step count).
       value = builder_.broadcast_to(input_scalar(input->second, element_type(dst.scalar_type())), dst.sizes().vec());
     } else {  // a host tensor the graph uploads: a constant of this capture
-      const at::Tensor values = (dst.is_conj() ? src.conj() : src).resolve_conj();  // what dst's storage holds
-      const at::Tensor host = values.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
-      graph_.params.push_back(GraphParam{GraphParam::Constant});
-      graph_.params.back().constant = runtime().to_device(host.data_ptr(), element_type(dst.scalar_type()),
-                                                          dst.sizes().vec(), device_);
-      value = builder_.parameter(rt::TensorType{element_type(dst.scalar_type()), dst.sizes().vec()});
+      value = constant_param(upload_for_copy(src, dst));
     }
     set_value(dst, write_tensor(builder_, contents(dst), storage_type_of(dst), value, dst));
     return true;
@@ -585,8 +578,9 @@ class FusedRecorder final : public GraphCapture {
     TracedCall traced("fused", block->device());
     try {
       FusedRun run = TracedCall::compile([&] { return block->finish_fused(); });
-      if (rt::last_compile_outcome().tier != rt::CompileOutcome::Memory) blocks_compiled_++;
-      traced.set_cache(rt::last_compile_outcome().tier == rt::CompileOutcome::Memory ? "memory" : "compile");
+      const bool compiled = rt::last_compile_outcome().tier != rt::CompileOutcome::Memory;
+      blocks_compiled_ += compiled;
+      traced.set_cache(compiled ? "compile" : "memory");
       std::vector<PJRT_Buffer*> raw;
       for (const rt::BufferPtr& b : run.params) raw.push_back(b->raw());
       const std::vector<int64_t> donated = donatable(run.aliases, run.params);

@@ -101,6 +101,14 @@ rt::Value read_tensor(rt::Builder& b, const std::optional<rt::Value>& storage, c
 rt::Value write_tensor(rt::Builder& b, const std::optional<rt::Value>& old, const rt::TensorType& storage_type,
                        const rt::Value& value, const at::Tensor& t);
 
+// A copy's source as dst receives it: src's elements read from its storage's contents, conjugated
+// where the two conj bits differ (a conjugated view's storage holds the unconjugated values).
+rt::Value read_for_copy(rt::Builder& b, const std::optional<rt::Value>& storage, const rt::TensorType& storage_type,
+                        const at::Tensor& src, const at::Tensor& dst);
+// A host tensor uploaded for a copy into dst: what dst's storage takes (the values, conjugated where
+// dst carries the conj bit) in dst's dtype and shape.
+rt::BufferPtr upload_for_copy(const at::Tensor& src, const at::Tensor& dst);
+
 struct EmittedCall {
   // New storage contents: one per defined fresh result tensor (a storage laid out as its plan), then
   // one per written tensor (`written_tensors` order), then for a data_dependent op its 0-d row count.
