@@ -188,26 +188,27 @@ def matmul_rows(cost: bool) -> dict:
     return rows
 
 
-def table(rows: dict, cost: bool) -> str:
+def table_head(cost: bool) -> list[str]:
     platform = torchtpu._C.platform_name()
     head = f"| function | inputs | CPU float32 | {platform} accurate (default) | {platform} fast |"
     rule = "|---|---|---|---|---|"
     if cost:
         head += " accurate / fast time |"
         rule += "---|"
-    lines = [head, rule]
-    for name, row in rows.items():
-        fast = f"{row['fast']:.1e}" if "fast" in row else "(same)"
-        line = f"| {name} | {row['domain']} | {row['cpu']:.1e} | {row['accurate']:.1e} | {fast} |"
-        if cost:
-            if "fast_us" in row:
-                line += f" {row['accurate_us']:.0f} / {row['fast_us']:.0f} us |"
-            elif "tflops" in row:
-                line += f" {row['accurate_us']:.0f} us, {row['tflops']:.1f} TFLOP/s (4096^3) |"
-            else:
-                line += " |"
-        lines.append(line)
-    return "\n".join(lines)
+    return [head, rule]
+
+
+def table_line(name: str, row: dict, cost: bool) -> str:
+    fast = f"{row['fast']:.1e}" if "fast" in row else "(same)"
+    line = f"| {name} | {row['domain']} | {row['cpu']:.1e} | {row['accurate']:.1e} | {fast} |"
+    if cost:
+        if "fast_us" in row:
+            line += f" {row['accurate_us']:.0f} / {row['fast_us']:.0f} us |"
+        elif "tflops" in row:
+            line += f" {row['accurate_us']:.0f} us, {row['tflops']:.1f} TFLOP/s (4096^3) |"
+        else:
+            line += " |"
+    return line
 
 
 def main(argv=None) -> int:
@@ -223,18 +224,24 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in CASES and not n.startswith("matmul")]
     if unknown:
         parser.error(f"unknown functions {unknown}; known: {', '.join(CASES)}")
-    rows = {}
-    for name in names:
-        if name in CASES:
-            rows[name] = measure(name, args.cost)
-    if not args.ops or any(n.startswith("matmul") for n in names):
-        rows.update(matmul_rows(args.cost))
     print(f"float32 max relative error vs float64 ({torchtpu._C.platform_name()}, "
           f"{torch.tpu.get_device_name()})")
-    print(table(rows, args.cost))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    print("\n".join(table_head(args.cost)), flush=True)
+    rows = {}
+
+    def add(name: str, row: dict) -> None:  # each row as it is measured: a cut-off run keeps what it had
+        rows[name] = row
+        print(table_line(name, row, args.cost), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+
+    for name in names:
+        if name in CASES:
+            add(name, measure(name, args.cost))
+    if not args.ops or any(n.startswith("matmul") for n in names):
+        for name, row in matmul_rows(args.cost).items():
+            add(name, row)
     return 0
 
 

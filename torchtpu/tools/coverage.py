@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="with --parity: worker processes")
     parser.add_argument("--json", help="with --parity: also write every OpInfo's result to this file")
     parser.add_argument("--slice", help="with --parity: START:STOP, the positions of the selection to sweep "
-                                        "(a TPU sweeps ~1.3 s per OpInfo: split the 702 over several runs)")
+                                        "(a TPU v5e sweeps 1.5-2.4 s per OpInfo: split the 702 over several runs)")
     parser.add_argument("--jsonl", help="with --parity: append each OpInfo's result to this file as it "
                                         "finishes (kept if the run is cut off)")
     parser.add_argument("--workload", help="a Python program to run on tpu; its CPU fallbacks are listed")
