@@ -1,5 +1,6 @@
 """The coverage tool and the metrics report speak about the real registrations."""
 
+import pytest
 import torch
 
 import torchtpu
@@ -66,11 +67,35 @@ def test_parity_sweep_in_slices_written_as_lines(tmp_path, capsys):
     lines = tmp_path / "sweep.jsonl"
     for part in ("0:1", "1:"):
         assert coverage.main(["--parity", "--ops", "add,neg,abs", "--slice", part, "--jsonl", str(lines)]) == 0
-    assert len(lines.read_text().splitlines()) == 3
+    assert sum('"name"' in line for line in lines.read_text().splitlines()) == 3  # results; a TPU adds "started"
     capsys.readouterr()
     assert opdb_sweep.main(["--summarize", str(lines)]) == 0
     out = capsys.readouterr().out
     assert "op_db sweep on tpu: 3 OpInfos" in out and "forward: 3 passing" in out
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["workers", "in_process"])
+def test_parity_sweep_resumes_past_a_crash_and_stops_at_its_time_limit(tmp_path, capsys, monkeypatch, in_process):
+    # One command per device call: --seconds ends the run inside the call's limit, --resume goes on
+    # from the file; an OpInfo that took the process down (a "started" line with no result) fails.
+    # In process is how a TPU sweeps (one process at a time may hold it).
+    import json
+
+    import torchtpu.testing
+
+    if in_process:
+        monkeypatch.setattr(torchtpu.testing, "device_is_exclusive", lambda: True)
+
+    lines = tmp_path / "sweep.jsonl"
+    assert coverage.main(["--parity", "--ops", "add,neg,abs", "--jsonl", str(lines), "--seconds", "0"]) == 0
+    assert "time limit: 3 of 3 OpInfos not swept" in capsys.readouterr().out
+    lines.write_text(json.dumps({"started": "neg"}) + "\n")
+    assert coverage.main(["--parity", "--ops", "add,neg,abs", "--jsonl", str(lines), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "op_db sweep on tpu: 3 OpInfos" in out and "forward: 2 passing, 1 failing" in out
+    assert "neg (forward): the sweep's process died while it ran" in out
+    swept = [json.loads(line).get("name") for line in lines.read_text().splitlines()]
+    assert sorted(name for name in swept if name) == ["abs", "add"]  # neg was not run again
 
 
 def test_sweep_classifies_errors():

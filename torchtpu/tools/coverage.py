@@ -45,6 +45,12 @@ def main(argv=None) -> int:
                                         "(a TPU v5e sweeps 1.5-2.4 s per OpInfo: split the 702 over several runs)")
     parser.add_argument("--jsonl", help="with --parity: append each OpInfo's result to this file as it "
                                         "finishes (kept if the run is cut off)")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --jsonl: skip the OpInfos the file has results for (one that took the "
+                             "sweep's process down counts as failing) and summarize the whole file")
+    parser.add_argument("--seconds", type=float,
+                        help="with --parity: start no OpInfo after this many seconds (fit a device call's "
+                             "limit; continue with --resume)")
     parser.add_argument("--workload", help="a Python program to run on tpu; its CPU fallbacks are listed")
     parser.add_argument("workload_args", nargs="*", help="the workload's arguments (after --)")
     args = parser.parse_args(argv)
@@ -68,15 +74,32 @@ def main(argv=None) -> int:
         if args.slice:
             start, _, stop = args.slice.partition(":")
             selection = selection[int(start or 0):int(stop) if stop else None]
-        progress = None
+        progress = started = None
+        if args.resume:
+            if not args.jsonl:
+                parser.error("--resume needs --jsonl")
+            done = opdb_sweep.read_jsonl([args.jsonl])
+            selection = [(i, name) for i, name in selection if name not in done]
         if args.jsonl:
             import json
 
-            def progress(result, done, total):
+            def append(entry):
                 with open(args.jsonl, "a") as f:
-                    f.write(json.dumps(result.to_json()) + "\n")
+                    f.write(json.dumps(entry) + "\n")
 
-        results = opdb_sweep.sweep(selection, jobs=args.jobs, progress=progress)
+            def progress(result, done, total):
+                append(result.to_json())
+
+            def started(name):  # read back by --resume: a crash names its OpInfo
+                append({"started": name})
+
+        results = opdb_sweep.sweep(selection, jobs=args.jobs, progress=progress, started=started,
+                                   seconds=args.seconds)
+        if len(results) < len(selection):
+            print(f"time limit: {len(selection) - len(results)} of {len(selection)} OpInfos not swept "
+                  f"(continue with --resume)")
+        if args.resume:
+            results = list(opdb_sweep.read_jsonl([args.jsonl]).values())
         print(opdb_sweep.summary(results), flush=True)
         if args.json:
             import json

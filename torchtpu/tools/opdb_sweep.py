@@ -529,8 +529,9 @@ class _Worker:
         return tail[-1][:200] if tail else ""
 
 
-def _sweep_here(selection: list[tuple[int, str]], progress=None) -> list[Result]:
-    """The sweep in this process (a device one process at a time may hold): a crash ends it."""
+def _sweep_here(selection: list[tuple[int, str]], progress=None, started=None, deadline=None) -> list[Result]:
+    """The sweep in this process (a device one process at a time may hold): a crash ends it, after
+    `started` was told which OpInfo it was running."""
     import warnings
 
     import torchtpu
@@ -538,7 +539,11 @@ def _sweep_here(selection: list[tuple[int, str]], progress=None) -> list[Result]
     op_db = _prepare()
     results = []
     try:
-        for i, _ in selection:
+        for i, name in selection:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            if started:
+                started(name)
             results.append(run_opinfo(op_db[i]))
             if progress:
                 progress(results[-1], len(results), len(selection))
@@ -548,13 +553,16 @@ def _sweep_here(selection: list[tuple[int, str]], progress=None) -> list[Result]
     return results
 
 
-def sweep(selection: list[tuple[int, str]], jobs: int = 1, progress=None) -> list[Result]:
+def sweep(selection: list[tuple[int, str]], jobs: int = 1, progress=None, started=None,
+          seconds: float | None = None) -> list[Result]:
     """Runs the selected OpInfos in `jobs` worker processes (in this process where the device is
-    exclusive: a TPU); never raises for what an op does."""
+    exclusive: a TPU; `started(name)` is called before each there); never raises for what an op does.
+    With `seconds`, no OpInfo starts after that long (those not run have no result)."""
     from torchtpu.testing import device_is_exclusive
 
+    deadline = None if seconds is None else time.monotonic() + seconds
     if device_is_exclusive():
-        return _sweep_here(selection, progress)
+        return _sweep_here(selection, progress, started, deadline)
     names = dict(selection)
     results: dict[int, Result] = {}
     workers = [_Worker([i for i, _ in selection[j::jobs]]) for j in range(max(1, jobs))]
@@ -563,6 +571,10 @@ def sweep(selection: list[tuple[int, str]], jobs: int = 1, progress=None) -> lis
         w.start()
     active = list(workers)
     while active:
+        if deadline is not None and time.monotonic() > deadline:
+            for w in active:
+                w.proc.kill()
+            break
         for w in list(active):
             try:
                 line = w.lines.get(timeout=0.2)
@@ -609,6 +621,30 @@ def sweep(selection: list[tuple[int, str]], jobs: int = 1, progress=None) -> lis
             elif "done" in message:
                 w.pending = []
     return [results[i] for i, _ in selection if i in results]
+
+
+def read_jsonl(paths: list[str]) -> dict[str, Result]:
+    """The results that coverage --jsonl wrote, by OpInfo name (a later line wins). An OpInfo whose
+    "started" line has no result after it took its process down: it counts as failing."""
+    by_name: dict[str, Result] = {}
+    running = None
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            for line in f:
+                entry = json.loads(line)
+                if running is not None and entry.get("started", entry.get("name")) != running:
+                    crashed = Outcome("failing", "the sweep's process died while it ran")
+                    by_name[running] = Result(running, crashed, crashed)
+                running = entry.get("started")
+                if running is None:
+                    result = Result.from_json(entry)
+                    by_name[result.name] = result
+    if running is not None:  # the file's last OpInfo never finished
+        crashed = Outcome("failing", "the sweep's process died while it ran")
+        by_name[running] = Result(running, crashed, crashed)
+    return by_name
 
 
 def summary(results: list[Result]) -> str:
@@ -658,13 +694,7 @@ def main(argv=None) -> int:
         worker(args.worker)
         return 0
     if args.summarize:
-        by_name = {}
-        for path in args.summarize:
-            with open(path) as f:
-                for line in f:
-                    result = Result.from_json(json.loads(line))
-                    by_name[result.name] = result
-        print(summary(list(by_name.values())))
+        print(summary(list(read_jsonl(args.summarize).values())))
         return 0
     results = sweep(select(args.ops.split(",") if args.ops else None), args.jobs)
     print(summary(results))
