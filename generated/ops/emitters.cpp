@@ -91,324 +91,324 @@ std::vector<Value> emit_pow___Tensor(Builder& b, const EmitArgs& a) { return {b.
 // pow.Tensor_Tensor_out = power(nominal(self), nominal(exponent))  (specs/binary.yaml:54)
 std::vector<Value> emit_pow__Tensor_Tensor_out(Builder& b, const EmitArgs& a) { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// pow.Tensor_Scalar = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:63)
+// pow.Tensor_Scalar = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:64)
 std::vector<Value> emit_pow__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.pow_scalar(b.nominal(a.value(0)), a.real(1))}; }
-// pow_.Scalar = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:63)
+// pow_.Scalar = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:64)
 std::vector<Value> emit_pow___Scalar(Builder& b, const EmitArgs& a) { return {b.pow_scalar(b.nominal(a.value(0)), a.real(1))}; }
-// pow.Tensor_Scalar_out = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:63)
+// pow.Tensor_Scalar_out = pow_scalar(nominal(self), exponent)  (specs/binary.yaml:64)
 std::vector<Value> emit_pow__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.pow_scalar(b.nominal(a.value(0)), a.real(1))}; }
 
-// pow.Scalar = power_of(self, nominal(exponent))  (specs/binary.yaml:70)
+// pow.Scalar = power_of(self, nominal(exponent))  (specs/binary.yaml:71)
 std::vector<Value> emit_pow__Scalar(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(0), b.nominal(a.value(1)))}; }
-// pow.Scalar_out = power_of(self, nominal(exponent))  (specs/binary.yaml:70)
+// pow.Scalar_out = power_of(self, nominal(exponent))  (specs/binary.yaml:71)
 std::vector<Value> emit_pow__Scalar_out(Builder& b, const EmitArgs& a) { return {b.power_of(a.real(0), b.nominal(a.value(1)))}; }
 
-// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
+// remainder.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:80)
 std::vector<Value> emit_remainder__Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
+// remainder_.Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:80)
 std::vector<Value> emit_remainder___Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:78)
+// remainder.Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:80)
 std::vector<Value> emit_remainder__Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:84)
+// remainder.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_remainder__Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:84)
+// remainder_.Scalar = remainder(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_remainder___Scalar(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:84)
+// remainder.Scalar_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:86)
 std::vector<Value> emit_remainder__Scalar_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// remainder.Scalar_Tensor = remainder(nominal(self), nominal(other))  (specs/binary.yaml:91)
 std::vector<Value> emit_remainder__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:89)
+// remainder.Scalar_Tensor_out = remainder(nominal(self), nominal(other))  (specs/binary.yaml:91)
 std::vector<Value> emit_remainder__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.remainder(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
+// fmod.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:97)
 std::vector<Value> emit_fmod__Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
+// fmod_.Tensor = fmod(nominal(self), nominal(other))  (specs/binary.yaml:97)
 std::vector<Value> emit_fmod___Tensor(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:95)
+// fmod.Tensor_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:97)
 std::vector<Value> emit_fmod__Tensor_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:101)
+// fmod.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:103)
 std::vector<Value> emit_fmod__Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:101)
+// fmod_.Scalar = fmod(nominal(self), nominal(other))  (specs/binary.yaml:103)
 std::vector<Value> emit_fmod___Scalar(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:101)
+// fmod.Scalar_out = fmod(nominal(self), nominal(other))  (specs/binary.yaml:103)
 std::vector<Value> emit_fmod__Scalar_out(Builder& b, const EmitArgs& a) { return {b.fmod(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
+// floor_divide = div_rounded(self, other, "floor")  (specs/binary.yaml:108)
 std::vector<Value> emit_floor_divide(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
+// floor_divide_.Tensor = div_rounded(self, other, "floor")  (specs/binary.yaml:108)
 std::vector<Value> emit_floor_divide___Tensor(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:106)
+// floor_divide.out = div_rounded(self, other, "floor")  (specs/binary.yaml:108)
 std::vector<Value> emit_floor_divide__out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:112)
+// floor_divide.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:114)
 std::vector<Value> emit_floor_divide__Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:112)
+// floor_divide_.Scalar = div_rounded(self, other, "floor")  (specs/binary.yaml:114)
 std::vector<Value> emit_floor_divide___Scalar(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
-// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:112)
+// floor_divide.Scalar_out = div_rounded(self, other, "floor")  (specs/binary.yaml:114)
 std::vector<Value> emit_floor_divide__Scalar_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), std::string("floor"))}; }
 
-// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:118)
+// div.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:120)
 std::vector<Value> emit_div__Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:118)
+// div_.Tensor_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:120)
 std::vector<Value> emit_div___Tensor_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:118)
+// div.out_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:120)
 std::vector<Value> emit_div__out_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:125)
+// div.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:127)
 std::vector<Value> emit_div__Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:125)
+// div_.Scalar_mode = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:127)
 std::vector<Value> emit_div___Scalar_mode(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
-// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:125)
+// div.Scalar_mode_out = div_rounded(self, other, rounding_mode)  (specs/binary.yaml:127)
 std::vector<Value> emit_div__Scalar_mode_out(Builder& b, const EmitArgs& a) { return {b.div_rounded(a.value(0), a.value(1), (a.is_none(2) ? std::string() : a.string(2)))}; }
 
-// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:134)
+// logical_and = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
 std::vector<Value> emit_logical_and(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:134)
+// logical_and_ = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
 std::vector<Value> emit_logical_and_(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:134)
+// logical_and.out = bitwise_and(ne(self, 0), ne(other, 0))  (specs/binary.yaml:136)
 std::vector<Value> emit_logical_and__out(Builder& b, const EmitArgs& a) { return {b.bitwise_and([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:138)
+// logical_or = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:140)
 std::vector<Value> emit_logical_or(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:138)
+// logical_or_ = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:140)
 std::vector<Value> emit_logical_or_(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:138)
+// logical_or.out = bitwise_or(ne(self, 0), ne(other, 0))  (specs/binary.yaml:140)
 std::vector<Value> emit_logical_or__out(Builder& b, const EmitArgs& a) { return {b.bitwise_or([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:142)
+// logical_xor = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:144)
 std::vector<Value> emit_logical_xor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:142)
+// logical_xor_ = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:144)
 std::vector<Value> emit_logical_xor_(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
-// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:142)
+// logical_xor.out = bitwise_xor(ne(self, 0), ne(other, 0))  (specs/binary.yaml:144)
 std::vector<Value> emit_logical_xor__out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor([&] { const Value anchor = a.value(0); return b.ne(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.ne(anchor, b.scalar_like(0.0, anchor)); }())}; }
 
-// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:146)
+// bitwise_and.Tensor = bitwise_and(self, other)  (specs/binary.yaml:148)
 std::vector<Value> emit_bitwise_and__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:146)
+// bitwise_and_.Tensor = bitwise_and(self, other)  (specs/binary.yaml:148)
 std::vector<Value> emit_bitwise_and___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:146)
+// bitwise_and.Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:148)
 std::vector<Value> emit_bitwise_and__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:151)
+// bitwise_and.Scalar = bitwise_and(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_and__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:151)
+// bitwise_and_.Scalar = bitwise_and(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_and___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:151)
+// bitwise_and.Scalar_out = bitwise_and(self, other)  (specs/binary.yaml:153)
 std::vector<Value> emit_bitwise_and__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:155)
+// bitwise_and.Scalar_Tensor = bitwise_and(self, other)  (specs/binary.yaml:157)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
-// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:155)
+// bitwise_and.Scalar_Tensor_out = bitwise_and(self, other)  (specs/binary.yaml:157)
 std::vector<Value> emit_bitwise_and__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_and(a.value(0), a.value(1))}; }
 
-// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:159)
+// bitwise_or.Tensor = bitwise_or(self, other)  (specs/binary.yaml:161)
 std::vector<Value> emit_bitwise_or__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:159)
+// bitwise_or_.Tensor = bitwise_or(self, other)  (specs/binary.yaml:161)
 std::vector<Value> emit_bitwise_or___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:159)
+// bitwise_or.Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:161)
 std::vector<Value> emit_bitwise_or__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:164)
+// bitwise_or.Scalar = bitwise_or(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_or__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:164)
+// bitwise_or_.Scalar = bitwise_or(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_or___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:164)
+// bitwise_or.Scalar_out = bitwise_or(self, other)  (specs/binary.yaml:166)
 std::vector<Value> emit_bitwise_or__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:168)
+// bitwise_or.Scalar_Tensor = bitwise_or(self, other)  (specs/binary.yaml:170)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
-// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:168)
+// bitwise_or.Scalar_Tensor_out = bitwise_or(self, other)  (specs/binary.yaml:170)
 std::vector<Value> emit_bitwise_or__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_or(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:172)
+// bitwise_xor.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:174)
 std::vector<Value> emit_bitwise_xor__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:172)
+// bitwise_xor_.Tensor = bitwise_xor(self, other)  (specs/binary.yaml:174)
 std::vector<Value> emit_bitwise_xor___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:172)
+// bitwise_xor.Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:174)
 std::vector<Value> emit_bitwise_xor__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:177)
+// bitwise_xor.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:179)
 std::vector<Value> emit_bitwise_xor__Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:177)
+// bitwise_xor_.Scalar = bitwise_xor(self, other)  (specs/binary.yaml:179)
 std::vector<Value> emit_bitwise_xor___Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:177)
+// bitwise_xor.Scalar_out = bitwise_xor(self, other)  (specs/binary.yaml:179)
 std::vector<Value> emit_bitwise_xor__Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:181)
+// bitwise_xor.Scalar_Tensor = bitwise_xor(self, other)  (specs/binary.yaml:183)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
-// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:181)
+// bitwise_xor.Scalar_Tensor_out = bitwise_xor(self, other)  (specs/binary.yaml:183)
 std::vector<Value> emit_bitwise_xor__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_xor(a.value(0), a.value(1))}; }
 
-// bitwise_left_shift.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:186)
+// bitwise_left_shift.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
 std::vector<Value> emit_bitwise_left_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift_.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:186)
+// bitwise_left_shift_.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
 std::vector<Value> emit_bitwise_left_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:186)
+// bitwise_left_shift.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:188)
 std::vector<Value> emit_bitwise_left_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_left_shift.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:191)
+// bitwise_left_shift.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:193)
 std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift_.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:191)
+// bitwise_left_shift_.Tensor_Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:193)
 std::vector<Value> emit_bitwise_left_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Tensor_Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:191)
+// bitwise_left_shift.Tensor_Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:193)
 std::vector<Value> emit_bitwise_left_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_left_shift.Scalar_Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:195)
+// bitwise_left_shift.Scalar_Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:197)
 std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// bitwise_left_shift.Scalar_Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:195)
+// bitwise_left_shift.Scalar_Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:197)
 std::vector<Value> emit_bitwise_left_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// bitwise_right_shift.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:199)
+// bitwise_right_shift.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
 std::vector<Value> emit_bitwise_right_shift__Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift_.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:199)
+// bitwise_right_shift_.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
 std::vector<Value> emit_bitwise_right_shift___Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:199)
+// bitwise_right_shift.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:201)
 std::vector<Value> emit_bitwise_right_shift__Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// bitwise_right_shift.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:204)
+// bitwise_right_shift.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:206)
 std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift_.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:204)
+// bitwise_right_shift_.Tensor_Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:206)
 std::vector<Value> emit_bitwise_right_shift___Tensor_Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Tensor_Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:204)
+// bitwise_right_shift.Tensor_Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:206)
 std::vector<Value> emit_bitwise_right_shift__Tensor_Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// bitwise_right_shift.Scalar_Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:208)
+// bitwise_right_shift.Scalar_Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:210)
 std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:208)
+// bitwise_right_shift.Scalar_Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:210)
 std::vector<Value> emit_bitwise_right_shift__Scalar_Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// __lshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:213)
+// __lshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:215)
 std::vector<Value> emit___lshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __ilshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:213)
+// __ilshift__.Tensor = bitwise_shift(self, other, True)  (specs/binary.yaml:215)
 std::vector<Value> emit___ilshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __lshift__.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:213)
+// __lshift__.Tensor_out = bitwise_shift(self, other, True)  (specs/binary.yaml:215)
 std::vector<Value> emit___lshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// __lshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:217)
+// __lshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:219)
 std::vector<Value> emit___lshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __ilshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:217)
+// __ilshift__.Scalar = bitwise_shift(self, other, True)  (specs/binary.yaml:219)
 std::vector<Value> emit___ilshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
-// __lshift__.Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:217)
+// __lshift__.Scalar_out = bitwise_shift(self, other, True)  (specs/binary.yaml:219)
 std::vector<Value> emit___lshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), true)}; }
 
-// __rshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:221)
+// __rshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:223)
 std::vector<Value> emit___rshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __irshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:221)
+// __irshift__.Tensor = bitwise_shift(self, other, False)  (specs/binary.yaml:223)
 std::vector<Value> emit___irshift____Tensor(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __rshift__.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:221)
+// __rshift__.Tensor_out = bitwise_shift(self, other, False)  (specs/binary.yaml:223)
 std::vector<Value> emit___rshift____Tensor_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// __rshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:225)
+// __rshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:227)
 std::vector<Value> emit___rshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __irshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:225)
+// __irshift__.Scalar = bitwise_shift(self, other, False)  (specs/binary.yaml:227)
 std::vector<Value> emit___irshift____Scalar(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
-// __rshift__.Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:225)
+// __rshift__.Scalar_out = bitwise_shift(self, other, False)  (specs/binary.yaml:227)
 std::vector<Value> emit___rshift____Scalar_out(Builder& b, const EmitArgs& a) { return {b.bitwise_shift(a.value(0), a.value(1), false)}; }
 
-// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:231)
+// masked_fill.Scalar = where(mask, value, self)  (specs/binary.yaml:233)
 std::vector<Value> emit_masked_fill__Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:231)
+// masked_fill_.Scalar = where(mask, value, self)  (specs/binary.yaml:233)
 std::vector<Value> emit_masked_fill___Scalar(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:231)
+// masked_fill.Scalar_out = where(mask, value, self)  (specs/binary.yaml:233)
 std::vector<Value> emit_masked_fill__Scalar_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:237)
+// masked_fill.Tensor = where(mask, value, self)  (specs/binary.yaml:239)
 std::vector<Value> emit_masked_fill__Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:237)
+// masked_fill_.Tensor = where(mask, value, self)  (specs/binary.yaml:239)
 std::vector<Value> emit_masked_fill___Tensor(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
-// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:237)
+// masked_fill.Tensor_out = where(mask, value, self)  (specs/binary.yaml:239)
 std::vector<Value> emit_masked_fill__Tensor_out(Builder& b, const EmitArgs& a) { return {b.where(a.value(1), a.value(2), a.value(0))}; }
 
-// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:244)
+// lerp.Scalar = lerp(self, end, weight)  (specs/binary.yaml:246)
 std::vector<Value> emit_lerp__Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:244)
+// lerp_.Scalar = lerp(self, end, weight)  (specs/binary.yaml:246)
 std::vector<Value> emit_lerp___Scalar(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:244)
+// lerp.Scalar_out = lerp(self, end, weight)  (specs/binary.yaml:246)
 std::vector<Value> emit_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:249)
+// lerp.Tensor = lerp(self, end, weight)  (specs/binary.yaml:251)
 std::vector<Value> emit_lerp__Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:249)
+// lerp_.Tensor = lerp(self, end, weight)  (specs/binary.yaml:251)
 std::vector<Value> emit_lerp___Tensor(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
-// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:249)
+// lerp.Tensor_out = lerp(self, end, weight)  (specs/binary.yaml:251)
 std::vector<Value> emit_lerp__Tensor_out(Builder& b, const EmitArgs& a) { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }
 
-// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:253)
+// addcmul = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
 std::vector<Value> emit_addcmul(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:253)
+// addcmul_ = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
 std::vector<Value> emit_addcmul_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:253)
+// addcmul.out = add(self, mul(mul(value, tensor1), tensor2))  (specs/binary.yaml:255)
 std::vector<Value> emit_addcmul__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:258)
+// addcdiv = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:260)
 std::vector<Value> emit_addcdiv(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:258)
+// addcdiv_ = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:260)
 std::vector<Value> emit_addcdiv_(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
-// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:258)
+// addcdiv.out = add(self, div(mul(value, tensor1), tensor2))  (specs/binary.yaml:260)
 std::vector<Value> emit_addcdiv__out(Builder& b, const EmitArgs& a) { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }
 
-// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:265)
+// atan2 = atan2(nominal(self), nominal(other))  (specs/binary.yaml:267)
 std::vector<Value> emit_atan2(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:265)
+// atan2_ = atan2(nominal(self), nominal(other))  (specs/binary.yaml:267)
 std::vector<Value> emit_atan2_(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:265)
+// atan2.out = atan2(nominal(self), nominal(other))  (specs/binary.yaml:267)
 std::vector<Value> emit_atan2__out(Builder& b, const EmitArgs& a) { return {b.atan2(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:271)
+// hypot = hypot(nominal(self), nominal(other))  (specs/binary.yaml:273)
 std::vector<Value> emit_hypot(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:271)
+// hypot_ = hypot(nominal(self), nominal(other))  (specs/binary.yaml:273)
 std::vector<Value> emit_hypot_(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:271)
+// hypot.out = hypot(nominal(self), nominal(other))  (specs/binary.yaml:273)
 std::vector<Value> emit_hypot__out(Builder& b, const EmitArgs& a) { return {b.hypot(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
+// copysign.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:278)
 std::vector<Value> emit_copysign__Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
+// copysign_.Tensor = copysign(nominal(self), nominal(other))  (specs/binary.yaml:278)
 std::vector<Value> emit_copysign___Tensor(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:276)
+// copysign.out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:278)
 std::vector<Value> emit_copysign__out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:282)
+// copysign.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:284)
 std::vector<Value> emit_copysign__Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:282)
+// copysign_.Scalar = copysign(nominal(self), nominal(other))  (specs/binary.yaml:284)
 std::vector<Value> emit_copysign___Scalar(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:282)
+// copysign.Scalar_out = copysign(nominal(self), nominal(other))  (specs/binary.yaml:284)
 std::vector<Value> emit_copysign__Scalar_out(Builder& b, const EmitArgs& a) { return {b.copysign(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
+// xlogy.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:289)
 std::vector<Value> emit_xlogy__Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
+// xlogy_.Tensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:289)
 std::vector<Value> emit_xlogy___Tensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:287)
+// xlogy.OutTensor = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:289)
 std::vector<Value> emit_xlogy__OutTensor(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:293)
+// xlogy.Scalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
 std::vector<Value> emit_xlogy__Scalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:293)
+// xlogy.OutScalar_Self = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:295)
 std::vector<Value> emit_xlogy__OutScalar_Self(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:298)
+// xlogy.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:300)
 std::vector<Value> emit_xlogy__Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:298)
+// xlogy_.Scalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:300)
 std::vector<Value> emit_xlogy___Scalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
-// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:298)
+// xlogy.OutScalar_Other = xlogy(nominal(self), nominal(other))  (specs/binary.yaml:300)
 std::vector<Value> emit_xlogy__OutScalar_Other(Builder& b, const EmitArgs& a) { return {b.xlogy(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }
 
-// gcd = gcd(self, other)  (specs/binary.yaml:304)
+// gcd = gcd(self, other)  (specs/binary.yaml:306)
 std::vector<Value> emit_gcd(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd_ = gcd(self, other)  (specs/binary.yaml:304)
+// gcd_ = gcd(self, other)  (specs/binary.yaml:306)
 std::vector<Value> emit_gcd_(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
-// gcd.out = gcd(self, other)  (specs/binary.yaml:304)
+// gcd.out = gcd(self, other)  (specs/binary.yaml:306)
 std::vector<Value> emit_gcd__out(Builder& b, const EmitArgs& a) { return {b.gcd(a.value(0), a.value(1))}; }
 
-// lcm = lcm(self, other)  (specs/binary.yaml:309)
+// lcm = lcm(self, other)  (specs/binary.yaml:311)
 std::vector<Value> emit_lcm(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm_ = lcm(self, other)  (specs/binary.yaml:309)
+// lcm_ = lcm(self, other)  (specs/binary.yaml:311)
 std::vector<Value> emit_lcm_(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
-// lcm.out = lcm(self, other)  (specs/binary.yaml:309)
+// lcm.out = lcm(self, other)  (specs/binary.yaml:311)
 std::vector<Value> emit_lcm__out(Builder& b, const EmitArgs& a) { return {b.lcm(a.value(0), a.value(1))}; }
 
 // complex = complex_from(real, imag)  (specs/complex.yaml:7)
@@ -3497,682 +3497,682 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Tensor_out, false, -1, {}, {}},
-      {"pow.Tensor_Scalar", "specs/binary.yaml:63", Variant::Functional,
+      {"pow.Tensor_Scalar", "specs/binary.yaml:64", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar, false, -1, {}, {}},
-      {"pow_.Scalar", "specs/binary.yaml:63", Variant::Inplace,
+      {"pow_.Scalar", "specs/binary.yaml:64", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow___Scalar, false, -1, {}, {}},
-      {"pow.Tensor_Scalar_out", "specs/binary.yaml:63", Variant::Out,
+      {"pow.Tensor_Scalar_out", "specs/binary.yaml:64", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Tensor_Scalar_out, false, -1, {}, {}},
-      {"pow.Scalar", "specs/binary.yaml:70", Variant::Functional,
+      {"pow.Scalar", "specs/binary.yaml:71", Variant::Functional,
        {ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar, false, -1, {}, {}},
-      {"pow.Scalar_out", "specs/binary.yaml:70", Variant::Out,
+      {"pow.Scalar_out", "specs/binary.yaml:71", Variant::Out,
        {ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_pow__Scalar_out, false, -1, {}, {}},
-      {"remainder.Tensor", "specs/binary.yaml:78", Variant::Functional,
+      {"remainder.Tensor", "specs/binary.yaml:80", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor, false, 1, {}, {}},
-      {"remainder_.Tensor", "specs/binary.yaml:78", Variant::Inplace,
+      {"remainder_.Tensor", "specs/binary.yaml:80", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Tensor, false, 1, {}, {}},
-      {"remainder.Tensor_out", "specs/binary.yaml:78", Variant::Out,
+      {"remainder.Tensor_out", "specs/binary.yaml:80", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Tensor_out, false, 1, {}, {}},
-      {"remainder.Scalar", "specs/binary.yaml:84", Variant::Functional,
+      {"remainder.Scalar", "specs/binary.yaml:86", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar, false, 1, {}, {}},
-      {"remainder_.Scalar", "specs/binary.yaml:84", Variant::Inplace,
+      {"remainder_.Scalar", "specs/binary.yaml:86", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder___Scalar, false, 1, {}, {}},
-      {"remainder.Scalar_out", "specs/binary.yaml:84", Variant::Out,
+      {"remainder.Scalar_out", "specs/binary.yaml:86", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_out, false, 1, {}, {}},
-      {"remainder.Scalar_Tensor", "specs/binary.yaml:89", Variant::Functional,
+      {"remainder.Scalar_Tensor", "specs/binary.yaml:91", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor, false, 1, {}, {}},
-      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:89", Variant::Out,
+      {"remainder.Scalar_Tensor_out", "specs/binary.yaml:91", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_remainder__Scalar_Tensor_out, false, 1, {}, {}},
-      {"fmod.Tensor", "specs/binary.yaml:95", Variant::Functional,
+      {"fmod.Tensor", "specs/binary.yaml:97", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor, false, 1, {}, {}},
-      {"fmod_.Tensor", "specs/binary.yaml:95", Variant::Inplace,
+      {"fmod_.Tensor", "specs/binary.yaml:97", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Tensor, false, 1, {}, {}},
-      {"fmod.Tensor_out", "specs/binary.yaml:95", Variant::Out,
+      {"fmod.Tensor_out", "specs/binary.yaml:97", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Tensor_out, false, 1, {}, {}},
-      {"fmod.Scalar", "specs/binary.yaml:101", Variant::Functional,
+      {"fmod.Scalar", "specs/binary.yaml:103", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar, false, 1, {}, {}},
-      {"fmod_.Scalar", "specs/binary.yaml:101", Variant::Inplace,
+      {"fmod_.Scalar", "specs/binary.yaml:103", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod___Scalar, false, 1, {}, {}},
-      {"fmod.Scalar_out", "specs/binary.yaml:101", Variant::Out,
+      {"fmod.Scalar_out", "specs/binary.yaml:103", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_fmod__Scalar_out, false, 1, {}, {}},
-      {"floor_divide", "specs/binary.yaml:106", Variant::Functional,
+      {"floor_divide", "specs/binary.yaml:108", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide, false, 1, {}, {}},
-      {"floor_divide_.Tensor", "specs/binary.yaml:106", Variant::Inplace,
+      {"floor_divide_.Tensor", "specs/binary.yaml:108", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Tensor, false, 1, {}, {}},
-      {"floor_divide.out", "specs/binary.yaml:106", Variant::Out,
+      {"floor_divide.out", "specs/binary.yaml:108", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__out, false, 1, {}, {}},
-      {"floor_divide.Scalar", "specs/binary.yaml:112", Variant::Functional,
+      {"floor_divide.Scalar", "specs/binary.yaml:114", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar, false, 1, {}, {}},
-      {"floor_divide_.Scalar", "specs/binary.yaml:112", Variant::Inplace,
+      {"floor_divide_.Scalar", "specs/binary.yaml:114", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide___Scalar, false, 1, {}, {}},
-      {"floor_divide.Scalar_out", "specs/binary.yaml:112", Variant::Out,
+      {"floor_divide.Scalar_out", "specs/binary.yaml:114", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_floor_divide__Scalar_out, false, 1, {}, {}},
-      {"div.Tensor_mode", "specs/binary.yaml:118", Variant::Functional,
+      {"div.Tensor_mode", "specs/binary.yaml:120", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Tensor_mode, false, 1, {}, {}},
-      {"div_.Tensor_mode", "specs/binary.yaml:118", Variant::Inplace,
+      {"div_.Tensor_mode", "specs/binary.yaml:120", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Tensor_mode, false, 1, {}, {}},
-      {"div.out_mode", "specs/binary.yaml:118", Variant::Out,
+      {"div.out_mode", "specs/binary.yaml:120", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__out_mode, false, 1, {}, {}},
-      {"div.Scalar_mode", "specs/binary.yaml:125", Variant::Functional,
+      {"div.Scalar_mode", "specs/binary.yaml:127", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode, false, 1, {}, {}},
-      {"div_.Scalar_mode", "specs/binary.yaml:125", Variant::Inplace,
+      {"div_.Scalar_mode", "specs/binary.yaml:127", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div___Scalar_mode, false, 1, {}, {}},
-      {"div.Scalar_mode_out", "specs/binary.yaml:125", Variant::Out,
+      {"div.Scalar_mode_out", "specs/binary.yaml:127", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_div__Scalar_mode_out, false, 1, {}, {}},
-      {"logical_and", "specs/binary.yaml:134", Variant::Functional,
+      {"logical_and", "specs/binary.yaml:136", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and, false, -1, {}, {}},
-      {"logical_and_", "specs/binary.yaml:134", Variant::Inplace,
+      {"logical_and_", "specs/binary.yaml:136", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and_, false, -1, {}, {}},
-      {"logical_and.out", "specs/binary.yaml:134", Variant::Out,
+      {"logical_and.out", "specs/binary.yaml:136", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_and__out, false, -1, {}, {}},
-      {"logical_or", "specs/binary.yaml:138", Variant::Functional,
+      {"logical_or", "specs/binary.yaml:140", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or, false, -1, {}, {}},
-      {"logical_or_", "specs/binary.yaml:138", Variant::Inplace,
+      {"logical_or_", "specs/binary.yaml:140", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or_, false, -1, {}, {}},
-      {"logical_or.out", "specs/binary.yaml:138", Variant::Out,
+      {"logical_or.out", "specs/binary.yaml:140", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_or__out, false, -1, {}, {}},
-      {"logical_xor", "specs/binary.yaml:142", Variant::Functional,
+      {"logical_xor", "specs/binary.yaml:144", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor, false, -1, {}, {}},
-      {"logical_xor_", "specs/binary.yaml:142", Variant::Inplace,
+      {"logical_xor_", "specs/binary.yaml:144", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor_, false, -1, {}, {}},
-      {"logical_xor.out", "specs/binary.yaml:142", Variant::Out,
+      {"logical_xor.out", "specs/binary.yaml:144", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_logical_xor__out, false, -1, {}, {}},
-      {"bitwise_and.Tensor", "specs/binary.yaml:146", Variant::Functional,
+      {"bitwise_and.Tensor", "specs/binary.yaml:148", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor, false, -1, {}, {}},
-      {"bitwise_and_.Tensor", "specs/binary.yaml:146", Variant::Inplace,
+      {"bitwise_and_.Tensor", "specs/binary.yaml:148", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Tensor, false, -1, {}, {}},
-      {"bitwise_and.Tensor_out", "specs/binary.yaml:146", Variant::Out,
+      {"bitwise_and.Tensor_out", "specs/binary.yaml:148", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Tensor_out, false, -1, {}, {}},
-      {"bitwise_and.Scalar", "specs/binary.yaml:151", Variant::Functional,
+      {"bitwise_and.Scalar", "specs/binary.yaml:153", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar, false, -1, {}, {}},
-      {"bitwise_and_.Scalar", "specs/binary.yaml:151", Variant::Inplace,
+      {"bitwise_and_.Scalar", "specs/binary.yaml:153", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and___Scalar, false, -1, {}, {}},
-      {"bitwise_and.Scalar_out", "specs/binary.yaml:151", Variant::Out,
+      {"bitwise_and.Scalar_out", "specs/binary.yaml:153", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_out, false, -1, {}, {}},
-      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:155", Variant::Functional,
+      {"bitwise_and.Scalar_Tensor", "specs/binary.yaml:157", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:155", Variant::Out,
+      {"bitwise_and.Scalar_Tensor_out", "specs/binary.yaml:157", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_and__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_or.Tensor", "specs/binary.yaml:159", Variant::Functional,
+      {"bitwise_or.Tensor", "specs/binary.yaml:161", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor, false, -1, {}, {}},
-      {"bitwise_or_.Tensor", "specs/binary.yaml:159", Variant::Inplace,
+      {"bitwise_or_.Tensor", "specs/binary.yaml:161", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Tensor, false, -1, {}, {}},
-      {"bitwise_or.Tensor_out", "specs/binary.yaml:159", Variant::Out,
+      {"bitwise_or.Tensor_out", "specs/binary.yaml:161", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Tensor_out, false, -1, {}, {}},
-      {"bitwise_or.Scalar", "specs/binary.yaml:164", Variant::Functional,
+      {"bitwise_or.Scalar", "specs/binary.yaml:166", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar, false, -1, {}, {}},
-      {"bitwise_or_.Scalar", "specs/binary.yaml:164", Variant::Inplace,
+      {"bitwise_or_.Scalar", "specs/binary.yaml:166", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or___Scalar, false, -1, {}, {}},
-      {"bitwise_or.Scalar_out", "specs/binary.yaml:164", Variant::Out,
+      {"bitwise_or.Scalar_out", "specs/binary.yaml:166", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_out, false, -1, {}, {}},
-      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:168", Variant::Functional,
+      {"bitwise_or.Scalar_Tensor", "specs/binary.yaml:170", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:168", Variant::Out,
+      {"bitwise_or.Scalar_Tensor_out", "specs/binary.yaml:170", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_or__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_xor.Tensor", "specs/binary.yaml:172", Variant::Functional,
+      {"bitwise_xor.Tensor", "specs/binary.yaml:174", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor, false, -1, {}, {}},
-      {"bitwise_xor_.Tensor", "specs/binary.yaml:172", Variant::Inplace,
+      {"bitwise_xor_.Tensor", "specs/binary.yaml:174", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Tensor, false, -1, {}, {}},
-      {"bitwise_xor.Tensor_out", "specs/binary.yaml:172", Variant::Out,
+      {"bitwise_xor.Tensor_out", "specs/binary.yaml:174", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Tensor_out, false, -1, {}, {}},
-      {"bitwise_xor.Scalar", "specs/binary.yaml:177", Variant::Functional,
+      {"bitwise_xor.Scalar", "specs/binary.yaml:179", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar, false, -1, {}, {}},
-      {"bitwise_xor_.Scalar", "specs/binary.yaml:177", Variant::Inplace,
+      {"bitwise_xor_.Scalar", "specs/binary.yaml:179", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor___Scalar, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_out", "specs/binary.yaml:177", Variant::Out,
+      {"bitwise_xor.Scalar_out", "specs/binary.yaml:179", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_out, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:181", Variant::Functional,
+      {"bitwise_xor.Scalar_Tensor", "specs/binary.yaml:183", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:181", Variant::Out,
+      {"bitwise_xor.Scalar_Tensor_out", "specs/binary.yaml:183", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_xor__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor", "specs/binary.yaml:186", Variant::Functional,
+      {"bitwise_left_shift.Tensor", "specs/binary.yaml:188", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift_.Tensor", "specs/binary.yaml:186", Variant::Inplace,
+      {"bitwise_left_shift_.Tensor", "specs/binary.yaml:188", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_out", "specs/binary.yaml:186", Variant::Out,
+      {"bitwise_left_shift.Tensor_out", "specs/binary.yaml:188", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_Scalar", "specs/binary.yaml:191", Variant::Functional,
+      {"bitwise_left_shift.Tensor_Scalar", "specs/binary.yaml:193", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_left_shift_.Tensor_Scalar", "specs/binary.yaml:191", Variant::Inplace,
+      {"bitwise_left_shift_.Tensor_Scalar", "specs/binary.yaml:193", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift___Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_left_shift.Tensor_Scalar_out", "specs/binary.yaml:191", Variant::Out,
+      {"bitwise_left_shift.Tensor_Scalar_out", "specs/binary.yaml:193", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Tensor_Scalar_out, false, -1, {}, {}},
-      {"bitwise_left_shift.Scalar_Tensor", "specs/binary.yaml:195", Variant::Functional,
+      {"bitwise_left_shift.Scalar_Tensor", "specs/binary.yaml:197", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_left_shift.Scalar_Tensor_out", "specs/binary.yaml:195", Variant::Out,
+      {"bitwise_left_shift.Scalar_Tensor_out", "specs/binary.yaml:197", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_left_shift__Scalar_Tensor_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor", "specs/binary.yaml:199", Variant::Functional,
+      {"bitwise_right_shift.Tensor", "specs/binary.yaml:201", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift_.Tensor", "specs/binary.yaml:199", Variant::Inplace,
+      {"bitwise_right_shift_.Tensor", "specs/binary.yaml:201", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_out", "specs/binary.yaml:199", Variant::Out,
+      {"bitwise_right_shift.Tensor_out", "specs/binary.yaml:201", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_Scalar", "specs/binary.yaml:204", Variant::Functional,
+      {"bitwise_right_shift.Tensor_Scalar", "specs/binary.yaml:206", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_right_shift_.Tensor_Scalar", "specs/binary.yaml:204", Variant::Inplace,
+      {"bitwise_right_shift_.Tensor_Scalar", "specs/binary.yaml:206", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift___Tensor_Scalar, false, -1, {}, {}},
-      {"bitwise_right_shift.Tensor_Scalar_out", "specs/binary.yaml:204", Variant::Out,
+      {"bitwise_right_shift.Tensor_Scalar_out", "specs/binary.yaml:206", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Tensor_Scalar_out, false, -1, {}, {}},
-      {"bitwise_right_shift.Scalar_Tensor", "specs/binary.yaml:208", Variant::Functional,
+      {"bitwise_right_shift.Scalar_Tensor", "specs/binary.yaml:210", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor, false, -1, {}, {}},
-      {"bitwise_right_shift.Scalar_Tensor_out", "specs/binary.yaml:208", Variant::Out,
+      {"bitwise_right_shift.Scalar_Tensor_out", "specs/binary.yaml:210", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_bitwise_right_shift__Scalar_Tensor_out, false, -1, {}, {}},
-      {"__lshift__.Tensor", "specs/binary.yaml:213", Variant::Functional,
+      {"__lshift__.Tensor", "specs/binary.yaml:215", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor, false, -1, {}, {}},
-      {"__ilshift__.Tensor", "specs/binary.yaml:213", Variant::Inplace,
+      {"__ilshift__.Tensor", "specs/binary.yaml:215", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Tensor, false, -1, {}, {}},
-      {"__lshift__.Tensor_out", "specs/binary.yaml:213", Variant::Out,
+      {"__lshift__.Tensor_out", "specs/binary.yaml:215", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Tensor_out, false, -1, {}, {}},
-      {"__lshift__.Scalar", "specs/binary.yaml:217", Variant::Functional,
+      {"__lshift__.Scalar", "specs/binary.yaml:219", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar, false, -1, {}, {}},
-      {"__ilshift__.Scalar", "specs/binary.yaml:217", Variant::Inplace,
+      {"__ilshift__.Scalar", "specs/binary.yaml:219", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___ilshift____Scalar, false, -1, {}, {}},
-      {"__lshift__.Scalar_out", "specs/binary.yaml:217", Variant::Out,
+      {"__lshift__.Scalar_out", "specs/binary.yaml:219", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___lshift____Scalar_out, false, -1, {}, {}},
-      {"__rshift__.Tensor", "specs/binary.yaml:221", Variant::Functional,
+      {"__rshift__.Tensor", "specs/binary.yaml:223", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor, false, -1, {}, {}},
-      {"__irshift__.Tensor", "specs/binary.yaml:221", Variant::Inplace,
+      {"__irshift__.Tensor", "specs/binary.yaml:223", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Tensor, false, -1, {}, {}},
-      {"__rshift__.Tensor_out", "specs/binary.yaml:221", Variant::Out,
+      {"__rshift__.Tensor_out", "specs/binary.yaml:223", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Tensor_out, false, -1, {}, {}},
-      {"__rshift__.Scalar", "specs/binary.yaml:225", Variant::Functional,
+      {"__rshift__.Scalar", "specs/binary.yaml:227", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar, false, -1, {}, {}},
-      {"__irshift__.Scalar", "specs/binary.yaml:225", Variant::Inplace,
+      {"__irshift__.Scalar", "specs/binary.yaml:227", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___irshift____Scalar, false, -1, {}, {}},
-      {"__rshift__.Scalar_out", "specs/binary.yaml:225", Variant::Out,
+      {"__rshift__.Scalar_out", "specs/binary.yaml:227", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit___rshift____Scalar_out, false, -1, {}, {}},
-      {"masked_fill.Scalar", "specs/binary.yaml:231", Variant::Functional,
+      {"masked_fill.Scalar", "specs/binary.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar, false, -1, {}, {}},
-      {"masked_fill_.Scalar", "specs/binary.yaml:231", Variant::Inplace,
+      {"masked_fill_.Scalar", "specs/binary.yaml:233", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Scalar, false, -1, {}, {}},
-      {"masked_fill.Scalar_out", "specs/binary.yaml:231", Variant::Out,
+      {"masked_fill.Scalar_out", "specs/binary.yaml:233", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Scalar_out, false, -1, {}, {}},
-      {"masked_fill.Tensor", "specs/binary.yaml:237", Variant::Functional,
+      {"masked_fill.Tensor", "specs/binary.yaml:239", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor, false, -1, {}, {}},
-      {"masked_fill_.Tensor", "specs/binary.yaml:237", Variant::Inplace,
+      {"masked_fill_.Tensor", "specs/binary.yaml:239", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {0},
        {0}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill___Tensor, false, -1, {}, {}},
-      {"masked_fill.Tensor_out", "specs/binary.yaml:237", Variant::Out,
+      {"masked_fill.Tensor_out", "specs/binary.yaml:239", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 2}, Compute::Output, {3},
        {3}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_masked_fill__Tensor_out, false, -1, {}, {}},
-      {"lerp.Scalar", "specs/binary.yaml:244", Variant::Functional,
+      {"lerp.Scalar", "specs/binary.yaml:246", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar, false, -1, {}, {}},
-      {"lerp_.Scalar", "specs/binary.yaml:244", Variant::Inplace,
+      {"lerp_.Scalar", "specs/binary.yaml:246", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Scalar, false, -1, {}, {}},
-      {"lerp.Scalar_out", "specs/binary.yaml:244", Variant::Out,
+      {"lerp.Scalar_out", "specs/binary.yaml:246", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Scalar_out, false, -1, {}, {}},
-      {"lerp.Tensor", "specs/binary.yaml:249", Variant::Functional,
+      {"lerp.Tensor", "specs/binary.yaml:251", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor, false, -1, {}, {}},
-      {"lerp_.Tensor", "specs/binary.yaml:249", Variant::Inplace,
+      {"lerp_.Tensor", "specs/binary.yaml:251", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp___Tensor, false, -1, {}, {}},
-      {"lerp.Tensor_out", "specs/binary.yaml:249", Variant::Out,
+      {"lerp.Tensor_out", "specs/binary.yaml:251", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_lerp__Tensor_out, false, -1, {}, {}},
-      {"addcmul", "specs/binary.yaml:253", Variant::Functional,
+      {"addcmul", "specs/binary.yaml:255", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul, false, -1, {}, {}},
-      {"addcmul_", "specs/binary.yaml:253", Variant::Inplace,
+      {"addcmul_", "specs/binary.yaml:255", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul_, false, -1, {}, {}},
-      {"addcmul.out", "specs/binary.yaml:253", Variant::Out,
+      {"addcmul.out", "specs/binary.yaml:255", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_addcmul__out, false, -1, {}, {}},
-      {"addcdiv", "specs/binary.yaml:258", Variant::Functional,
+      {"addcdiv", "specs/binary.yaml:260", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv, false, -1, {}, {}},
-      {"addcdiv_", "specs/binary.yaml:258", Variant::Inplace,
+      {"addcdiv_", "specs/binary.yaml:260", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv_, false, -1, {}, {}},
-      {"addcdiv.out", "specs/binary.yaml:258", Variant::Out,
+      {"addcdiv.out", "specs/binary.yaml:260", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_addcdiv__out, false, -1, {}, {}},
-      {"atan2", "specs/binary.yaml:265", Variant::Functional,
+      {"atan2", "specs/binary.yaml:267", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2, false, -1, {}, {}},
-      {"atan2_", "specs/binary.yaml:265", Variant::Inplace,
+      {"atan2_", "specs/binary.yaml:267", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2_, false, -1, {}, {}},
-      {"atan2.out", "specs/binary.yaml:265", Variant::Out,
+      {"atan2.out", "specs/binary.yaml:267", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_atan2__out, false, -1, {}, {}},
-      {"hypot", "specs/binary.yaml:271", Variant::Functional,
+      {"hypot", "specs/binary.yaml:273", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot, false, -1, {}, {}},
-      {"hypot_", "specs/binary.yaml:271", Variant::Inplace,
+      {"hypot_", "specs/binary.yaml:273", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot_, false, -1, {}, {}},
-      {"hypot.out", "specs/binary.yaml:271", Variant::Out,
+      {"hypot.out", "specs/binary.yaml:273", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hypot__out, false, -1, {}, {}},
-      {"copysign.Tensor", "specs/binary.yaml:276", Variant::Functional,
+      {"copysign.Tensor", "specs/binary.yaml:278", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Tensor, false, -1, {}, {}},
-      {"copysign_.Tensor", "specs/binary.yaml:276", Variant::Inplace,
+      {"copysign_.Tensor", "specs/binary.yaml:278", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Tensor, false, -1, {}, {}},
-      {"copysign.out", "specs/binary.yaml:276", Variant::Out,
+      {"copysign.out", "specs/binary.yaml:278", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__out, false, -1, {}, {}},
-      {"copysign.Scalar", "specs/binary.yaml:282", Variant::Functional,
+      {"copysign.Scalar", "specs/binary.yaml:284", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar, false, -1, {}, {}},
-      {"copysign_.Scalar", "specs/binary.yaml:282", Variant::Inplace,
+      {"copysign_.Scalar", "specs/binary.yaml:284", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign___Scalar, false, -1, {}, {}},
-      {"copysign.Scalar_out", "specs/binary.yaml:282", Variant::Out,
+      {"copysign.Scalar_out", "specs/binary.yaml:284", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_copysign__Scalar_out, false, -1, {}, {}},
-      {"xlogy.Tensor", "specs/binary.yaml:287", Variant::Functional,
+      {"xlogy.Tensor", "specs/binary.yaml:289", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Tensor, false, -1, {}, {}},
-      {"xlogy_.Tensor", "specs/binary.yaml:287", Variant::Inplace,
+      {"xlogy_.Tensor", "specs/binary.yaml:289", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Tensor, false, -1, {}, {}},
-      {"xlogy.OutTensor", "specs/binary.yaml:287", Variant::Out,
+      {"xlogy.OutTensor", "specs/binary.yaml:289", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutTensor, false, -1, {}, {}},
-      {"xlogy.Scalar_Self", "specs/binary.yaml:293", Variant::Functional,
+      {"xlogy.Scalar_Self", "specs/binary.yaml:295", Variant::Functional,
        {ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Self, false, -1, {}, {}},
-      {"xlogy.OutScalar_Self", "specs/binary.yaml:293", Variant::Out,
+      {"xlogy.OutScalar_Self", "specs/binary.yaml:295", Variant::Out,
        {ArgKind::Scalar, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Self, false, -1, {}, {}},
-      {"xlogy.Scalar_Other", "specs/binary.yaml:298", Variant::Functional,
+      {"xlogy.Scalar_Other", "specs/binary.yaml:300", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__Scalar_Other, false, -1, {}, {}},
-      {"xlogy_.Scalar_Other", "specs/binary.yaml:298", Variant::Inplace,
+      {"xlogy_.Scalar_Other", "specs/binary.yaml:300", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy___Scalar_Other, false, -1, {}, {}},
-      {"xlogy.OutScalar_Other", "specs/binary.yaml:298", Variant::Out,
+      {"xlogy.OutScalar_Other", "specs/binary.yaml:300", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_xlogy__OutScalar_Other, false, -1, {}, {}},
-      {"gcd", "specs/binary.yaml:304", Variant::Functional,
+      {"gcd", "specs/binary.yaml:306", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd, false, -1, {}, {}},
-      {"gcd_", "specs/binary.yaml:304", Variant::Inplace,
+      {"gcd_", "specs/binary.yaml:306", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd_, false, -1, {}, {}},
-      {"gcd.out", "specs/binary.yaml:304", Variant::Out,
+      {"gcd.out", "specs/binary.yaml:306", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_gcd__out, false, -1, {}, {}},
-      {"lcm", "specs/binary.yaml:309", Variant::Functional,
+      {"lcm", "specs/binary.yaml:311", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm, false, -1, {}, {}},
-      {"lcm_", "specs/binary.yaml:309", Variant::Inplace,
+      {"lcm_", "specs/binary.yaml:311", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64"}, &emit_lcm_, false, -1, {}, {}},
-      {"lcm.out", "specs/binary.yaml:309", Variant::Out,
+      {"lcm.out", "specs/binary.yaml:311", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,

@@ -330,7 +330,7 @@ def test_pow_Tensor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_pow_Scalar(dtype):
-    # specs/binary.yaml:70
+    # specs/binary.yaml:71
     check_opinfo(
         "__rpow__",
         dtype,
@@ -338,11 +338,13 @@ def test_pow_Scalar(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+        grad_atol=1e-5,
+        grad_rtol=1e-5,
     )
 
 
 def test_pow_Scalar_compiled():
-    # specs/binary.yaml:70: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:71: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rpow__",
         overloads=["pow.Scalar", "pow.Scalar_out"],
@@ -353,7 +355,7 @@ def test_pow_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_pow_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:70: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:71: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rpow__",
         dtype,
@@ -361,13 +363,15 @@ def test_pow_Scalar_other_dtypes(dtype):
         variants=["Functional", "Out"],
         atol=None,
         rtol=None,
+        grad_atol=1e-5,
+        grad_rtol=1e-5,
         max_samples=3,
     )
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_remainder_Tensor(dtype):
-    # specs/binary.yaml:78
+    # specs/binary.yaml:80
     check_opinfo(
         "remainder",
         dtype,
@@ -379,7 +383,7 @@ def test_remainder_Tensor(dtype):
 
 
 def test_remainder_Tensor_compiled():
-    # specs/binary.yaml:78: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:80: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "remainder",
         overloads=["remainder.Tensor", "remainder_.Tensor", "remainder.Tensor_out"],
@@ -390,7 +394,7 @@ def test_remainder_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_remainder_Scalar_Tensor(dtype):
-    # specs/binary.yaml:89
+    # specs/binary.yaml:91
     check_opinfo(
         "__rmod__",
         dtype,
@@ -402,7 +406,7 @@ def test_remainder_Scalar_Tensor(dtype):
 
 
 def test_remainder_Scalar_Tensor_compiled():
-    # specs/binary.yaml:89: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:91: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "__rmod__",
         overloads=["remainder.Scalar_Tensor", "remainder.Scalar_Tensor_out"],
@@ -413,7 +417,7 @@ def test_remainder_Scalar_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_remainder_Scalar_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:89: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:91: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "__rmod__",
         dtype,
@@ -427,7 +431,7 @@ def test_remainder_Scalar_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_fmod_Tensor(dtype):
-    # specs/binary.yaml:95
+    # specs/binary.yaml:97
     check_opinfo(
         "fmod",
         dtype,
@@ -439,7 +443,7 @@ def test_fmod_Tensor(dtype):
 
 
 def test_fmod_Tensor_compiled():
-    # specs/binary.yaml:95: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:97: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "fmod",
         overloads=["fmod.Tensor", "fmod_.Tensor", "fmod.Tensor_out"],
@@ -450,7 +454,7 @@ def test_fmod_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_floor_divide(dtype):
-    # specs/binary.yaml:106
+    # specs/binary.yaml:108
     check_opinfo(
         "floor_divide",
         dtype,
@@ -462,7 +466,7 @@ def test_floor_divide(dtype):
 
 
 def test_floor_divide_compiled():
-    # specs/binary.yaml:106: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:108: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "floor_divide",
         overloads=["floor_divide", "floor_divide_.Tensor", "floor_divide.out"],
@@ -473,7 +477,7 @@ def test_floor_divide_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Tensor_mode(dtype):
-    # specs/binary.yaml:118
+    # specs/binary.yaml:120
     check_opinfo(
         "div.floor_rounding",
         dtype,
@@ -485,7 +489,7 @@ def test_div_Tensor_mode(dtype):
 
 
 def test_div_Tensor_mode_compiled():
-    # specs/binary.yaml:118: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:120: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.floor_rounding",
         overloads=["div.Tensor_mode", "div_.Tensor_mode", "div.out_mode"],
@@ -496,7 +500,7 @@ def test_div_Tensor_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64", "bfloat16", "float32"])
 def test_div_Scalar_mode(dtype):
-    # specs/binary.yaml:125
+    # specs/binary.yaml:127
     check_opinfo(
         "div.trunc_rounding",
         dtype,
@@ -508,7 +512,7 @@ def test_div_Scalar_mode(dtype):
 
 
 def test_div_Scalar_mode_compiled():
-    # specs/binary.yaml:125: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:127: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "div.trunc_rounding",
         overloads=["div.Scalar_mode", "div_.Scalar_mode", "div.Scalar_mode_out"],
@@ -519,7 +523,7 @@ def test_div_Scalar_mode_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_and(dtype):
-    # specs/binary.yaml:134
+    # specs/binary.yaml:136
     check_opinfo(
         "logical_and",
         dtype,
@@ -531,7 +535,7 @@ def test_logical_and(dtype):
 
 
 def test_logical_and_compiled():
-    # specs/binary.yaml:134: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:136: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_and",
         overloads=["logical_and", "logical_and_", "logical_and.out"],
@@ -542,7 +546,7 @@ def test_logical_and_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_and_other_dtypes(dtype):
-    # specs/binary.yaml:134: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:136: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_and",
         dtype,
@@ -556,7 +560,7 @@ def test_logical_and_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_or(dtype):
-    # specs/binary.yaml:138
+    # specs/binary.yaml:140
     check_opinfo(
         "logical_or",
         dtype,
@@ -568,7 +572,7 @@ def test_logical_or(dtype):
 
 
 def test_logical_or_compiled():
-    # specs/binary.yaml:138: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:140: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_or",
         overloads=["logical_or", "logical_or_", "logical_or.out"],
@@ -579,7 +583,7 @@ def test_logical_or_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_or_other_dtypes(dtype):
-    # specs/binary.yaml:138: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:140: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_or",
         dtype,
@@ -593,7 +597,7 @@ def test_logical_or_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_logical_xor(dtype):
-    # specs/binary.yaml:142
+    # specs/binary.yaml:144
     check_opinfo(
         "logical_xor",
         dtype,
@@ -605,7 +609,7 @@ def test_logical_xor(dtype):
 
 
 def test_logical_xor_compiled():
-    # specs/binary.yaml:142: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:144: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "logical_xor",
         overloads=["logical_xor", "logical_xor_", "logical_xor.out"],
@@ -616,7 +620,7 @@ def test_logical_xor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_logical_xor_other_dtypes(dtype):
-    # specs/binary.yaml:142: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:144: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "logical_xor",
         dtype,
@@ -630,7 +634,7 @@ def test_logical_xor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_and_Tensor(dtype):
-    # specs/binary.yaml:146
+    # specs/binary.yaml:148
     check_opinfo(
         "bitwise_and",
         dtype,
@@ -642,7 +646,7 @@ def test_bitwise_and_Tensor(dtype):
 
 
 def test_bitwise_and_Tensor_compiled():
-    # specs/binary.yaml:146: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:148: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_and",
         overloads=["bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"],
@@ -653,7 +657,7 @@ def test_bitwise_and_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_or_Tensor(dtype):
-    # specs/binary.yaml:159
+    # specs/binary.yaml:161
     check_opinfo(
         "bitwise_or",
         dtype,
@@ -665,7 +669,7 @@ def test_bitwise_or_Tensor(dtype):
 
 
 def test_bitwise_or_Tensor_compiled():
-    # specs/binary.yaml:159: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:161: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_or",
         overloads=["bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"],
@@ -676,7 +680,7 @@ def test_bitwise_or_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int64"])
 def test_bitwise_xor_Tensor(dtype):
-    # specs/binary.yaml:172
+    # specs/binary.yaml:174
     check_opinfo(
         "bitwise_xor",
         dtype,
@@ -688,7 +692,7 @@ def test_bitwise_xor_Tensor(dtype):
 
 
 def test_bitwise_xor_Tensor_compiled():
-    # specs/binary.yaml:172: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:174: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_xor",
         overloads=["bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"],
@@ -699,7 +703,7 @@ def test_bitwise_xor_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
 def test_bitwise_left_shift_Tensor(dtype):
-    # specs/binary.yaml:186
+    # specs/binary.yaml:188
     check_opinfo(
         "bitwise_left_shift",
         dtype,
@@ -711,7 +715,7 @@ def test_bitwise_left_shift_Tensor(dtype):
 
 
 def test_bitwise_left_shift_Tensor_compiled():
-    # specs/binary.yaml:186: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:188: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_left_shift",
         overloads=["bitwise_left_shift.Tensor", "bitwise_left_shift_.Tensor", "bitwise_left_shift.Tensor_out"],
@@ -722,7 +726,7 @@ def test_bitwise_left_shift_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int64"])
 def test_bitwise_right_shift_Tensor(dtype):
-    # specs/binary.yaml:199
+    # specs/binary.yaml:201
     check_opinfo(
         "bitwise_right_shift",
         dtype,
@@ -734,7 +738,7 @@ def test_bitwise_right_shift_Tensor(dtype):
 
 
 def test_bitwise_right_shift_Tensor_compiled():
-    # specs/binary.yaml:199: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:201: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "bitwise_right_shift",
         overloads=["bitwise_right_shift.Tensor", "bitwise_right_shift_.Tensor", "bitwise_right_shift.Tensor_out"],
@@ -745,7 +749,7 @@ def test_bitwise_right_shift_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_masked_fill_Scalar(dtype):
-    # specs/binary.yaml:231
+    # specs/binary.yaml:233
     check_opinfo(
         "masked_fill",
         dtype,
@@ -757,7 +761,7 @@ def test_masked_fill_Scalar(dtype):
 
 
 def test_masked_fill_Scalar_compiled():
-    # specs/binary.yaml:231: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:233: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "masked_fill",
         overloads=["masked_fill.Scalar", "masked_fill_.Scalar", "masked_fill.Scalar_out"],
@@ -768,7 +772,7 @@ def test_masked_fill_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_masked_fill_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:231: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:233: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "masked_fill",
         dtype,
@@ -782,7 +786,7 @@ def test_masked_fill_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_lerp_Scalar(dtype):
-    # specs/binary.yaml:244
+    # specs/binary.yaml:246
     check_opinfo(
         "lerp",
         dtype,
@@ -794,7 +798,7 @@ def test_lerp_Scalar(dtype):
 
 
 def test_lerp_Scalar_compiled():
-    # specs/binary.yaml:244: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:246: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lerp",
         overloads=["lerp.Scalar", "lerp_.Scalar", "lerp.Scalar_out"],
@@ -805,7 +809,7 @@ def test_lerp_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_lerp_Scalar_other_dtypes(dtype):
-    # specs/binary.yaml:244: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:246: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "lerp",
         dtype,
@@ -819,7 +823,7 @@ def test_lerp_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_addcmul(dtype):
-    # specs/binary.yaml:253
+    # specs/binary.yaml:255
     check_opinfo(
         "addcmul",
         dtype,
@@ -831,7 +835,7 @@ def test_addcmul(dtype):
 
 
 def test_addcmul_compiled():
-    # specs/binary.yaml:253: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:255: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcmul",
         overloads=["addcmul", "addcmul_", "addcmul.out"],
@@ -842,7 +846,7 @@ def test_addcmul_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_addcmul_other_dtypes(dtype):
-    # specs/binary.yaml:253: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:255: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcmul",
         dtype,
@@ -856,7 +860,7 @@ def test_addcmul_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_addcdiv(dtype):
-    # specs/binary.yaml:258
+    # specs/binary.yaml:260
     check_opinfo(
         "addcdiv",
         dtype,
@@ -868,7 +872,7 @@ def test_addcdiv(dtype):
 
 
 def test_addcdiv_compiled():
-    # specs/binary.yaml:258: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:260: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "addcdiv",
         overloads=["addcdiv", "addcdiv_", "addcdiv.out"],
@@ -879,7 +883,7 @@ def test_addcdiv_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_addcdiv_other_dtypes(dtype):
-    # specs/binary.yaml:258: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:260: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "addcdiv",
         dtype,
@@ -893,7 +897,7 @@ def test_addcdiv_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_atan2(dtype):
-    # specs/binary.yaml:265
+    # specs/binary.yaml:267
     check_opinfo(
         "atan2",
         dtype,
@@ -905,7 +909,7 @@ def test_atan2(dtype):
 
 
 def test_atan2_compiled():
-    # specs/binary.yaml:265: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:267: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "atan2",
         overloads=["atan2", "atan2_", "atan2.out"],
@@ -916,7 +920,7 @@ def test_atan2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_atan2_other_dtypes(dtype):
-    # specs/binary.yaml:265: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:267: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "atan2",
         dtype,
@@ -930,7 +934,7 @@ def test_atan2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hypot(dtype):
-    # specs/binary.yaml:271
+    # specs/binary.yaml:273
     check_opinfo(
         "hypot",
         dtype,
@@ -942,7 +946,7 @@ def test_hypot(dtype):
 
 
 def test_hypot_compiled():
-    # specs/binary.yaml:271: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:273: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "hypot",
         overloads=["hypot", "hypot_", "hypot.out"],
@@ -953,7 +957,7 @@ def test_hypot_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hypot_other_dtypes(dtype):
-    # specs/binary.yaml:271: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:273: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "hypot",
         dtype,
@@ -967,7 +971,7 @@ def test_hypot_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_copysign_Tensor(dtype):
-    # specs/binary.yaml:276
+    # specs/binary.yaml:278
     check_opinfo(
         "copysign",
         dtype,
@@ -979,7 +983,7 @@ def test_copysign_Tensor(dtype):
 
 
 def test_copysign_Tensor_compiled():
-    # specs/binary.yaml:276: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:278: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "copysign",
         overloads=["copysign.Tensor", "copysign_.Tensor", "copysign.out"],
@@ -990,7 +994,7 @@ def test_copysign_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_copysign_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:276: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:278: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "copysign",
         dtype,
@@ -1004,7 +1008,7 @@ def test_copysign_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_xlogy_Tensor(dtype):
-    # specs/binary.yaml:287
+    # specs/binary.yaml:289
     check_opinfo(
         "xlogy",
         dtype,
@@ -1016,7 +1020,7 @@ def test_xlogy_Tensor(dtype):
 
 
 def test_xlogy_Tensor_compiled():
-    # specs/binary.yaml:287: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:289: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "xlogy",
         overloads=["xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"],
@@ -1027,7 +1031,7 @@ def test_xlogy_Tensor_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_xlogy_Tensor_other_dtypes(dtype):
-    # specs/binary.yaml:287: every other dtype it supports, over the first 3 samples
+    # specs/binary.yaml:289: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "xlogy",
         dtype,
@@ -1041,7 +1045,7 @@ def test_xlogy_Tensor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_gcd(dtype):
-    # specs/binary.yaml:304
+    # specs/binary.yaml:306
     check_opinfo(
         "gcd",
         dtype,
@@ -1053,7 +1057,7 @@ def test_gcd(dtype):
 
 
 def test_gcd_compiled():
-    # specs/binary.yaml:304: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:306: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "gcd",
         overloads=["gcd", "gcd_", "gcd.out"],
@@ -1064,7 +1068,7 @@ def test_gcd_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "int64"])
 def test_lcm(dtype):
-    # specs/binary.yaml:309
+    # specs/binary.yaml:311
     check_opinfo(
         "lcm",
         dtype,
@@ -1076,7 +1080,7 @@ def test_lcm(dtype):
 
 
 def test_lcm_compiled():
-    # specs/binary.yaml:309: the first float32 sample through torch.compile(backend="tpu")
+    # specs/binary.yaml:311: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "lcm",
         overloads=["lcm", "lcm_", "lcm.out"],

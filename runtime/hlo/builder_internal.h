@@ -51,6 +51,11 @@ inline const char* compare_type(ElementType e) {
   return "SIGNED";
 }
 
+// x ** y for float32 operands in accurate mode (special.cc): y log2|x| carried in two floats, so the
+// result is within ~2 ulps where XLA's pow, exp(y log x), is off by |y log x| ulps (and a TPU's log is
+// its fast one).
+Value accurate_float_power(Builder& b, const Value& x, const Value& y);
+
 [[noreturn]] inline void fail(const std::string& message) { throw std::invalid_argument("torchtpu builder: " + message); }
 
 // `dim` (negative: from the end) as an index into a rank-`rank` shape; a 0-d value, as in PyTorch,

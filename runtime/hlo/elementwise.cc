@@ -229,6 +229,7 @@ Value Builder::nominal(const Value& v) {
 }
 
 Value Builder::power(const Value& a, const Value& b) {
+  if (accurate_f32(a) && b.element() == ElementType::F32) return accurate_float_power(*this, a, b);
   if (!is_signed_int(a.element())) return binary("power", a, b);
   // CPU: x ** -n is 1 for x == 1, +-1 for x == -1 (by n's parity) and 0 otherwise.
   const ElementType e = a.element();

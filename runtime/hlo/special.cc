@@ -17,26 +17,118 @@ Value Builder::count_nonzero(const Value& v, const std::vector<int64_t>& dims) {
   return sum(convert(set, ElementType::S64), dims, false);
 }
 
+namespace {
+
+// v * 2^n for integral float n in [-252, 254], as two exact powers of two built from their bits (one
+// alone stops at 2^127).
+Value times_power_of_two(Builder& b, const Value& v, const Value& n) {
+  const Value half = b.floor(b.mul(n, b.scalar_like(0.5, n)));
+  auto two_to = [&](const Value& k) {  // 2^k for integral k in [-126, 127]: exponent bits k + 127
+    const Value bits = b.binary("shift_left", b.add(b.convert(k, ElementType::S32), b.constant_int(127, ElementType::S32)),
+                                b.constant_int(23, ElementType::S32));
+    return b.reinterpret(bits, ElementType::F32);
+  };
+  return b.mul(b.mul(v, two_to(half)), two_to(b.sub(n, half)));
+}
+
+// 2^t for t = n + f, n = round(t) (clamped to where the result is 0 or infinite anyway), |f| <= 1/2:
+// 2^f = exp(f ln 2) within an ulp, times 2^n exactly. `t_lo` is a small correction carried beside t.
+Value power_of_two(Builder& b, const Value& t, const Value& t_lo) {
+  const Value n = b.maximum(b.minimum(b.round(t), b.scalar_like(254, t)), b.scalar_like(-252, t));
+  const Value fraction = b.exp(b.mul(b.add(b.sub(t, n), t_lo), b.scalar_like(M_LN2, t)));
+  return times_power_of_two(b, fraction, n);
+}
+
+// An unevaluated sum hi + lo of two floats (about 48 bits).
+struct TwoFloat {
+  Value hi, lo;
+};
+
+// x * y as hi + lo to about 2^-36 of it, from 12-bit halves of each factor (their products are exact).
+// The halves come from clearing the low 12 mantissa bits (Veltkamp's c - (c - v), c = 4097 v, is
+// another split once contracted into a multiply-add), and hi is a sum, not a product: where the
+// backend contracts a rounded product into the addition that consumes it (XLA's CPU backend does),
+// that addition would see the exact product while lo still carries its rounding, counted twice.
+TwoFloat two_product(Builder& b, const Value& x, const Value& y) {
+  auto split = [&](const Value& v) {
+    const Value bits = b.reinterpret(v, ElementType::S32);
+    const Value hi = b.reinterpret(b.bitwise_and(bits, b.constant_int(~int64_t{0xFFF}, ElementType::S32)), ElementType::F32);
+    return TwoFloat{hi, b.sub(v, hi)};
+  };
+  const TwoFloat xs = split(x), ys = split(y);
+  const Value leading = b.mul(xs.hi, ys.hi);  // exact
+  const Value rest = b.add(b.add(b.mul(xs.hi, ys.lo), b.mul(xs.lo, ys.hi)), b.mul(xs.lo, ys.lo));
+  const Value product = b.add(leading, rest);
+  return {product, b.add(b.sub(leading, product), rest)};  // leading dominates: its difference is exact
+}
+
+// x + y exactly as hi + lo (Knuth's two-sum).
+TwoFloat two_sum(Builder& b, const Value& x, const Value& y) {
+  const Value sum = b.add(x, y);
+  const Value y_part = b.sub(sum, x);
+  return {sum, b.add(b.sub(x, b.sub(sum, y_part)), b.sub(y, y_part))};
+}
+
+}  // namespace
+
 Value Builder::power_of(double base, const Value& exponent) {
   const ElementType e = exponent.element();
   if (!accurate_f32(exponent) || !(base > 0) || base == 1 || !std::isfinite(base)) {
     return power(is_float(e) || is_complex(e) ? scalar_like(base, exponent) : constant_int(static_cast<int64_t>(base), e),
                  exponent);
   }
-  // t = exponent * log2(base) = n + f with n = round(t) and |f| <= 1/2 (exact): 2^f = exp(f ln 2)
-  // within an ulp, then times 2^n as two exact powers of two built from their bits (n clamped to
-  // where the result is 0 or infinite anyway).
   const Value t = base == 2 ? exponent : mul(exponent, scalar_like(std::log2(base), exponent));
-  const Value n = maximum(minimum(round(t), scalar_like(254, t)), scalar_like(-252, t));
-  const Value fraction = exp(mul(sub(t, n), scalar_like(M_LN2, t)));
-  const Value half = floor(mul(n, scalar_like(0.5, n)));
-  auto two_to = [&](const Value& k) {  // 2^k for integral k in [-126, 127]: exponent bits k + 127
-    const Value bits = binary("shift_left", add(convert(k, ElementType::S32), constant_int(127, ElementType::S32)),
-                              constant_int(23, ElementType::S32));
-    return reinterpret(bits, ElementType::F32);
-  };
-  return mul(mul(fraction, two_to(half)), two_to(sub(n, half)));
+  return power_of_two(*this, t, scalar_like(0, t));
 }
+
+namespace builder_internal {
+
+Value accurate_float_power(Builder& b, const Value& x, const Value& y) {  // binary ops broadcast x and y
+  auto c = [&](double value) { return b.scalar_like(value, x); };
+  auto i32 = [&](int64_t value) { return b.constant_int(value, ElementType::S32); };
+  // |x| = 2^e m with m in [sqrt(1/2), sqrt(2)], from the bits (normal |x|; the rest takes XLA's pow).
+  const Value magnitude = b.abs(x);
+  const Value bits = b.reinterpret(magnitude, ElementType::S32);
+  const Value mantissa = b.reinterpret(b.bitwise_or(b.bitwise_and(bits, i32(0x7FFFFF)), i32(0x3F800000)), ElementType::F32);
+  const Value halve = b.gt(mantissa, c(M_SQRT2));
+  const Value m = b.select(halve, b.mul(mantissa, c(0.5)), mantissa);
+  const Value e = b.add(b.convert(b.sub(b.binary("shift_right_logical", bits, i32(23)), i32(127)), ElementType::F32),
+                        b.select(halve, c(1), c(0)));
+  // ln m = 2 atanh(s), s = (m - 1) / (m + 1) as s_hi + s_lo. m - 1 is exact; the quotient's remainder
+  // (m - 1) - s_hi m - s_hi is formed exactly, its first difference exact by Sterbenz's lemma in the
+  // order m picks. (Not m + 1 = u + (m - (u - 1)): XLA folds (m + 1) - 1 into m.)
+  const Value numerator = b.sub(m, c(1));
+  const Value s_hi = b.div(numerator, b.add(m, c(1)));
+  const TwoFloat s_m = two_product(b, s_hi, m);
+  const Value remainder = b.select(b.le(m, c(1)), b.sub(b.sub(numerator, s_hi), s_m.hi),
+                                   b.sub(b.sub(numerator, s_m.hi), s_hi));
+  const Value s_lo = b.div(b.sub(remainder, s_m.lo), b.add(m, c(1)));
+  // 2 atanh(s) - 2s = s^3 (2/3 + 2/5 s^2 + ...): |s| <= 0.172, seven terms reach 1e-10 of ln m.
+  const Value s2 = b.mul(s_hi, s_hi);
+  Value series = c(0);
+  for (int k = 15; k >= 3; k -= 2) series = b.add(b.mul(series, s2), c(2.0 / k));
+  const Value ln_hi = b.mul(c(2), s_hi);
+  const Value ln_lo = b.add(b.mul(c(2), s_lo), b.mul(b.mul(s2, s_hi), series));
+  // log2 |x| = e + ln m / ln 2, with 1 / ln 2 = k_hi + k_lo.
+  const double k_hi = static_cast<float>(1 / M_LN2), k_lo = 1 / M_LN2 - k_hi;
+  const TwoFloat log2_m = two_product(b, ln_hi, c(k_hi));
+  const Value log2_m_lo = b.add(log2_m.lo, b.add(b.mul(ln_hi, c(k_lo)), b.mul(ln_lo, c(k_hi))));
+  const TwoFloat log2_x = two_sum(b, e, log2_m.hi);
+  // t = y log2|x| as t_hi + t_lo, then 2^t.
+  const TwoFloat t = two_product(b, y, log2_x.hi);
+  const Value t_lo = b.add(t.lo, b.mul(y, b.add(log2_x.lo, log2_m_lo)));
+  const Value unsigned_power = power_of_two(b, t.hi, t_lo);
+  // A negative base: an odd integral exponent gives a negative power, a non-integral one NaN (XLA's).
+  const Value integral = b.eq(b.floor(y), y);
+  const Value odd = b.bitwise_and(integral, b.ne(b.floor(b.mul(y, c(0.5))), b.mul(y, c(0.5))));
+  const Value power = b.select(b.bitwise_and(b.lt(x, c(0)), odd), b.neg(unsigned_power), unsigned_power);
+  const Value ordinary = b.bitwise_and(
+      b.bitwise_and(b.ge(magnitude, c(std::ldexp(1.0, -126))), b.le(magnitude, c(3.4028234663852886e38))),
+      b.bitwise_and(b.lt(b.abs(y), c(std::ldexp(1.0, 100))), b.bitwise_or(b.gt(x, c(0)), integral)));
+  return b.select(ordinary, power, b.binary("power", x, y));
+}
+
+}  // namespace builder_internal
 
 Value Builder::expand_index(const Value& index, int64_t dim_in, const Value& like) {
   if (like.rank() == 0) return reshape(index, {});
