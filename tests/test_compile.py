@@ -266,6 +266,19 @@ def test_a_data_dependent_op_runs_between_captured_parts():
     torch.testing.assert_close(out.cpu(), fn(x), rtol=1e-5, atol=1e-6)
 
 
+def test_a_constant_made_after_captured_ops_is_read_where_it_was_lifted():
+    # A CPU tensor made mid-function (dynamo lifts it as a constant next to its use) is read by an
+    # eager node hoisted to the graph's front: the constant must move with it.
+    def fn(x, y):
+        scaled = x.abs() + 1
+        k = float(torch.tensor(1 / 0.6931471805599453, dtype=torch.float32))
+        return scaled * k + y
+
+    x, y = torch.randn(5), torch.randn(5)
+    out = torch.compile(fn, backend="tpu")(x.to("tpu"), y.to("tpu"))
+    torch.testing.assert_close(out.cpu(), fn(x, y))
+
+
 def test_whole_training_step_in_one_compiled_function():
     cpu = mlp(2)
     model = copy.deepcopy(cpu).to("tpu")

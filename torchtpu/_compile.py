@@ -249,6 +249,8 @@ def _hoist(gm: torch.fx.GraphModule, eager: set) -> None:
     anchor = next((n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr") and n not in hoisted), None)
     if anchor is None:
         return
+    for node in [n for n in gm.graph.nodes if n.op == "get_attr"]:  # what a hoisted node may read
+        anchor.prepend(node)  # (a constant dynamo lifted where it is used, after the anchor)
     for node in hoisted:
         anchor.prepend(node)
     gm.graph.lint()
