@@ -286,7 +286,7 @@ Value exp_of_square(Builder& b, const Value& z, double sign, double shift = 0) {
 
 // erfc's tail exp(-z^2) erfcx(z) is formed scaled by e^44: unscaled, e expm1(b) falls below float32's
 // normal range near z = 9 and is flushed to zero (erfc on [-3, 9] was 8.9e-4 relative off on the v5e; op
-// by op on the CPU plugin 1.5e-3, but its fused module forms e + e expm1(b) as one multiply-add).
+// by op on the CPU plugin 1.5e-3; its fused module, presumably one multiply-add there, was exact).
 // e^-44 is a float32 constant within 5e-9 of exact.
 constexpr double kErfcTailShift = 44;
 
