@@ -97,12 +97,12 @@ Value accurate_float_power(Builder& b, const Value& x, const Value& y) {  // bin
   // ln m = 2 atanh(s), s = (m - 1) / (m + 1) as s_hi + s_lo. m - 1 is exact; the quotient's remainder
   // (m - 1) - s_hi m - s_hi is formed exactly, its first difference exact by Sterbenz's lemma in the
   // order m picks. (Not m + 1 = u + (m - (u - 1)): XLA folds (m + 1) - 1 into m.)
-  const Value numerator = b.sub(m, c(1));
-  const Value s_hi = b.div(numerator, b.add(m, c(1)));
+  const Value numerator = b.sub(m, c(1)), denominator = b.add(m, c(1));
+  const Value s_hi = b.div(numerator, denominator);
   const TwoFloat s_m = two_product(b, s_hi, m);
   const Value remainder = b.select(b.le(m, c(1)), b.sub(b.sub(numerator, s_hi), s_m.hi),
                                    b.sub(b.sub(numerator, s_m.hi), s_hi));
-  const Value s_lo = b.div(b.sub(remainder, s_m.lo), b.add(m, c(1)));
+  const Value s_lo = b.div(b.sub(remainder, s_m.lo), denominator);
   // 2 atanh(s) - 2s = s^3 (2/3 + 2/5 s^2 + ...): |s| <= 0.172, seven terms reach 1e-10 of ln m.
   const Value s2 = b.mul(s_hi, s_hi);
   Value series = c(0);
@@ -120,7 +120,8 @@ Value accurate_float_power(Builder& b, const Value& x, const Value& y) {  // bin
   const Value unsigned_power = power_of_two(b, t.hi, t_lo);
   // A negative base: an odd integral exponent gives a negative power, a non-integral one NaN (XLA's).
   const Value integral = b.eq(b.floor(y), y);
-  const Value odd = b.bitwise_and(integral, b.ne(b.floor(b.mul(y, c(0.5))), b.mul(y, c(0.5))));
+  const Value half_y = b.mul(y, c(0.5));
+  const Value odd = b.bitwise_and(integral, b.ne(b.floor(half_y), half_y));
   const Value power = b.select(b.bitwise_and(b.lt(x, c(0)), odd), b.neg(unsigned_power), unsigned_power);
   const Value ordinary = b.bitwise_and(
       b.bitwise_and(b.ge(magnitude, c(std::ldexp(1.0, -126))), b.le(magnitude, c(3.4028234663852886e38))),

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         if args.resume:
             if not args.jsonl:
                 parser.error("--resume needs --jsonl")
-            done = opdb_sweep.read_jsonl([args.jsonl])
+            done = opdb_sweep.read_jsonl([args.jsonl]) if os.path.exists(args.jsonl) else {}
             selection = [(i, name) for i, name in selection if name not in done]
         if args.jsonl:
             import json

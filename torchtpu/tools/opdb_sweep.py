@@ -627,23 +627,24 @@ def read_jsonl(paths: list[str]) -> dict[str, Result]:
     """The results that coverage --jsonl wrote, by OpInfo name (a later line wins). An OpInfo whose
     "started" line has no result after it took its process down: it counts as failing."""
     by_name: dict[str, Result] = {}
-    running = None
+    running = None  # the OpInfo of the last "started" line, until its result
+
+    def crashed() -> None:
+        died = Outcome("failing", "the sweep's process died while it ran")
+        by_name[running] = Result(running, died, died)
+
     for path in paths:
-        if not os.path.exists(path):
-            continue
         with open(path) as f:
             for line in f:
                 entry = json.loads(line)
                 if running is not None and entry.get("started", entry.get("name")) != running:
-                    crashed = Outcome("failing", "the sweep's process died while it ran")
-                    by_name[running] = Result(running, crashed, crashed)
+                    crashed()
                 running = entry.get("started")
                 if running is None:
                     result = Result.from_json(entry)
                     by_name[result.name] = result
-    if running is not None:  # the file's last OpInfo never finished
-        crashed = Outcome("failing", "the sweep's process died while it ran")
-        by_name[running] = Result(running, crashed, crashed)
+    if running is not None:  # the last OpInfo never finished
+        crashed()
     return by_name
 
 
