@@ -1,0 +1,108 @@
+"""A pytest plugin that splits one suite over several runs: on a TPU host whose device time comes in
+calls of a few minutes, repeat the same command until it reports nothing left.
+
+    python -m pytest -p torchtpu.tools.pytest_resume --resume-log /tmp/suite.jsonl --seconds 540 ...
+
+Each test's outcome is appended to the log as it finishes; a test already in the log is deselected; no
+test starts after --seconds; a test that took the process down (its "started" line has no outcome)
+counts as failed and is not run again. The summary covers the whole log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("resume", "split one suite over several runs (torchtpu)")
+    group.addoption("--resume-log", default=None,
+                    help="JSON lines of finished tests: those in it are not run again; outcomes are appended")
+    group.addoption("--seconds", type=float, default=None, help="start no test after this many seconds")
+
+
+def read_log(path: str) -> dict[str, dict]:
+    """nodeid -> its last record; a test started but never finished is a crash (outcome 'failed')."""
+    records: dict[str, dict] = {}
+    if not os.path.exists(path):
+        return records
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            record = json.loads(line)
+            if record["outcome"] == "started":
+                records.setdefault(record["nodeid"], {**record, "outcome": "failed", "crashed": True})
+            else:
+                records[record["nodeid"]] = record
+    return records
+
+
+class _Resume:
+    def __init__(self, config):
+        self.log = config.getoption("resume_log")
+        self.seconds = config.getoption("seconds")
+        self.start = time.monotonic()
+        self.reports: dict[str, list] = {}
+        self.left = 0
+
+    def _append(self, record: dict):
+        with open(self.log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        done = read_log(self.log)
+        deselected = [item for item in items if item.nodeid in done]
+        if deselected:
+            items[:] = [item for item in items if item.nodeid not in done]
+            config.hook.pytest_deselected(items=deselected)
+        self.left = len(items)
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self._append({"nodeid": nodeid, "outcome": "started"})
+
+    def pytest_runtest_logreport(self, report):
+        self.reports.setdefault(report.nodeid, []).append(report)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        reports = self.reports.pop(nodeid, [])
+        outcome = "passed"
+        if any(report.failed for report in reports):
+            outcome = "failed"
+        elif any(report.skipped for report in reports):
+            outcome = "skipped"
+        seconds = sum(getattr(report, "duration", 0.0) for report in reports)
+        self._append({"nodeid": nodeid, "outcome": outcome, "seconds": round(seconds, 3)})
+        self.left -= 1
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        yield
+        if self.seconds is not None and time.monotonic() - self.start > self.seconds and self.left > 0:
+            item.session.shouldstop = f"--seconds {self.seconds:g} spent; {self.left} tests left for the next run"
+
+    def pytest_terminal_summary(self, terminalreporter):
+        records = read_log(self.log)
+        counts: dict[str, int] = {}
+        for record in records.values():
+            counts[record["outcome"]] = counts.get(record["outcome"], 0) + 1
+        crashed = [nodeid for nodeid, record in records.items() if record.get("crashed")]
+        failed = [nodeid for nodeid, record in records.items()
+                  if record["outcome"] == "failed" and not record.get("crashed")]
+        terminalreporter.section(f"resume log {self.log}")
+        line = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+        terminalreporter.write_line(f"whole log: {line or 'empty'}; {max(self.left, 0)} left in this selection")
+        for nodeid in failed:
+            terminalreporter.write_line(f"FAILED {nodeid}")
+        for nodeid in crashed:
+            terminalreporter.write_line(f"CRASHED {nodeid}")
+
+
+def pytest_configure(config):
+    if config.getoption("resume_log"):
+        config.pluginmanager.register(_Resume(config), "torchtpu-resume")
