@@ -1,5 +1,7 @@
 """The coverage tool and the metrics report speak about the real registrations."""
 
+import json
+
 import pytest
 import torch
 
@@ -123,3 +125,37 @@ def test_accuracy_tool_prints_each_function_beside_cpu(tmp_path, capsys):
         assert rows[name]["accurate"] < 5e-7 and rows[name]["cpu"] < 5e-7, rows[name]
     assert rows["matmul (highest)"]["accurate"] < 1e-6, rows
     assert torch.tpu.get_math_mode() == "accurate"  # the tool puts the mode back
+
+
+def test_pytest_resume_splits_a_suite_over_runs(tmp_path):
+    """`-p torchtpu.tools.pytest_resume`: a run starts no test after --seconds, the next goes on from the
+    log, a test that ran out of --test-seconds ends the process and counts as failed (not run again)."""
+    import subprocess
+    import sys
+
+    from conftest import skip_if_device_is_exclusive
+
+    skip_if_device_is_exclusive()  # the child imports torchtpu, which opens the device
+    (tmp_path / "test_three.py").write_text(
+        "import time\n"
+        "def test_a():\n    time.sleep(0.3)\n"
+        "def test_b():\n    time.sleep(30)\n"
+        "def test_c():\n    assert 1 == 2\n")
+    log = tmp_path / "log.jsonl"
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                               "torchtpu.tools.pytest_resume", "--resume-log", str(log), *extra, "test_three.py"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    first = run("--seconds", "0")
+    assert "1 passed" in first.stdout and "2 tests left for the next run" in first.stdout, first.stdout
+    second = run("--test-seconds", "2")
+    assert second.returncode != 0
+    assert "test_three.py::test_b" in (tmp_path / "log.jsonl.stacks").read_text()
+    third = run()
+    assert "whole log: 2 failed, 1 passed; 0 left" in third.stdout, third.stdout
+    assert "CRASHED test_three.py::test_b" in third.stdout and "FAILED test_three.py::test_c" in third.stdout
+    outcomes = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["nodeid"].split("::")[1] for r in outcomes if r["outcome"] != "started"] == ["test_a", "test_c"]
+    assert "assert 1 == 2" in outcomes[-1]["message"]

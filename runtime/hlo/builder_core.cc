@@ -150,6 +150,11 @@ Value Builder::transpose(const Value& v, const std::vector<int64_t>& permutation
   std::vector<int64_t> identity(permutation.size());
   std::iota(identity.begin(), identity.end(), 0);
   if (permutation == identity) return v;
+  // libtpu fails to compile a complex128 transpose (its float64 emulation meets a layout it does not
+  // expect: "xprecision_emitters ... f64[4,3]{0,1} vs c128[4,3]{1,0}", seen on a v5e): move the parts.
+  if (v.element() == ElementType::C128) {
+    return complex_from(transpose(real_part(v), permutation), transpose(imag_part(v), permutation));
+  }
   std::vector<int64_t> dims;
   for (int64_t p : permutation) dims.push_back(v.dims().at(p));
   TensorType t{v.element(), dims};

@@ -9,6 +9,41 @@ namespace torchtpu::rt {
 
 using namespace builder_internal;
 
+namespace {
+
+// dot_general as broadcast products reduced over the contracting dims: both operands are broadcast to
+// [batch..., a's free..., b's free..., contracting...] (`result`'s dims, then the contracting sizes).
+Value integer_dot(Builder& b, const Value& lhs, const Value& rhs, const std::vector<int64_t>& lhs_batch,
+                  const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                  const std::vector<int64_t>& rhs_contract, const TensorType& result) {
+  const int64_t batch = static_cast<int64_t>(lhs_batch.size());
+  const int64_t lhs_free = lhs.rank() - batch - static_cast<int64_t>(lhs_contract.size());
+  const int64_t contract_start = static_cast<int64_t>(result.dims.size());
+  auto mapping = [&](const Value& v, const std::vector<int64_t>& batch_dims, const std::vector<int64_t>& contract,
+                     int64_t free_start) {
+    std::vector<int64_t> to(v.rank());
+    int64_t free = free_start;
+    for (int64_t i = 0; i < v.rank(); ++i) {
+      const auto in_batch = std::find(batch_dims.begin(), batch_dims.end(), i);
+      const auto in_contract = std::find(contract.begin(), contract.end(), i);
+      to[i] = in_batch != batch_dims.end()       ? in_batch - batch_dims.begin()
+              : in_contract != contract.end() ? contract_start + (in_contract - contract.begin())
+                                              : free++;
+    }
+    return to;
+  };
+  std::vector<int64_t> dims = result.dims, reduced;
+  for (size_t j = 0; j < lhs_contract.size(); ++j) {
+    dims.push_back(lhs.dims()[lhs_contract[j]]);
+    reduced.push_back(contract_start + static_cast<int64_t>(j));
+  }
+  const Value products = b.mul(b.broadcast_in_dim(lhs, dims, mapping(lhs, lhs_batch, lhs_contract, batch)),
+                               b.broadcast_in_dim(rhs, dims, mapping(rhs, rhs_batch, rhs_contract, batch + lhs_free)));
+  return reduced.empty() ? products : b.reduce(products, reduced, "add", 0);
+}
+
+}  // namespace
+
 Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int64_t>& lhs_batch,
                            const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                            const std::vector<int64_t>& rhs_contract) {
@@ -23,6 +58,11 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
     dims.push_back(b.dims()[i]);
   }
   TensorType t{a.element(), dims};
+  if (a.element() == ElementType::S64 || a.element() == ElementType::U64) {
+    // libtpu has no 64-bit integer dot ("rewriting computation to not contain X64 ... not implemented"):
+    // products and sums, which wrap like PyTorch's, on operands laid out as [batch, a's free, b's free, k].
+    return integer_dot(*this, a, b, lhs_batch, rhs_batch, lhs_contract, rhs_contract, t);
+  }
   const std::string precision = precision_of(a.element());
   return emit("stablehlo.dot_general " + name(a) + ", " + name(b) + ", batching_dims = " + list(lhs_batch) + " x " +
                   list(rhs_batch) + ", contracting_dims = " + list(lhs_contract) + " x " + list(rhs_contract) +
@@ -211,8 +251,11 @@ Value Builder::convolution(const Value& lhs, const Value& rhs, const std::string
     out[o[2 + i]] = padded < window ? 0 : (padded - window) / window_strides[i] + 1;
     pads += (i ? ", [" : "[") + std::to_string(padding[2 * i]) + ", " + std::to_string(padding[2 * i + 1]) + "]";
   }
-  TensorType t{lhs.element(), out};
-  return emit("\"stablehlo.convolution\"(" + name(lhs) + ", " + name(rhs) + ") {window_strides = " +
+  // bfloat16/float16: accumulated and returned in float32, rounded once (as CPU does). A TPU's own
+  // low-precision convolution rounded partial sums (gradients 20 ulps off near cancellation on a v5e).
+  const bool low_precision = lhs.element() == ElementType::BF16 || lhs.element() == ElementType::F16;
+  TensorType t{low_precision ? ElementType::F32 : lhs.element(), out};
+  const Value result = emit("\"stablehlo.convolution\"(" + name(lhs) + ", " + name(rhs) + ") {window_strides = " +
                   i64_array(window_strides) + ", padding = dense<[" + pads + "]> : tensor<" + std::to_string(n) +
                   "x2xi64>, lhs_dilation = " + i64_array(lhs_dilation) + ", rhs_dilation = " +
                   i64_array(rhs_dilation) + ", dimension_numbers = #stablehlo.conv<" + conv_word(words[0]) + "x" +
@@ -222,6 +265,7 @@ Value Builder::convolution(const Value& lhs, const Value& rhs, const std::string
                   "} : (" + lhs.type.mlir() + ", " + rhs.type.mlir() +
                   ") -> " + t.mlir(),
               t);
+  return convert(result, lhs.element());
 }
 
 Value Builder::reverse(const Value& v, const std::vector<int64_t>& dims) {

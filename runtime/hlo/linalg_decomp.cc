@@ -324,9 +324,11 @@ std::pair<Value, Value> jacobi(Builder& b, const Value& m, bool one_sided) {
         apq = entry(r, cp, q);
       }
       Value rotate = r.bitwise_and(r.broadcast_to(r.lt(p, q), {batch}), r.ne(apq, zero(r, apq)));
-      Value theta = r.div(r.sub(aqq, app), r.mul(r.scalar_like(2, apq), apq));
-      Value tangent = r.div(r.select(r.ge(theta, zero(r, theta)), one(r, theta), r.scalar_like(-1, theta)),
-                            r.add(r.abs(theta), r.sqrt(r.add(r.mul(theta, theta), one(r, theta)))));
+      // t = sign(theta) / (|theta| + sqrt(theta^2 + 1)) for theta = d / h, multiplied through by |h|: no
+      // theta^2 to overflow when apq is tiny (a TPU's float64 is two float32s, whose inf becomes NaN).
+      Value d = r.sub(aqq, app), h = r.mul(r.scalar_like(2, apq), apq);
+      Value tangent = r.div(r.mul(r.select(r.ge(d, zero(r, d)), one(r, d), r.scalar_like(-1, d)), h),
+                            r.add(r.abs(d), r.sqrt(r.add(r.mul(d, d), r.mul(h, h)))));
       Value cosine = r.rsqrt(r.add(r.mul(tangent, tangent), one(r, tangent)));
       Value sine = r.mul(tangent, cosine);
       cosine = r.select(rotate, cosine, one(r, cosine));

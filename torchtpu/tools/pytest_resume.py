@@ -10,6 +10,7 @@ counts as failed and is not run again. The summary covers the whole log.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import time
@@ -22,6 +23,8 @@ def pytest_addoption(parser):
     group.addoption("--resume-log", default=None,
                     help="JSON lines of finished tests: those in it are not run again; outcomes are appended")
     group.addoption("--seconds", type=float, default=None, help="start no test after this many seconds")
+    group.addoption("--test-seconds", type=float, default=None,
+                    help="a test still running after this many seconds ends the process (its stacks printed)")
 
 
 def read_log(path: str) -> dict[str, dict]:
@@ -46,6 +49,9 @@ class _Resume:
     def __init__(self, config):
         self.log = config.getoption("resume_log")
         self.seconds = config.getoption("seconds")
+        self.test_seconds = config.getoption("test_seconds")
+        # pytest captures file descriptor 2 during a test: the stacks of a test that ran out of time go here
+        self.stacks = open(self.log + ".stacks", "a") if self.test_seconds else None
         self.start = time.monotonic()
         self.reports: dict[str, list] = {}
         self.left = 0
@@ -65,11 +71,17 @@ class _Resume:
 
     def pytest_runtest_logstart(self, nodeid, location):
         self._append({"nodeid": nodeid, "outcome": "started"})
+        if self.test_seconds:
+            self.stacks.write(f"{nodeid}\n")
+            self.stacks.flush()
+            faulthandler.dump_traceback_later(self.test_seconds, exit=True, file=self.stacks)
 
     def pytest_runtest_logreport(self, report):
         self.reports.setdefault(report.nodeid, []).append(report)
 
     def pytest_runtest_logfinish(self, nodeid, location):
+        if self.test_seconds:
+            faulthandler.cancel_dump_traceback_later()
         reports = self.reports.pop(nodeid, [])
         outcome = "passed"
         if any(report.failed for report in reports):
@@ -77,7 +89,10 @@ class _Resume:
         elif any(report.skipped for report in reports):
             outcome = "skipped"
         seconds = sum(getattr(report, "duration", 0.0) for report in reports)
-        self._append({"nodeid": nodeid, "outcome": outcome, "seconds": round(seconds, 3)})
+        record = {"nodeid": nodeid, "outcome": outcome, "seconds": round(seconds, 3)}
+        if outcome == "failed":
+            record["message"] = "\n".join(str(report.longrepr) for report in reports if report.failed)[-3000:]
+        self._append(record)
         self.left -= 1
 
     @pytest.hookimpl(hookwrapper=True)
