@@ -88,8 +88,7 @@ def no_cpu_fallback():
     """Fails if any op inside the block ran on the CPU instead of tpu."""
     before = dict(metrics()["cpu_fallbacks"])
     yield
-    after = metrics()["cpu_fallbacks"]
-    fell_back = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    fell_back = torchtpu.debug.fallbacks_since(before)
     assert not fell_back, f"ops fell back to the CPU: {fell_back}"
 
 

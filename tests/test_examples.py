@@ -51,9 +51,7 @@ def train_on_tpu(compile, graph=False):
     per_step = [b - a for a, b in zip(step_ends, step_ends[1:])]
     with torch.no_grad():  # inference on tpu, with fallback still forbidden; compiled as main() does
         example.infer((torch.compile(model, backend="tpu") if compile else model).eval(), "tpu", True, 0)
-    after = torchtpu.debug.metrics()["cpu_fallbacks"]
-    fell_back = {{op: n - fallbacks.get(op, 0) for op, n in after.items() if n != fallbacks.get(op, 0)}}
-    return {{"losses": losses, "executions": per_step, "fallbacks": fell_back}}
+    return {{"losses": losses, "executions": per_step, "fallbacks": torchtpu.debug.fallbacks_since(fallbacks)}}
 
 print(json.dumps({{"tpu": train_on_tpu(compile=False)}}), flush=True)
 print(json.dumps({{"cpu": example.train("cpu", {steps}, tiny=True, seed=0)}}), flush=True)

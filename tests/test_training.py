@@ -19,9 +19,7 @@ import train_mlp
 before = dict(torchtpu.debug.metrics()["cpu_fallbacks"])
 tpu = train_mlp.train("tpu", steps=8, batch=16)
 cpu = train_mlp.train("cpu", steps=8, batch=16)
-fallbacks = {{op: n - before.get(op, 0) for op, n in torchtpu.debug.metrics()["cpu_fallbacks"].items()
-             if n != before.get(op, 0)}}
-print(json.dumps({{"tpu": tpu, "cpu": cpu, "fallbacks": fallbacks}}))
+print(json.dumps({{"tpu": tpu, "cpu": cpu, "fallbacks": torchtpu.debug.fallbacks_since(before)}}))
 """
 
 

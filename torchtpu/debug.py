@@ -26,6 +26,11 @@ def metrics() -> dict:
     return m
 
 
+def fallbacks_since(before: dict) -> dict:
+    """The CPU fallbacks counted since `before` (a copy of metrics()["cpu_fallbacks"]), op -> calls."""
+    return {op: n - before.get(op, 0) for op, n in metrics()["cpu_fallbacks"].items() if n > before.get(op, 0)}
+
+
 def metrics_report() -> str:
     m = metrics()
     ops = m["ops"]

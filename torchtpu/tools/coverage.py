@@ -111,8 +111,7 @@ def main(argv=None) -> int:
         status, error = run_as_main(args.workload, args.workload_args)
         if error:
             print(f"{args.workload} {error}", file=sys.stderr)
-        after = torchtpu.debug.metrics()["cpu_fallbacks"]
-        fell_back = {op: n - before.get(op, 0) for op, n in after.items() if n > before.get(op, 0)}
+        fell_back = torchtpu.debug.fallbacks_since(before)
         print(f"ops {args.workload} ran on the CPU: {len(fell_back)}")
         for op, n in sorted(fell_back.items(), key=lambda kv: -kv[1]):
             print(f"  {op}: {n} calls")
