@@ -182,8 +182,7 @@ def _(F, mo, nn, torch, torchtpu):
         scaler.step(fp16_opt)
         scaler.update()
         fp16_losses.append(round(fp16_loss.item(), 4))
-    fallbacks_after = torchtpu.debug.metrics()["cpu_fallbacks"]
-    fell_back = {op: n - fallbacks_before.get(op, 0) for op, n in fallbacks_after.items() if n != fallbacks_before.get(op, 0)}
+    fell_back = torchtpu.debug.fallbacks_since(fallbacks_before)
     mo.md(
         f"""
     float16 losses `{fp16_losses}`, loss scale now `{scaler.get_scale():.0f}`; ops that ran on the CPU
