@@ -156,6 +156,21 @@ def fresh_cache_dir(tmp_path):
     return str(d)
 
 
+def near_exact_bfloat16(actual, cpu, exact, what=""):
+    """A bfloat16 tpu result against the float64 result of the same inputs: every element within one
+    bfloat16 ulp of it, or no farther from it than CPU's element. CPU's own bfloat16 kernels are no
+    reference: some round partial sums, and which do depends on the host's CPU (oneDNN's paths)."""
+    assert actual.device.type == "tpu" and actual.dtype == torch.bfloat16, (actual.device, actual.dtype)
+    assert actual.shape == cpu.shape == exact.shape, (actual.shape, cpu.shape, exact.shape)
+    exponent = torch.frexp(exact.abs().clamp(min=2.0 ** -126)).exponent
+    ulp = torch.pow(2.0, (exponent - 8).double())  # |x| in [2^(e-1), 2^e): 8 significant bits
+    tpu_error = (actual.cpu().double() - exact).abs()
+    allowed = torch.maximum((cpu.double() - exact).abs() * 1.01, ulp)
+    bad = tpu_error > allowed
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.numel()} elements farther from float64 than "
+                           f"one bfloat16 ulp and than CPU; worst {float((tpu_error - allowed).max()):.3g} past")
+
+
 def close(actual, expected, **tol):
     """A tpu result equals the CPU one: device, dtype, shape, then values (NaNs equal)."""
     assert actual.device.type == "tpu", actual.device

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from codegen import gen
 from codegen.model import SpecError, load_spec_file
@@ -72,8 +73,14 @@ def run_gen(root, *args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_checked_in_generated_code_matches_specs():
-    assert gen.main(["--check"]) == 0
+# The generator reads torch's C++ headers (which ops have a Meta kernel): a TPU host's packed torch
+# leaves them out (../shared/tpu/pack.sh).
+TORCH_HEADERS = os.path.isdir(os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "ops"))
+
+
+@pytest.mark.skipif(not TORCH_HEADERS, reason="torch's C++ headers are not installed here (the generator reads them)")
+def test_checked_in_generated_code_matches_specs(capsys):
+    assert gen.main(["--check"]) == 0, capsys.readouterr().err
 
 
 def test_adding_an_op_is_one_spec_entry(tmp_path):

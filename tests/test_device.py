@@ -17,8 +17,16 @@ def test_runtime_started():
     assert torch.tpu.is_initialized()
 
 
+# The CPU plugin is started with 4 devices (the suite's multi-device cases); a TPU host has its chips.
+FOUR_DEVICES = pytest.mark.skipif(torch.tpu.device_count() < 4,
+                                  reason=f"needs 4 tpu devices; this host has {torch.tpu.device_count()}")
+
+
 def test_device_count_and_current_device():
-    assert torch.tpu.device_count() == 4
+    if torchtpu._C.platform_name() == "cpu":
+        assert torch.tpu.device_count() == 4
+    else:
+        assert torch.tpu.device_count() >= 1
     assert torch.tpu.current_device() == 0
     assert torch._C._get_privateuse1_backend_name() == "tpu"
     d = torch.device("tpu")
@@ -26,6 +34,7 @@ def test_device_count_and_current_device():
     assert torch.device("tpu:1").index == 1
 
 
+@FOUR_DEVICES
 def test_set_device_and_context_manager():
     assert torch.tpu.current_device() == 0
     try:
@@ -81,7 +90,8 @@ def test_device_name_and_properties():
     assert isinstance(props.name, str) and props.name
     assert props.index == 0
     assert props.name in name
-    assert torch.tpu.get_device_properties("tpu:1").index == 1
+    last = torch.tpu.device_count() - 1
+    assert torch.tpu.get_device_properties(f"tpu:{last}").index == last
 
 
 def test_memory_functions_track_allocations():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchtpu
+from torchtpu._plugins import find_packaged
 from conftest import assert_equal_cpu, error_raised_by, last_json, metrics, run_python
 
 
@@ -32,13 +33,16 @@ def test_fallback_warns_once_and_counts():
     cpu, other_cpu = torch.tensor([[1.5, -2.0], [0.25, 7.0]]), torch.tensor([[1.0, 1.0], [-3.0, 0.5]])
     t, other = cpu.to("tpu"), other_cpu.to("tpu")
     before = _fallback_count("aten::_add_relu")
+    taken_before = _fallback_count("aten::_add_relu.Tensor")  # the overload the first call takes
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         first = add_relu(t, other)
         second = add_relu(t, other, alpha=2)
     found = _fallback_warnings(record, "aten::_add_relu")
-    assert len(found) == 1, [str(w.message) for w in record]
-    assert "CPU" in str(found[0].message)
+    # Warned once per process: where the suite runs in one process (a TPU host), an earlier test may
+    # have been the first to take this fallback.
+    assert len(found) == (0 if taken_before else 1), (taken_before, [str(w.message) for w in record])
+    assert taken_before or "CPU" in str(found[0].message)
     assert_equal_cpu(first, add_relu(cpu, other_cpu), exact=True)
     assert_equal_cpu(second, add_relu(cpu, other_cpu, alpha=2), exact=True)
     assert _fallback_count("aten::_add_relu") == before + 2, metrics()["cpu_fallbacks"]
@@ -151,6 +155,7 @@ def test_bad_plugin_does_not_crash_import(value):
         assert "TORCHTPU_PJRT_PLUGIN" in msg, msg
 
 
+@pytest.mark.skipif(find_packaged("cpu")[0] is None, reason="XLA's CPU plugin (xla-cpu-pjrt) is not installed here")
 def test_cpu_plugin_by_name_subprocess():
     proc = run_python(PLUGIN_PROBE, {"TORCHTPU_PJRT_PLUGIN": "cpu"})
     assert proc.returncode == 0, proc.stderr

@@ -81,20 +81,15 @@ class TracedCall {
   bool recording() const { return start_ns_ >= 0; }
 
   // Wraps building and compiling a module, wherever that happens: the time counts as compile time
-  // of the innermost step being recorded on this thread (not as its execute time).
+  // of the innermost step being recorded on this thread (not as its execute time). A module too big
+  // for the device (a TPU says so when it compiles) is torch.OutOfMemoryError.
   template <typename F>
   static auto compile(F&& build) {
-    at::RecordFunction range(at::RecordScope::USER_SCOPE);
-    if (range.isActive()) range.before("tpu::compile");
-    TracedCall* call = t_current;
-    if (!call) return build();
-    const int64_t start = trace_now_ns();
-    auto result = build();
-    const int64_t ns = trace_now_ns() - start;
-    call->compile_ns_ += ns;
-    if (call->executing_) call->compile_in_execute_ns_ += ns;
-    call->compiled_ = true;
-    return result;
+    try {
+      return compile_timed(build);
+    } catch (const rt::OutOfMemoryError& error) {
+      raise_out_of_memory(error);
+    }
   }
   // Wraps enqueuing an execution (or a transfer); waits for it while tracing with synchronize or profiling.
   template <typename F>
@@ -118,6 +113,21 @@ class TracedCall {
   void record(std::string name, std::string shapes);
 
  private:
+  template <typename F>
+  static auto compile_timed(F& build) {
+    at::RecordFunction range(at::RecordScope::USER_SCOPE);
+    if (range.isActive()) range.before("tpu::compile");
+    TracedCall* call = t_current;
+    if (!call) return build();
+    const int64_t start = trace_now_ns();
+    auto result = build();
+    const int64_t ns = trace_now_ns() - start;
+    call->compile_ns_ += ns;
+    if (call->executing_) call->compile_in_execute_ns_ += ns;
+    call->compiled_ = true;
+    return result;
+  }
+
   template <typename F>
   static void run_reporting_memory(F& run) {
     try {

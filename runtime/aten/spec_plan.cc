@@ -162,6 +162,39 @@ std::vector<at::Tensor> written_tensors(const c10::IValue& v) {
   return {};
 }
 
+// A TPU's complex128 is emulated, and libtpu's emulation fails on much of it (measured on a v5e:
+// transposes and complex() of float64 parts fail to compile with layout RET_CHECKs, FFTs reject c128
+// operands, a complex128 division aborted the process), so such calls run on the CPU there: slow but
+// exact, where compiling could take the process down. Data movement stays on the device.
+static bool platform_lacks_complex128() {
+  static const bool lacks = runtime().platform_name() == "tpu";
+  return lacks;
+}
+
+static bool touches_complex128(const OpSpec& spec, const c10::IValue* args, const CallPlan& plan, at::ScalarType compute) {
+  if (compute == at::kComplexDouble) return true;
+  for (const auto& plans : plan.fresh) {
+    for (const OutputPlan& p : plans) {
+      if (p.defined && p.dtype == at::kComplexDouble) return true;
+    }
+  }
+  for (const OutputPlan& p : plan.written) {
+    if (p.dtype == at::kComplexDouble) return true;
+  }
+  for (size_t i = 0; i < spec.args.size(); ++i) {
+    if (spec.args[i] == ArgKind::Tensor && args[i].isTensor() && args[i].toTensor().defined() &&
+        args[i].toTensor().scalar_type() == at::kComplexDouble) {
+      return true;
+    }
+    if (spec.args[i] == ArgKind::TensorList) {
+      for (const at::Tensor& t : args[i].toTensorList()) {
+        if (t.scalar_type() == at::kComplexDouble) return true;
+      }
+    }
+  }
+  return false;
+}
+
 CallPlan plan_call(const OpSpec& spec, MetaCallFn meta_call, const c10::OperatorHandle& op, const c10::IValue* args) {
   const size_t n = spec.args.size();
   CallPlan plan;
@@ -248,6 +281,8 @@ CallPlan plan_call(const OpSpec& spec, MetaCallFn meta_call, const c10::Operator
   if (!supported) {
     plan.unsupported = "does not support dtype " + compute_name + " on tpu (supported: " +
                        c10::Join(", ", spec.dtypes) + "; see " + spec.source + ")";
+  } else if (platform_lacks_complex128() && touches_complex128(spec, args, plan, compute)) {
+    plan.unsupported = "computes in complex128, which libtpu cannot compile";
   }
   plan.compute = compute;
   return plan;

@@ -272,7 +272,10 @@ Value Builder::div_rounded(const Value& a, const Value& b, const std::string& mo
   }
   if (mode == "trunc") {
     // CPU rounds a half-precision quotient before truncating, unless the divisor is one element.
-    Value q = b.type.numel() == 1 ? div(a, b) : nominal(div(a, b));
+    // XLA may divide by one element through its reciprocal (a v5e truncated 6/1.5 to 3): one Newton
+    // step restores the correctly rounded quotient, so an exact integer quotient stays one.
+    Value q = div(a, b);
+    q = b.type.numel() == 1 ? add(q, div(sub(a, mul(q, b)), b)) : nominal(q);
     return select(lt(q, zero), unary("ceil", q), unary("floor", q));
   }
   // CPU's div_floor_floating: exact for every representable quotient.

@@ -158,8 +158,10 @@ void Runtime::check(PJRT_Error* error, const char* what) {
   auto code = PJRT_ARGS(PJRT_Error_GetCode_Args);
   code.error = error;
   const bool exhausted = !api_->PJRT_Error_GetCode(&code) && code.code == PJRT_Error_Code_RESOURCE_EXHAUSTED;
-  std::string message = std::string("torchtpu: PJRT error while ") + what + ": " + take_error(error);
-  if (exhausted) throw OutOfMemoryError(message);
+  const std::string text = take_error(error);
+  std::string message = std::string("torchtpu: PJRT error while ") + what + ": " + text;
+  // libtpu reports a module whose buffers cannot fit when it compiles it, with another code.
+  if (exhausted || text.find("Ran out of memory") != std::string::npos) throw OutOfMemoryError(message);
   throw RuntimeError(message);
 }
 
