@@ -158,3 +158,16 @@ def test_pytest_resume_splits_a_suite_over_runs(tmp_path):
     outcomes = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["nodeid"].split("::")[1] for r in outcomes if r["outcome"] != "started"] == ["test_a", "test_c"]
     assert "assert 1 == 2" in outcomes[-1]["message"]
+
+
+def test_sample_times_names_each_step_with_its_compiles(tmp_path, capsys):
+    from torchtpu.tools import sample_times
+
+    log = tmp_path / "times.txt"
+    assert sample_times.main(["nn.functional.relu:float32", "--log", str(log)]) == 0
+    lines = log.read_text().splitlines()
+    assert lines == capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("nn.functional.relu float32 sample 0: input ")
+    steps = [line.strip() for line in lines if ": " in line and " s, " in line]
+    assert any(s.startswith("forward: ") for s in steps) and any(s.startswith("backward: ") for s in steps)
+    assert all(s.endswith(" s)") and " compiles (" in s for s in steps), steps
