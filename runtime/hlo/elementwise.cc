@@ -271,11 +271,12 @@ Value Builder::div_rounded(const Value& a, const Value& b, const std::string& mo
     return select(adjust, sub(quotient, one), quotient);
   }
   if (mode == "trunc") {
-    // CPU rounds a half-precision quotient before truncating, unless the divisor is one element.
-    // XLA may divide by one element through its reciprocal (a v5e truncated 6/1.5 to 3): one Newton
-    // step restores the correctly rounded quotient, so an exact integer quotient stays one.
+    // CPU truncates the correctly rounded quotient (a half-precision one rounded to its dtype, unless
+    // the divisor is one element). A TPU's float32 division is not correctly rounded (a v5e's bfloat16
+    // trunc was one off where the quotient sat on a rounding boundary): one Newton step restores it.
     Value q = div(a, b);
-    q = b.type.numel() == 1 ? add(q, div(sub(a, mul(q, b)), b)) : nominal(q);
+    q = add(q, div(sub(a, mul(q, b)), b));
+    if (b.type.numel() != 1) q = nominal(q);
     return select(lt(q, zero), unary("ceil", q), unary("floor", q));
   }
   // CPU's div_floor_floating: exact for every representable quotient.
