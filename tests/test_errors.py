@@ -27,8 +27,8 @@ def _fallback_warnings(record, op):
 
 
 # _add_relu (functional, in-place and out=; an internal op of TorchScript's fusion passes) has no spec
-# and needs none: these tests are the suite's only users of its Tensor overloads, so their one-time
-# warning is theirs (the graph, trace and report tests use _add_relu.Scalar).
+# and needs none. Its Tensor overload is also taken by test_fused (which a TPU host may run first), its
+# Scalar overload by the graph, trace and report tests.
 def test_fallback_warns_once_and_counts():
     cpu, other_cpu = torch.tensor([[1.5, -2.0], [0.25, 7.0]]), torch.tensor([[1.0, 1.0], [-3.0, 0.5]])
     t, other = cpu.to("tpu"), other_cpu.to("tpu")
@@ -39,8 +39,7 @@ def test_fallback_warns_once_and_counts():
         first = add_relu(t, other)
         second = add_relu(t, other, alpha=2)
     found = _fallback_warnings(record, "aten::_add_relu")
-    # Warned once per process: where the suite runs in one process (a TPU host), an earlier test may
-    # have been the first to take this fallback.
+    # Warned once per process: an earlier test may have been the first to take this fallback.
     assert len(found) == (0 if taken_before else 1), (taken_before, [str(w.message) for w in record])
     assert taken_before or "CPU" in str(found[0].message)
     assert_equal_cpu(first, add_relu(cpu, other_cpu), exact=True)
