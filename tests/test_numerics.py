@@ -119,6 +119,10 @@ def test_matmul_precision_reaches_compiled_graphs():
     compiled = torch.compile(f, backend="tpu")
     a, b = torch.randn(32, 64), torch.randn(16, 64)
     before = torch.get_float32_matmul_precision()
+    # Computed under "highest": under "medium" PyTorch's own CPU matmul takes bfloat16 where the host
+    # CPU has it (AMX / AVX512-BF16), so it is no reference there.
+    torch.set_float32_matmul_precision("highest")
+    expected = f(a, b)
     try:
         for precision in ("highest", "medium"):
             torch.set_float32_matmul_precision(precision)
@@ -127,7 +131,7 @@ def test_matmul_precision_reaches_compiled_graphs():
             assert _compile.stats()["captures"] > graphs, precision  # captured anew under this setting
             # one bfloat16 pass over 64 products of N(0, 1) values: errors up to ~0.06 seen on a v5e
             tolerance = 1e-5 if precision == "highest" or not ON_TPU else 1.5e-1
-            torch.testing.assert_close(got, f(a, b), rtol=tolerance, atol=tolerance)
+            torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
     finally:
         torch.set_float32_matmul_precision(before)
 

@@ -2,6 +2,7 @@
 // Torch-free, so the generated emitters compile in seconds.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -71,13 +72,19 @@ class EmitArgs {
   }
   bool is_none(int i) const { return std::holds_alternative<std::monostate>(args.at(i)); }
   // A foreach lowering's view of element `i`: each list argument in `lists` reads as its i-th
-  // element (none where that list is shorter, e.g. an empty max_exp_avg_sqs).
+  // element (none where that list is shorter, e.g. an empty max_exp_avg_sqs). The lists themselves
+  // are not copied: an optimizer's foreach step over N parameters would copy N^2 values.
   EmitArgs element(size_t i, const std::vector<int>& lists) const {
-    EmitArgs one = *this;
-    for (int l : lists) {
-      const auto* list = std::get_if<std::vector<rt::Value>>(&args.at(l));
-      if (list && i < list->size()) one.args[l] = (*list)[i];
-      else one.args[l] = std::monostate{};
+    EmitArgs one;
+    one.args.reserve(args.size());
+    for (size_t a = 0; a < args.size(); ++a) {
+      if (std::find(lists.begin(), lists.end(), static_cast<int>(a)) == lists.end()) {
+        one.args.push_back(args[a]);
+        continue;
+      }
+      const auto* list = std::get_if<std::vector<rt::Value>>(&args[a]);
+      if (list && i < list->size()) one.args.emplace_back((*list)[i]);
+      else one.args.emplace_back(std::monostate{});
     }
     return one;
   }
