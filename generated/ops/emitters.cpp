@@ -1006,9 +1006,9 @@ std::vector<Value> emit_linalg_matrix_exp(Builder& b, const EmitArgs& a) { retur
 // linalg_matrix_exp.out = matrix_exp(self)  (specs/linalg.yaml:210)
 std::vector<Value> emit_linalg_matrix_exp__out(Builder& b, const EmitArgs& a) { return {b.matrix_exp(a.value(0))}; }
 
-// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:215)
+// linalg_cross = cross(self, other, dim)  (specs/linalg.yaml:217)
 std::vector<Value> emit_linalg_cross(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
-// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:215)
+// linalg_cross.out = cross(self, other, dim)  (specs/linalg.yaml:217)
 std::vector<Value> emit_linalg_cross__out(Builder& b, const EmitArgs& a) { return {b.cross(a.value(0), a.value(1), a.integer(2))}; }
 
 // _softmax = softmax(self, dim)  (specs/nn.yaml:5)
@@ -5392,12 +5392,12 @@ const std::vector<OpSpec>& op_specs() {
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float32", "float64"}, &emit_linalg_matrix_exp__out, false, -1, {}, {}},
-      {"linalg_cross", "specs/linalg.yaml:215", Variant::Functional,
+      {"linalg_cross", "specs/linalg.yaml:217", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_linalg_cross, false, -1, {}, {}},
-      {"linalg_cross.out", "specs/linalg.yaml:215", Variant::Out,
+      {"linalg_cross.out", "specs/linalg.yaml:217", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,

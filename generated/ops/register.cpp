@@ -420,8 +420,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_linalg_svd.U", torchtpu::spec_kernel(specs[411], metas[411]));  // specs/linalg.yaml:205
   m.impl("linalg_matrix_exp", torchtpu::spec_kernel(specs[412], metas[412]));  // specs/linalg.yaml:210
   m.impl("linalg_matrix_exp.out", torchtpu::spec_kernel(specs[413], metas[413]));  // specs/linalg.yaml:210
-  m.impl("linalg_cross", torchtpu::spec_kernel(specs[414], metas[414]));  // specs/linalg.yaml:215
-  m.impl("linalg_cross.out", torchtpu::spec_kernel(specs[415], metas[415]));  // specs/linalg.yaml:215
+  m.impl("linalg_cross", torchtpu::spec_kernel(specs[414], metas[414]));  // specs/linalg.yaml:217
+  m.impl("linalg_cross.out", torchtpu::spec_kernel(specs[415], metas[415]));  // specs/linalg.yaml:217
   m.impl("_softmax", torchtpu::spec_kernel(specs[416], metas[416]));  // specs/nn.yaml:5
   m.impl("_softmax.out", torchtpu::spec_kernel(specs[417], metas[417]));  // specs/nn.yaml:5
   m.impl("_log_softmax", torchtpu::spec_kernel(specs[418], metas[418]));  // specs/nn.yaml:13
