@@ -119,11 +119,11 @@ def test_matmul_precision_reaches_compiled_graphs():
     compiled = torch.compile(f, backend="tpu")
     a, b = torch.randn(32, 64), torch.randn(16, 64)
     before = torch.get_float32_matmul_precision()
-    # Computed under "highest": under "medium" PyTorch's own CPU matmul takes bfloat16 where the host
-    # CPU has it (AMX / AVX512-BF16), so it is no reference there.
-    torch.set_float32_matmul_precision("highest")
-    expected = f(a, b)
     try:
+        # Computed under "highest": under "medium" PyTorch's own CPU matmul takes bfloat16 where the
+        # host CPU has it (AMX / AVX512-BF16), so it is no reference there.
+        torch.set_float32_matmul_precision("highest")
+        expected = f(a, b)
         for precision in ("highest", "medium"):
             torch.set_float32_matmul_precision(precision)
             graphs = _compile.stats()["captures"]
