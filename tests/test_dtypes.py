@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import TPU, assert_equal_cpu
+from conftest import TPU, assert_equal_cpu, last_json, run_python
 
 COMPLEX = [torch.complex64, torch.complex128]
 FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
@@ -114,6 +114,41 @@ def test_real_and_imag_views_write_through():
     xt.real.add_(1)
     x.real.add_(1)
     assert_equal_cpu(xt, x, exact=True)
+
+
+# A TPU's complex128 runs on the host (libtpu's emulation fails to compile its layout changes): the
+# same path on any plugin with TORCHTPU_COMPLEX128_ON_HOST, in a process of its own.
+COMPLEX128_ON_HOST = """
+import json, torch, torchtpu
+g = torch.Generator().manual_seed(0)
+x = torch.complex(torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)).double()
+t = x.to("tpu")
+checks = {
+    "transposed read": torch.equal(t.t().contiguous().cpu(), x.t().contiguous()),
+    "strided read": torch.equal(t[1:, ::2].cpu(), x[1:, ::2]),
+    "conj view": torch.equal(t.conj().t().cpu(), x.conj().t()),
+}
+w, wx = t.clone(), x.clone()
+w.t()[1:3, ::2] = t.t()[0:2, 1:3]
+wx.t()[1:3, ::2] = x.t()[0:2, 1:3]
+checks["write through a view"] = torch.equal(w.cpu(), wx)
+real, imag = torch.randn(10, 5, generator=g).double(), torch.randn(10, 5, generator=g).double()
+out = torch.empty(10, 5, dtype=torch.complex128, device="tpu")
+torch.complex(real.to("tpu"), imag.to("tpu"), out=out)
+checks["complex(out=) into a new storage"] = torch.equal(out.cpu(), torch.complex(real, imag))
+f = torch.fft.fft(t.t(), dim=0).cpu()
+checks["fft of a transposed view"] = torch.allclose(f, torch.fft.fft(x.t(), dim=0), rtol=1e-12, atol=1e-12)
+checks["division"] = torch.allclose((t / (t + 1)).cpu(), x / (x + 1), rtol=1e-12, atol=1e-12)
+checks["fallbacks counted"] = bool(torchtpu.debug.metrics()["cpu_fallbacks"])
+print(json.dumps(checks))
+"""
+
+
+def test_complex128_through_the_host_matches_cpu():
+    result = run_python(COMPLEX128_ON_HOST, env={"TORCHTPU_COMPLEX128_ON_HOST": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    checks = last_json(result.stdout)
+    assert checks and all(checks.values()), checks
 
 
 def test_complex_from_parts_and_polar():

@@ -745,3 +745,27 @@ def test_segment_reduce_and_gradient(reduce, initial, no_fallback):
         (actual, actual_grad), (expected, expected_grad) = run(TPU), run("cpu")
         assert_equal_cpu(actual.detach(), expected.detach(), atol=1e-6, rtol=1e-6)
         assert_equal_cpu(actual_grad, expected_grad, atol=1e-6, rtol=1e-6)
+
+
+# 64-bit integer division is a loop of its own (XLA's took libtpu 5-30 s to compile per shape):
+# exact at the extremes, for every rounding, with broadcasting, as on CPU.
+INT64_DIVISIONS = {
+    "fmod": torch.fmod,
+    "remainder": torch.remainder,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "floor_divide": torch.floor_divide,
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT64_DIVISIONS))
+def test_int64_division_is_exact_at_the_extremes(name):
+    op = INT64_DIVISIONS[name]
+    big, g = 2 ** 63 - 1, torch.Generator().manual_seed(0)
+    a = torch.tensor([[-big - 1, -big, big, 2 ** 62 + 1, -(2 ** 40) - 3, 0, 7, -7, 1, -1]], dtype=torch.int64)
+    b = torch.tensor([[3], [-3], [7], [big], [-big - 1], [2 ** 40], [-(2 ** 33) - 5], [1], [2]], dtype=torch.int64)
+    assert torch.equal(op(a.to(TPU), b.to(TPU)).cpu(), op(a, b))
+    wide = torch.randint(-2 ** 62, 2 ** 62, (64,), generator=g)
+    narrow = torch.randint(1, 2 ** 20, (64,), generator=g) * (torch.randint(0, 2, (64,), generator=g) * 2 - 1)
+    assert torch.equal(op(wide.to(TPU), narrow.to(TPU)).cpu(), op(wide, narrow))
+    assert torch.equal(op(wide.to(TPU), 12345).cpu(), op(wide, 12345))

@@ -1,6 +1,7 @@
 // Modules the runtime builds itself (copies, view reads and writes, storage growth) and the
 // host <-> device copies and scalar reads PyTorch routes to the backend.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/strides.h>
 #include <torch/library.h>
 
@@ -27,6 +28,24 @@ std::unordered_map<std::string, rt::ExecutablePtr> g_modules;
 std::mutex g_scalars_mutex;
 std::unordered_map<std::string, rt::BufferPtr> g_scalars;
 
+// libtpu's emulated complex128 fails to compile layout changes (a transposed view read, the zeros of
+// a never-written storage: layout RET_CHECKs on a v5e), so there a complex128 view is read and written
+// byte for byte on the host.
+bool complex128_on_host(const at::Tensor& t) {
+  return t.scalar_type() == at::kComplexDouble && platform_lacks_complex128();
+}
+
+// All of t's storage as a CPU tensor of t's dtype (zeros where lazy); `type`: its device buffer's type.
+at::Tensor storage_on_host(const at::Tensor& t, rt::TensorType& type) {
+  const TpuStorage& s = storage_of(t);
+  bool lazy = false;
+  type = storage_type(t, &lazy);
+  at::Tensor host = at::zeros({static_cast<int64_t>(s.nbytes / t.element_size())},
+                              at::TensorOptions().dtype(t.scalar_type()));
+  if (!lazy) runtime().to_host(*s.buffer, host.data_ptr(), s.nbytes);
+  return host;
+}
+
 void copy_eagerly(const at::Tensor& self, const at::Tensor& dst);
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -43,7 +62,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 
 void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
   if (is_tpu(self) && is_tpu(dst)) {
-    if (self.device() != dst.device()) {
+    if (self.device() != dst.device() || complex128_on_host(self) || complex128_on_host(dst)) {
       dst.copy_(self.cpu());
       return;
     }
@@ -199,6 +218,15 @@ void write_into(const at::Tensor& dst, const rt::BufferPtr& value_buffer) {
     storage.buffer = value_buffer;  // the write covers the whole storage
     return;
   }
+  if (complex128_on_host(dst)) {
+    rt::TensorType type;
+    at::Tensor host = storage_on_host(dst, type);
+    at::Tensor value = at::empty(value_buffer->dims(), at::TensorOptions().dtype(scalar_type(value_buffer->type())));
+    runtime().to_host(*value_buffer, value.data_ptr(), value.nbytes());
+    host.as_strided(dst.sizes(), dst.strides(), dst.storage_offset()).copy_(value);
+    storage.buffer = runtime().to_device(host.data_ptr(), type.element, type.dims, storage.device);
+    return;
+  }
   bool lazy = false;
   const rt::TensorType st = storage_type(dst, &lazy);
   std::vector<rt::BufferPtr> inputs{value_buffer};
@@ -219,6 +247,14 @@ rt::BufferPtr read_contiguous(const at::Tensor& src, rt::ElementType element) {
       src.is_contiguous() && src.storage_offset() == 0 &&
       storage.buffer->dims() == src.sizes().vec()) {
     return storage.buffer;
+  }
+  if (complex128_on_host(src)) {
+    rt::TensorType type;
+    const at::Tensor view = storage_on_host(src, type)
+                                .as_strided(src.sizes(), src.strides(), src.storage_offset())
+                                .to(scalar_type(element))
+                                .contiguous();
+    return runtime().to_device(view.data_ptr(), element, src.sizes().vec(), storage.device);
   }
   bool lazy = false;
   const rt::TensorType st = storage_type(src, &lazy);

@@ -550,6 +550,10 @@ class FusedRecorder final : public GraphCapture {
       flush(is_tpu(dst) ? "a copy between tpu devices" : "a host read");
       return false;
     }
+    if (platform_lacks_complex128() && (src.scalar_type() == at::kComplexDouble || dst.scalar_type() == at::kComplexDouble)) {
+      flush("a complex128 copy (through the host on this platform)");
+      return false;
+    }
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     // An upload into a storage the block has not met is written at once (as strict mode does).
     if (!is_tpu(src) && !(block_ && block_->holds(storage_of(dst)))) return false;

@@ -105,6 +105,10 @@ rt::Value write_tensor(rt::Builder& b, const std::optional<rt::Value>& old, cons
 // where the two conj bits differ (a conjugated view's storage holds the unconjugated values).
 rt::Value read_for_copy(rt::Builder& b, const std::optional<rt::Value>& storage, const rt::TensorType& storage_type,
                         const at::Tensor& src, const at::Tensor& dst);
+// True where the platform's complex128 cannot be compiled reliably (a TPU): calls that compute in it
+// run on the CPU, and its view reads and writes move bytes through the host (copies.cc).
+bool platform_lacks_complex128();
+
 // A host tensor uploaded for a copy into dst: what dst's storage takes (the values, conjugated where
 // dst carries the conj bit) in dst's dtype and shape.
 rt::BufferPtr upload_for_copy(const at::Tensor& src, const at::Tensor& dst);

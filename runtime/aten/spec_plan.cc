@@ -4,6 +4,7 @@
 #include <ATen/ops/nonzero.h>
 #include <c10/core/ScalarType.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "aten/spec_call.h"
@@ -165,9 +166,10 @@ std::vector<at::Tensor> written_tensors(const c10::IValue& v) {
 // A TPU's complex128 is emulated, and libtpu's emulation fails on much of it (measured on a v5e:
 // transposes and complex() of float64 parts fail to compile with layout RET_CHECKs, FFTs reject c128
 // operands, a complex128 division aborted the process), so such calls run on the CPU there: slow but
-// exact, where compiling could take the process down. Data movement stays on the device.
-static bool platform_lacks_complex128() {
-  static const bool lacks = runtime().platform_name() == "tpu";
+// exact, where compiling could take the process down.
+bool platform_lacks_complex128() {
+  // TORCHTPU_COMPLEX128_ON_HOST=1 takes that path on any platform (the CPU plugin's tests of it).
+  static const bool lacks = runtime().platform_name() == "tpu" || std::getenv("TORCHTPU_COMPLEX128_ON_HOST") != nullptr;
   return lacks;
 }
 

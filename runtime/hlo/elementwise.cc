@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "hlo/builder_internal.h"
@@ -26,9 +27,54 @@ std::vector<int64_t> Builder::broadcast_shape(const std::vector<const Value*>& o
   return dims;
 }
 
+// 64-bit integer division as 64 steps of shift-and-subtract on the magnitudes. XLA's own 64-bit
+// division takes libtpu 5-30 s to compile for each new shape on a TPU v5e (fmod of a 5x5 int64
+// tensor: 32 s; a parity test of a few dozen shapes ran for minutes); this loop compiles at once on
+// every platform and is exact. The truncating quotient, or C's remainder (the dividend's sign);
+// x / 0 and x % 0 give XLA's answers (-1 and x).
+Value Builder::divide_64(const Value& a_in, const Value& d_in, bool remainder) {
+  Builder& b = *this;
+  const std::vector<int64_t> dims = broadcast_shape({&a_in, &d_in}, remainder ? "remainder" : "divide");
+  const Value a = b.broadcast_to(a_in, dims), d = b.broadcast_to(d_in, dims);
+  const bool is_signed = a.element() == ElementType::S64;
+  const TensorType magnitude{ElementType::U64, dims};
+  const Value zero = b.full(0, a.type);
+  const Value a_negative = b.lt(a, zero), d_negative = b.lt(d, zero);  // unsigned: never
+  // |INT64_MIN| wraps to itself, whose bits read as unsigned are 2^63: right.
+  const auto abs_bits = [&](const Value& v, const Value& negative) {
+    return is_signed ? b.reinterpret(b.select(negative, b.neg(v), v), ElementType::U64) : v;
+  };
+  // Carried: step, quotient, remainder, and the magnitudes (a while region sees only what it carries).
+  const std::vector<Value> out = b.while_loop(
+      {b.constant_int(0, ElementType::U64), b.full(0, magnitude), b.full(0, magnitude), abs_bits(a, a_negative),
+       abs_bits(d, d_negative)},
+      [](Builder& r, const std::vector<Value>& s) { return r.lt(s[0], r.constant_int(64, ElementType::U64)); },
+      [&](Builder& r, const std::vector<Value>& s) {
+        const Value one = r.full(1, magnitude);
+        const Value bit = r.broadcast_to(r.sub(r.constant_int(63, ElementType::U64), s[0]), dims);
+        const Value next_digit = r.bitwise_and(r.binary("shift_right_logical", s[3], bit), one);
+        Value rest = r.bitwise_or(r.binary("shift_left", s[2], one), next_digit);
+        const Value fits = r.ge(rest, s[4]);
+        rest = r.select(fits, r.sub(rest, s[4]), rest);
+        const Value quotient = r.select(fits, r.bitwise_or(s[1], r.binary("shift_left", one, bit)), s[1]);
+        return std::vector<Value>{r.add(s[0], r.constant_int(1, ElementType::U64)), quotient, rest, s[3], s[4]};
+      });
+  Value quotient = b.reinterpret(out[1], a.element()), rest = b.reinterpret(out[2], a.element());
+  if (is_signed) {
+    quotient = b.select(b.ne(a_negative, d_negative), b.neg(quotient), quotient);
+    rest = b.select(a_negative, b.neg(rest), rest);
+  }
+  const Value by_zero = b.eq(d, zero);
+  return remainder ? b.select(by_zero, a, rest) : b.select(by_zero, b.bitwise_not(zero), quotient);
+}
+
 Value Builder::binary(const char* op, const Value& a_in, const Value& b_in) {
   if (a_in.element() != b_in.element()) {
     fail(std::string(op) + " of " + a_in.type.mlir() + " and " + b_in.type.mlir() + ": element types differ");
+  }
+  if ((a_in.element() == ElementType::S64 || a_in.element() == ElementType::U64) &&
+      (std::strcmp(op, "divide") == 0 || std::strcmp(op, "remainder") == 0)) {
+    return divide_64(a_in, b_in, op[0] == 'r');
   }
   const auto dims = broadcast_shape({&a_in, &b_in}, op);
   Value a = broadcast_to(a_in, dims), b = broadcast_to(b_in, dims);
@@ -46,6 +92,15 @@ Value Builder::transcendental(const char* op, const Value& v) {
   // computes in float32 here) keeps the fast path: its error stays well under a bfloat16 ulp. XLA's
   // CPU backend accepts the attribute and is accurate either way. (Not for cbrt: libtpu fails to
   // compile it with the attribute, and its cbrt is within 4 ulps.)
+  if (v.element() == ElementType::C64 && numerics_.accurate_math && std::strcmp(op, "exponential") == 0) {
+    // XLA's complex64 exp on a TPU takes the fast float32 exp (1.7e-6 relative at 8.4+4.3i on a v5e,
+    // past PyTorch's tolerance): e^x (cos y + i sin y) from the accurate exp, and e^x + iy where y is 0.
+    const Value x = real_part(v), y = imag_part(v);
+    const Value magnitude = transcendental("exponential", x);
+    const Value on_real_line = eq(y, full(0, y.type));
+    return complex_from(select(on_real_line, magnitude, mul(magnitude, unary("cosine", y))),
+                        select(on_real_line, y, mul(magnitude, unary("sine", y))));
+  }
   if (!accurate_f32(v)) return unary(op, v);
   return emit("stablehlo." + std::string(op) + " " + name(v) +
                   " {result_accuracy = #stablehlo.result_accuracy<mode = #stablehlo.result_accuracy_mode<HIGHEST>>} : " +
@@ -225,7 +280,20 @@ Value Builder::nominal(const Value& v) {
       element_size(nominal_element_) >= element_size(v.element())) {
     return v;
   }
-  return convert(convert(v, nominal_element_), v.element());
+  // reduce_precision, not a convert there and back: with its default excess-precision setting XLA on a
+  // TPU deletes f32 -> bf16 -> f32 convert pairs (a v5e's bf16 histc and div(trunc) then missed CPU's
+  // roundings), while reduce_precision is an op of its own that it keeps.
+  int exponent_bits = 0, mantissa_bits = 0;
+  switch (nominal_element_) {
+    case ElementType::BF16: exponent_bits = 8, mantissa_bits = 7; break;
+    case ElementType::F16: exponent_bits = 5, mantissa_bits = 10; break;
+    case ElementType::F32: exponent_bits = 8, mantissa_bits = 23; break;
+    default: return convert(convert(v, nominal_element_), v.element());  // float8: no IEEE-like format
+  }
+  return emit("\"stablehlo.reduce_precision\"(" + name(v) + ") {exponent_bits = " + std::to_string(exponent_bits) +
+                  " : i32, mantissa_bits = " + std::to_string(mantissa_bits) + " : i32} : (" + v.type.mlir() + ") -> " +
+                  v.type.mlir(),
+              v.type);
 }
 
 Value Builder::power(const Value& a, const Value& b) {

@@ -604,6 +604,8 @@ class Builder {
   Value view_indices(const ViewGeometry& view);
   // numpy broadcasting: the common shape of the operands (throws if there is none).
   std::vector<int64_t> broadcast_shape(const std::vector<const Value*>& operands, const char* op) const;
+  // 64-bit integer division (the quotient, or the remainder) as a loop: binary() routes it here.
+  Value divide_64(const Value& a, const Value& d, bool remainder);
   // Max along one dim (may be negative), kept as size 1: the shift that keeps softmax stable.
   Value max_along(const Value& v, int64_t dim);
   // A CHLO op (which XLA expands) over operands broadcast to one shape, of their element type.

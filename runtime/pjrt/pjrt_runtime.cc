@@ -515,6 +515,8 @@ ExecutablePtr Runtime::compile_uncached(const std::string& module_text,
   if (error) {
     try {
       check(error, "compiling");
+    } catch (const OutOfMemoryError&) {
+      throw;  // stays an out-of-memory error (torch.OutOfMemoryError), whose text names the sizes
     } catch (const RuntimeError& e) {
       throw RuntimeError(std::string(e.what()) + "\nmodule:\n" + module_text);
     }

@@ -45,6 +45,16 @@ def read_log(path: str) -> dict[str, dict]:
     return records
 
 
+def _compile_metrics() -> tuple[int, float] | None:
+    """(compiles, seconds compiling) so far in this process, once torchtpu is imported."""
+    import sys
+    debug = sys.modules.get("torchtpu.debug")
+    if debug is None:
+        return None
+    metrics = debug.metrics()
+    return metrics["compiles"], metrics["compile_seconds"]
+
+
 class _Resume:
     def __init__(self, config):
         self.log = config.getoption("resume_log")
@@ -55,6 +65,7 @@ class _Resume:
         self.start = time.monotonic()
         self.reports: dict[str, list] = {}
         self.left = 0
+        self.compiles_before = None
 
     def _append(self, record: dict):
         with open(self.log, "a") as f:
@@ -70,6 +81,7 @@ class _Resume:
         self.left = len(items)
 
     def pytest_runtest_logstart(self, nodeid, location):
+        self.compiles_before = _compile_metrics()
         self._append({"nodeid": nodeid, "outcome": "started"})
         if self.test_seconds:
             self.stacks.write(f"{nodeid}\n")
@@ -90,6 +102,11 @@ class _Resume:
             outcome = "skipped"
         seconds = sum(getattr(report, "duration", 0.0) for report in reports)
         record = {"nodeid": nodeid, "outcome": outcome, "seconds": round(seconds, 3)}
+        compiles_after = _compile_metrics()
+        if compiles_after is not None and self.compiles_before is not None:
+            # on a TPU most of a test's time can be XLA compiling: the log says how much
+            record["compiles"] = compiles_after[0] - self.compiles_before[0]
+            record["compile_seconds"] = round(compiles_after[1] - self.compiles_before[1], 3)
         if outcome == "failed":
             record["message"] = "\n".join(str(report.longrepr) for report in reports if report.failed)[-3000:]
         self._append(record)

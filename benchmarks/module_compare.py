@@ -1,0 +1,138 @@
+"""The Llama train step's module as torch.tpu.graph captures it beside jax.jit's, op family by op family
+(issue 20's "module quality"): where our StableHLO does more work than jax's for the same step.
+
+    python benchmarks/module_compare.py [--size tiny|110m|500m] [--dtype float32|bfloat16]
+                                        [--precision highest|high|medium] [--out DIR]
+
+Both modules are the programs handed to XLA (ours: the largest module compiled while capturing the
+step, read from TORCHTPU_DUMP_DIR; jax's: `jax.jit(train).lower(...).as_text()`), so the counts say
+what each asks for, before XLA's passes. It prints, per op family, the count in each and the ratio,
+then the dot_generals by operand types and precision, and the converts by (from, to). `--out DIR`
+keeps both texts (ours.mlir, jax.mlir) for reading. Nothing is timed: compile_step.py measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+DUMP_DIR = tempfile.mkdtemp(prefix="torchtpu-modules-")
+os.environ["TORCHTPU_DUMP_DIR"] = DUMP_DIR  # read when the first module compiles
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compile_step as cs  # noqa: E402
+
+OP = re.compile(r'(?:"stablehlo\.([a-z_]+)"|\bstablehlo\.([a-z_]+))')
+
+
+def element_of(tensor_type: str) -> str:
+    return tensor_type.rstrip(">").split("x")[-1].replace("tensor<", "")
+
+
+def families(text: str) -> collections.Counter:
+    counts = collections.Counter()
+    for match in OP.finditer(text):
+        counts[match.group(1) or match.group(2)] += 1
+    return counts
+
+
+def dots(text: str) -> collections.Counter:
+    counts = collections.Counter()
+    for line in text.splitlines():
+        if "dot_general" not in line:
+            continue
+        precision = re.search(r"precision = \[([^\]]*)\]", line)
+        operands = re.findall(r"tensor<[^>]*>", line.split(":")[-1])
+        key = " x ".join(element_of(t) for t in operands[:2]) + " -> " + (element_of(operands[-1]) if operands else "?")
+        counts[f"{key}  [{precision.group(1).replace('#stablehlo<precision ', '').replace('>', '') if precision else 'DEFAULT'}]"] += 1
+    return counts
+
+
+def converts(text: str) -> collections.Counter:
+    counts = collections.Counter()
+    for line in text.splitlines():
+        if "stablehlo.convert" not in line:
+            continue
+        types = re.findall(r"tensor<[^>]*>", line.split(":")[-1])
+        if len(types) >= 2:
+            counts[f"{element_of(types[0])} -> {element_of(types[-1])}"] += 1
+    return counts
+
+
+def our_module(args) -> str:
+    sizes = cs.LLAMA_SIZES[args.size]
+    vocab, *_, batch, length = sizes
+    (ids,) = next(cs.common.token_batches(args.seed, batch, length, vocab))
+    make_opt = lambda p, **kw: torch.optim.AdamW(p, lr=cs.LLAMA_LR, weight_decay=cs.LLAMA_WEIGHT_DECAY, **kw)  # noqa: E731
+    loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
+    amp = torch.bfloat16 if args.dtype == "bfloat16" else None
+    step = cs.torch_train_step(cs.llama.build(sizes, args.seed), (ids,), "tpu", False, make_opt, loss_fn,
+                               cs.LLAMA_CLIP, graphed=True, amp=amp, warmup_batch=(ids[:1, :max(8, length // 8)],))
+    step()
+    torch.tpu.synchronize()
+    dumped = sorted(Path(DUMP_DIR).glob("*"), key=lambda p: p.stat().st_size)
+    if not dumped:
+        raise SystemExit(f"no module was dumped to {DUMP_DIR} (a persistent cache hit compiles nothing: "
+                         "set TORCHTPU_CACHE_DIR to an empty directory)")
+    return dumped[-1].read_text()
+
+
+def jax_module(args) -> str:
+    import jax
+    sizes = cs.LLAMA_SIZES[args.size]
+    vocab, *_, batch, length = sizes
+    (ids,) = next(cs.common.token_batches(args.seed, batch, length, vocab))
+    model = cs.llama.build(sizes, args.seed)
+    jl = cs.JaxLlama(model.config, jax.numpy.bfloat16 if args.dtype == "bfloat16" else None)
+    params = jl.params_from(model)
+
+    def train(params, state, ids):
+        loss, grads = jax.value_and_grad(jl.loss)(params, ids)
+        grads = cs.clip_by_global_norm(grads, cs.LLAMA_CLIP)
+        params, state = cs.adamw_update(params, grads, state, cs.LLAMA_LR, cs.LLAMA_WEIGHT_DECAY)
+        return params, state, loss
+
+    with jax.default_matmul_precision(cs.JAX_PRECISION[args.precision]):
+        return jax.jit(train, donate_argnums=(0, 1)).lower(params, cs.adamw_init(params),
+                                                           jax.numpy.asarray(ids.numpy())).as_text()
+
+
+def table(title: str, ours: collections.Counter, theirs: collections.Counter) -> None:
+    print(f"\n{title:<44}{'torchtpu':>10}{'jax.jit':>10}{'ratio':>8}")
+    for key in sorted(set(ours) | set(theirs), key=lambda k: -(ours[k] + theirs[k])):
+        ratio = f"{ours[key] / theirs[key]:.2f}" if theirs[key] else "-"
+        print(f"{key:<44}{ours[key]:>10}{theirs[key]:>10}{ratio:>8}")
+    print(f"{'total':<44}{sum(ours.values()):>10}{sum(theirs.values()):>10}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(cs.LLAMA_SIZES), default="tiny")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--precision", choices=sorted(cs.JAX_PRECISION), default="highest")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="write ours.mlir and jax.mlir here")
+    args = parser.parse_args(argv)
+    torch.set_float32_matmul_precision(args.precision)
+    ours, theirs = our_module(args), jax_module(args)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        Path(args.out, "ours.mlir").write_text(ours)
+        Path(args.out, "jax.mlir").write_text(theirs)
+    print(f"Llama {args.size} train step, {args.dtype}, precision {args.precision}: "
+          f"torchtpu {len(ours.splitlines())} lines, jax {len(theirs.splitlines())} lines")
+    table("op family", families(ours), families(theirs))
+    table("dot_general (operands -> result) [precision]", dots(ours), dots(theirs))
+    table("convert (from -> to)", converts(ours), converts(theirs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
