@@ -64,7 +64,11 @@ Value Builder::convert(const Value& v, ElementType element) {
   }
   if (is_complex(v.element())) return convert(real_part(v), element);
   TensorType t{element, v.dims()};
-  return emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+  Value widened = emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+  if (element == ElementType::F32 && (v.element() == ElementType::BF16 || v.element() == ElementType::F16)) {
+    widened_.emplace(widened.id, v);
+  }
+  return widened;
 }
 
 Value Builder::reinterpret(const Value& v, ElementType element) {

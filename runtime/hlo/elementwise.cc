@@ -310,6 +310,8 @@ Value Builder::power(const Value& a, const Value& b) {
 
 Value Builder::pow_scalar(const Value& a, double exponent) {
   if (is_float(a.element())) {
+    if (exponent == 1) return a;  // pow(x, 2)'s gradient asks for pow(x, 1)
+    if (exponent == 0) return full(1, a.type);  // 1 even for NaN, as C's pow
     if (exponent == 2) return mul(a, a);
     if (exponent == 3) return mul(mul(a, a), a);
     if (exponent == 0.5) return sqrt(a);

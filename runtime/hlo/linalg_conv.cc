@@ -63,12 +63,18 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
     // products and sums, which wrap like PyTorch's, on operands laid out as [batch, a's free, b's free, k].
     return integer_dot(*this, a, b, lhs_batch, rhs_batch, lhs_contract, rhs_contract, t);
   }
-  const std::string precision = precision_of(a.element());
-  return emit("stablehlo.dot_general " + name(a) + ", " + name(b) + ", batching_dims = " + list(lhs_batch) + " x " +
+  // Both operands widened from the same half type: the narrow ones, with the float32 result (exact
+  // products, float32 sums: the widened dot's values, without the widened operands).
+  const auto narrow_a = widened_.find(a.id), narrow_b = widened_.find(b.id);
+  const bool narrow = a.result < 0 && b.result < 0 && narrow_a != widened_.end() && narrow_b != widened_.end() &&
+                      narrow_a->second.element() == narrow_b->second.element();
+  const Value& lhs = narrow ? narrow_a->second : a;
+  const Value& rhs = narrow ? narrow_b->second : b;
+  const std::string precision = precision_of(lhs.element());
+  return emit("stablehlo.dot_general " + name(lhs) + ", " + name(rhs) + ", batching_dims = " + list(lhs_batch) + " x " +
                   list(rhs_batch) + ", contracting_dims = " + list(lhs_contract) + " x " + list(rhs_contract) +
                   (precision.empty() ? "" : ", precision = [" + precision + ", " + precision + "]") + " : (" +
-                  a.type.mlir() + ", " +
-                  b.type.mlir() + ") -> " + t.mlir(),
+                  lhs.type.mlir() + ", " + rhs.type.mlir() + ") -> " + t.mlir(),
               t);
 }
 
