@@ -2,7 +2,7 @@
 (issue 20's "module quality"): where our StableHLO does more work than jax's for the same step.
 
     python benchmarks/module_compare.py [--size tiny|110m|500m] [--dtype float32|bfloat16]
-                                        [--precision highest|high|medium] [--out DIR]
+                                        [--precision highest|high|medium] [--out DIR] [--compile]
 
 Both modules are the programs handed to XLA (ours: the largest module compiled while capturing the
 step, read from TORCHTPU_DUMP_DIR; jax's: `jax.jit(train).lower(...).as_text()`), so the counts say
@@ -100,8 +100,11 @@ def jax_module(args) -> str:
         return params, state, loss
 
     with jax.default_matmul_precision(cs.JAX_PRECISION[args.precision]):
-        return jax.jit(train, donate_argnums=(0, 1)).lower(params, cs.adamw_init(params),
-                                                           jax.numpy.asarray(ids.numpy())).as_text()
+        lowered = jax.jit(train, donate_argnums=(0, 1)).lower(params, cs.adamw_init(params),
+                                                              jax.numpy.asarray(ids.numpy()))
+        if args.compile:
+            lowered.compile()  # XLA_FLAGS=--xla_dump_to=DIR then holds both optimized modules
+        return lowered.as_text()
 
 
 def table(title: str, ours: collections.Counter, theirs: collections.Counter) -> None:
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=sorted(cs.JAX_PRECISION), default="highest")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write ours.mlir and jax.mlir here")
+    parser.add_argument("--compile", action="store_true",
+                        help="also compile jax's module (ours always is): with XLA_FLAGS=--xla_dump_to=DIR, XLA's "
+                             "optimized modules of both land in DIR, for the platform's own passes")
     args = parser.parse_args(argv)
     torch.set_float32_matmul_precision(args.precision)
     ours, theirs = our_module(args), jax_module(args)

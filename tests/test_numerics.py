@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import torchtpu
 from torchtpu import _compile
-from conftest import EXCLUSIVE_DEVICE, metrics
+from conftest import EXCLUSIVE_DEVICE, metrics, run_python
 
 ON_TPU = EXCLUSIVE_DEVICE  # a TPU is the device one process at a time may hold
 
@@ -155,3 +155,25 @@ def test_digamma_near_its_poles():
     reference = torch.digamma(x.double())
     error = ((torch.digamma(x.to("tpu")).cpu().double() - reference).abs() / reference.abs().clamp_min(1)).max()
     assert float(error) < 2e-6
+
+
+HALF_MATMUL = """
+import os, pathlib, torch, torchtpu
+a = torch.randn(16, 32, dtype=torch.bfloat16, device="tpu")
+b = torch.randn(32, 8, dtype=torch.bfloat16, device="tpu")
+torch.testing.assert_close((a @ b).cpu(), a.cpu() @ b.cpu())
+for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir():
+    for line in path.read_text().splitlines():
+        if "dot_general" in line:
+            print(line.split(" : ")[-1].strip())
+"""
+
+
+def test_half_matmul_gives_the_dot_its_half_operands(tmp_path):
+    # A bfloat16 matmul computes in float32 and rounds once (as CPU); the dot takes the bfloat16
+    # operands with a float32 result (a TPU's MXU natively), not float32 copies of them.
+    result = run_python(HALF_MATMUL, env={"TORCHTPU_DUMP_DIR": str(tmp_path / "modules"),
+                                          "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    dots = result.stdout.strip().splitlines()
+    assert dots and all(d == "(tensor<16x32xbf16>, tensor<32x8xbf16>) -> tensor<16x8xf32>" for d in dots), dots
