@@ -159,8 +159,9 @@ def test_digamma_near_its_poles():
 
 HALF_MATMUL = """
 import os, pathlib, torch, torchtpu
-a = torch.randn(16, 32, dtype=torch.bfloat16, device="tpu")
-b = torch.randn(32, 8, dtype=torch.bfloat16, device="tpu")
+dtype = getattr(torch, os.environ["HALF_DTYPE"])
+a = torch.randn(16, 32, dtype=dtype, device="tpu")
+b = torch.randn(32, 8, dtype=dtype, device="tpu")
 torch.testing.assert_close((a @ b).cpu(), a.cpu() @ b.cpu())
 for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir():
     for line in path.read_text().splitlines():
@@ -169,11 +170,13 @@ for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir():
 """
 
 
-def test_half_matmul_gives_the_dot_its_half_operands(tmp_path):
-    # A bfloat16 matmul computes in float32 and rounds once (as CPU); the dot takes the bfloat16
-    # operands with a float32 result (a TPU's MXU natively), not float32 copies of them.
-    result = run_python(HALF_MATMUL, env={"TORCHTPU_DUMP_DIR": str(tmp_path / "modules"),
+@pytest.mark.parametrize("dtype,operand", [("bfloat16", "bf16"), ("float16", "f32")])
+def test_half_matmul_gives_the_dot_its_half_operands(tmp_path, dtype, operand):
+    # A half-precision matmul computes in float32 and rounds once (as CPU). bfloat16: the dot takes the
+    # bfloat16 operands with a float32 result (a TPU's MXU natively), not float32 copies of them.
+    # float16: float32 copies (one bfloat16 pass, a TPU's DEFAULT, would round float16's significands).
+    result = run_python(HALF_MATMUL, env={"TORCHTPU_DUMP_DIR": str(tmp_path / "modules"), "HALF_DTYPE": dtype,
                                           "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
     dots = result.stdout.strip().splitlines()
-    assert dots and all(d == "(tensor<16x32xbf16>, tensor<32x8xbf16>) -> tensor<16x8xf32>" for d in dots), dots
+    assert dots and all(d == f"(tensor<16x32x{operand}>, tensor<32x8x{operand}>) -> tensor<16x8xf32>" for d in dots), dots

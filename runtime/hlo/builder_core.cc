@@ -65,9 +65,7 @@ Value Builder::convert(const Value& v, ElementType element) {
   if (is_complex(v.element())) return convert(real_part(v), element);
   TensorType t{element, v.dims()};
   Value widened = emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
-  if (element == ElementType::F32 && (v.element() == ElementType::BF16 || v.element() == ElementType::F16)) {
-    widened_.emplace(widened.id, v);
-  }
+  if (element == ElementType::F32 && v.element() == ElementType::BF16) widened_.emplace(widened.id, v);
   return widened;
 }
 

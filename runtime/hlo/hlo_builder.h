@@ -626,8 +626,8 @@ class Builder {
   std::vector<Value> parameters_;
   std::string body_;
   int next_id_ = 0;
-  // float32 values converted from bfloat16/float16 (id -> the narrow value): a dot_general of two such
-  // takes the narrow operands with a float32 result, as a TPU's MXU does natively (the same products and
+  // float32 values converted from bfloat16 (id -> the bfloat16 value): a dot_general of two such takes
+  // the bfloat16 operands with a float32 result, as a TPU's MXU does natively (the same products and
   // float32 sums, without the widened copies).
   std::unordered_map<int, Value> widened_;
 };

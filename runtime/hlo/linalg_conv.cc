@@ -63,11 +63,11 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
     // products and sums, which wrap like PyTorch's, on operands laid out as [batch, a's free, b's free, k].
     return integer_dot(*this, a, b, lhs_batch, rhs_batch, lhs_contract, rhs_contract, t);
   }
-  // Both operands widened from the same half type: the narrow ones, with the float32 result (exact
-  // products, float32 sums: the widened dot's values, without the widened operands).
+  // Both operands widened from bfloat16: the bfloat16 ones, with the float32 result (exact products,
+  // float32 sums: the widened dot's values, without the widened operands). Not float16: its 11-bit
+  // significands do not survive a TPU's one-bfloat16-pass DEFAULT, which the widened dot avoids.
   const auto narrow_a = widened_.find(a.id), narrow_b = widened_.find(b.id);
-  const bool narrow = a.result < 0 && b.result < 0 && narrow_a != widened_.end() && narrow_b != widened_.end() &&
-                      narrow_a->second.element() == narrow_b->second.element();
+  const bool narrow = a.result < 0 && b.result < 0 && narrow_a != widened_.end() && narrow_b != widened_.end();
   const Value& lhs = narrow ? narrow_a->second : a;
   const Value& rhs = narrow ? narrow_b->second : b;
   const std::string precision = precision_of(lhs.element());
