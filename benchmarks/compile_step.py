@@ -393,11 +393,18 @@ def adamw_update(params, grads, state, lr: float, weight_decay: float):
     return jax.tree.map(apply, params, m, v), {"step": step, "m": m, "v": v}
 
 
-def jax_llama_steps(jl: JaxLlama, params, ids_np):
-    """The jitted train step (value_and_grad + clipping + AdamW, params and state donated so they update
-    in place as torch's do) and the jitted forward, each with the time `.lower(...).compile()` took."""
+def llama_adamw(params, **kwargs) -> torch.optim.Optimizer:
+    """The Llama's optimizer, as common.train_causal_lm makes it (kwargs: capturable)."""
+    return torch.optim.AdamW(params, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY, **kwargs)
+
+
+def llama_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss
+
+
+def jax_train_step(jl: JaxLlama):
+    """The jax Llama's train step: value_and_grad, clipping and AdamW, as torch's step does them."""
     import jax
-    import jax.numpy as jnp
 
     def train(params, state, ids):
         loss, grads = jax.value_and_grad(jl.loss)(params, ids)
@@ -405,6 +412,16 @@ def jax_llama_steps(jl: JaxLlama, params, ids_np):
         params, state = adamw_update(params, grads, state, LLAMA_LR, LLAMA_WEIGHT_DECAY)
         return params, state, loss
 
+    return train
+
+
+def jax_llama_steps(jl: JaxLlama, params, ids_np):
+    """The jitted train step (value_and_grad + clipping + AdamW, params and state donated so they update
+    in place as torch's do) and the jitted forward, each with the time `.lower(...).compile()` took."""
+    import jax
+    import jax.numpy as jnp
+
+    train = jax_train_step(jl)
     ids = jnp.asarray(ids_np)
     state = adamw_init(params)
     start = time.perf_counter()
@@ -430,9 +447,8 @@ def check_jax_loss(seed: int) -> bool:
     ids_j = jnp.asarray(ids.numpy())
     with jax.default_matmul_precision("highest"):
         (train_c, state, _), _ = jax_llama_steps(jl, jl.params_from(model), ids.numpy())
-    loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
-    torch_step = torch_train_step(model, (ids,), "cpu", False, lambda p, **kw: torch.optim.AdamW(
-        p, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY, **kw), loss_fn, LLAMA_CLIP)
+    loss_fn = llama_loss
+    torch_step = torch_train_step(model, (ids,), "cpu", False, llama_adamw, loss_fn, LLAMA_CLIP)
 
     ok = True
     precision = torch.get_float32_matmul_precision()
@@ -458,8 +474,7 @@ def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, R
     sizes = LLAMA_SIZES[args.size]
     vocab, *_, batch, length = sizes
     (ids,) = next(common.token_batches(args.seed, batch, length, vocab))
-    make_opt = lambda p, **kw: torch.optim.AdamW(p, lr=LLAMA_LR, weight_decay=LLAMA_WEIGHT_DECAY, **kw)  # noqa: E731
-    loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
+    make_opt, loss_fn = llama_adamw, llama_loss
     logits_fn = lambda m, ids: m(input_ids=ids).logits  # noqa: E731
     # graph mode's one eager warm-up step (it makes AdamW's state) on one row of an eighth the length
     warmup_ids = ids[:1, :max(8, length // 8)]

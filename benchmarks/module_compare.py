@@ -43,37 +43,36 @@ def families(text: str) -> collections.Counter:
     return counts
 
 
-def dots(text: str) -> collections.Counter:
+def by_types(text: str, op: str, label) -> collections.Counter:
+    """Lines of `op`, counted by label(line, its operand and result element types)."""
     counts = collections.Counter()
     for line in text.splitlines():
-        if "dot_general" not in line:
-            continue
-        precision = re.search(r"precision = \[([^\]]*)\]", line)
-        operands = re.findall(r"tensor<[^>]*>", line.split(":")[-1])
-        key = " x ".join(element_of(t) for t in operands[:2]) + " -> " + (element_of(operands[-1]) if operands else "?")
-        counts[f"{key}  [{precision.group(1).replace('#stablehlo<precision ', '').replace('>', '') if precision else 'DEFAULT'}]"] += 1
+        if op in line:
+            types = [element_of(t) for t in re.findall(r"tensor<[^>]*>", line.split(":")[-1])]
+            if len(types) >= 2:
+                counts[label(line, types)] += 1
     return counts
 
 
-def converts(text: str) -> collections.Counter:
-    counts = collections.Counter()
-    for line in text.splitlines():
-        if "stablehlo.convert" not in line:
-            continue
-        types = re.findall(r"tensor<[^>]*>", line.split(":")[-1])
-        if len(types) >= 2:
-            counts[f"{element_of(types[0])} -> {element_of(types[-1])}"] += 1
-    return counts
+def dot_label(line: str, types: list[str]) -> str:
+    precision = re.search(r"precision = \[([^\]]*)\]", line)
+    shown = precision.group(1).replace("#stablehlo<precision ", "").replace(">", "") if precision else "DEFAULT"
+    return f"{' x '.join(types[:2])} -> {types[-1]}  [{shown}]"
 
 
-def our_module(args) -> str:
+def llama_batch(args):
+    """The Llama's sizes and the benchmark's token batch for them."""
     sizes = cs.LLAMA_SIZES[args.size]
     vocab, *_, batch, length = sizes
     (ids,) = next(cs.common.token_batches(args.seed, batch, length, vocab))
-    make_opt = lambda p, **kw: torch.optim.AdamW(p, lr=cs.LLAMA_LR, weight_decay=cs.LLAMA_WEIGHT_DECAY, **kw)  # noqa: E731
-    loss_fn = lambda m, ids: m(input_ids=ids, labels=ids).loss  # noqa: E731
+    return sizes, ids
+
+
+def our_module(args) -> str:
+    sizes, ids = llama_batch(args)
+    length = ids.shape[1]
     amp = torch.bfloat16 if args.dtype == "bfloat16" else None
-    step = cs.torch_train_step(cs.llama.build(sizes, args.seed), (ids,), "tpu", False, make_opt, loss_fn,
+    step = cs.torch_train_step(cs.llama.build(sizes, args.seed), (ids,), "tpu", False, cs.llama_adamw, cs.llama_loss,
                                cs.LLAMA_CLIP, graphed=True, amp=amp, warmup_batch=(ids[:1, :max(8, length // 8)],))
     step()
     torch.tpu.synchronize()
@@ -86,21 +85,12 @@ def our_module(args) -> str:
 
 def jax_module(args) -> str:
     import jax
-    sizes = cs.LLAMA_SIZES[args.size]
-    vocab, *_, batch, length = sizes
-    (ids,) = next(cs.common.token_batches(args.seed, batch, length, vocab))
+    sizes, ids = llama_batch(args)
     model = cs.llama.build(sizes, args.seed)
     jl = cs.JaxLlama(model.config, jax.numpy.bfloat16 if args.dtype == "bfloat16" else None)
     params = jl.params_from(model)
-
-    def train(params, state, ids):
-        loss, grads = jax.value_and_grad(jl.loss)(params, ids)
-        grads = cs.clip_by_global_norm(grads, cs.LLAMA_CLIP)
-        params, state = cs.adamw_update(params, grads, state, cs.LLAMA_LR, cs.LLAMA_WEIGHT_DECAY)
-        return params, state, loss
-
     with jax.default_matmul_precision(cs.JAX_PRECISION[args.precision]):
-        lowered = jax.jit(train, donate_argnums=(0, 1)).lower(params, cs.adamw_init(params),
+        lowered = jax.jit(cs.jax_train_step(jl), donate_argnums=(0, 1)).lower(params, cs.adamw_init(params),
                                                               jax.numpy.asarray(ids.numpy()))
         if args.compile:
             lowered.compile()  # XLA_FLAGS=--xla_dump_to=DIR then holds both optimized modules
@@ -135,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Llama {args.size} train step, {args.dtype}, precision {args.precision}: "
           f"torchtpu {len(ours.splitlines())} lines, jax {len(theirs.splitlines())} lines")
     table("op family", families(ours), families(theirs))
-    table("dot_general (operands -> result) [precision]", dots(ours), dots(theirs))
-    table("convert (from -> to)", converts(ours), converts(theirs))
+    table("dot_general (operands -> result) [precision]", *(by_types(t, "dot_general", dot_label) for t in (ours, theirs)))
+    convert_label = lambda line, types: f"{types[0]} -> {types[-1]}"  # noqa: E731
+    table("convert (from -> to)", *(by_types(t, "stablehlo.convert", convert_label) for t in (ours, theirs)))
     return 0
 
 
