@@ -20,6 +20,8 @@ A spec entry (see README "Adding an op"):
       generator: implicit             # draws from the default generator, named `generator` in the lowering
       test: {opinfo: add, dtypes: [float32, int64], atol: 1e-5, rtol: 1e-5}
                                       # grad_atol / grad_rtol: for the gradient comparison (default: atol / rtol)
+                                      # tpu: {dtypes: [float32], grad_rtol: 3e-4, measured: "..."}: tolerances
+                                      # that replace these on a TPU only, with the measured error that needs them
 
 Errors name the spec file and line and what is wrong; codegen stops on the first file with errors.
 """
@@ -59,7 +61,9 @@ VARIANTS = {"inplace": "Inplace", "out": "Out", "mutable": "Inplace"}  # mutable
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "writes", "runtime", "foreach",
         "generator", "data_dependent", "divisor", "index_check", "test", "__line__"}
 INDEX_CHECK_KEYS = {"index", "into", "dim", "negative", "ignore", "raises", "message", "__line__"}
-TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "__line__"}
+TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "tpu", "__line__"}
+TOLERANCE_KEYS = ("atol", "rtol", "grad_atol", "grad_rtol")
+PLATFORM_TEST_KEYS = {"dtypes", "measured", *TOLERANCE_KEYS, "__line__"}
 
 # The builder primitives a lowering may name are the methods declared, one per line, in the
 # "Primitives that spec lowerings name" section of runtime/hlo/hlo_builder.h. Each parameter's kind:
@@ -552,6 +556,30 @@ def _written_and_returns(f, fargs, writes: list[str]) -> tuple[list[int], list[i
     return written, returns
 
 
+def _platform_tolerances(value, dtypes: list[str], path, line) -> dict:
+    """A test's `tpu:` entry: the tolerances that replace the test's on that platform, for its dtypes
+    (default: all the op's), and `measured`, the error on the chip that needs them (required: a
+    tolerance is never loosened without its reason)."""
+    if isinstance(value, dict):
+        line = value.pop("__line__", line)
+    if not isinstance(value, dict) or set(value) - PLATFORM_TEST_KEYS:
+        raise SpecError(path, line, f"test.tpu takes {', '.join(sorted(PLATFORM_TEST_KEYS - {'__line__'}))}")
+    if not str(value.get("measured", "")).strip():
+        raise SpecError(path, line, "test.tpu needs `measured`: the error seen on the chip that the tolerances allow")
+    tolerances = {k: value[k] for k in TOLERANCE_KEYS if k in value}
+    if not tolerances:
+        raise SpecError(path, line, f"test.tpu names no tolerance ({', '.join(TOLERANCE_KEYS)})")
+    for key, tolerance in tolerances.items():
+        try:  # YAML reads 1e-4 (no dot) as a string, as the test's own tolerances, which print as they are
+            tolerances[key] = float(tolerance)
+        except (TypeError, ValueError):
+            tolerances[key] = -1.0
+        if isinstance(tolerance, bool) or not tolerances[key] >= 0:
+            raise SpecError(path, line, f"test.tpu.{key} must be a non-negative number, not {tolerance!r}")
+    chosen = _expand_dtypes(value["dtypes"], path, line) if "dtypes" in value else list(dtypes)
+    return {"dtypes": chosen, **tolerances}
+
+
 def _expand_dtypes(value, path, line) -> list[str]:
     names = [value] if isinstance(value, str) else list(value or [])
     out: list[str] = []
@@ -755,6 +783,8 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         test = entry.get("test", {}) or {}
         if not isinstance(test, dict) or set(test) - TEST_KEYS:
             raise SpecError(display_path, line, f"test takes {', '.join(sorted(TEST_KEYS - {'__line__'}))}")
+        if "tpu" in test:
+            test["tpu"] = _platform_tolerances(test["tpu"], dtypes, display_path, test.get("__line__", line))
         if "dtypes" in test:
             test["dtypes"] = _expand_dtypes(test["dtypes"], display_path, line)
             test["sweep_dtypes"] = []  # the spec chose its dtypes

@@ -50,6 +50,14 @@ def write_spec(tmp_path, text):
          "key 'dtypes' appears twice in one entry (first at line 3)"),
         ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, atol: 1e-5, atol: 1e-3}\n", 3,
          "key 'atol' appears twice"),
+        ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg,\n    tpu: {rtol: 1e-3}}\n", 4,
+         "test.tpu needs `measured`"),
+        ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, tpu: {measured: \"1e-4 on a v5e\"}}\n", 3,
+         "test.tpu names no tolerance"),
+        ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, tpu: {rtol: loose, measured: x}}\n", 3,
+         "test.tpu.rtol must be a non-negative number"),
+        ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, tpu: {tolerance: 1, measured: x}}\n", 3,
+         "test.tpu takes"),
     ],
 )
 def test_bad_spec_names_file_and_line(tmp_path, text, line, message):
@@ -145,3 +153,23 @@ def test_string_attributes_reach_str_primitive_parameters(tmp_path):
         with pytest.raises(SpecError) as info:
             load_spec_file(path, "specs/bad.yaml", ROOT)
         assert message in str(info.value), str(info.value)
+
+
+def test_a_spec_tolerance_for_the_tpu_applies_there_only(tmp_path, monkeypatch):
+    """`test.tpu` tolerances reach the parity check for their dtypes, and replace the others only on a TPU."""
+    import torchtpu
+    from torchtpu import testing
+
+    spec = load_spec_file(write_spec(tmp_path,
+        "- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, atol: 1e-5, rtol: 1e-5,\n"
+        "    tpu: {dtypes: [float32], grad_rtol: 3e-4, measured: \"1.5e-4 on a v5e\"}}\n"), "specs/x.yaml", ROOT)[0]
+    assert spec.test["tpu"] == {"dtypes": ["float32"], "grad_rtol": 3e-4}
+    tpu = spec.test["tpu"]
+    here = torchtpu._C.platform_name()
+    assert testing._tolerances_here(tpu, "float32", 1e-5, 1e-5) == (
+        (1e-5, 1e-5, None, 3e-4) if here == "tpu" else (1e-5, 1e-5, None, None))
+    monkeypatch.setattr(torchtpu._C, "platform_name", lambda: "tpu")
+    assert testing._tolerances_here(tpu, "float32", 1e-5, 1e-5, 2e-5, 2e-5) == (1e-5, 1e-5, 2e-5, 3e-4)
+    assert testing._tolerances_here(tpu, "float64", 1e-5, 1e-5, 2e-5, 2e-5) == (1e-5, 1e-5, 2e-5, 2e-5)
+    monkeypatch.setattr(torchtpu._C, "platform_name", lambda: "cpu")
+    assert testing._tolerances_here(tpu, "float32", 1e-5, 1e-5, 2e-5, 2e-5) == (1e-5, 1e-5, 2e-5, 2e-5)

@@ -184,11 +184,23 @@ def _empty_outs(result, device):
     return None
 
 
+def _tolerances_here(tpu, dtype: str, atol, rtol, grad_atol=None, grad_rtol=None) -> tuple:
+    """(atol, rtol, grad_atol, grad_rtol) on this platform: a spec's `tpu` ones replace the others on a
+    TPU, for the dtypes it names."""
+    if tpu and dtype in tpu["dtypes"] and torchtpu._C.platform_name() == "tpu":
+        return (tpu.get("atol", atol), tpu.get("rtol", rtol), tpu.get("grad_atol", grad_atol),
+                tpu.get("grad_rtol", grad_rtol))
+    return atol, rtol, grad_atol, grad_rtol
+
+
 def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str], atol=None, rtol=None,
-                 grad_atol=None, grad_rtol=None, max_samples=None):
+                 grad_atol=None, grad_rtol=None, max_samples=None, tpu=None):
     """Runs every OpInfo sample of `name` on tpu and CPU, for each variant (Functional / Inplace /
     Out) the spec derives, and compares; in float32/float64 also the gradients. A sample CPU
-    rejects is skipped; everything else must match, and none of `overloads` may fall back to the CPU."""
+    rejects is skipped; everything else must match, and none of `overloads` may fall back to the CPU.
+    `tpu`: the spec's tolerances for a TPU ({"dtypes": [...], "grad_rtol": ...}), which replace the
+    others there for those dtypes."""
+    atol, rtol, grad_atol, grad_rtol = _tolerances_here(tpu, dtype, atol, rtol, grad_atol, grad_rtol)
     torch_dtype = getattr(torch, dtype)
     info = _opinfo_for_dtype(name, torch_dtype)
     if info is None:
@@ -251,7 +263,7 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
         _assert_no_fallback(name, overloads, before)  # a TPU runs complex128 on the CPU (spec_plan.cc)
 
 
-def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits=False):
+def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits=False, tpu=None):
     """The first float32 OpInfo sample CPU accepts, forward, through torch.compile(backend="tpu")
     on tpu vs eager on CPU: graph mode emits the same spec lowering inside one captured module.
     None of `overloads` may fall back to the CPU, and unless `splits` (a data-dependent op, which
@@ -282,6 +294,7 @@ def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits
 
     actual = run(tpu_input, tpu_args, tpu_kwargs)
     context = f"{name} float32 sample 0 compiled: {sample}"
+    atol, rtol, _, _ = _tolerances_here(tpu, "float32", atol, rtol)
     assert_same(actual, expected, atol, rtol, context)
     _assert_no_fallback(name, overloads, before_fallbacks)
     split = {op: n for op, n in _compile.stats()["splits"].items() if n > before_splits.get(op, 0)}

@@ -3704,6 +3704,7 @@ def test_linalg_householder_product(dtype):
         variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
+        tpu={"dtypes": ["float32"], "grad_rtol": 0.0003},
     )
 
 
@@ -3714,6 +3715,7 @@ def test_linalg_householder_product_compiled():
         overloads=["linalg_householder_product", "linalg_householder_product.out"],
         atol=1e-4,
         rtol=1e-4,
+        tpu={"dtypes": ["float32"], "grad_rtol": 0.0003},
     )
 
 
@@ -3727,6 +3729,7 @@ def test_linalg_householder_product_other_dtypes(dtype):
         variants=["Functional", "Out"],
         atol=1e-4,
         rtol=1e-4,
+        tpu={"dtypes": ["float32"], "grad_rtol": 0.0003},
         max_samples=3,
     )
 
@@ -4328,6 +4331,7 @@ def test__pdist_forward(dtype):
         variants=["Functional"],
         atol=1e-5,
         rtol=1e-5,
+        tpu={"dtypes": ["float32"], "grad_rtol": 0.0001},
     )
 
 
@@ -4338,6 +4342,7 @@ def test__pdist_forward_compiled():
         overloads=["_pdist_forward"],
         atol=1e-5,
         rtol=1e-5,
+        tpu={"dtypes": ["float32"], "grad_rtol": 0.0001},
     )
 
 
@@ -4351,6 +4356,7 @@ def test__pdist_forward_other_dtypes(dtype):
         variants=["Functional"],
         atol=1e-5,
         rtol=1e-5,
+        tpu={"dtypes": ["float32"], "grad_rtol": 0.0001},
         max_samples=3,
     )
 

@@ -28,13 +28,6 @@ std::unordered_map<std::string, rt::ExecutablePtr> g_modules;
 std::mutex g_scalars_mutex;
 std::unordered_map<std::string, rt::BufferPtr> g_scalars;
 
-// libtpu's emulated complex128 fails to compile layout changes (a transposed view read, the zeros of
-// a never-written storage: layout RET_CHECKs on a v5e), so there a complex128 view is read and written
-// byte for byte on the host.
-bool complex128_on_host(const at::Tensor& t) {
-  return t.scalar_type() == at::kComplexDouble && platform_lacks_complex128();
-}
-
 // All of t's storage as a CPU tensor of t's dtype (zeros where lazy); `type`: its device buffer's type.
 at::Tensor storage_on_host(const at::Tensor& t, rt::TensorType& type) {
   const TpuStorage& s = storage_of(t);
@@ -88,13 +81,23 @@ void copy_eagerly(const at::Tensor& self, const at::Tensor& dst) {
     return;
   }
   TORCH_CHECK(is_tpu(self), "torchtpu: _copy_from between ", self.device(), " and ", dst.device());
-  auto buffer = read_contiguous(self, element_type(self.scalar_type()));
-  at::Tensor host = at::empty(self.sizes(), self.options().device(c10::kCPU));
-  runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  at::Tensor host;
+  if (complex128_on_host(self)) {  // the view of the storage's bytes, without a trip back to the device
+    rt::TensorType type;
+    host = storage_on_host(self, type).as_strided(self.sizes(), self.strides(), self.storage_offset());
+  } else {
+    auto buffer = read_contiguous(self, element_type(self.scalar_type()));
+    host = at::empty(self.sizes(), self.options().device(c10::kCPU));
+    runtime().to_host(*buffer, host.data_ptr(), host.nbytes());
+  }
   dst.copy_(self.is_conj() ? host.conj() : host);  // host holds the storage's (unconjugated) values
 }
 
 }  // namespace
+
+bool complex128_on_host(const at::Tensor& t) {
+  return t.scalar_type() == at::kComplexDouble && platform_lacks_complex128();
+}
 
 rt::Value read_for_copy(rt::Builder& b, const std::optional<rt::Value>& storage, const rt::TensorType& storage_type,
                         const at::Tensor& src, const at::Tensor& dst) {

@@ -550,7 +550,7 @@ class FusedRecorder final : public GraphCapture {
       flush(is_tpu(dst) ? "a copy between tpu devices" : "a host read");
       return false;
     }
-    if (platform_lacks_complex128() && (src.scalar_type() == at::kComplexDouble || dst.scalar_type() == at::kComplexDouble)) {
+    if (complex128_on_host(src) || complex128_on_host(dst)) {
       flush("a complex128 copy (through the host on this platform)");
       return false;
     }

@@ -108,6 +108,10 @@ rt::Value read_for_copy(rt::Builder& b, const std::optional<rt::Value>& storage,
 // True where the platform's complex128 cannot be compiled reliably (a TPU): calls that compute in it
 // run on the CPU, and its view reads and writes move bytes through the host (copies.cc).
 bool platform_lacks_complex128();
+// Whether t is a complex128 tensor on such a platform: libtpu's emulated complex128 fails to compile
+// layout changes (a transposed view read, the zeros of a never-written storage: layout RET_CHECKs on a
+// v5e), so there its views are read, written and copied byte for byte through the host.
+bool complex128_on_host(const at::Tensor& t);
 
 // A host tensor uploaded for a copy into dst: what dst's storage takes (the values, conjugated where
 // dst carries the conj bit) in dst's dtype and shape.

@@ -22,6 +22,13 @@ std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const
   return results;
 }
 
+std::pair<Value, Value> Builder::barrier(const Value& a, const Value& b) {
+  const std::vector<Value> kept = emit_multi(
+      "stablehlo.optimization_barrier " + name(a) + ", " + name(b) + " : " + a.type.mlir() + ", " + b.type.mlir(),
+      {a.type, b.type});
+  return {kept[0], kept[1]};
+}
+
 Value Builder::emit(const std::string& op_and_operands, const TensorType& result_type) {
   Value v{next_id_++, result_type};
   body_ += "    " + name(v) + " = " + op_and_operands + "\n";
@@ -65,7 +72,9 @@ Value Builder::convert(const Value& v, ElementType element) {
   if (is_complex(v.element())) return convert(real_part(v), element);
   TensorType t{element, v.dims()};
   Value widened = emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
-  if (element == ElementType::F32 && v.element() == ElementType::BF16) widened_.emplace(widened.id, v);
+  if (element == ElementType::F32 && (v.element() == ElementType::BF16 || v.element() == ElementType::F16)) {
+    widened_.emplace(widened.id, v);
+  }
   return widened;
 }
 

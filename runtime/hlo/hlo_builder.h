@@ -598,6 +598,8 @@ class Builder {
   // stablehlo.fft of `type` (FFT IFFT RFFT IRFFT) over v's last dim, giving `length` points.
   Value fft_last(const Value& v, const char* type, int64_t length);
   std::vector<Value> emit_multi(const std::string& op_and_operands, const std::vector<TensorType>& result_types);
+  // a and b through a stablehlo.optimization_barrier: XLA cannot fold what made them into their user.
+  std::pair<Value, Value> barrier(const Value& a, const Value& b);
   // Uniform floats in [0, 1) of `dims`, in F32 (or F64 for an F64 `element`), from random bits.
   Value uniform01(const Value& state, const std::vector<int64_t>& dims, ElementType element);
   std::string name(const Value& v) const;
@@ -618,6 +620,7 @@ class Builder {
   // Whether v's math takes the accurate float32 formulations (float32, accurate mode, not bfloat16).
   bool accurate_f32(const Value& v) const;
   // The precision_config of a contraction of `element`'s operands: "HIGHEST", "HIGH" or "" (DEFAULT).
+  // float16 operands never reach a contraction: dot_general and convolution widen them.
   std::string precision_of(ElementType element) const;
 
   Numerics numerics_;
@@ -626,9 +629,10 @@ class Builder {
   std::vector<Value> parameters_;
   std::string body_;
   int next_id_ = 0;
-  // float32 values converted from bfloat16 (id -> the bfloat16 value): a dot_general of two such takes
-  // the bfloat16 operands with a float32 result, as a TPU's MXU does natively (the same products and
-  // float32 sums, without the widened copies).
+  // float32 values converted from bfloat16 or float16 (id -> the narrow value): a dot_general of two
+  // widened from bfloat16 takes the bfloat16 operands with a float32 result, as a TPU's MXU does
+  // natively (the same products and float32 sums, without the widened copies); two widened from
+  // float16 stay float32 behind a barrier, at HIGHEST (dot_general says why).
   std::unordered_map<int, Value> widened_;
 };
 

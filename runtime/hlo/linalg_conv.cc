@@ -64,10 +64,21 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
     return integer_dot(*this, a, b, lhs_batch, rhs_batch, lhs_contract, rhs_contract, t);
   }
   // Both operands widened from bfloat16: the bfloat16 ones, with the float32 result (exact products,
-  // float32 sums: the widened dot's values, without the widened operands). Not float16: its 11-bit
-  // significands do not survive a TPU's one-bfloat16-pass DEFAULT, which the widened dot avoids.
+  // float32 sums: the widened dot's values, without the widened operands).
   const auto narrow_a = widened_.find(a.id), narrow_b = widened_.find(b.id);
-  const bool narrow = a.result < 0 && b.result < 0 && narrow_a != widened_.end() && narrow_b != widened_.end();
+  const bool widened = a.result < 0 && b.result < 0 && narrow_a != widened_.end() && narrow_b != widened_.end();
+  const ElementType narrow_element = widened ? narrow_a->second.element() : a.element();
+  if (widened && narrow_element == ElementType::F16 && narrow_b->second.element() == ElementType::F16) {
+    // Both widened from float16: products of 11-bit significands are exact in float32, as CPU computes
+    // them, only at HIGHEST (a TPU's DEFAULT is one bfloat16 pass). The barrier keeps XLA on a TPU from
+    // folding the converts into a float16-operand dot, which rounded (a v5e's bmm: 4 float16 ulps off).
+    const auto [kept_a, kept_b] = barrier(a, b);
+    return emit("stablehlo.dot_general " + name(kept_a) + ", " + name(kept_b) + ", batching_dims = " + list(lhs_batch) +
+                    " x " + list(rhs_batch) + ", contracting_dims = " + list(lhs_contract) + " x " + list(rhs_contract) +
+                    ", precision = [HIGHEST, HIGHEST] : (" + a.type.mlir() + ", " + b.type.mlir() + ") -> " + t.mlir(),
+                t);
+  }
+  const bool narrow = widened && narrow_element == ElementType::BF16 && narrow_b->second.element() == ElementType::BF16;
   const Value& lhs = narrow ? narrow_a->second : a;
   const Value& rhs = narrow ? narrow_b->second : b;
   const std::string precision = precision_of(lhs.element());
@@ -80,7 +91,7 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
 
 std::string Builder::precision_of(ElementType element) const {
   // PyTorch's setting governs float32 (and complex64) products; a TPU's DEFAULT is one bfloat16 pass,
-  // which is exact for bfloat16 and float16 operands. XLA's CPU and GPU backends compute float32 in full.
+  // which is exact for bfloat16 operands. XLA's CPU and GPU backends compute float32 in full.
   if ((element != ElementType::F32 && element != ElementType::C64) || numerics_.matmul == MatmulPrecision::Default) {
     return "";
   }
@@ -261,14 +272,18 @@ Value Builder::convolution(const Value& lhs, const Value& rhs, const std::string
   // low-precision convolution rounded partial sums (gradients 20 ulps off near cancellation on a v5e).
   const bool low_precision = lhs.element() == ElementType::BF16 || lhs.element() == ElementType::F16;
   TensorType t{low_precision ? ElementType::F32 : lhs.element(), out};
-  const Value result = emit("\"stablehlo.convolution\"(" + name(lhs) + ", " + name(rhs) + ") {window_strides = " +
+  // float16 operands as float32 at HIGHEST, behind a barrier, as dot_general takes them (it says why).
+  const bool half = lhs.element() == ElementType::F16;
+  const auto [x, w] = half ? barrier(convert(lhs, ElementType::F32), convert(rhs, ElementType::F32)) : std::pair{lhs, rhs};
+  const std::string precision = half ? "HIGHEST" : precision_of(lhs.element());
+  const Value result = emit("\"stablehlo.convolution\"(" + name(x) + ", " + name(w) + ") {window_strides = " +
                   i64_array(window_strides) + ", padding = dense<[" + pads + "]> : tensor<" + std::to_string(n) +
                   "x2xi64>, lhs_dilation = " + i64_array(lhs_dilation) + ", rhs_dilation = " +
                   i64_array(rhs_dilation) + ", dimension_numbers = #stablehlo.conv<" + conv_word(words[0]) + "x" +
                   conv_word(words[1]) + "->" + conv_word(words[2]) + ">, feature_group_count = " +
                   std::to_string(feature_group_count) + " : i64, batch_group_count = " +
-                  std::to_string(batch_group_count) + " : i64" + precision_config(precision_of(lhs.element())) +
-                  "} : (" + lhs.type.mlir() + ", " + rhs.type.mlir() +
+                  std::to_string(batch_group_count) + " : i64" + precision_config(precision) +
+                  "} : (" + x.type.mlir() + ", " + w.type.mlir() +
                   ") -> " + t.mlir(),
               t);
   return convert(result, lhs.element());
