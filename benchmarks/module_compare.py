@@ -3,12 +3,15 @@
 
     python benchmarks/module_compare.py [--size tiny|110m|500m] [--dtype float32|bfloat16]
                                         [--precision highest|high|medium] [--out DIR] [--compile]
+                                        [--from DIR]
 
 Both modules are the programs handed to XLA (ours: the largest module compiled while capturing the
 step, read from TORCHTPU_DUMP_DIR; jax's: `jax.jit(train).lower(...).as_text()`), so the counts say
 what each asks for, before XLA's passes. It prints, per op family, the count in each and the ratio,
-then the dot_generals by operand types and precision, and the converts by (from, to). `--out DIR`
-keeps both texts (ours.mlir, jax.mlir) for reading. Nothing is timed: compile_step.py measures.
+the megabytes each family's results hold (what it moves, before XLA fuses), then the dot_generals by
+operand types and precision, and the converts by (from, to). `--out DIR` keeps both texts (ours.mlir,
+jax.mlir) for reading; `--from DIR` compares saved ones (a TPU host's) without running anything.
+Nothing is timed: compile_step.py measures.
 """
 
 from __future__ import annotations
@@ -41,6 +44,28 @@ def families(text: str) -> collections.Counter:
     for match in OP.finditer(text):
         counts[match.group(1) or match.group(2)] += 1
     return counts
+
+
+ELEMENT_BYTES = {"i1": 1, "i8": 1, "ui8": 1, "f8E4M3FN": 1, "f8E5M2": 1, "bf16": 2, "f16": 2, "i16": 2,
+                 "f32": 4, "i32": 4, "ui32": 4, "f64": 8, "i64": 8, "ui64": 8, "complex<f32>": 8}
+
+
+def result_megabytes(text: str) -> collections.Counter:
+    """MB of the results each op family makes (its result tensors' sizes, before XLA fuses anything):
+    which families move the most data, where the op counts weigh a scalar like a whole activation."""
+    made = collections.Counter()
+    for line in text.splitlines():
+        match = OP.search(line)
+        if not match or " = " not in line:
+            continue
+        results = line.rsplit("->", 1)[-1] if "->" in line else line.rsplit(":", 1)[-1]
+        for shape in re.findall(r"tensor<([^>]*)>", results):
+            *dims, element = shape.split("x") if "x" in shape else ("", shape)
+            count = 1
+            for d in dims:
+                count *= int(d) if d.isdigit() else 1
+            made[match.group(1) or match.group(2)] += count * ELEMENT_BYTES.get(element, 4)
+    return collections.Counter({k: round(v / 1e6) for k, v in made.items() if v >= 1e6})
 
 
 def by_types(text: str, op: str, label) -> collections.Counter:
@@ -112,12 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=sorted(cs.JAX_PRECISION), default="highest")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="write ours.mlir and jax.mlir here")
+    parser.add_argument("--from", dest="saved", metavar="DIR",
+                        help="compare the ours.mlir and jax.mlir an earlier --out wrote (e.g. on a TPU host)")
     parser.add_argument("--compile", action="store_true",
                         help="also compile jax's module (ours always is): with XLA_FLAGS=--xla_dump_to=DIR, XLA's "
                              "optimized modules of both land in DIR, for the platform's own passes")
     args = parser.parse_args(argv)
     torch.set_float32_matmul_precision(args.precision)
-    ours, theirs = our_module(args), jax_module(args)
+    if args.saved:
+        ours, theirs = (Path(args.saved, name).read_text() for name in ("ours.mlir", "jax.mlir"))
+    else:
+        ours, theirs = our_module(args), jax_module(args)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         Path(args.out, "ours.mlir").write_text(ours)
@@ -125,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Llama {args.size} train step, {args.dtype}, precision {args.precision}: "
           f"torchtpu {len(ours.splitlines())} lines, jax {len(theirs.splitlines())} lines")
     table("op family", families(ours), families(theirs))
+    table("op family, MB of results", result_megabytes(ours), result_megabytes(theirs))
     table("dot_general (operands -> result) [precision]", *(by_types(t, "dot_general", dot_label) for t in (ours, theirs)))
     convert_label = lambda line, types: f"{types[0]} -> {types[-1]}"  # noqa: E731
     table("convert (from -> to)", *(by_types(t, "stablehlo.convert", convert_label) for t in (ours, theirs)))
