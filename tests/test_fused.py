@@ -207,6 +207,75 @@ def test_training_matches_strict_mode_and_iterations_reuse_their_module():
     assert fused_metrics()["flush_reasons"]["an optimizer step"] >= before["flush_reasons"].get("an optimizer step", 0) + 4
 
 
+def test_a_training_loop_replays_its_blocks_without_emitting_them_again():
+    # From the third step on (the first has no optimizer state, the second makes the tape) every op is
+    # replayed from the tape, and every block runs the executable the tape kept for it.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                                torch.nn.Linear(32, 4)).to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    per_step = []
+    with eager_mode("fused"):
+        for step in range(5):
+            before = fused_metrics()
+            x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+            loss = torch.nn.functional.cross_entropy(model(x.to(TPU)), y.to(TPU))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+            after = fused_metrics()
+            per_step.append({k: after[k] - before[k] for k in ("ops_recorded", "ops_replayed", "blocks_run",
+                                                                "blocks_reused", "blocks_compiled")})
+    for counts in per_step[2:]:
+        assert counts["ops_replayed"] == counts["ops_recorded"] > 0, per_step
+        assert counts["blocks_reused"] == counts["blocks_run"] > 0 and counts["blocks_compiled"] == 0, per_step
+    assert per_step[0]["ops_replayed"] < per_step[0]["ops_recorded"]
+    assert fused_metrics()["tape_nodes"] > 0
+
+
+def test_a_block_that_leaves_the_tape_or_keeps_other_results_is_right():
+    x = torch.randn(16)
+    t = x.to(TPU)
+    torch.tpu.synchronize()
+    outs, kept = [], None
+    with eager_mode("fused"):
+        for i in range(4):
+            before = fused_metrics()["ops_replayed"]
+            y = t * 2
+            z = (y + 1).relu()
+            if i == 2:
+                z = z - 3  # leaves the tape after a replayed prefix
+            if i == 3:
+                kept = y  # the same ops, but y outlives the block: another set of results
+            outs.append(z.cpu())
+            if i >= 2:
+                assert fused_metrics()["ops_replayed"] >= before + 2
+        kept_value = kept.cpu()
+    expected = (x * 2 + 1).relu()
+    assert torch.equal(outs[0], expected) and torch.equal(outs[1], expected) and torch.equal(outs[3], expected)
+    assert torch.equal(outs[2], expected - 3)
+    assert torch.equal(kept_value, x * 2)
+
+
+def test_random_streams_match_strict_mode_when_blocks_are_replayed():
+    def program():
+        torch.tpu.manual_seed(5)
+        g = torch.Generator(device=TPU)
+        g.manual_seed(9)
+        ones = torch.ones(64, device=TPU)
+        values = []
+        for _ in range(3):  # the same block three times: the tape replays its draws
+            a = torch.rand(50, device=TPU)
+            b = torch.nn.functional.dropout(ones, 0.5, training=True) * 3
+            c = torch.randn(10, device=TPU, generator=g)
+            values += [a.cpu(), b.cpu(), c.cpu()]
+        return values + [torch.tpu.get_rng_state()]
+
+    strict, fused = in_both_modes(program)
+    assert_same(strict, fused)
+
+
 def test_fused_mode_from_the_environment_runs_the_block_at_exit():
     code = ("import torch, torchtpu\n"
             "print(torch.tpu.get_eager_mode())\n"

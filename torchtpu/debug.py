@@ -53,8 +53,9 @@ def metrics_report() -> str:
     lines += [f"  recompiled: {reason}" for reason in graph["recompile_reasons"][-5:]]
     lines += [f"  split around {op}: {n}" for op, n in sorted(graph["splits"].items(), key=lambda kv: -kv[1])]
     fused = m["fused"]
-    lines.append(f"fused blocks:        {fused['blocks_run']} run ({fused['ops_recorded']} ops recorded), "
-                 f"{fused['blocks_compiled']} compiled")
+    lines.append(f"fused blocks:        {fused['blocks_run']} run ({fused['ops_recorded']} ops recorded, "
+                 f"{fused['ops_replayed']} of them replayed from the tape), {fused['blocks_compiled']} compiled, "
+                 f"{fused['blocks_reused']} reused from the tape")
     lines += [f"  ran at {reason}: {n}" for reason, n in sorted(fused["flush_reasons"].items(), key=lambda kv: -kv[1])]
     fallbacks = m["cpu_fallbacks"]
     lines.append(f"CPU fallbacks:       {sum(fallbacks.values())}")

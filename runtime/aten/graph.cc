@@ -99,6 +99,27 @@ rt::Value constant_scalar(rt::Builder& b, const c10::Scalar& s, rt::ElementType 
   return b.constant_int(s.isBoolean() ? static_cast<int64_t>(s.toBool()) : s.toLong(), element);
 }
 
+// Calls fn on every tensor argument of a call, lists' elements included, in order (an absent one
+// as an undefined tensor).
+template <typename Fn>
+void for_each_tensor_arg(const OpSpec& spec, const c10::IValue* args, Fn&& fn) {
+  for (size_t i = 0; i < spec.args.size(); ++i) {
+    switch (spec.args[i]) {
+      case ArgKind::Tensor:
+        fn(args[i].isTensor() ? args[i].toTensor() : at::Tensor());
+        break;
+      case ArgKind::TensorList:
+        for (const at::Tensor& t : args[i].toTensorList()) fn(t);
+        break;
+      case ArgKind::OptionalTensorList:
+        for (const c10::IValue& e : args[i].toListRef()) fn(e.isTensor() ? e.toTensor() : at::Tensor());
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 // What a capture's module is for.
 enum class CaptureKind : uint8_t {
   Compiled,  // a torch.compile graph: its inputs are given to begin(), its outputs to finish()
@@ -115,6 +136,40 @@ struct FusedRun {
   std::vector<std::pair<int, int>> aliases;                 // (parameter, result) that may share a buffer
   std::vector<std::pair<c10::Storage, int>> written;        // (storage, result): its new contents
   int device = 0;
+  bool reused = false;  // the executable of the same block met before: no module printed or looked up
+};
+
+// Fused eager mode's memory of the blocks it recorded: a tree whose paths are a block's calls in
+// order, each keyed by the op, its arguments' metadata and attributes, and which of the block's
+// storages it reads. The same calls at the same point of a block find the builder in the same state,
+// so a training loop's next iteration replays each call's emission (its inputs asked for again,
+// with this call's buffers and scalars) instead of emitting it, and a block that ends where one
+// ended before runs that one's executable.
+struct TapeStep {
+  struct Input {  // one InputSource request of the call, in order
+    enum Kind : uint8_t { Storage, CpuScalar, Scalar, RandomState, RandomUsed } kind;
+    int arg = -1, index = -1;
+    rt::ElementType element{};
+    int id = 0;          // the builder's next value id when it was asked
+    uint64_t words = 0;  // RandomUsed: the counter values the draws used
+  };
+  std::vector<Input> inputs;
+  rt::Builder::Emitted emitted;
+  EmittedCall call;
+};
+
+struct TapeNode {
+  std::unique_ptr<TapeStep> step;  // the call that leads here (null: a copy, emitted each time)
+  std::unordered_map<std::string, std::unique_ptr<TapeNode>> next;
+  std::map<std::vector<int64_t>, rt::ExecutablePtr> runs;  // a block that ended here, by the storages it returned
+};
+
+// The tape's roots (one per device) and its size; dropped whole past a bound (a program whose
+// blocks never repeat).
+struct Tape {
+  std::unordered_map<int, TapeNode> roots;
+  size_t nodes = 0;
+  static constexpr size_t kMaxNodes = 200000;
 };
 
 class Capture final : public GraphCapture {
@@ -236,17 +291,26 @@ class Capture final : public GraphCapture {
     std::sort(written.begin(), written.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
     FusedRun run;
     std::vector<rt::Value> results;
+    std::vector<int64_t> orders;
     for (const Slot* slot : written) {
       const int result = static_cast<int>(results.size());
       run.written.emplace_back(slot->keep, result);
       results.push_back(slot->value);
+      orders.push_back(slot->order);
       if (slot->param >= 0 && builder_.parameter_type(slot->param) == slot->value.type) {
         run.aliases.emplace_back(slot->param, result);
       }
     }
-    std::vector<rt::TensorType> types;
-    for (const rt::Value& r : results) types.push_back(r.type);
-    run.exe = runtime().compile(builder_.finish(results, run.aliases), types, device_);
+    rt::ExecutablePtr* known = tape_ ? &tape_->runs[orders] : nullptr;
+    run.reused = known && *known;
+    if (run.reused) {
+      run.exe = *known;
+    } else {
+      std::vector<rt::TensorType> types;
+      for (const rt::Value& r : results) types.push_back(r.type);
+      run.exe = runtime().compile(builder_.finish(results, run.aliases), types, device_);
+      if (known) *known = run.exe;
+    }
     for (GraphParam& p : graph_.params) {
       if (!p.constant) {  // the random state of an op whose emission failed after asking for it: unused
         const uint64_t unused[2] = {0, 0};
@@ -283,8 +347,14 @@ class Capture final : public GraphCapture {
   const std::string& key() const { return key_; }
   int device() const { return device_; }
 
+  // A fused block follows the tape from its device's root (calls met before replay their emission).
+  void follow_tape(Tape& tape) {
+    tape_ = &tape.roots[device_];
+    tape_nodes_ = &tape.nodes;
+  }
+
   bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
-            torch::jit::Stack* stack, const CallPlan*) override {
+            torch::jit::Stack* stack, const CallPlan*, const std::string*) override {
     if (spec.data_dependent) fail("has an output shape that depends on the data (" + std::string(spec.overload) + ")");
     const CallPlan plan = plan_call(spec, meta, op, args);
     if (!plan.unsupported.empty()) {
@@ -293,17 +363,37 @@ class Capture final : public GraphCapture {
     }
     if (!plan.resizes.empty()) {  // as eager: resize the outs (a storage the graph computes refuses), plan again
       resize_outs(plan.resizes, args);
-      return call(spec, meta, op, args, stack, nullptr);
+      return call(spec, meta, op, args, stack, nullptr, nullptr);
     }
     record(spec, plan, args, stack);
     return true;
   }
 
-  // Emits a planned call: written storages get their new values, fresh results are new tensors
-  // whose storages hold theirs.
-  void record(const OpSpec& spec, const CallPlan& plan, c10::IValue* args, torch::jit::Stack* stack) {
+  // Emits a planned call (or, on the tape, replays its emission: `call_key` is its plan's key):
+  // written storages get their new values, fresh results are new tensors whose storages hold
+  // theirs. True where the call was replayed.
+  bool record(const OpSpec& spec, const CallPlan& plan, c10::IValue* args, torch::jit::Stack* stack,
+              const std::string* call_key = nullptr) {
+    TapeNode* node = tape_ && call_key ? &tape_child(tape_call_key(spec, *call_key, args)) : nullptr;
+    tape_ = nullptr;  // off the tape until this call is recorded (an error leaves the block off it)
     Inputs inputs(*this);
-    EmittedCall call = emit_call(spec, builder_, plan, args, inputs);
+    EmittedCall emitted;
+    const bool replayed = node && node->step;
+    if (replayed) {
+      replay(spec, *node->step, args, inputs);
+    } else {
+      std::unique_ptr<TapeStep> step = node ? std::make_unique<TapeStep>() : nullptr;
+      inputs.log = step ? &step->inputs : nullptr;
+      const rt::Builder::Mark mark = builder_.mark();
+      emitted = emit_call(spec, builder_, plan, args, inputs);
+      if (step) {
+        step->emitted = builder_.emitted_since(mark);
+        step->call = emitted;
+        node->step = std::move(step);
+      }
+    }
+    tape_ = node;
+    const EmittedCall& call = replayed ? node->step->call : emitted;
     size_t next_written = defined_count(call.fresh);
     for (int w : spec.written) {
       for (const at::Tensor& t : written_tensors(args[w])) set_value(t, call.storages.at(next_written++));
@@ -315,10 +405,19 @@ class Capture final : public GraphCapture {
       set_value(t, call.storages.at(next++));
       return t;
     });
+    return replayed;
   }
 
   bool copy(const at::Tensor& src, const at::Tensor& dst) override {
     if (!is_tpu(dst)) fail("copies a value to the host");
+    if (tape_) {  // a copy is emitted each time; the tape goes on past it
+      KeyWriter k;
+      k.tag('c');
+      tape_key_tensor(k, src);
+      tape_key_tensor(k, dst);
+      TapeNode& node = tape_child(std::move(k.s));
+      tape_ = &node;
+    }
     TORCH_CHECK(!is_tpu(src) || src.device() == dst.device(), kRefusal, "copies between two tpu devices");
     rt::Value value;
     if (is_tpu(src)) {
@@ -363,20 +462,28 @@ class Capture final : public GraphCapture {
   class Inputs final : public InputSource {
    public:
     explicit Inputs(Capture& capture) : c_(capture) {}
+    std::vector<TapeStep::Input>* log = nullptr;  // where a call recorded for the tape notes its requests
+
     rt::TensorType storage_type(const at::Tensor& t) override { return c_.storage_type_of(t); }
-    std::optional<rt::Value> storage(rt::Builder&, const at::Tensor& t, int, int) override { return c_.contents(t); }
+    std::optional<rt::Value> storage(rt::Builder&, const at::Tensor& t, int arg, int index) override {
+      note(TapeStep::Input::Storage, arg, index);
+      return c_.contents(t);
+    }
     // A fused block is a module many iterations share: its scalars are parameters, as in eager.
-    rt::Value cpu_scalar(rt::Builder& b, const at::Tensor& t, int, int, rt::ElementType element) override {
+    rt::Value cpu_scalar(rt::Builder& b, const at::Tensor& t, int arg, int index, rt::ElementType element) override {
+      note(TapeStep::Input::CpuScalar, arg, index, element);
       if (c_.fused_) return c_.constant_param(scalar_buffer(t.item(), element, c_.device_));
       const auto input = c_.input_of_.find(t.unsafeGetTensorImpl());
       if (input == c_.input_of_.end()) return constant_scalar(b, t.item(), element);
       return c_.input_scalar(input->second, element);
     }
-    rt::Value scalar(rt::Builder& b, const c10::IValue& v, int, int, rt::ElementType element) override {
+    rt::Value scalar(rt::Builder& b, const c10::IValue& v, int arg, int index, rt::ElementType element) override {
+      note(TapeStep::Input::Scalar, arg, index, element);
       if (c_.fused_) return c_.constant_param(scalar_buffer(v.toScalar(), element, c_.device_));
       return constant_scalar(b, v.toScalar(), element);
     }
     rt::Value random_state(rt::Builder& b, const c10::IValue* args, int arg) override {
+      note(TapeStep::Input::RandomState, arg, -1);
       if (arg >= 0) generator_ = args[arg].toOptional<at::Generator>();
       if (generator_ && !c_.fused_) c_.fail("draws from an explicit torch.Generator");
       random_param_ = c_.graph_.params.size();
@@ -384,6 +491,8 @@ class Capture final : public GraphCapture {
       return b.parameter(rt::TensorType{rt::ElementType::U64, {2}});
     }
     void random_used(uint64_t words) override {
+      note(TapeStep::Input::RandomUsed, -1, -1);
+      if (log) log->back().words = words;
       GraphParam& p = c_.graph_.params.at(random_param_);
       p.random_words = words;
       if (!c_.fused_) return;
@@ -395,10 +504,95 @@ class Capture final : public GraphCapture {
     }
 
    private:
+    void note(TapeStep::Input::Kind kind, int arg, int index, rt::ElementType element = {}) {
+      if (log) log->push_back(TapeStep::Input{kind, arg, index, element, c_.builder_.next_id()});
+    }
+
     Capture& c_;
     size_t random_param_ = 0;
     std::optional<at::Generator> generator_;
   };
+
+  // A recorded call's emission again, for this call's arguments: its requests for inputs (new
+  // parameters take this call's buffers, scalars and random states), then what it added.
+  void replay(const OpSpec& spec, const TapeStep& step, const c10::IValue* args, Inputs& inputs) {
+    at::Tensor holder;
+    for (const TapeStep::Input& in : step.inputs) {
+      builder_.advance_ids(in.id);
+      switch (in.kind) {
+        case TapeStep::Input::Storage:
+          inputs.storage(builder_, tensor_arg(spec, args, in.arg, in.index, holder), in.arg, in.index);
+          break;
+        case TapeStep::Input::CpuScalar:
+          inputs.cpu_scalar(builder_, tensor_arg(spec, args, in.arg, in.index, holder), in.arg, in.index, in.element);
+          break;
+        case TapeStep::Input::Scalar:
+          inputs.scalar(builder_, in.index < 0 ? args[in.arg] : args[in.arg].toListRef()[in.index], in.arg, in.index,
+                        in.element);
+          break;
+        case TapeStep::Input::RandomState:
+          inputs.random_state(builder_, args, in.arg);
+          break;
+        case TapeStep::Input::RandomUsed:
+          inputs.random_used(in.words);
+          break;
+      }
+    }
+    builder_.replay(step.emitted);
+  }
+
+  // The tape's next node for a call: the op, its plan's key, and which storages of the block (by
+  // the order the block met them) or which new ones (by first position in the call) it reads.
+  std::string tape_call_key(const OpSpec& spec, const std::string& call_key, const c10::IValue* args) {
+    KeyWriter k;
+    k.s.reserve(call_key.size() + 64);
+    k.i(static_cast<int64_t>(reinterpret_cast<intptr_t>(&spec)));
+    k.s += call_key;
+    std::vector<const TpuStorage*> new_storages;
+    for_each_tensor_arg(spec, args, [&](const at::Tensor& t) {
+      if (!is_tpu(t)) {
+        k.tag('n');
+        return;
+      }
+      const TpuStorage* s = &storage_of(t);
+      if (const auto it = storages_.find(s); it != storages_.end()) {
+        k.tag('B');
+        k.i(it->second.order);
+        return;
+      }
+      const auto first = std::find(new_storages.begin(), new_storages.end(), s);
+      k.tag('X');
+      k.i(first - new_storages.begin());
+      if (first == new_storages.end()) new_storages.push_back(s);
+    });
+    return std::move(k.s);
+  }
+
+  // A copy's tensor on the tape: its view, and the block's storage it is (or its storage's metadata).
+  void tape_key_tensor(KeyWriter& k, const at::Tensor& t) {
+    if (!is_tpu(t)) {
+      k.tag('H');
+      k.i(static_cast<int64_t>(t.scalar_type()));
+      k.ints(t.sizes());
+      k.ints(t.strides());
+      return;
+    }
+    int device = -1;
+    key_tensor(k, t, device);
+    if (const auto it = storages_.find(&storage_of(t)); it != storages_.end()) {
+      k.tag('B');
+      k.i(it->second.order);
+    }
+  }
+
+  TapeNode& tape_child(std::string key) {
+    std::unique_ptr<TapeNode>& child = tape_->next[std::move(key)];
+    if (!child) {
+      child = std::make_unique<TapeNode>();
+      ++*tape_nodes_;
+    }
+    return *child;
+  }
 
   // A buffer a fused block's module reads.
   rt::Value constant_param(rt::BufferPtr buffer) {
@@ -470,6 +664,8 @@ class Capture final : public GraphCapture {
   CompiledGraph graph_;
   std::unordered_map<const TpuStorage*, Slot> storages_;
   std::unordered_map<const c10::TensorImpl*, int> input_of_;
+  TapeNode* tape_ = nullptr;  // fused: where the block's calls so far lead on the tape (null: off it)
+  size_t* tape_nodes_ = nullptr;
 };
 
 // The device a call's tpu tensors are on (the current device where there are none); -1 where they
@@ -477,31 +673,14 @@ class Capture final : public GraphCapture {
 int device_of_call(const OpSpec& spec, const c10::IValue* args) {
   int device = -1;
   bool mixed = false;
-  const auto see = [&](const at::Tensor& t) {
+  for_each_tensor_arg(spec, args, [&](const at::Tensor& t) {
     if (!t.defined() || is_cpu_scalar(t)) return;
     mixed |= !is_tpu(t);
     if (!is_tpu(t)) return;
     const int d = t.device().index();
     mixed |= device >= 0 && d != device;
     device = d;
-  };
-  for (size_t i = 0; i < spec.args.size(); ++i) {
-    switch (spec.args[i]) {
-      case ArgKind::Tensor:
-        if (args[i].isTensor()) see(args[i].toTensor());
-        break;
-      case ArgKind::TensorList:
-        for (const at::Tensor& t : args[i].toTensorList()) see(t);
-        break;
-      case ArgKind::OptionalTensorList:
-        for (const c10::IValue& e : args[i].toListRef()) {
-          if (e.isTensor()) see(e.toTensor());
-        }
-        break;
-      default:
-        break;
-    }
-  }
+  });
   if (mixed) return -1;
   return device >= 0 ? device : current_device();
 }
@@ -516,7 +695,7 @@ class FusedRecorder final : public GraphCapture {
   bool records_repeatedly() const override { return true; }
 
   bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
-            torch::jit::Stack* stack, const CallPlan* planned) override {
+            torch::jit::Stack* stack, const CallPlan* planned, const std::string* planned_key) override {
     if (spec.data_dependent) {
       flush("an output shape that depends on the data");
       return false;
@@ -534,13 +713,14 @@ class FusedRecorder final : public GraphCapture {
     }
     if (!plan.resizes.empty()) {
       resize_outs(plan.resizes, args);  // a storage of the block is resized after the block ran
-      return call(spec, meta, op, args, stack, nullptr);
+      return call(spec, meta, op, args, stack, nullptr, nullptr);
     }
     check_call_values(spec, plan.compute, args);  // may read values: runs the block first
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    block_on(device).record(spec, plan, args, stack);
+    const bool replayed = block_on(device).record(spec, plan, args, stack, planned ? planned_key : nullptr);
     names_.push_back(spec.overload);
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
+    ops_replayed_ += replayed;
     if (names_.size() >= max_ops_) flush("size bound");
     return true;
   }
@@ -582,9 +762,10 @@ class FusedRecorder final : public GraphCapture {
     TracedCall traced("fused", block->device());
     try {
       FusedRun run = TracedCall::compile([&] { return block->finish_fused(); });
-      const bool compiled = rt::last_compile_outcome().tier != rt::CompileOutcome::Memory;
+      const bool compiled = !run.reused && rt::last_compile_outcome().tier != rt::CompileOutcome::Memory;
       blocks_compiled_ += compiled;
-      traced.set_cache(compiled ? "compile" : "memory");
+      blocks_reused_ += run.reused;
+      traced.set_cache(run.reused ? "tape" : compiled ? "compile" : "memory");
       std::vector<PJRT_Buffer*> raw;
       for (const rt::BufferPtr& b : run.params) raw.push_back(b->raw());
       const std::vector<int64_t> donated = donatable(run.aliases, run.params);
@@ -602,12 +783,22 @@ class FusedRecorder final : public GraphCapture {
     if (traced.recording()) traced.record("fused block (" + std::string(reason) + ")", std::to_string(names.size()) + " ops");
   }
 
-  // (ops recorded, blocks run, blocks compiled, flush reasons)
-  std::tuple<int64_t, int64_t, int64_t, std::map<std::string, int64_t>> metrics() const {
+  struct Metrics {
+    int64_t ops_recorded, ops_replayed, blocks_run, blocks_compiled, blocks_reused;
+    size_t tape_nodes;
+    std::map<std::string, int64_t> reasons;
+  };
+  Metrics metrics() const {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    return {ops_recorded_.load(), blocks_run_, blocks_compiled_, reasons_};
+    return {ops_recorded_.load(), ops_replayed_, blocks_run_, blocks_compiled_, blocks_reused_, tape_.nodes, reasons_};
   }
   void set_max_ops(size_t ops) { max_ops_ = std::max<size_t>(ops, 1); }
+  // The tape holds executables: dropped with the kernel caches, when the next block begins (the
+  // pending one still walks it).
+  void forget_tape() {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    tape_stale_ = true;
+  }
 
  private:
   // The pending block, begun on `device` under the current numerics (a block on another device or
@@ -619,7 +810,13 @@ class FusedRecorder final : public GraphCapture {
       flush(block_->device() != device ? "an op on another device" : "a change of numerics");
     }
     if (!block_) {
+      if (tape_stale_ || tape_.nodes > Tape::kMaxNodes) {
+        tape_.roots.clear();
+        tape_.nodes = 0;
+        tape_stale_ = false;
+      }
       block_ = std::make_unique<Capture>(std::string(), device, CaptureKind::Fused);
+      block_->follow_tape(tape_);
       numerics_ = numerics;
     }
     return *block_;
@@ -638,7 +835,9 @@ class FusedRecorder final : public GraphCapture {
   std::vector<const char*> names_;  // the block's ops, for errors
   size_t max_ops_ = 10000;
   std::atomic<int64_t> ops_recorded_{0};
-  int64_t blocks_run_ = 0, blocks_compiled_ = 0;
+  int64_t ops_replayed_ = 0, blocks_run_ = 0, blocks_compiled_ = 0, blocks_reused_ = 0;
+  Tape tape_;
+  bool tape_stale_ = false;
   std::map<std::string, int64_t> reasons_;
 };
 
@@ -865,6 +1064,7 @@ void flush_fused(const char* reason) { g_fused_recorder->flush(reason); }
 int64_t compiled_graphs() { return compiled_graph_count(); }
 
 void clear_compiled_graphs() {
+  g_fused_recorder->forget_tape();
   std::lock_guard<std::mutex> lock(g_graphs_mutex);
   g_graphs.clear();  // a graph called again is captured anew
 }
@@ -892,12 +1092,15 @@ void bind_graph(pybind11::module& m) {
     flush_fused(reason.c_str());
   }, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("_fused_metrics", [] {
-    const auto [ops, blocks, compiled, reasons] = g_fused_recorder->metrics();
+    const FusedRecorder::Metrics m = g_fused_recorder->metrics();
     pybind11::dict d;
-    d["ops_recorded"] = ops;
-    d["blocks_run"] = blocks;
-    d["blocks_compiled"] = compiled;
-    d["flush_reasons"] = reasons;
+    d["ops_recorded"] = m.ops_recorded;
+    d["ops_replayed"] = m.ops_replayed;  // recorded without emitting them again (the tape)
+    d["blocks_run"] = m.blocks_run;
+    d["blocks_compiled"] = m.blocks_compiled;
+    d["blocks_reused"] = m.blocks_reused;  // ran the executable the tape kept: no module printed
+    d["tape_nodes"] = m.tape_nodes;
+    d["flush_reasons"] = m.reasons;
     return d;
   });
   m.def("_set_fused_max_ops", [](int64_t ops) { g_fused_recorder->set_max_ops(static_cast<size_t>(ops)); });

@@ -24,10 +24,12 @@ class GraphCapture {
 
   // A spec'd op: planned and emitted into the graph; its results are tensors whose storages hold
   // graph values (the stack gets them as the kernel would return them). `planned`: the kernel's
-  // cached plan of an identical call (null: the Meta pass runs). False: not recorded (the fused
-  // block ran what it held first): the caller runs the op eagerly.
+  // cached plan of an identical call (null: the Meta pass runs), `planned_key` its key (the op's
+  // arguments' metadata and attributes). False: not recorded (the fused block ran what it held
+  // first): the caller runs the op eagerly.
   virtual bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
-                    torch::jit::Stack* stack, const CallPlan* planned = nullptr) = 0;
+                    torch::jit::Stack* stack, const CallPlan* planned = nullptr,
+                    const std::string* planned_key = nullptr) = 0;
   // Whether calls recur (fused eager mode), so that the kernel's cached plans are worth handing in.
   virtual bool records_repeatedly() const { return false; }
   virtual bool copy(const at::Tensor& src, const at::Tensor& dst) = 0;  // false as call()

@@ -129,6 +129,9 @@ struct EmittedCall {
 EmittedCall emit_call(const OpSpec& spec, rt::Builder& b, const CallPlan& plan, const c10::IValue* args,
                       InputSource& source);
 
+// Tensor argument `arg` of a call (element `index` of a list, or -1), set into `holder`.
+const at::Tensor& tensor_arg(const OpSpec& spec, const c10::IValue* args, int arg, int index, at::Tensor& holder);
+
 // The tensors a written argument holds: itself, the elements of a list, none for an absent Tensor?.
 std::vector<at::Tensor> written_tensors(const c10::IValue& v);
 

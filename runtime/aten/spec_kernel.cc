@@ -209,9 +209,14 @@ class SpecKernel final : public c10::OperatorKernel {
 
     if (GraphCapture* capture = GraphCapture::active()) {
       // Fused eager mode records the same calls every iteration: their Meta pass runs once per key.
-      const std::shared_ptr<const CallPlan> plan =
-          capture->records_repeatedly() && !spec_.data_dependent ? cached_plan(op, args) : nullptr;
-      if (capture->call(spec_, meta_, op, args, stack, plan.get())) return;
+      std::string key;
+      std::shared_ptr<const CallPlan> plan =
+          capture->records_repeatedly() && !spec_.data_dependent ? cached_plan(op, args, key) : nullptr;
+      if (plan && !plan->resizes.empty()) {  // out= tensors resized as eager resizes them, then planned again
+        resize_outs(plan->resizes, args);
+        plan = cached_plan(op, args, key);
+      }
+      if (capture->call(spec_, meta_, op, args, stack, plan.get(), plan ? &key : nullptr)) return;
     }
 
     int device = -1;
@@ -321,10 +326,10 @@ class SpecKernel final : public c10::OperatorKernel {
     return std::move(key.s);
   }
 
-  // The plan of a call with this key (its Meta pass runs on the first).
-  std::shared_ptr<const CallPlan> cached_plan(const c10::OperatorHandle& op, const c10::IValue* args) {
+  // The plan of a call with this key (its Meta pass runs on the first); `key`: the call's key.
+  std::shared_ptr<const CallPlan> cached_plan(const c10::OperatorHandle& op, const c10::IValue* args, std::string& key) {
     int device = -1;
-    const std::string key = call_key(args, device, current_numerics());
+    key = call_key(args, device, current_numerics());
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto it = plans_.find(key);
@@ -335,18 +340,6 @@ class SpecKernel final : public c10::OperatorKernel {
     return plans_.emplace(key, std::move(plan)).first->second;
   }
 
-  // The tensor arguments as the tracer shows them.
-  const at::Tensor& tensor_at(const c10::IValue* args, int arg, int index, at::Tensor& holder) const {
-    if (index < 0) {
-      holder = args[arg].toTensor();
-    } else if (spec_.args[arg] == ArgKind::OptionalTensorList) {
-      holder = args[arg].toListRef()[index].toTensor();
-    } else {
-      holder = args[arg].toTensorList().get(index);
-    }
-    return holder;
-  }
-
   void run(const Entry& entry, c10::IValue* args, size_t n, int device, torch::jit::Stack* stack) {
     std::vector<rt::BufferPtr> keep;
     std::vector<PJRT_Buffer*> raw;
@@ -355,7 +348,7 @@ class SpecKernel final : public c10::OperatorKernel {
     at::Tensor holder;
     for (const ParamSource& p : entry.params) {
       if (p.kind == ParamSource::Storage) {
-        keep.push_back(storage_of(tensor_at(args, p.arg, p.index, holder)).buffer);
+        keep.push_back(storage_of(tensor_arg(spec_, args, p.arg, p.index, holder)).buffer);
       } else if (p.kind == ParamSource::Random) {
         const auto [seed, offset] = reserve_random(
             p.arg < 0 ? std::nullopt : args[p.arg].toOptional<at::Generator>(), device, p.random_words);
@@ -364,7 +357,7 @@ class SpecKernel final : public c10::OperatorKernel {
       } else {
         const c10::IValue& a = args[p.arg];
         const c10::Scalar value = a.isTensor()                 ? a.toTensor().item()
-                                  : a.isTensorList()           ? tensor_at(args, p.arg, p.index, holder).item()
+                                  : a.isTensorList()           ? tensor_arg(spec_, args, p.arg, p.index, holder).item()
                                   : p.index >= 0 && a.isList() ? a.toListRef()[p.index].toScalar()
                                                                : a.toScalar();
         keep.push_back(scalar_buffer(value, p.element, device));

@@ -157,6 +157,17 @@ const char* dtype_name(at::ScalarType t) {
   }
 }
 
+const at::Tensor& tensor_arg(const OpSpec& spec, const c10::IValue* args, int arg, int index, at::Tensor& holder) {
+  if (index < 0) {
+    holder = args[arg].toTensor();
+  } else if (spec.args[arg] == ArgKind::OptionalTensorList) {
+    holder = args[arg].toListRef()[index].toTensor();
+  } else {
+    holder = args[arg].toTensorList().get(index);
+  }
+  return holder;
+}
+
 std::vector<at::Tensor> written_tensors(const c10::IValue& v) {
   if (v.isTensorList()) return v.toTensorVector();
   if (v.isTensor() && v.toTensor().defined()) return {v.toTensor()};

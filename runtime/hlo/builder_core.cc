@@ -22,6 +22,27 @@ std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const
   return results;
 }
 
+Builder::Emitted Builder::emitted_since(const Mark& mark) const {
+  Emitted e{body_.substr(mark.body), next_id_, {}, nominal_element_, random_counters_};
+  for (int id = mark.next_id; id < next_id_; ++id) {
+    if (const auto it = widened_.find(id); it != widened_.end()) e.widened.emplace_back(id, it->second);
+  }
+  return e;
+}
+
+void Builder::advance_ids(int next_id) {
+  if (next_id < next_id_) fail("replaying a recorded call: value ids would go back");
+  next_id_ = next_id;
+}
+
+void Builder::replay(const Emitted& emitted) {
+  advance_ids(emitted.next_id);
+  body_ += emitted.body;
+  for (const auto& [id, narrow] : emitted.widened) widened_.emplace(id, narrow);
+  nominal_element_ = emitted.nominal_element;
+  random_counters_ = emitted.random_counters;
+}
+
 std::pair<Value, Value> Builder::barrier(const Value& a, const Value& b) {
   const std::vector<Value> kept = emit_multi(
       "stablehlo.optimization_barrier " + name(a) + ", " + name(b) + " : " + a.type.mlir() + ", " + b.type.mlir(),

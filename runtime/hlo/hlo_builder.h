@@ -588,6 +588,27 @@ class Builder {
   int64_t random_counters() const { return random_counters_; }
   void restart_random_counters() { random_counters_ = 0; }
 
+  // Fused eager mode's replay of a call it has emitted before at the same point of a block (the same
+  // ops before it, so the same builder state): what the call added, kept from its first emission,
+  // is added again without emitting it. The parameters it asked for are asked for again (they take
+  // the recorded ids: advance_ids first), then replay() adds its body and the rest of its state.
+  struct Mark {
+    size_t body = 0;
+    int next_id = 0;
+  };
+  struct Emitted {
+    std::string body;
+    int next_id = 0;
+    std::vector<std::pair<int, Value>> widened;
+    ElementType nominal_element = ElementType::F64;
+    int64_t random_counters = 0;
+  };
+  Mark mark() const { return Mark{body_.size(), next_id_}; }
+  Emitted emitted_since(const Mark& mark) const;
+  int next_id() const { return next_id_; }
+  void advance_ids(int next_id);
+  void replay(const Emitted& emitted);
+
   // Prints the module whose function returns `results`.
   // The module text. `aliases`: (parameter, result) pairs whose result may reuse the parameter's
   // buffer (input/output aliasing: a donated input is updated in place).
