@@ -352,6 +352,7 @@ class Capture final : public GraphCapture {
     tape_ = &tape.roots[device_];
     tape_nodes_ = &tape.nodes;
   }
+  void leave_tape() { tape_ = nullptr; }
 
   bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
             torch::jit::Stack* stack, const CallPlan*, const std::string*) override {
@@ -793,11 +794,12 @@ class FusedRecorder final : public GraphCapture {
     return {ops_recorded_.load(), ops_replayed_, blocks_run_, blocks_compiled_, blocks_reused_, tape_.nodes, reasons_};
   }
   void set_max_ops(size_t ops) { max_ops_ = std::max<size_t>(ops, 1); }
-  // The tape holds executables: dropped with the kernel caches, when the next block begins (the
-  // pending one still walks it).
+  // The tape holds executables: dropped with the kernel caches (the pending block leaves it first).
   void forget_tape() {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    tape_stale_ = true;
+    if (block_) block_->leave_tape();
+    tape_.roots.clear();
+    tape_.nodes = 0;
   }
 
  private:
@@ -810,10 +812,9 @@ class FusedRecorder final : public GraphCapture {
       flush(block_->device() != device ? "an op on another device" : "a change of numerics");
     }
     if (!block_) {
-      if (tape_stale_ || tape_.nodes > Tape::kMaxNodes) {
+      if (tape_.nodes > Tape::kMaxNodes) {
         tape_.roots.clear();
         tape_.nodes = 0;
-        tape_stale_ = false;
       }
       block_ = std::make_unique<Capture>(std::string(), device, CaptureKind::Fused);
       block_->follow_tape(tape_);
@@ -837,7 +838,6 @@ class FusedRecorder final : public GraphCapture {
   std::atomic<int64_t> ops_recorded_{0};
   int64_t ops_replayed_ = 0, blocks_run_ = 0, blocks_compiled_ = 0, blocks_reused_ = 0;
   Tape tape_;
-  bool tape_stale_ = false;
   std::map<std::string, int64_t> reasons_;
 };
 
