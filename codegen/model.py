@@ -571,11 +571,12 @@ def _platform_tolerances(value, dtypes: list[str], path, line) -> dict:
         raise SpecError(path, line, f"test.tpu names no tolerance ({', '.join(TOLERANCE_KEYS)})")
     for key, tolerance in tolerances.items():
         try:  # YAML reads 1e-4 (no dot) as a string, as the test's own tolerances, which print as they are
-            tolerances[key] = float(tolerance)
+            number = None if isinstance(tolerance, bool) else float(tolerance)
         except (TypeError, ValueError):
-            tolerances[key] = -1.0
-        if isinstance(tolerance, bool) or not tolerances[key] >= 0:
+            number = None
+        if number is None or not number >= 0:
             raise SpecError(path, line, f"test.tpu.{key} must be a non-negative number, not {tolerance!r}")
+        tolerances[key] = number
     chosen = _expand_dtypes(value["dtypes"], path, line) if "dtypes" in value else list(dtypes)
     return {"dtypes": chosen, **tolerances}
 

@@ -416,8 +416,7 @@ class Capture final : public GraphCapture {
       k.tag('c');
       tape_key_tensor(k, src);
       tape_key_tensor(k, dst);
-      TapeNode& node = tape_child(std::move(k.s));
-      tape_ = &node;
+      tape_ = &tape_child(std::move(k.s));
     }
     TORCH_CHECK(!is_tpu(src) || src.device() == dst.device(), kRefusal, "copies between two tpu devices");
     rt::Value value;

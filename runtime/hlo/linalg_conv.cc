@@ -2,6 +2,7 @@
 #include "hlo/hlo_builder.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "hlo/builder_internal.h"
 
@@ -63,25 +64,27 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
     // products and sums, which wrap like PyTorch's, on operands laid out as [batch, a's free, b's free, k].
     return integer_dot(*this, a, b, lhs_batch, rhs_batch, lhs_contract, rhs_contract, t);
   }
-  // Both operands widened from bfloat16: the bfloat16 ones, with the float32 result (exact products,
-  // float32 sums: the widened dot's values, without the widened operands).
+  // Both operands widened from one half type. bfloat16: the bfloat16 ones, with the float32 result
+  // (exact products, float32 sums: the widened dot's values, without the widened operands). float16:
+  // products of 11-bit significands are exact in float32, as CPU computes them, only at HIGHEST (a
+  // TPU's DEFAULT is one bfloat16 pass), and a barrier keeps XLA on a TPU from folding the converts
+  // into a float16-operand dot, which rounded (a v5e's bmm: 4 float16 ulps off).
   const auto narrow_a = widened_.find(a.id), narrow_b = widened_.find(b.id);
-  const bool widened = a.result < 0 && b.result < 0 && narrow_a != widened_.end() && narrow_b != widened_.end();
+  const bool widened = a.result < 0 && b.result < 0 && narrow_a != widened_.end() && narrow_b != widened_.end() &&
+                       narrow_a->second.element() == narrow_b->second.element();
   const ElementType narrow_element = widened ? narrow_a->second.element() : a.element();
-  if (widened && narrow_element == ElementType::F16 && narrow_b->second.element() == ElementType::F16) {
-    // Both widened from float16: products of 11-bit significands are exact in float32, as CPU computes
-    // them, only at HIGHEST (a TPU's DEFAULT is one bfloat16 pass). The barrier keeps XLA on a TPU from
-    // folding the converts into a float16-operand dot, which rounded (a v5e's bmm: 4 float16 ulps off).
-    const auto [kept_a, kept_b] = barrier(a, b);
-    return emit("stablehlo.dot_general " + name(kept_a) + ", " + name(kept_b) + ", batching_dims = " + list(lhs_batch) +
-                    " x " + list(rhs_batch) + ", contracting_dims = " + list(lhs_contract) + " x " + list(rhs_contract) +
-                    ", precision = [HIGHEST, HIGHEST] : (" + a.type.mlir() + ", " + b.type.mlir() + ") -> " + t.mlir(),
-                t);
+  Value lhs = a, rhs = b;
+  std::string precision;
+  if (widened && narrow_element == ElementType::BF16) {
+    lhs = narrow_a->second;
+    rhs = narrow_b->second;
+    precision = precision_of(narrow_element);
+  } else if (widened && narrow_element == ElementType::F16) {
+    std::tie(lhs, rhs) = barrier(a, b);
+    precision = "HIGHEST";
+  } else {
+    precision = precision_of(a.element());
   }
-  const bool narrow = widened && narrow_element == ElementType::BF16 && narrow_b->second.element() == ElementType::BF16;
-  const Value& lhs = narrow ? narrow_a->second : a;
-  const Value& rhs = narrow ? narrow_b->second : b;
-  const std::string precision = precision_of(lhs.element());
   return emit("stablehlo.dot_general " + name(lhs) + ", " + name(rhs) + ", batching_dims = " + list(lhs_batch) + " x " +
                   list(rhs_batch) + ", contracting_dims = " + list(lhs_contract) + " x " + list(rhs_contract) +
                   (precision.empty() ? "" : ", precision = [" + precision + ", " + precision + "]") + " : (" +
