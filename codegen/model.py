@@ -22,6 +22,8 @@ A spec entry (see README "Adding an op"):
                                       # grad_atol / grad_rtol: for the gradient comparison (default: atol / rtol)
                                       # tpu: {dtypes: [float32], grad_rtol: 3e-4, measured: "..."}: tolerances
                                       # that replace these on a TPU only, with the measured error that needs them
+                                      # random_when: dropout_p: samples whose keyword argument of that name is
+                                      # nonzero draw random numbers, and are not compared
 
 Errors name the spec file and line and what is wrong; codegen stops on the first file with errors.
 """
@@ -61,7 +63,7 @@ VARIANTS = {"inplace": "Inplace", "out": "Out", "mutable": "Inplace"}  # mutable
 KEYS = {"op", "lowering", "compute", "promote", "compile_time", "dtypes", "variants", "writes", "runtime", "foreach",
         "generator", "data_dependent", "divisor", "index_check", "test", "__line__"}
 INDEX_CHECK_KEYS = {"index", "into", "dim", "negative", "ignore", "raises", "message", "__line__"}
-TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "tpu", "__line__"}
+TEST_KEYS = {"opinfo", "dtypes", "atol", "rtol", "grad_atol", "grad_rtol", "tpu", "random_when", "__line__"}
 TOLERANCE_KEYS = ("atol", "rtol", "grad_atol", "grad_rtol")
 PLATFORM_TEST_KEYS = {"dtypes", "measured", *TOLERANCE_KEYS, "__line__"}
 
@@ -786,6 +788,9 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
             raise SpecError(display_path, line, f"test takes {', '.join(sorted(TEST_KEYS - {'__line__'}))}")
         if "tpu" in test:
             test["tpu"] = _platform_tolerances(test["tpu"], dtypes, display_path, test.get("__line__", line))
+        if "random_when" in test and not str(test["random_when"]).isidentifier():
+            raise SpecError(display_path, test.get("__line__", line),
+                            f"test.random_when names a sample's keyword argument, not {test['random_when']!r}")
         if "dtypes" in test:
             test["dtypes"] = _expand_dtypes(test["dtypes"], display_path, line)
             test["sweep_dtypes"] = []  # the spec chose its dtypes

@@ -139,12 +139,18 @@ def assert_same(actual, expected, atol=None, rtol=None, context=""):
 
 
 
-def _check_gradients(info, name, torch_dtype, atol, rtol, max_samples=None):
+def _samples(info, torch_dtype, requires_grad, max_samples=None, random_when=None):
+    """(index, sample) of the OpInfo's first max_samples samples, but those whose keyword argument
+    `random_when` is nonzero: they draw random numbers (sdpa's dropout_p), so no two runs agree."""
+    samples = itertools.islice(info.sample_inputs("cpu", torch_dtype, requires_grad=requires_grad), max_samples)
+    return [(i, s) for i, s in enumerate(samples) if not (random_when and s.kwargs.get(random_when))]
+
+
+def _check_gradients(info, name, torch_dtype, atol, rtol, max_samples=None, random_when=None):
     """Backward parity: for each sample, the gradients of its differentiable outputs (weighted by
     the same random cotangents on both devices) with respect to its inputs match CPU's."""
     cotangents = torch.Generator().manual_seed(0)
-    for index, sample in enumerate(itertools.islice(info.sample_inputs("cpu", torch_dtype, requires_grad=True),
-                                                    max_samples)):
+    for index, sample in _samples(info, torch_dtype, True, max_samples, random_when):
         context = f"{name} {torch_dtype} sample {index} (gradients): {sample}"
         weights = None
 
@@ -194,12 +200,12 @@ def _tolerances_here(tpu, dtype: str, atol, rtol, grad_atol=None, grad_rtol=None
 
 
 def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str], atol=None, rtol=None,
-                 grad_atol=None, grad_rtol=None, max_samples=None, tpu=None):
+                 grad_atol=None, grad_rtol=None, max_samples=None, tpu=None, random_when=None):
     """Runs every OpInfo sample of `name` on tpu and CPU, for each variant (Functional / Inplace /
     Out) the spec derives, and compares; in float32/float64 also the gradients. A sample CPU
     rejects is skipped; everything else must match, and none of `overloads` may fall back to the CPU.
     `tpu`: the spec's tolerances for a TPU ({"dtypes": [...], "grad_rtol": ...}), which replace the
-    others there for those dtypes."""
+    others there for those dtypes. `random_when`: samples with that keyword argument nonzero are left out."""
     atol, rtol, grad_atol, grad_rtol = _tolerances_here(tpu, dtype, atol, rtol, grad_atol, grad_rtol)
     torch_dtype = getattr(torch, dtype)
     info = _opinfo_for_dtype(name, torch_dtype)
@@ -210,8 +216,7 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
     before = _fallbacks()
     checked = 0
     touches_complex128 = False
-    for index, sample in enumerate(itertools.islice(info.sample_inputs("cpu", torch_dtype, requires_grad=False),
-                                                    max_samples)):
+    for index, sample in _samples(info, torch_dtype, False, max_samples, random_when):
         for variant in dict.fromkeys(variants):
             context = f"{name} {dtype} sample {index} ({variant}): {sample}"
             if variant == "Functional":
@@ -258,12 +263,12 @@ def check_opinfo(name: str, dtype: str, overloads: list[str], variants: list[str
     # its gradients are no reference for a float32-accumulating lowering.
     if torch_dtype in (torch.float32, torch.float64) and info.supports_autograd:
         _check_gradients(info, name, torch_dtype, atol if grad_atol is None else grad_atol,
-                         rtol if grad_rtol is None else grad_rtol, max_samples)
+                         rtol if grad_rtol is None else grad_rtol, max_samples, random_when)
     if not (touches_complex128 and torchtpu._C.platform_name() == "tpu"):
         _assert_no_fallback(name, overloads, before)  # a TPU runs complex128 on the CPU (spec_plan.cc)
 
 
-def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits=False, tpu=None):
+def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits=False, tpu=None, random_when=None):
     """The first float32 OpInfo sample CPU accepts, forward, through torch.compile(backend="tpu")
     on tpu vs eager on CPU: graph mode emits the same spec lowering inside one captured module.
     None of `overloads` may fall back to the CPU, and unless `splits` (a data-dependent op, which
@@ -275,7 +280,7 @@ def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits
     info = find_opinfo(name)
     if torch.float32 not in info.supported_dtypes("cpu"):
         pytest.skip(f"OpInfo {name} does not support float32 on CPU")
-    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+    for _, sample in _samples(info, torch.float32, False, random_when=random_when):
         cpu_input, cpu_args, cpu_kwargs = clone_tree((sample.input, sample.args, sample.kwargs))
         try:
             expected = info.op(cpu_input, *cpu_args, **cpu_kwargs)
@@ -288,9 +293,13 @@ def check_compiled(name: str, overloads: list[str], atol=None, rtol=None, splits
     torch._dynamo.reset()  # a fresh cache: every test compiles the same `run` code
     before_fallbacks, before_splits = _fallbacks(), dict(_compile.stats()["splits"])
 
+    # A random OpInfo's op reseeds around the call (wrapper_set_seed, under no_dispatch: dynamo cannot
+    # trace it); the sample compared draws nothing, so the function itself is compiled.
+    op = functools.reduce(getattr, name.split("."), torch) if random_when else info.op
+
     @torch.compile(backend="tpu")
     def run(x, args, kwargs):
-        return info.op(x, *args, **kwargs)
+        return op(x, *args, **kwargs)
 
     actual = run(tpu_input, tpu_args, tpu_kwargs)
     context = f"{name} float32 sample 0 compiled: {sample}"

@@ -1026,234 +1026,240 @@ std::vector<Value> emit__softmax_backward_data(Builder& b, const EmitArgs& a) { 
 // _softmax_backward_data.out = mul(output, sub(grad_output, sum(mul(grad_output, output), dim, True)))  (specs/nn.yaml:18)
 std::vector<Value> emit__softmax_backward_data__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(1), b.sub(a.value(0), b.sum(b.mul(a.value(0), a.value(1)), a.ints(2), true)))}; }
 
-// _log_softmax_backward_data = sub(grad_output, mul(exp(output), sum(grad_output, dim, True)))  (specs/nn.yaml:23)
+// _scaled_dot_product_flash_attention_for_cpu = (attention(query, key, value, attn_mask, dropout_p, is_causal, scale), attention_logsumexp(query, key, attn_mask, is_causal, scale))  (specs/nn.yaml:30)
+std::vector<Value> emit__scaled_dot_product_flash_attention_for_cpu(Builder& b, const EmitArgs& a) { return {b.attention(a.value(0), a.value(1), a.value(2), a.optional_value(5), a.real(3), a.boolean(4), a.optional_real(6)), b.attention_logsumexp(a.value(0), a.value(1), a.optional_value(5), a.boolean(4), a.optional_real(6))}; }
+
+// _scaled_dot_product_flash_attention_for_cpu_backward = (attention_grad(grad_out, query, key, value, out, logsumexp, attn_mask, dropout_p, is_causal, scale, 0),  attention_grad(grad_out, query, key, value, out, logsumexp, attn_mask, dropout_p, is_causal, scale, 1),  attention_grad(grad_out, query, key, value, out, logsumexp, attn_mask, dropout_p, is_causal, scale, 2))   (specs/nn.yaml:36)
+std::vector<Value> emit__scaled_dot_product_flash_attention_for_cpu_backward(Builder& b, const EmitArgs& a) { return {b.attention_grad(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.value(5), a.optional_value(8), a.real(6), a.boolean(7), a.optional_real(9), 0), b.attention_grad(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.value(5), a.optional_value(8), a.real(6), a.boolean(7), a.optional_real(9), 1), b.attention_grad(a.value(0), a.value(1), a.value(2), a.value(3), a.value(4), a.value(5), a.optional_value(8), a.real(6), a.boolean(7), a.optional_real(9), 2)}; }
+
+// _log_softmax_backward_data = sub(grad_output, mul(exp(output), sum(grad_output, dim, True)))  (specs/nn.yaml:44)
 std::vector<Value> emit__log_softmax_backward_data(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(b.exp(a.value(1)), b.sum(a.value(0), a.ints(2), true)))}; }
-// _log_softmax_backward_data.out = sub(grad_output, mul(exp(output), sum(grad_output, dim, True)))  (specs/nn.yaml:23)
+// _log_softmax_backward_data.out = sub(grad_output, mul(exp(output), sum(grad_output, dim, True)))  (specs/nn.yaml:44)
 std::vector<Value> emit__log_softmax_backward_data__out(Builder& b, const EmitArgs& a) { return {b.sub(a.value(0), b.mul(b.exp(a.value(1)), b.sum(a.value(0), a.ints(2), true)))}; }
 
-// gelu = gelu(self, approximate)  (specs/nn.yaml:27)
+// gelu = gelu(self, approximate)  (specs/nn.yaml:48)
 std::vector<Value> emit_gelu(Builder& b, const EmitArgs& a) { return {b.gelu(a.value(0), a.string(1))}; }
-// gelu_ = gelu(self, approximate)  (specs/nn.yaml:27)
+// gelu_ = gelu(self, approximate)  (specs/nn.yaml:48)
 std::vector<Value> emit_gelu_(Builder& b, const EmitArgs& a) { return {b.gelu(a.value(0), a.string(1))}; }
-// gelu.out = gelu(self, approximate)  (specs/nn.yaml:27)
+// gelu.out = gelu(self, approximate)  (specs/nn.yaml:48)
 std::vector<Value> emit_gelu__out(Builder& b, const EmitArgs& a) { return {b.gelu(a.value(0), a.string(1))}; }
 
-// gelu_backward = gelu_backward(grad_output, self, approximate)  (specs/nn.yaml:32)
+// gelu_backward = gelu_backward(grad_output, self, approximate)  (specs/nn.yaml:53)
 std::vector<Value> emit_gelu_backward(Builder& b, const EmitArgs& a) { return {b.gelu_backward(a.value(0), a.value(1), a.string(2))}; }
-// gelu_backward.grad_input = gelu_backward(grad_output, self, approximate)  (specs/nn.yaml:32)
+// gelu_backward.grad_input = gelu_backward(grad_output, self, approximate)  (specs/nn.yaml:53)
 std::vector<Value> emit_gelu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.gelu_backward(a.value(0), a.value(1), a.string(2))}; }
 
-// silu = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:36)
+// silu = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:57)
 std::vector<Value> emit_silu(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), [&] { const Value anchor = b.exp(b.neg(a.value(0))); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
-// silu_ = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:36)
+// silu_ = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:57)
 std::vector<Value> emit_silu_(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), [&] { const Value anchor = b.exp(b.neg(a.value(0))); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
-// silu.out = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:36)
+// silu.out = div(self, add(1, exp(neg(self))))  (specs/nn.yaml:57)
 std::vector<Value> emit_silu__out(Builder& b, const EmitArgs& a) { return {b.div(a.value(0), [&] { const Value anchor = b.exp(b.neg(a.value(0))); return b.add(b.scalar_like(1.0, anchor), anchor); }())}; }
 
-// leaky_relu = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:42)
+// leaky_relu = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:63)
 std::vector<Value> emit_leaky_relu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
-// leaky_relu_ = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:42)
+// leaky_relu_ = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:63)
 std::vector<Value> emit_leaky_relu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
-// leaky_relu.out = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:42)
+// leaky_relu.out = where(gt(self, 0), self, mul(self, negative_slope))  (specs/nn.yaml:63)
 std::vector<Value> emit_leaky_relu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(1)))}; }
 
-// leaky_relu_backward = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:48)
+// leaky_relu_backward = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:69)
 std::vector<Value> emit_leaky_relu_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(2)))}; }
-// leaky_relu_backward.grad_input = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:48)
+// leaky_relu_backward.grad_input = where(gt(self, 0), grad_output, mul(grad_output, negative_slope))  (specs/nn.yaml:69)
 std::vector<Value> emit_leaky_relu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), a.value(2)))}; }
 
-// elu = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:53)
+// elu = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:74)
 std::vector<Value> emit_elu(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
-// elu_ = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:53)
+// elu_ = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:74)
 std::vector<Value> emit_elu_(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
-// elu.out = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:53)
+// elu.out = where(le(self, 0), mul(expm1(mul(self, input_scale)), mul(alpha, scale)), mul(self, scale))  (specs/nn.yaml:74)
 std::vector<Value> emit_elu__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.mul(b.expm1(b.mul(a.value(0), a.value(3))), b.mul(a.value(1), a.value(2))), b.mul(a.value(0), a.value(2)))}; }
 
-// elu_backward = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:59)
+// elu_backward = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:80)
 std::vector<Value> emit_elu_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
-// elu_backward.grad_input = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:59)
+// elu_backward.grad_input = where(le(self_or_result, 0), nn_pick(is_result, mul(mul(grad_output, input_scale), add(self_or_result, mul(alpha, scale))), mul(mul(mul(grad_output, input_scale), mul(alpha, scale)), exp(mul(self_or_result, input_scale)))), mul(grad_output, scale))  (specs/nn.yaml:80)
 std::vector<Value> emit_elu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(5); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), b.nn_pick(a.boolean(4), b.mul(b.mul(a.value(0), a.value(3)), b.add(a.value(5), b.mul(a.value(1), a.value(2)))), b.mul(b.mul(b.mul(a.value(0), a.value(3)), b.mul(a.value(1), a.value(2))), b.exp(b.mul(a.value(5), a.value(3))))), b.mul(a.value(0), a.value(2)))}; }
 
-// softplus = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:65)
+// softplus = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:86)
 std::vector<Value> emit_softplus(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
-// softplus.out = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:65)
+// softplus.out = where(gt(mul(self, beta), threshold), self, div(log1p(exp(mul(self, beta))), beta))  (specs/nn.yaml:86)
 std::vector<Value> emit_softplus__out(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(0), a.value(1)), a.value(2)), a.value(0), b.div(b.log1p(b.exp(b.mul(a.value(0), a.value(1)))), a.value(1)))}; }
 
-// softplus_backward = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:71)
+// softplus_backward = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:92)
 std::vector<Value> emit_softplus_backward(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(1), a.value(2)), a.value(3)), a.value(0), b.mul(a.value(0), b.div(b.exp(b.mul(a.value(1), a.value(2))), [&] { const Value anchor = b.exp(b.mul(a.value(1), a.value(2))); return b.add(anchor, b.scalar_like(1.0, anchor)); }())))}; }
-// softplus_backward.grad_input = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:71)
+// softplus_backward.grad_input = where(gt(mul(self, beta), threshold), grad_output, mul(grad_output, div(exp(mul(self, beta)), add(exp(mul(self, beta)), 1))))  (specs/nn.yaml:92)
 std::vector<Value> emit_softplus_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.gt(b.mul(a.value(1), a.value(2)), a.value(3)), a.value(0), b.mul(a.value(0), b.div(b.exp(b.mul(a.value(1), a.value(2))), [&] { const Value anchor = b.exp(b.mul(a.value(1), a.value(2))); return b.add(anchor, b.scalar_like(1.0, anchor)); }())))}; }
 
-// hardtanh = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:76)
+// hardtanh = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:97)
 std::vector<Value> emit_hardtanh(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
-// hardtanh_ = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:76)
+// hardtanh_ = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:97)
 std::vector<Value> emit_hardtanh_(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
-// hardtanh.out = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:76)
+// hardtanh.out = minimum(maximum(self, min_val), max_val)  (specs/nn.yaml:97)
 std::vector<Value> emit_hardtanh__out(Builder& b, const EmitArgs& a) { return {b.minimum(b.maximum(a.value(0), a.value(1)), a.value(2))}; }
 
-// hardtanh_backward = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:82)
+// hardtanh_backward = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:103)
 std::vector<Value> emit_hardtanh_backward(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where(b.ge(a.value(1), a.value(3)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)))}; }
-// hardtanh_backward.grad_input = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:82)
+// hardtanh_backward.grad_input = where(le(self, min_val), fill(0, grad_output), where(ge(self, max_val), fill(0, grad_output), grad_output))  (specs/nn.yaml:103)
 std::vector<Value> emit_hardtanh_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.where(b.ge(a.value(1), a.value(3)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0)))}; }
 
-// threshold = where(le(self, threshold), value, self)  (specs/nn.yaml:87)
+// threshold = where(le(self, threshold), value, self)  (specs/nn.yaml:108)
 std::vector<Value> emit_threshold(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
-// threshold_ = where(le(self, threshold), value, self)  (specs/nn.yaml:87)
+// threshold_ = where(le(self, threshold), value, self)  (specs/nn.yaml:108)
 std::vector<Value> emit_threshold_(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
-// threshold.out = where(le(self, threshold), value, self)  (specs/nn.yaml:87)
+// threshold.out = where(le(self, threshold), value, self)  (specs/nn.yaml:108)
 std::vector<Value> emit_threshold__out(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(0), a.value(1)), a.value(2), a.value(0))}; }
 
-// threshold_backward = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:93)
+// threshold_backward = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:114)
 std::vector<Value> emit_threshold_backward(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
-// threshold_backward.grad_input = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:93)
+// threshold_backward.grad_input = where(le(self, threshold), fill(0, grad_output), grad_output)  (specs/nn.yaml:114)
 std::vector<Value> emit_threshold_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.where(b.le(a.value(1), a.value(2)), [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), a.value(0))}; }
 
-// _cdist_forward = cdist(x1, x2, p)  (specs/nn.yaml:99)
+// _cdist_forward = cdist(x1, x2, p)  (specs/nn.yaml:120)
 std::vector<Value> emit__cdist_forward(Builder& b, const EmitArgs& a) { return {b.cdist(a.value(0), a.value(1), a.real(2))}; }
 
-// _cdist_backward = cdist_backward(grad, x1, x2, p, cdist)  (specs/nn.yaml:105)
+// _cdist_backward = cdist_backward(grad, x1, x2, p, cdist)  (specs/nn.yaml:126)
 std::vector<Value> emit__cdist_backward(Builder& b, const EmitArgs& a) { return {b.cdist_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.value(4))}; }
 
-// _pdist_forward = pdist(self, p)  (specs/nn.yaml:110)
+// _pdist_forward = pdist(self, p)  (specs/nn.yaml:131)
 std::vector<Value> emit__pdist_forward(Builder& b, const EmitArgs& a) { return {b.pdist(a.value(0), a.real(1))}; }
 
-// _pdist_backward = pdist_backward(grad, self, p, pdist)  (specs/nn.yaml:116)
+// _pdist_backward = pdist_backward(grad, self, p, pdist)  (specs/nn.yaml:137)
 std::vector<Value> emit__pdist_backward(Builder& b, const EmitArgs& a) { return {b.pdist_backward(a.value(0), a.value(1), a.real(2), a.value(3))}; }
 
-// mse_loss = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:121)
+// mse_loss = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:142)
 std::vector<Value> emit_mse_loss(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
-// mse_loss.out = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:121)
+// mse_loss.out = nn_loss_reduce(mul(sub(self, target), sub(self, target)), reduction)  (specs/nn.yaml:142)
 std::vector<Value> emit_mse_loss__out(Builder& b, const EmitArgs& a) { return {b.nn_loss_reduce(b.mul(b.sub(a.value(0), a.value(1)), b.sub(a.value(0), a.value(1))), a.integer(2))}; }
 
-// mse_loss_backward = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:126)
+// mse_loss_backward = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:147)
 std::vector<Value> emit_mse_loss_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
-// mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:126)
+// mse_loss_backward.grad_input = mul(mul(mse_loss_norm(self, reduction), sub(self, target)), grad_output)  (specs/nn.yaml:147)
 std::vector<Value> emit_mse_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(b.mse_loss_norm(a.value(1), a.integer(3)), b.sub(a.value(1), a.value(2))), a.value(0))}; }
 
-// native_dropout = (dropout(generator, input, p) if is_none(train) or train else identity(input), dropout_mask(generator, input, p) if is_none(train) or train else fill(input, 1))   (specs/nn.yaml:133)
+// native_dropout = (dropout(generator, input, p) if is_none(train) or train else identity(input), dropout_mask(generator, input, p) if is_none(train) or train else fill(input, 1))   (specs/nn.yaml:154)
 std::vector<Value> emit_native_dropout(Builder& b, const EmitArgs& a) { return {((a.is_none(2) || a.boolean(2)) ? b.dropout(a.value(3), a.value(0), a.real(1)) : b.identity(a.value(0))), ((a.is_none(2) || a.boolean(2)) ? b.dropout_mask(a.value(3), a.value(0), a.real(1)) : [&] { const Value anchor = a.value(0); return b.fill(anchor, b.scalar_like(1.0, anchor)); }())}; }
 
-// native_dropout_backward = mul(mul(grad_output, mask), scale)  (specs/nn.yaml:140)
+// native_dropout_backward = mul(mul(grad_output, mask), scale)  (specs/nn.yaml:161)
 std::vector<Value> emit_native_dropout_backward(Builder& b, const EmitArgs& a) { return {b.mul(b.mul(a.value(0), a.value(1)), a.value(2))}; }
 
-// log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:148)
+// log_sigmoid_forward = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:169)
 std::vector<Value> emit_log_sigmoid_forward(Builder& b, const EmitArgs& a) { return {b.sub([&] { const Value anchor = a.value(0); return b.minimum(anchor, b.scalar_like(0.0, anchor)); }(), b.log1p(b.exp(b.neg(b.abs(a.value(0)))))), b.exp(b.neg(b.abs(a.value(0))))}; }
-// log_sigmoid_forward.output = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:148)
+// log_sigmoid_forward.output = (sub(minimum(self, 0), log1p(exp(neg(abs(self))))), exp(neg(abs(self))))  (specs/nn.yaml:169)
 std::vector<Value> emit_log_sigmoid_forward__output(Builder& b, const EmitArgs& a) { return {b.sub([&] { const Value anchor = a.value(0); return b.minimum(anchor, b.scalar_like(0.0, anchor)); }(), b.log1p(b.exp(b.neg(b.abs(a.value(0)))))), b.exp(b.neg(b.abs(a.value(0))))}; }
 
-// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:154)
+// log_sigmoid_backward = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:175)
 std::vector<Value> emit_log_sigmoid_backward(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
-// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:154)
+// log_sigmoid_backward.grad_input = mul(grad_output, sigmoid(neg(self)))  (specs/nn.yaml:175)
 std::vector<Value> emit_log_sigmoid_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.sigmoid(b.neg(a.value(1))))}; }
 
-// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:160)
+// smooth_l1_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:181)
 std::vector<Value> emit_smooth_l1_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
-// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:160)
+// smooth_l1_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, mul(beta, 0.5))), reduction)   (specs/nn.yaml:181)
 std::vector<Value> emit_smooth_l1_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), b.div([&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), a.value(3)), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }())), a.integer(2))}; }(); }
 
-// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:168)
+// smooth_l1_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:189)
 std::vector<Value> emit_smooth_l1_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:168)
+// smooth_l1_loss_backward.grad_input = diff = sub(self, target) slope = where(lt(abs(diff), beta), div(diff, beta), sign(diff)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:189)
 std::vector<Value> emit_smooth_l1_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), b.div(l_diff, a.value(4)), b.sign(l_diff)); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:176)
+// huber_loss = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:197)
 std::vector<Value> emit_huber_loss(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
-// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:176)
+// huber_loss.out = d = abs(sub(self, target)) nn_loss_reduce(where(lt(d, delta), mul(mul(d, d), 0.5), mul(delta, sub(d, mul(delta, 0.5)))), reduction)   (specs/nn.yaml:197)
 std::vector<Value> emit_huber_loss__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_d = b.abs(b.sub(a.value(0), a.value(1))); return {b.nn_loss_reduce(b.where(b.lt(l_d, a.value(3)), [&] { const Value anchor = b.mul(l_d, l_d); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), b.mul(a.value(3), b.sub(l_d, [&] { const Value anchor = a.value(3); return b.mul(anchor, b.scalar_like(0.5, anchor)); }()))), a.integer(2))}; }(); }
 
-// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:184)
+// huber_loss_backward = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:205)
 std::vector<Value> emit_huber_loss_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
-// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:184)
+// huber_loss_backward.out = diff = sub(self, target) slope = where(lt(abs(diff), delta), diff, mul(sign(diff), delta)) mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output)   (specs/nn.yaml:205)
 std::vector<Value> emit_huber_loss_backward__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_diff = b.sub(a.value(1), a.value(2)); const Value l_slope = b.where(b.lt(b.abs(l_diff), a.value(4)), l_diff, b.mul(b.sign(l_diff), a.value(4))); return {b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(3)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0))}; }(); }
 
-// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:193)
+// binary_cross_entropy = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:214)
 std::vector<Value> emit_binary_cross_entropy(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
-// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:193)
+// binary_cross_entropy.out = loss = neg(add(mul(target, maximum(log(self), -100)), mul(sub(1, target), maximum(log(sub(1, self)), -100)))) nn_loss_reduce(loss if is_none(weight) else mul(loss, weight), reduction)   (specs/nn.yaml:214)
 std::vector<Value> emit_binary_cross_entropy__out(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_loss = b.neg(b.add(b.mul(a.value(1), [&] { const Value anchor = b.log(a.value(0)); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()), b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), [&] { const Value anchor = b.log([&] { const Value anchor = a.value(0); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); return b.maximum(anchor, b.scalar_like(-100.0, anchor)); }()))); return {b.nn_loss_reduce((a.is_none(2) ? l_loss : b.mul(l_loss, a.value(2))), a.integer(3))}; }(); }
 
-// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:200)
+// binary_cross_entropy_backward = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:221)
 std::vector<Value> emit_binary_cross_entropy_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
-// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:200)
+// binary_cross_entropy_backward.grad_input = slope = div(sub(self, target), maximum(mul(sub(1, self), self), 1e-12)) scaled = mul(mul(mul(mse_loss_norm(self, reduction), 0.5), slope), grad_output) scaled if is_none(weight) else mul(scaled, weight)   (specs/nn.yaml:221)
 std::vector<Value> emit_binary_cross_entropy_backward__grad_input(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.div(b.sub(a.value(1), a.value(2)), [&] { const Value anchor = b.mul([&] { const Value anchor = a.value(1); return b.sub(b.scalar_like(1.0, anchor), anchor); }(), a.value(1)); return b.maximum(anchor, b.scalar_like(1e-12, anchor)); }()); const Value l_scaled = b.mul(b.mul([&] { const Value anchor = b.mse_loss_norm(a.value(1), a.integer(4)); return b.mul(anchor, b.scalar_like(0.5, anchor)); }(), l_slope), a.value(0)); return {(a.is_none(3) ? l_scaled : b.mul(l_scaled, a.value(3)))}; }(); }
 
-// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:207)
+// hardswish = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:228)
 std::vector<Value> emit_hardswish(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:207)
+// hardswish_ = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:228)
 std::vector<Value> emit_hardswish_(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
-// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:207)
+// hardswish.out = div(mul(self, maximum(minimum(add(self, 3), 6), 0)), 6)  (specs/nn.yaml:228)
 std::vector<Value> emit_hardswish__out(Builder& b, const EmitArgs& a) { return {[&] { const Value anchor = b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = [&] { const Value anchor = a.value(0); return b.add(anchor, b.scalar_like(3.0, anchor)); }(); return b.minimum(anchor, b.scalar_like(6.0, anchor)); }(); return b.maximum(anchor, b.scalar_like(0.0, anchor)); }()); return b.div(anchor, b.scalar_like(6.0, anchor)); }()}; }
 
-// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:212)
+// hardswish_backward = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:233)
 std::vector<Value> emit_hardswish_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
-// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:212)
+// hardswish_backward.out = where(lt(self, -3), mul(grad_output, 0), where(le(self, 3), mul(grad_output, add(div(self, 3), 0.5)), grad_output))  (specs/nn.yaml:233)
 std::vector<Value> emit_hardswish_backward__out(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.lt(anchor, b.scalar_like(-3.0, anchor)); }(), [&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }(), b.where([&] { const Value anchor = a.value(1); return b.le(anchor, b.scalar_like(3.0, anchor)); }(), b.mul(a.value(0), [&] { const Value anchor = [&] { const Value anchor = a.value(1); return b.div(anchor, b.scalar_like(3.0, anchor)); }(); return b.add(anchor, b.scalar_like(0.5, anchor)); }()), a.value(0)))}; }
 
-// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:216)
+// mish = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:237)
 std::vector<Value> emit_mish(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:216)
+// mish_ = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:237)
 std::vector<Value> emit_mish_(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
-// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:216)
+// mish.out = mul(self, tanh(log1p(exp(self))))  (specs/nn.yaml:237)
 std::vector<Value> emit_mish__out(Builder& b, const EmitArgs& a) { return {b.mul(a.value(0), b.tanh(b.log1p(b.exp(a.value(0)))))}; }
 
-// glu = glu(self, dim)  (specs/nn.yaml:222)
+// glu = glu(self, dim)  (specs/nn.yaml:243)
 std::vector<Value> emit_glu(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
-// glu.out = glu(self, dim)  (specs/nn.yaml:222)
+// glu.out = glu(self, dim)  (specs/nn.yaml:243)
 std::vector<Value> emit_glu__out(Builder& b, const EmitArgs& a) { return {b.glu(a.value(0), a.integer(1))}; }
 
-// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:227)
+// glu_backward = glu_backward(grad_output, self, dim)  (specs/nn.yaml:248)
 std::vector<Value> emit_glu_backward(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
-// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:227)
+// glu_backward.grad_input = glu_backward(grad_output, self, dim)  (specs/nn.yaml:248)
 std::vector<Value> emit_glu_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.glu_backward(a.value(0), a.value(1), a.integer(2))}; }
 
-// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:233)
+// _prelu_kernel = where(gt(self, 0), self, mul(weight, self))  (specs/nn.yaml:254)
 std::vector<Value> emit__prelu_kernel(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(1), a.value(0)))}; }
 
-// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:238)
+// _prelu_kernel_backward = (where(gt(self, 0), grad_output, mul(weight, grad_output)), where(gt(self, 0), fill(0, self), mul(self, grad_output)))  (specs/nn.yaml:259)
 std::vector<Value> emit__prelu_kernel_backward(Builder& b, const EmitArgs& a) { return {b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(2), a.value(0))), b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), [&] { const Value anchor = a.value(1); return b.fill(b.scalar_like(0.0, anchor), anchor); }(), b.mul(a.value(1), a.value(0)))}; }
 
-// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:242)
+// channel_shuffle = channel_shuffle(self, groups)  (specs/nn.yaml:263)
 std::vector<Value> emit_channel_shuffle(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
-// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:242)
+// channel_shuffle.out = channel_shuffle(self, groups)  (specs/nn.yaml:263)
 std::vector<Value> emit_channel_shuffle__out(Builder& b, const EmitArgs& a) { return {b.channel_shuffle(a.value(0), a.integer(1))}; }
 
-// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:248)
+// rrelu_with_noise_functional = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:269)
 std::vector<Value> emit_rrelu_with_noise_functional(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
-// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:248)
+// rrelu_with_noise = slope = add(lower, mul(uniform(generator, self, 0.0, 1.0), sub(upper, lower))) noise_t = where(le(self, 0), slope, fill(1, self)) (mul(self, noise_t) if training else where(gt(self, 0), self, mul(self, div(add(lower, upper), 2))), noise_t if training else noise)   (specs/nn.yaml:269)
 std::vector<Value> emit_rrelu_with_noise(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_slope = b.add(a.value(2), b.mul(b.uniform(a.value(5), a.value(0), 0.0, 1.0), b.sub(a.value(3), a.value(2)))); const Value l_noise_t = b.where([&] { const Value anchor = a.value(0); return b.le(anchor, b.scalar_like(0.0, anchor)); }(), l_slope, [&] { const Value anchor = a.value(0); return b.fill(b.scalar_like(1.0, anchor), anchor); }()); return {(a.boolean(4) ? b.mul(a.value(0), l_noise_t) : b.where([&] { const Value anchor = a.value(0); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(2), a.value(3)); return b.div(anchor, b.scalar_like(2.0, anchor)); }()))), (a.boolean(4) ? l_noise_t : a.value(1))}; }(); }
 
-// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:256)
+// rrelu_with_noise_backward = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:277)
 std::vector<Value> emit_rrelu_with_noise_backward(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
-// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:256)
+// rrelu_with_noise_backward.out = mul(grad_output, noise) if training else where(gt(self, 0), grad_output, mul(grad_output, div(add(lower, upper), 2)))  (specs/nn.yaml:277)
 std::vector<Value> emit_rrelu_with_noise_backward__out(Builder& b, const EmitArgs& a) { return {(a.boolean(5) ? b.mul(a.value(0), a.value(2)) : b.where([&] { const Value anchor = a.value(1); return b.gt(anchor, b.scalar_like(0.0, anchor)); }(), a.value(0), b.mul(a.value(0), [&] { const Value anchor = b.add(a.value(3), a.value(4)); return b.div(anchor, b.scalar_like(2.0, anchor)); }())))}; }
 
-// _ctc_loss = (ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 0), ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 1))  (specs/nn.yaml:263)
+// _ctc_loss = (ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 0), ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 1))  (specs/nn.yaml:284)
 std::vector<Value> emit__ctc_loss(Builder& b, const EmitArgs& a) { return {b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 0), b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 1)}; }
-// _ctc_loss.out = (ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 0), ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 1))  (specs/nn.yaml:263)
+// _ctc_loss.out = (ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 0), ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, 1))  (specs/nn.yaml:284)
 std::vector<Value> emit__ctc_loss__out(Builder& b, const EmitArgs& a) { return {b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 0), b.ctc_loss(a.value(0), a.value(1), a.ints(2), a.ints(3), a.integer(4), 1)}; }
 
-// _ctc_loss_backward = ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity)  (specs/nn.yaml:269)
+// _ctc_loss_backward = ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity)  (specs/nn.yaml:290)
 std::vector<Value> emit__ctc_loss_backward(Builder& b, const EmitArgs& a) { return {b.ctc_loss_backward(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.value(5), a.value(6), a.integer(7), a.boolean(8))}; }
-// _ctc_loss_backward.out = ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity)  (specs/nn.yaml:269)
+// _ctc_loss_backward.out = ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank, zero_infinity)  (specs/nn.yaml:290)
 std::vector<Value> emit__ctc_loss_backward__out(Builder& b, const EmitArgs& a) { return {b.ctc_loss_backward(a.value(0), a.value(1), a.value(2), a.ints(3), a.ints(4), a.value(5), a.value(6), a.integer(7), a.boolean(8))}; }
 
-// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:275)
+// multi_margin_loss = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:296)
 std::vector<Value> emit_multi_margin_loss(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
-// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:275)
+// multi_margin_loss.out = multi_margin_loss(self, target, p, margin, weight, reduction)  (specs/nn.yaml:296)
 std::vector<Value> emit_multi_margin_loss__out(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss(a.value(0), a.value(1), a.real(2), a.real(3), a.optional_value(4), a.integer(5))}; }
 
-// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:282)
+// multi_margin_loss_backward = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:303)
 std::vector<Value> emit_multi_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
-// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:282)
+// multi_margin_loss_backward.grad_input = multi_margin_loss_backward(grad_output, self, target, p, margin, weight, reduction)  (specs/nn.yaml:303)
 std::vector<Value> emit_multi_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multi_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.real(3), a.real(4), a.optional_value(5), a.integer(6))}; }
 
-// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:288)
+// multilabel_margin_loss_forward = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:309)
 std::vector<Value> emit_multilabel_margin_loss_forward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
-// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:288)
+// multilabel_margin_loss_forward.output = (multilabel_margin_loss(self, target, reduction, False), multilabel_margin_loss(self, target, reduction, True))  (specs/nn.yaml:309)
 std::vector<Value> emit_multilabel_margin_loss_forward__output(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), false), b.multilabel_margin_loss(a.value(0), a.value(1), a.integer(2), true)}; }
 
-// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:294)
+// multilabel_margin_loss_backward = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:315)
 std::vector<Value> emit_multilabel_margin_loss_backward(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
-// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:294)
+// multilabel_margin_loss_backward.grad_input = multilabel_margin_loss_backward(grad_output, self, target, reduction)  (specs/nn.yaml:315)
 std::vector<Value> emit_multilabel_margin_loss_backward__grad_input(Builder& b, const EmitArgs& a) { return {b.multilabel_margin_loss_backward(a.value(0), a.value(1), a.value(2), a.integer(3))}; }
 
 // native_layer_norm = (layer_norm(input, normalized_shape, weight, bias, eps), layer_norm_mean(input, normalized_shape), layer_norm_rstd(input, normalized_shape, eps))  (specs/normalization.yaml:7)
@@ -5432,462 +5438,472 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__softmax_backward_data__out, false, -1, {}, {}},
-      {"_log_softmax_backward_data", "specs/nn.yaml:23", Variant::Functional,
+      {"_scaled_dot_product_flash_attention_for_cpu", "specs/nn.yaml:30", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {0, 1, 2}, Compute::Common, {},
+       {-1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__scaled_dot_product_flash_attention_for_cpu, false, -1, {}, {}},
+      {"_scaled_dot_product_flash_attention_for_cpu_backward", "specs/nn.yaml:36", Variant::Functional,
+       {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
+       {1, 2, 3}, Compute::Common, {},
+       {-1, -1, -1}, false, false,
+       {"float16", "bfloat16", "float32", "float64"}, &emit__scaled_dot_product_flash_attention_for_cpu_backward, false, -1, {}, {}},
+      {"_log_softmax_backward_data", "specs/nn.yaml:44", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__log_softmax_backward_data, false, -1, {}, {}},
-      {"_log_softmax_backward_data.out", "specs/nn.yaml:23", Variant::Out,
+      {"_log_softmax_backward_data.out", "specs/nn.yaml:44", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__log_softmax_backward_data__out, false, -1, {}, {}},
-      {"gelu", "specs/nn.yaml:27", Variant::Functional,
+      {"gelu", "specs/nn.yaml:48", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_gelu, false, -1, {}, {}},
-      {"gelu_", "specs/nn.yaml:27", Variant::Inplace,
+      {"gelu_", "specs/nn.yaml:48", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_gelu_, false, -1, {}, {}},
-      {"gelu.out", "specs/nn.yaml:27", Variant::Out,
+      {"gelu.out", "specs/nn.yaml:48", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_gelu__out, false, -1, {}, {}},
-      {"gelu_backward", "specs/nn.yaml:32", Variant::Functional,
+      {"gelu_backward", "specs/nn.yaml:53", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_gelu_backward, false, -1, {}, {}},
-      {"gelu_backward.grad_input", "specs/nn.yaml:32", Variant::Out,
+      {"gelu_backward.grad_input", "specs/nn.yaml:53", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_gelu_backward__grad_input, false, -1, {}, {}},
-      {"silu", "specs/nn.yaml:36", Variant::Functional,
+      {"silu", "specs/nn.yaml:57", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_silu, false, -1, {}, {}},
-      {"silu_", "specs/nn.yaml:36", Variant::Inplace,
+      {"silu_", "specs/nn.yaml:57", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_silu_, false, -1, {}, {}},
-      {"silu.out", "specs/nn.yaml:36", Variant::Out,
+      {"silu.out", "specs/nn.yaml:57", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64", "complex64", "complex128"}, &emit_silu__out, false, -1, {}, {}},
-      {"leaky_relu", "specs/nn.yaml:42", Variant::Functional,
+      {"leaky_relu", "specs/nn.yaml:63", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu, false, -1, {}, {}},
-      {"leaky_relu_", "specs/nn.yaml:42", Variant::Inplace,
+      {"leaky_relu_", "specs/nn.yaml:63", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar},
        {0, 1}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_, false, -1, {}, {}},
-      {"leaky_relu.out", "specs/nn.yaml:42", Variant::Out,
+      {"leaky_relu.out", "specs/nn.yaml:63", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1}, Compute::Output, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu__out, false, -1, {}, {}},
-      {"leaky_relu_backward", "specs/nn.yaml:48", Variant::Functional,
+      {"leaky_relu_backward", "specs/nn.yaml:69", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_backward, false, -1, {}, {}},
-      {"leaky_relu_backward.grad_input", "specs/nn.yaml:48", Variant::Out,
+      {"leaky_relu_backward.grad_input", "specs/nn.yaml:69", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_leaky_relu_backward__grad_input, false, -1, {}, {}},
-      {"elu", "specs/nn.yaml:53", Variant::Functional,
+      {"elu", "specs/nn.yaml:74", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu, false, -1, {}, {}},
-      {"elu_", "specs/nn.yaml:53", Variant::Inplace,
+      {"elu_", "specs/nn.yaml:74", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu_, false, -1, {}, {}},
-      {"elu.out", "specs/nn.yaml:53", Variant::Out,
+      {"elu.out", "specs/nn.yaml:74", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu__out, false, -1, {}, {}},
-      {"elu_backward", "specs/nn.yaml:59", Variant::Functional,
+      {"elu_backward", "specs/nn.yaml:80", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3, 5}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu_backward, false, -1, {}, {}},
-      {"elu_backward.grad_input", "specs/nn.yaml:59", Variant::Out,
+      {"elu_backward.grad_input", "specs/nn.yaml:80", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 5}, Compute::Output, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_elu_backward__grad_input, false, -1, {}, {}},
-      {"softplus", "specs/nn.yaml:65", Variant::Functional,
+      {"softplus", "specs/nn.yaml:86", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus, false, -1, {}, {}},
-      {"softplus.out", "specs/nn.yaml:65", Variant::Out,
+      {"softplus.out", "specs/nn.yaml:86", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus__out, false, -1, {}, {}},
-      {"softplus_backward", "specs/nn.yaml:71", Variant::Functional,
+      {"softplus_backward", "specs/nn.yaml:92", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus_backward, false, -1, {}, {}},
-      {"softplus_backward.grad_input", "specs/nn.yaml:71", Variant::Out,
+      {"softplus_backward.grad_input", "specs/nn.yaml:92", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_softplus_backward__grad_input, false, -1, {}, {}},
-      {"hardtanh", "specs/nn.yaml:76", Variant::Functional,
+      {"hardtanh", "specs/nn.yaml:97", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh, false, -1, {}, {}},
-      {"hardtanh_", "specs/nn.yaml:76", Variant::Inplace,
+      {"hardtanh_", "specs/nn.yaml:97", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_, false, -1, {}, {}},
-      {"hardtanh.out", "specs/nn.yaml:76", Variant::Out,
+      {"hardtanh.out", "specs/nn.yaml:97", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_hardtanh__out, false, -1, {}, {}},
-      {"hardtanh_backward", "specs/nn.yaml:82", Variant::Functional,
+      {"hardtanh_backward", "specs/nn.yaml:103", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Output, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_backward, false, -1, {}, {}},
-      {"hardtanh_backward.grad_input", "specs/nn.yaml:82", Variant::Out,
+      {"hardtanh_backward.grad_input", "specs/nn.yaml:103", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Output, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardtanh_backward__grad_input, false, -1, {}, {}},
-      {"threshold", "specs/nn.yaml:87", Variant::Functional,
+      {"threshold", "specs/nn.yaml:108", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold, false, -1, {}, {}},
-      {"threshold_", "specs/nn.yaml:87", Variant::Inplace,
+      {"threshold_", "specs/nn.yaml:108", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {0},
        {0}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_, false, -1, {}, {}},
-      {"threshold.out", "specs/nn.yaml:87", Variant::Out,
+      {"threshold.out", "specs/nn.yaml:108", Variant::Out,
        {ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold__out, false, -1, {}, {}},
-      {"threshold_backward", "specs/nn.yaml:93", Variant::Functional,
+      {"threshold_backward", "specs/nn.yaml:114", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Output, {},
        {-1}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward, false, -1, {}, {}},
-      {"threshold_backward.grad_input", "specs/nn.yaml:93", Variant::Out,
+      {"threshold_backward.grad_input", "specs/nn.yaml:114", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2}, Compute::Output, {3},
        {3}, false, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_threshold_backward__grad_input, false, -1, {}, {}},
-      {"_cdist_forward", "specs/nn.yaml:99", Variant::Functional,
+      {"_cdist_forward", "specs/nn.yaml:120", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__cdist_forward, false, -1, {}, {}},
-      {"_cdist_backward", "specs/nn.yaml:105", Variant::Functional,
+      {"_cdist_backward", "specs/nn.yaml:126", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__cdist_backward, false, -1, {}, {}},
-      {"_pdist_forward", "specs/nn.yaml:110", Variant::Functional,
+      {"_pdist_forward", "specs/nn.yaml:131", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__pdist_forward, false, -1, {}, {}},
-      {"_pdist_backward", "specs/nn.yaml:116", Variant::Functional,
+      {"_pdist_backward", "specs/nn.yaml:137", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__pdist_backward, false, -1, {}, {}},
-      {"mse_loss", "specs/nn.yaml:121", Variant::Functional,
+      {"mse_loss", "specs/nn.yaml:142", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss, false, -1, {}, {}},
-      {"mse_loss.out", "specs/nn.yaml:121", Variant::Out,
+      {"mse_loss.out", "specs/nn.yaml:142", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss__out, false, -1, {}, {}},
-      {"mse_loss_backward", "specs/nn.yaml:126", Variant::Functional,
+      {"mse_loss_backward", "specs/nn.yaml:147", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward, false, -1, {}, {}},
-      {"mse_loss_backward.grad_input", "specs/nn.yaml:126", Variant::Out,
+      {"mse_loss_backward.grad_input", "specs/nn.yaml:147", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mse_loss_backward__grad_input, false, -1, {}, {}},
-      {"native_dropout", "specs/nn.yaml:133", Variant::Functional,
+      {"native_dropout", "specs/nn.yaml:154", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, true,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_dropout, false, -1, {}, {}},
-      {"native_dropout_backward", "specs/nn.yaml:140", Variant::Functional,
+      {"native_dropout_backward", "specs/nn.yaml:161", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_native_dropout_backward, false, -1, {}, {}},
-      {"log_sigmoid_forward", "specs/nn.yaml:148", Variant::Functional,
+      {"log_sigmoid_forward", "specs/nn.yaml:169", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_forward, false, -1, {}, {}},
-      {"log_sigmoid_forward.output", "specs/nn.yaml:148", Variant::Out,
+      {"log_sigmoid_forward.output", "specs/nn.yaml:169", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1, 2},
        {1, 2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_forward__output, false, -1, {}, {}},
-      {"log_sigmoid_backward", "specs/nn.yaml:154", Variant::Functional,
+      {"log_sigmoid_backward", "specs/nn.yaml:175", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward, false, -1, {}, {}},
-      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:154", Variant::Out,
+      {"log_sigmoid_backward.grad_input", "specs/nn.yaml:175", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_log_sigmoid_backward__grad_input, false, -1, {}, {}},
-      {"smooth_l1_loss", "specs/nn.yaml:160", Variant::Functional,
+      {"smooth_l1_loss", "specs/nn.yaml:181", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss, false, -1, {}, {}},
-      {"smooth_l1_loss.out", "specs/nn.yaml:160", Variant::Out,
+      {"smooth_l1_loss.out", "specs/nn.yaml:181", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss__out, false, -1, {}, {}},
-      {"smooth_l1_loss_backward", "specs/nn.yaml:168", Variant::Functional,
+      {"smooth_l1_loss_backward", "specs/nn.yaml:189", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward, false, -1, {}, {}},
-      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:168", Variant::Out,
+      {"smooth_l1_loss_backward.grad_input", "specs/nn.yaml:189", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_smooth_l1_loss_backward__grad_input, false, -1, {}, {}},
-      {"huber_loss", "specs/nn.yaml:176", Variant::Functional,
+      {"huber_loss", "specs/nn.yaml:197", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss, false, -1, {}, {}},
-      {"huber_loss.out", "specs/nn.yaml:176", Variant::Out,
+      {"huber_loss.out", "specs/nn.yaml:197", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 3}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss__out, false, -1, {}, {}},
-      {"huber_loss_backward", "specs/nn.yaml:184", Variant::Functional,
+      {"huber_loss_backward", "specs/nn.yaml:205", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar},
        {0, 1, 2, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward, false, -1, {}, {}},
-      {"huber_loss_backward.out", "specs/nn.yaml:184", Variant::Out,
+      {"huber_loss_backward.out", "specs/nn.yaml:205", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Scalar, ArgKind::Tensor},
        {0, 1, 2, 4}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_huber_loss_backward__out, false, -1, {}, {}},
-      {"binary_cross_entropy", "specs/nn.yaml:193", Variant::Functional,
+      {"binary_cross_entropy", "specs/nn.yaml:214", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy, false, -1, {}, {}},
-      {"binary_cross_entropy.out", "specs/nn.yaml:193", Variant::Out,
+      {"binary_cross_entropy.out", "specs/nn.yaml:214", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {4},
        {4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy__out, false, -1, {}, {}},
-      {"binary_cross_entropy_backward", "specs/nn.yaml:200", Variant::Functional,
+      {"binary_cross_entropy_backward", "specs/nn.yaml:221", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward, false, -1, {}, {}},
-      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:200", Variant::Out,
+      {"binary_cross_entropy_backward.grad_input", "specs/nn.yaml:221", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3}, Compute::Common, {5},
        {5}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_binary_cross_entropy_backward__grad_input, false, -1, {}, {}},
-      {"hardswish", "specs/nn.yaml:207", Variant::Functional,
+      {"hardswish", "specs/nn.yaml:228", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish, false, -1, {}, {}},
-      {"hardswish_", "specs/nn.yaml:207", Variant::Inplace,
+      {"hardswish_", "specs/nn.yaml:228", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::Common, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_, false, -1, {}, {}},
-      {"hardswish.out", "specs/nn.yaml:207", Variant::Out,
+      {"hardswish.out", "specs/nn.yaml:228", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish__out, false, -1, {}, {}},
-      {"hardswish_backward", "specs/nn.yaml:212", Variant::Functional,
+      {"hardswish_backward", "specs/nn.yaml:233", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward, false, -1, {}, {}},
-      {"hardswish_backward.out", "specs/nn.yaml:212", Variant::Out,
+      {"hardswish_backward.out", "specs/nn.yaml:233", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_hardswish_backward__out, false, -1, {}, {}},
-      {"mish", "specs/nn.yaml:216", Variant::Functional,
+      {"mish", "specs/nn.yaml:237", Variant::Functional,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish, false, -1, {}, {}},
-      {"mish_", "specs/nn.yaml:216", Variant::Inplace,
+      {"mish_", "specs/nn.yaml:237", Variant::Inplace,
        {ArgKind::Tensor},
        {0}, Compute::CommonFloat, {0},
        {0}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish_, false, -1, {}, {}},
-      {"mish.out", "specs/nn.yaml:216", Variant::Out,
+      {"mish.out", "specs/nn.yaml:237", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::CommonFloat, {1},
        {1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_mish__out, false, -1, {}, {}},
-      {"glu", "specs/nn.yaml:222", Variant::Functional,
+      {"glu", "specs/nn.yaml:243", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu, false, -1, {}, {}},
-      {"glu.out", "specs/nn.yaml:222", Variant::Out,
+      {"glu.out", "specs/nn.yaml:243", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu__out, false, -1, {}, {}},
-      {"glu_backward", "specs/nn.yaml:227", Variant::Functional,
+      {"glu_backward", "specs/nn.yaml:248", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward, false, -1, {}, {}},
-      {"glu_backward.grad_input", "specs/nn.yaml:227", Variant::Out,
+      {"glu_backward.grad_input", "specs/nn.yaml:248", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {3},
        {3}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_glu_backward__grad_input, false, -1, {}, {}},
-      {"_prelu_kernel", "specs/nn.yaml:233", Variant::Functional,
+      {"_prelu_kernel", "specs/nn.yaml:254", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel, false, -1, {}, {}},
-      {"_prelu_kernel_backward", "specs/nn.yaml:238", Variant::Functional,
+      {"_prelu_kernel_backward", "specs/nn.yaml:259", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__prelu_kernel_backward, false, -1, {}, {}},
-      {"channel_shuffle", "specs/nn.yaml:242", Variant::Functional,
+      {"channel_shuffle", "specs/nn.yaml:263", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle, false, -1, {}, {}},
-      {"channel_shuffle.out", "specs/nn.yaml:242", Variant::Out,
+      {"channel_shuffle.out", "specs/nn.yaml:263", Variant::Out,
        {ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0}, Compute::Common, {2},
        {2}, false, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit_channel_shuffle__out, false, -1, {}, {}},
-      {"rrelu_with_noise_functional", "specs/nn.yaml:248", Variant::Functional,
+      {"rrelu_with_noise_functional", "specs/nn.yaml:269", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_functional, false, -1, {}, {}},
-      {"rrelu_with_noise", "specs/nn.yaml:248", Variant::Inplace,
+      {"rrelu_with_noise", "specs/nn.yaml:269", Variant::Inplace,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Generator},
        {0, 1, 2, 3}, Compute::Common, {1},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise, false, -1, {}, {}},
-      {"rrelu_with_noise_backward", "specs/nn.yaml:256", Variant::Functional,
+      {"rrelu_with_noise_backward", "specs/nn.yaml:277", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr},
        {0, 1, 2, 3, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward, false, -1, {}, {}},
-      {"rrelu_with_noise_backward.out", "specs/nn.yaml:256", Variant::Out,
+      {"rrelu_with_noise_backward.out", "specs/nn.yaml:277", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 2, 3, 4}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_rrelu_with_noise_backward__out, false, -1, {}, {}},
-      {"_ctc_loss", "specs/nn.yaml:263", Variant::Functional,
+      {"_ctc_loss", "specs/nn.yaml:284", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss, false, -1, {}, {}},
-      {"_ctc_loss.out", "specs/nn.yaml:263", Variant::Out,
+      {"_ctc_loss.out", "specs/nn.yaml:284", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {6, 7},
        {6, 7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss__out, false, -1, {}, {}},
-      {"_ctc_loss_backward", "specs/nn.yaml:269", Variant::Functional,
+      {"_ctc_loss_backward", "specs/nn.yaml:290", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss_backward, false, -1, {}, {}},
-      {"_ctc_loss_backward.out", "specs/nn.yaml:269", Variant::Out,
+      {"_ctc_loss_backward.out", "specs/nn.yaml:290", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {9},
        {9}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__ctc_loss_backward__out, false, -1, {}, {}},
-      {"multi_margin_loss", "specs/nn.yaml:275", Variant::Functional,
+      {"multi_margin_loss", "specs/nn.yaml:296", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 4}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss, false, -1, {}, {}},
-      {"multi_margin_loss.out", "specs/nn.yaml:275", Variant::Out,
+      {"multi_margin_loss.out", "specs/nn.yaml:296", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 4}, Compute::Common, {6},
        {6}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss__out, false, -1, {}, {}},
-      {"multi_margin_loss_backward", "specs/nn.yaml:282", Variant::Functional,
+      {"multi_margin_loss_backward", "specs/nn.yaml:303", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr},
        {0, 1, 5}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward, false, -1, {}, {}},
-      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:282", Variant::Out,
+      {"multi_margin_loss_backward.grad_input", "specs/nn.yaml:303", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1, 5}, Compute::Common, {7},
        {7}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multi_margin_loss_backward__grad_input, false, -1, {}, {}},
-      {"multilabel_margin_loss_forward", "specs/nn.yaml:288", Variant::Functional,
+      {"multilabel_margin_loss_forward", "specs/nn.yaml:309", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr},
        {0}, Compute::Common, {},
        {-1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward, false, -1, {}, {}},
-      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:288", Variant::Out,
+      {"multilabel_margin_loss_forward.output", "specs/nn.yaml:309", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0}, Compute::Common, {3, 4},
        {3, 4}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_forward__output, false, -1, {}, {}},
-      {"multilabel_margin_loss_backward", "specs/nn.yaml:294", Variant::Functional,
+      {"multilabel_margin_loss_backward", "specs/nn.yaml:315", Variant::Functional,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_multilabel_margin_loss_backward, false, -1, {}, {}},
-      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:294", Variant::Out,
+      {"multilabel_margin_loss_backward.grad_input", "specs/nn.yaml:315", Variant::Out,
        {ArgKind::Tensor, ArgKind::Tensor, ArgKind::Tensor, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1}, Compute::Common, {5},
        {5}, false, false,

@@ -4435,6 +4435,8 @@ const std::vector<MetaCallFn>& meta_calls() {
       &meta_emit__log_softmax__out,  // _log_softmax.out
       nullptr,  // _softmax_backward_data
       nullptr,  // _softmax_backward_data.out
+      nullptr,  // _scaled_dot_product_flash_attention_for_cpu
+      nullptr,  // _scaled_dot_product_flash_attention_for_cpu_backward
       nullptr,  // _log_softmax_backward_data
       nullptr,  // _log_softmax_backward_data.out
       nullptr,  // gelu

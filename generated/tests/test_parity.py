@@ -4026,8 +4026,52 @@ def test__softmax_backward_data_other_dtypes(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test__scaled_dot_product_flash_attention_for_cpu(dtype):
+    # specs/nn.yaml:30
+    check_opinfo(
+        "nn.functional.scaled_dot_product_attention",
+        dtype,
+        overloads=["_scaled_dot_product_flash_attention_for_cpu"],
+        variants=["Functional"],
+        atol=3e-5,
+        rtol=1.3e-06,
+        grad_atol=None,
+        grad_rtol=1e-5,
+        random_when="dropout_p",
+    )
+
+
+def test__scaled_dot_product_flash_attention_for_cpu_compiled():
+    # specs/nn.yaml:30: the first float32 sample through torch.compile(backend="tpu")
+    check_compiled(
+        "nn.functional.scaled_dot_product_attention",
+        overloads=["_scaled_dot_product_flash_attention_for_cpu"],
+        atol=3e-5,
+        rtol=1.3e-06,
+        random_when="dropout_p",
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test__scaled_dot_product_flash_attention_for_cpu_other_dtypes(dtype):
+    # specs/nn.yaml:30: every other dtype it supports, over the first 3 samples
+    check_opinfo(
+        "nn.functional.scaled_dot_product_attention",
+        dtype,
+        overloads=["_scaled_dot_product_flash_attention_for_cpu"],
+        variants=["Functional"],
+        atol=3e-5,
+        rtol=1.3e-06,
+        grad_atol=None,
+        grad_rtol=1e-5,
+        random_when="dropout_p",
+        max_samples=3,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_gelu(dtype):
-    # specs/nn.yaml:27
+    # specs/nn.yaml:48
     check_opinfo(
         "nn.functional.gelu",
         dtype,
@@ -4039,7 +4083,7 @@ def test_gelu(dtype):
 
 
 def test_gelu_compiled():
-    # specs/nn.yaml:27: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:48: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.gelu",
         overloads=["gelu", "gelu_", "gelu.out"],
@@ -4050,7 +4094,7 @@ def test_gelu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_gelu_other_dtypes(dtype):
-    # specs/nn.yaml:27: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:48: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.gelu",
         dtype,
@@ -4064,7 +4108,7 @@ def test_gelu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_silu(dtype):
-    # specs/nn.yaml:36
+    # specs/nn.yaml:57
     check_opinfo(
         "nn.functional.silu",
         dtype,
@@ -4076,7 +4120,7 @@ def test_silu(dtype):
 
 
 def test_silu_compiled():
-    # specs/nn.yaml:36: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:57: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.silu",
         overloads=["silu", "silu_", "silu.out"],
@@ -4087,7 +4131,7 @@ def test_silu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64", "complex64", "complex128"])
 def test_silu_other_dtypes(dtype):
-    # specs/nn.yaml:36: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:57: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.silu",
         dtype,
@@ -4101,7 +4145,7 @@ def test_silu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_leaky_relu(dtype):
-    # specs/nn.yaml:42
+    # specs/nn.yaml:63
     check_opinfo(
         "nn.functional.leaky_relu",
         dtype,
@@ -4113,7 +4157,7 @@ def test_leaky_relu(dtype):
 
 
 def test_leaky_relu_compiled():
-    # specs/nn.yaml:42: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:63: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.leaky_relu",
         overloads=["leaky_relu", "leaky_relu_", "leaky_relu.out"],
@@ -4124,7 +4168,7 @@ def test_leaky_relu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_leaky_relu_other_dtypes(dtype):
-    # specs/nn.yaml:42: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:63: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.leaky_relu",
         dtype,
@@ -4138,7 +4182,7 @@ def test_leaky_relu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_elu(dtype):
-    # specs/nn.yaml:53
+    # specs/nn.yaml:74
     check_opinfo(
         "nn.functional.elu",
         dtype,
@@ -4150,7 +4194,7 @@ def test_elu(dtype):
 
 
 def test_elu_compiled():
-    # specs/nn.yaml:53: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:74: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.elu",
         overloads=["elu", "elu_", "elu.out"],
@@ -4161,7 +4205,7 @@ def test_elu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_elu_other_dtypes(dtype):
-    # specs/nn.yaml:53: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:74: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.elu",
         dtype,
@@ -4175,7 +4219,7 @@ def test_elu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_softplus(dtype):
-    # specs/nn.yaml:65
+    # specs/nn.yaml:86
     check_opinfo(
         "nn.functional.softplus",
         dtype,
@@ -4187,7 +4231,7 @@ def test_softplus(dtype):
 
 
 def test_softplus_compiled():
-    # specs/nn.yaml:65: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:86: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.softplus",
         overloads=["softplus", "softplus.out"],
@@ -4198,7 +4242,7 @@ def test_softplus_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_softplus_other_dtypes(dtype):
-    # specs/nn.yaml:65: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:86: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.softplus",
         dtype,
@@ -4212,7 +4256,7 @@ def test_softplus_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_hardtanh(dtype):
-    # specs/nn.yaml:76
+    # specs/nn.yaml:97
     check_opinfo(
         "nn.functional.hardtanh",
         dtype,
@@ -4224,7 +4268,7 @@ def test_hardtanh(dtype):
 
 
 def test_hardtanh_compiled():
-    # specs/nn.yaml:76: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:97: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardtanh",
         overloads=["hardtanh", "hardtanh_", "hardtanh.out"],
@@ -4235,7 +4279,7 @@ def test_hardtanh_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_hardtanh_other_dtypes(dtype):
-    # specs/nn.yaml:76: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:97: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardtanh",
         dtype,
@@ -4249,7 +4293,7 @@ def test_hardtanh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test_threshold(dtype):
-    # specs/nn.yaml:87
+    # specs/nn.yaml:108
     check_opinfo(
         "nn.functional.threshold",
         dtype,
@@ -4261,7 +4305,7 @@ def test_threshold(dtype):
 
 
 def test_threshold_compiled():
-    # specs/nn.yaml:87: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:108: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.threshold",
         overloads=["threshold", "threshold_", "threshold.out"],
@@ -4272,7 +4316,7 @@ def test_threshold_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_threshold_other_dtypes(dtype):
-    # specs/nn.yaml:87: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:108: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.threshold",
         dtype,
@@ -4286,7 +4330,7 @@ def test_threshold_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__cdist_forward(dtype):
-    # specs/nn.yaml:99
+    # specs/nn.yaml:120
     check_opinfo(
         "cdist",
         dtype,
@@ -4298,7 +4342,7 @@ def test__cdist_forward(dtype):
 
 
 def test__cdist_forward_compiled():
-    # specs/nn.yaml:99: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:120: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "cdist",
         overloads=["_cdist_forward"],
@@ -4309,7 +4353,7 @@ def test__cdist_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__cdist_forward_other_dtypes(dtype):
-    # specs/nn.yaml:99: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:120: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "cdist",
         dtype,
@@ -4323,7 +4367,7 @@ def test__cdist_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__pdist_forward(dtype):
-    # specs/nn.yaml:110
+    # specs/nn.yaml:131
     check_opinfo(
         "nn.functional.pdist",
         dtype,
@@ -4336,7 +4380,7 @@ def test__pdist_forward(dtype):
 
 
 def test__pdist_forward_compiled():
-    # specs/nn.yaml:110: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:131: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.pdist",
         overloads=["_pdist_forward"],
@@ -4348,7 +4392,7 @@ def test__pdist_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__pdist_forward_other_dtypes(dtype):
-    # specs/nn.yaml:110: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:131: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.pdist",
         dtype,
@@ -4363,7 +4407,7 @@ def test__pdist_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mse_loss(dtype):
-    # specs/nn.yaml:121
+    # specs/nn.yaml:142
     check_opinfo(
         "nn.functional.mse_loss",
         dtype,
@@ -4375,7 +4419,7 @@ def test_mse_loss(dtype):
 
 
 def test_mse_loss_compiled():
-    # specs/nn.yaml:121: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:142: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.mse_loss",
         overloads=["mse_loss", "mse_loss.out"],
@@ -4386,7 +4430,7 @@ def test_mse_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mse_loss_other_dtypes(dtype):
-    # specs/nn.yaml:121: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:142: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.mse_loss",
         dtype,
@@ -4400,7 +4444,7 @@ def test_mse_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_log_sigmoid_forward(dtype):
-    # specs/nn.yaml:148
+    # specs/nn.yaml:169
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
@@ -4412,7 +4456,7 @@ def test_log_sigmoid_forward(dtype):
 
 
 def test_log_sigmoid_forward_compiled():
-    # specs/nn.yaml:148: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:169: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.logsigmoid",
         overloads=["log_sigmoid_forward", "log_sigmoid_forward.output"],
@@ -4423,7 +4467,7 @@ def test_log_sigmoid_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_log_sigmoid_forward_other_dtypes(dtype):
-    # specs/nn.yaml:148: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:169: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.logsigmoid",
         dtype,
@@ -4437,7 +4481,7 @@ def test_log_sigmoid_forward_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_smooth_l1_loss(dtype):
-    # specs/nn.yaml:160
+    # specs/nn.yaml:181
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -4449,7 +4493,7 @@ def test_smooth_l1_loss(dtype):
 
 
 def test_smooth_l1_loss_compiled():
-    # specs/nn.yaml:160: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:181: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.smooth_l1_loss",
         overloads=["smooth_l1_loss", "smooth_l1_loss.out"],
@@ -4460,7 +4504,7 @@ def test_smooth_l1_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_smooth_l1_loss_other_dtypes(dtype):
-    # specs/nn.yaml:160: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:181: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.smooth_l1_loss",
         dtype,
@@ -4474,7 +4518,7 @@ def test_smooth_l1_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_huber_loss(dtype):
-    # specs/nn.yaml:176
+    # specs/nn.yaml:197
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -4486,7 +4530,7 @@ def test_huber_loss(dtype):
 
 
 def test_huber_loss_compiled():
-    # specs/nn.yaml:176: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:197: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.huber_loss",
         overloads=["huber_loss", "huber_loss.out"],
@@ -4497,7 +4541,7 @@ def test_huber_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_huber_loss_other_dtypes(dtype):
-    # specs/nn.yaml:176: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:197: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.huber_loss",
         dtype,
@@ -4511,7 +4555,7 @@ def test_huber_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_binary_cross_entropy(dtype):
-    # specs/nn.yaml:193
+    # specs/nn.yaml:214
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -4523,7 +4567,7 @@ def test_binary_cross_entropy(dtype):
 
 
 def test_binary_cross_entropy_compiled():
-    # specs/nn.yaml:193: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:214: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.binary_cross_entropy",
         overloads=["binary_cross_entropy", "binary_cross_entropy.out"],
@@ -4534,7 +4578,7 @@ def test_binary_cross_entropy_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_binary_cross_entropy_other_dtypes(dtype):
-    # specs/nn.yaml:193: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:214: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.binary_cross_entropy",
         dtype,
@@ -4548,7 +4592,7 @@ def test_binary_cross_entropy_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hardswish(dtype):
-    # specs/nn.yaml:207
+    # specs/nn.yaml:228
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -4560,7 +4604,7 @@ def test_hardswish(dtype):
 
 
 def test_hardswish_compiled():
-    # specs/nn.yaml:207: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:228: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.hardswish",
         overloads=["hardswish", "hardswish_", "hardswish.out"],
@@ -4571,7 +4615,7 @@ def test_hardswish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_hardswish_other_dtypes(dtype):
-    # specs/nn.yaml:207: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:228: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.hardswish",
         dtype,
@@ -4585,7 +4629,7 @@ def test_hardswish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_mish(dtype):
-    # specs/nn.yaml:216
+    # specs/nn.yaml:237
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -4597,7 +4641,7 @@ def test_mish(dtype):
 
 
 def test_mish_compiled():
-    # specs/nn.yaml:216: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:237: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.mish",
         overloads=["mish", "mish_", "mish.out"],
@@ -4608,7 +4652,7 @@ def test_mish_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_mish_other_dtypes(dtype):
-    # specs/nn.yaml:216: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:237: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.mish",
         dtype,
@@ -4622,7 +4666,7 @@ def test_mish_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_glu(dtype):
-    # specs/nn.yaml:222
+    # specs/nn.yaml:243
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -4634,7 +4678,7 @@ def test_glu(dtype):
 
 
 def test_glu_compiled():
-    # specs/nn.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:243: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.glu",
         overloads=["glu", "glu.out"],
@@ -4645,7 +4689,7 @@ def test_glu_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_glu_other_dtypes(dtype):
-    # specs/nn.yaml:222: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:243: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.glu",
         dtype,
@@ -4659,7 +4703,7 @@ def test_glu_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__prelu_kernel(dtype):
-    # specs/nn.yaml:233
+    # specs/nn.yaml:254
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -4671,7 +4715,7 @@ def test__prelu_kernel(dtype):
 
 
 def test__prelu_kernel_compiled():
-    # specs/nn.yaml:233: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:254: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.prelu",
         overloads=["_prelu_kernel"],
@@ -4682,7 +4726,7 @@ def test__prelu_kernel_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__prelu_kernel_other_dtypes(dtype):
-    # specs/nn.yaml:233: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:254: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.prelu",
         dtype,
@@ -4696,7 +4740,7 @@ def test__prelu_kernel_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test_channel_shuffle(dtype):
-    # specs/nn.yaml:242
+    # specs/nn.yaml:263
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -4708,7 +4752,7 @@ def test_channel_shuffle(dtype):
 
 
 def test_channel_shuffle_compiled():
-    # specs/nn.yaml:242: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:263: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.channel_shuffle",
         overloads=["channel_shuffle", "channel_shuffle.out"],
@@ -4719,7 +4763,7 @@ def test_channel_shuffle_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test_channel_shuffle_other_dtypes(dtype):
-    # specs/nn.yaml:242: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:263: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.channel_shuffle",
         dtype,
@@ -4733,7 +4777,7 @@ def test_channel_shuffle_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test__ctc_loss(dtype):
-    # specs/nn.yaml:263
+    # specs/nn.yaml:284
     check_opinfo(
         "nn.functional.ctc_loss",
         dtype,
@@ -4745,7 +4789,7 @@ def test__ctc_loss(dtype):
 
 
 def test__ctc_loss_compiled():
-    # specs/nn.yaml:263: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:284: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.ctc_loss",
         overloads=["_ctc_loss", "_ctc_loss.out"],
@@ -4756,7 +4800,7 @@ def test__ctc_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multi_margin_loss(dtype):
-    # specs/nn.yaml:275
+    # specs/nn.yaml:296
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4768,7 +4812,7 @@ def test_multi_margin_loss(dtype):
 
 
 def test_multi_margin_loss_compiled():
-    # specs/nn.yaml:275: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:296: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multi_margin_loss",
         overloads=["multi_margin_loss", "multi_margin_loss.out"],
@@ -4779,7 +4823,7 @@ def test_multi_margin_loss_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multi_margin_loss_other_dtypes(dtype):
-    # specs/nn.yaml:275: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:296: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multi_margin_loss",
         dtype,
@@ -4793,7 +4837,7 @@ def test_multi_margin_loss_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_multilabel_margin_loss_forward(dtype):
-    # specs/nn.yaml:288
+    # specs/nn.yaml:309
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,
@@ -4805,7 +4849,7 @@ def test_multilabel_margin_loss_forward(dtype):
 
 
 def test_multilabel_margin_loss_forward_compiled():
-    # specs/nn.yaml:288: the first float32 sample through torch.compile(backend="tpu")
+    # specs/nn.yaml:309: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "nn.functional.multilabel_margin_loss",
         overloads=["multilabel_margin_loss_forward", "multilabel_margin_loss_forward.output"],
@@ -4816,7 +4860,7 @@ def test_multilabel_margin_loss_forward_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_multilabel_margin_loss_forward_other_dtypes(dtype):
-    # specs/nn.yaml:288: every other dtype it supports, over the first 3 samples
+    # specs/nn.yaml:309: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "nn.functional.multilabel_margin_loss",
         dtype,

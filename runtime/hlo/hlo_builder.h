@@ -92,6 +92,8 @@ class Builder {
   Value dot_general(const Value& a, const Value& b, const std::vector<int64_t>& lhs_batch,
                     const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                     const std::vector<int64_t>& rhs_contract);
+  // v rounded to the nominal element as a contraction's operand: a half type's dot_general takes it narrow.
+  Value contraction_operand(const Value& v);
   // `combiner` is a binary elementwise op name (add, multiply, maximum, minimum, and, or).
   Value reduce(const Value& v, const std::vector<int64_t>& dims, const char* combiner, double init);
   // The same with an init Value (any 0-d value of v's element type: e.g. an exact int64 bound).
@@ -182,6 +184,15 @@ class Builder {
   Value nn_pick(bool first, const Value& a, const Value& b) { return first ? a : b; }  // compile-time choice
   Value nn_loss_reduce(const Value& v, int64_t reduction);  // 0 none, 1 mean, 2 sum (over all dims)
   Value mse_loss_norm(const Value& like, int64_t reduction);  // 2/numel (mean) or 2, as a 0-d of like's type
+  // Scaled dot-product attention without the [L, S] probabilities as a result (what PyTorch's flash
+  // attention computes): q [B,H,L,E], k [B,H,S,E], v [B,H,S,Ev]; `mask` broadcasts to [B,H,L,S]
+  // (added, or bool: true keeps); `causal` keeps key j <= query i; scale defaults to 1/sqrt(E). Like
+  // CPU's kernel it has no dropout: a nonzero dropout_p fails.
+  Value attention(const Value& q, const Value& k, const Value& v, const std::optional<Value>& mask, double dropout_p, bool causal, std::optional<double> scale);
+  // Per query row [B,H,L]: the log of the sum of its exponentiated scores (0 where every key is masked).
+  Value attention_logsumexp(const Value& q, const Value& k, const std::optional<Value>& mask, bool causal, std::optional<double> scale);
+  // The gradient of attention() for q (which 0), k (1) or v (2), recomputing the probabilities from logsumexp.
+  Value attention_grad(const Value& grad_out, const Value& q, const Value& k, const Value& v, const Value& out, const Value& logsumexp, const std::optional<Value>& mask, double dropout_p, bool causal, std::optional<double> scale, int64_t which);
   // reduction family primitives (PyTorch conventions: `dims` may be negative; empty = all dims)
   Value prod(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
   Value amax(const Value& v, const std::vector<int64_t>& dims, bool keepdim);  // NaN propagates
@@ -632,6 +643,9 @@ class Builder {
   Value divide_64(const Value& a, const Value& d, bool remainder);
   // Max along one dim (may be negative), kept as size 1: the shift that keeps softmax stable.
   Value max_along(const Value& v, int64_t dim);
+  // attention()'s scaled, masked scores [B,H,L,S], in q's element type.
+  Value attention_scores(const Value& q, const Value& k, const std::optional<Value>& mask, bool causal,
+                         std::optional<double> scale);
   // A CHLO op (which XLA expands) over operands broadcast to one shape, of their element type.
   Value chlo(const char* op, std::vector<Value> operands);
   std::vector<int64_t> normalize_dims(const std::vector<int64_t>& dims, int rank) const;

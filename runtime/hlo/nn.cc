@@ -17,6 +17,120 @@ Value Builder::log_softmax(const Value& v, int64_t dim) {
   return sub(shifted, log(sum(exp(shifted), {dim}, true)));
 }
 
+// --- attention (specs/nn.yaml: _scaled_dot_product_flash_attention_for_cpu and its backward) ---
+// Query head h reads key/value head h / G where there are G query heads per key/value head (sdpa's
+// enable_gqa, which CPU's kernel takes too): the contractions group the query heads as [B, Hk, G, ...]
+// instead of repeating the keys and values.
+
+namespace {
+
+void check_attention(const Value& q, const Value& k, const Value& v, double dropout_p) {
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) fail("attention: query, key and value are [B, H, L, E]");
+  if (k.dims()[1] != v.dims()[1] || q.dims()[1] % k.dims()[1] != 0) {
+    fail("attention: the query heads are a multiple of the key/value heads");
+  }
+  // CPU's flash attention has no dropout either (sdpa takes the math path for a nonzero dropout_p).
+  if (dropout_p != 0) fail("scaled_dot_product_attention_flash_attention: Currently do not support dropout > 0");
+}
+
+double attention_scale(const Value& q, std::optional<double> scale) {
+  return scale.value_or(1.0 / std::sqrt(static_cast<double>(q.dims().at(3))));
+}
+
+// [B, Hq, X, Y] as [B, Hk, G, X, Y], a contraction's operand (a reshaped half value is narrow again).
+Value grouped(Builder& b, const Value& x, int64_t kv_heads) {
+  const auto& d = x.dims();
+  return b.contraction_operand(b.reshape(x, {d[0], kv_heads, d[1] / kv_heads, d[2], d[3]}));
+}
+
+// a [B, Hq, L, X] . kv [B, Hk, S, X] over X: [B, Hq, L, S] (the scores; dO . V).
+Value per_query(Builder& b, const Value& a, const Value& kv) {
+  const int64_t kv_heads = kv.dims()[1];
+  if (kv_heads == a.dims()[1]) return b.dot_general(a, kv, {0, 1}, {0, 1}, {3}, {3});
+  const auto& d = a.dims();
+  return b.reshape(b.dot_general(grouped(b, a, kv_heads), kv, {0, 1}, {0, 1}, {4}, {3}), {d[0], d[1], d[2], kv.dims()[2]});
+}
+
+// w [B, Hq, L, S] . kv [B, Hk, S, X] over S: [B, Hq, L, X] (P . V; dS . K).
+Value weighted(Builder& b, const Value& w, const Value& kv) {
+  const int64_t kv_heads = kv.dims()[1];
+  if (kv_heads == w.dims()[1]) return b.dot_general(w, kv, {0, 1}, {0, 1}, {3}, {2});
+  const auto& d = w.dims();
+  return b.reshape(b.dot_general(grouped(b, w, kv_heads), kv, {0, 1}, {0, 1}, {4}, {2}), {d[0], d[1], d[2], kv.dims()[3]});
+}
+
+// w [B, Hq, L, S] . a [B, Hq, L, X] over L and a key/value head's query heads: [B, Hk, S, X] (P^T . dO; dS^T . Q).
+Value per_key(Builder& b, const Value& w, const Value& a, int64_t kv_heads) {
+  if (kv_heads == w.dims()[1]) return b.dot_general(w, a, {0, 1}, {0, 1}, {2}, {2});
+  return b.dot_general(grouped(b, w, kv_heads), grouped(b, a, kv_heads), {0, 1}, {0, 1}, {2, 3}, {2, 3});
+}
+
+}  // namespace
+
+Value Builder::contraction_operand(const Value& v) {
+  const bool half = nominal_element_ == ElementType::BF16 || nominal_element_ == ElementType::F16;
+  if (!half || v.element() != ElementType::F32) return v;
+  return convert(convert(v, nominal_element_), ElementType::F32);  // dot_general takes the narrow operand
+}
+
+Value Builder::attention_scores(const Value& q, const Value& k, const std::optional<Value>& mask, bool causal,
+                                std::optional<double> scale) {
+  Value s = per_query(*this, q, k);
+  s = mul(s, scalar_like(attention_scale(q, scale), s));
+  const Value minus_inf = scalar_like(-HUGE_VAL, s);
+  if (mask) {
+    s = mask->element() == ElementType::Pred ? select(broadcast_to(*mask, s.dims()), s, minus_inf)
+                                             : add(s, convert(*mask, s.element()));
+  }
+  if (causal) {  // top left aligned, as CPU's: query i sees keys 0..i
+    const TensorType grid{ElementType::S32, {q.dims().at(2), k.dims().at(2)}};
+    s = select(broadcast_to(ge(iota(grid, 0), iota(grid, 1)), s.dims()), s, minus_inf);
+  }
+  return s;
+}
+
+Value Builder::attention(const Value& q, const Value& k, const Value& v, const std::optional<Value>& mask,
+                         double dropout_p, bool causal, std::optional<double> scale) {
+  check_attention(q, k, v, dropout_p);
+  const Value s = attention_scores(q, k, mask, causal, scale);
+  // Shifted by the row max (0 for a row with every key masked, whose result is 0 as CPU's).
+  const Value m = max_along(s, 3);
+  const Value e = exp(sub(s, select(eq(m, scalar_like(-HUGE_VAL, m)), scalar_like(0, m), m)));
+  const Value total = sum(e, {3}, true);
+  // The sum divides the [L, Ev] products, not the [L, S] exponentials (CPU's order too).
+  const Value products = weighted(*this, contraction_operand(e), v);
+  return div(products, select(eq(total, scalar_like(0, total)), scalar_like(1, total), total));
+}
+
+Value Builder::attention_logsumexp(const Value& q, const Value& k, const std::optional<Value>& mask, bool causal,
+                                   std::optional<double> scale) {
+  const Value s = attention_scores(q, k, mask, causal, scale);
+  const Value m = max_along(s, 3);
+  const Value no_key = eq(m, scalar_like(-HUGE_VAL, m));
+  const Value shift = select(no_key, scalar_like(0, m), m);
+  const Value lse = add(log(sum(exp(sub(s, shift)), {3}, true)), shift);
+  const auto& d = q.dims();
+  return reshape(select(no_key, scalar_like(0, lse), lse), {d[0], d[1], d[2]});  // 0 without keys, as CPU
+}
+
+Value Builder::attention_grad(const Value& grad_out_in, const Value& q, const Value& k, const Value& v,
+                              const Value& out_in, const Value& logsumexp, const std::optional<Value>& mask,
+                              double dropout_p, bool causal, std::optional<double> scale, int64_t which) {
+  check_attention(q, k, v, dropout_p);
+  // In the scores' type (a half grad_out widened, so that its products still take it narrow).
+  const Value grad_out = convert(grad_out_in, q.element()), out = convert(out_in, q.element());
+  if (which < 0 || which > 2) fail("attention_grad: which is 0 (query), 1 (key) or 2 (value)");
+  const Value s = attention_scores(q, k, mask, causal, scale);
+  const auto& d = s.dims();
+  const Value p = exp(sub(s, convert(reshape(logsumexp, {d[0], d[1], d[2], 1}), s.element())));
+  const int64_t kv_heads = k.dims()[1];
+  if (which == 2) return per_key(*this, contraction_operand(p), grad_out, kv_heads);
+  const Value dp = per_query(*this, grad_out, v);
+  const Value ds = contraction_operand(mul(p, sub(dp, sum(mul(grad_out, out), {3}, true))));
+  const Value g = which == 0 ? weighted(*this, ds, k) : per_key(*this, ds, q, kv_heads);
+  return mul(g, scalar_like(attention_scale(q, scale), g));
+}
+
 namespace {
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;  // 1/sqrt(2)
