@@ -299,19 +299,10 @@ Value Builder::nominal(const Value& v) {
 Value Builder::power(const Value& a, const Value& b) {
   if (accurate_f32(a) && b.element() == ElementType::F32) return accurate_float_power(*this, a, b);
   if (!is_signed_int(a.element())) return binary("power", a, b);
-  // Integers by squaring, one step per bit of the exponent, unrolled: XLA's integer power is a loop,
-  // which libtpu took over 60 s to compile for int64 (emulated in 32-bit pieces) in a foreach of a few
-  // tensors. Products wrap as CPU's do.
-  const ElementType e = a.element();
-  Value zero = constant_int(0, e), one = constant_int(1, e);
-  Value base = a, bits = maximum(b, zero), positive = broadcast_to(one, broadcast_shape({&a, &b}, "pow"));
-  const int steps = 8 * static_cast<int>(element_size(e)) - 1;
-  for (int step = 0; step < steps; ++step) {
-    positive = select(ne(bitwise_and(bits, one), zero), mul(positive, base), positive);
-    if (step + 1 < steps) base = mul(base, base), bits = binary("shift_right_logical", bits, one);
-  }
   // CPU: x ** -n is 1 for x == 1, +-1 for x == -1 (by n's parity) and 0 otherwise.
-  Value minus_one = constant_int(-1, e);
+  const ElementType e = a.element();
+  Value zero = constant_int(0, e), one = constant_int(1, e), minus_one = constant_int(-1, e);
+  Value positive = binary("power", a, maximum(b, zero));
   Value odd = ne(bitwise_and(b, one), zero);
   Value negative = select(eq(a, one), one, select(eq(a, minus_one), select(odd, minus_one, one), zero));
   return select(lt(b, zero), broadcast_like(negative, positive), positive);
