@@ -58,6 +58,8 @@ def write_spec(tmp_path, text):
          "test.tpu.rtol must be a non-negative number"),
         ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, tpu: {tolerance: 1, measured: x}}\n", 3,
          "test.tpu takes"),
+        ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, random_when: \"dropout p\"}\n", 3,
+         "test.random_when names a sample's keyword argument"),
     ],
 )
 def test_bad_spec_names_file_and_line(tmp_path, text, line, message):
