@@ -218,12 +218,8 @@ def graph_of(step: Callable[[], torch.Tensor], warmup: Callable[[], Any] | None 
         nonlocal graph, output
         if graph is None:
             if warmup is not None:
-                previous = torch.tpu.get_eager_mode()
-                torch.tpu.set_eager_mode("fused")
-                try:
+                with torch.tpu.eager_mode("fused"):
                     warmup()
-                finally:
-                    torch.tpu.set_eager_mode(previous)
             graph = torch.tpu.TPUGraph()
             with torch.tpu.graph(graph):
                 output = step()

@@ -124,15 +124,7 @@ def assert_equal_cpu(actual: torch.Tensor, expected: torch.Tensor, exact: bool =
         torch.testing.assert_close(host, expected, equal_nan=True, **tol)
 
 
-@contextlib.contextmanager
-def eager_mode(mode: str):
-    """torch.tpu.set_eager_mode(mode) for the block, then the mode before it."""
-    before = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(mode)
-    try:
-        yield
-    finally:
-        torch.tpu.set_eager_mode(before)
+eager_mode = torch.tpu.eager_mode  # the tests' name for it
 
 
 @pytest.fixture

@@ -145,6 +145,17 @@ def get_eager_mode() -> str:
     return "blocking" if _C()._eager_blocking() else "strict"
 
 
+@contextlib.contextmanager
+def eager_mode(mode: str):
+    """set_eager_mode(mode) for the block, then the mode before it."""
+    before = get_eager_mode()
+    set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        set_eager_mode(before)
+
+
 def manual_seed(seed: int) -> None:
     """Seeds the current device's generator."""
     _C().set_generator_state(current_device(), int(seed) & 0xFFFFFFFFFFFFFFFF, 0)

@@ -143,7 +143,7 @@ def _samples(info, torch_dtype, requires_grad, max_samples=None, random_when=Non
     """(index, sample) of the OpInfo's first max_samples samples, but those whose keyword argument
     `random_when` is nonzero: they draw random numbers (sdpa's dropout_p), so no two runs agree."""
     samples = itertools.islice(info.sample_inputs("cpu", torch_dtype, requires_grad=requires_grad), max_samples)
-    return [(i, s) for i, s in enumerate(samples) if not (random_when and s.kwargs.get(random_when))]
+    return ((i, s) for i, s in enumerate(samples) if not (random_when and s.kwargs.get(random_when)))
 
 
 def _check_gradients(info, name, torch_dtype, atol, rtol, max_samples=None, random_when=None):
