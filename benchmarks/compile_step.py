@@ -67,11 +67,13 @@ Usage: python benchmarks/compile_step.py [--steps N] [--warmup N] [--model llama
                                          [--size tiny|110m|500m] [--dtype float32|bfloat16]
                                          [--precision highest|high|medium] [--modes M,M] [--phases P,P] [--isolate]
                                          [--peak-tflops T] [--seed S] [--cpu-threads N] [--plot out.png]
+                                         [--profile N]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -130,10 +132,14 @@ class Result:
 
 # Timing.
 
+PROFILE_STEPS = 0  # --profile: steps run under jax's profiler after the timed ones
+
+
 def measure(step: Callable[[], Any], sync: Callable[[Any], None], warmup: int, steps: int,
-            on_tpu: bool) -> Result:
+            on_tpu: bool, label: str = "") -> Result:
     """Times `step` alone once (the call that traces and compiles), then `warmup` untimed calls,
-    then `steps` calls, each stopped only after `sync(its output)` says the work is done."""
+    then `steps` calls, each stopped only after `sync(its output)` says the work is done; with
+    --profile, then prints where the device's time went in PROFILE_STEPS more calls."""
     before = torchtpu.debug.metrics() if on_tpu else None
     start = time.perf_counter()
     sync(step())
@@ -151,7 +157,51 @@ def measure(step: Callable[[], Any], sync: Callable[[Any], None], warmup: int, s
         sync(step())
         samples.append((time.perf_counter() - start) * 1e3)
     result.ms = statistics.median(samples)
+    if PROFILE_STEPS:
+        print_device_profile(step, sync, label)
     return result
+
+
+def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], label: str, top: int = 40) -> None:
+    """PROFILE_STEPS calls of `step` under jax's profiler (it traces the device, whoever launched the
+    work: torchtpu and jax share one libtpu), then per step: the device's busy time beside the wall
+    time (their difference is time the device waited for the host), the time per XLA module, and the
+    `top` XLA ops by time with their HLO, so two modes' steps can be compared op by op."""
+    try:
+        import jax
+    except ImportError:
+        print(f"  --profile {label}: needs jax")
+        return
+    jax.devices()  # loads jax's plugin: its profiler traces the device only once a backend is up
+    with tempfile.TemporaryDirectory() as trace_dir:
+        start = time.perf_counter()
+        with jax.profiler.trace(trace_dir):
+            for _ in range(PROFILE_STEPS):
+                sync(step())
+        wall_ms = (time.perf_counter() - start) * 1e3 / PROFILE_STEPS
+        traces = list(Path(trace_dir).rglob("*.xplane.pb"))
+        data = jax.profiler.ProfileData.from_file(str(traces[0])) if traces else None
+    by_line: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    counts, hlo = collections.Counter(), {}
+    for plane in data.planes if data else []:
+        if not plane.name.startswith("/device:"):
+            continue  # host threads; on the CPU plugin the ops run there and are not listed
+        for line in plane.lines:
+            for event in line.events:
+                by_line[line.name][event.name] += event.duration_ns / 1e6 / PROFILE_STEPS
+                if line.name == "XLA Ops":
+                    counts[event.name] += 1
+                    if event.name not in hlo:
+                        stats = dict(event.stats)
+                        hlo[event.name] = str(stats.get("long_name") or stats.get("hlo_category") or "")
+    ops = by_line.get("XLA Ops", collections.Counter())
+    print(f"\n  --profile {label}: {PROFILE_STEPS} steps, wall {wall_ms:.2f} ms/step, device ops "
+          f"{sum(ops.values()):.2f} ms/step in {sum(counts.values()) // PROFILE_STEPS} ops"
+          + ("" if ops else " (no device plane: the CPU plugin's ops are host threads)"))
+    for module, ms in by_line.get("XLA Modules", collections.Counter()).most_common(8):
+        print(f"    module {ms:9.3f} ms  {module[:100]}")
+    for name, ms in ops.most_common(top):
+        print(f"    {ms:9.3f} ms x{counts[name] // PROFILE_STEPS:<4} {name[:40]:<40} {hlo[name][:220]}")
 
 
 def tpu_sync(_: Any) -> None:
@@ -516,7 +566,7 @@ def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, R
         if phase not in args.phases:
             results[phase]["jax.jit"] = Result(note="not in --phases")
             continue
-        r = measure(step, jax_sync, args.warmup, args.steps, on_tpu=False)
+        r = measure(step, jax_sync, args.warmup, args.steps, on_tpu=False, label=f"{phase} jax.jit")
         r.compiles, r.compile_s = 1, compile_s
         r.peak_bytes = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
         results[phase]["jax.jit"] = r
@@ -573,7 +623,8 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 else:
                     step = torch_inference_step(build(), batch, device, compiled, forward_fn, graphed, amp)
                 results[phase][mode] = r = measure(step, tpu_sync if device == "tpu" else no_sync,
-                                                   args.warmup, args.steps, on_tpu=device == "tpu")
+                                                   args.warmup, args.steps, on_tpu=device == "tpu",
+                                                   label=f"{phase} {mode}")
                 del step  # the mode's model, optimizer and graph go before the next mode starts
                 if device == "tpu":
                     r.peak_bytes = torch.tpu.max_memory_allocated()
@@ -602,7 +653,8 @@ def isolated_results(args, chosen: list[str]) -> tuple[dict[str, dict[str, dict[
             command = [sys.executable, __file__, "--modes", mode, "--phases", phase, "--results-json", str(out),
                        "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
                        "--size", args.size, "--dtype", args.dtype, "--precision", args.precision,
-                       "--seed", str(args.seed), "--cpu-threads", str(args.cpu_threads)]
+                       "--seed", str(args.seed), "--cpu-threads", str(args.cpu_threads),
+                       "--profile", str(args.profile)]
             if args.peak_tflops:
                 command += ["--peak-tflops", str(args.peak_tflops)]
             print(f"\n--isolate: {phase} {mode} in a process of its own", flush=True)
@@ -774,8 +826,13 @@ def main() -> None:
     parser.add_argument("--isolate", action="store_true",
                         help="run each mode in a process of its own, one after another, so every peak is "
                              "the mode's own process-wide peak (jax and torchtpu share one TPU allocator)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after timing, run N more steps of each mode under jax's profiler and print the "
+                             "device's time per XLA module and op (a TPU; needs jax)")
     parser.add_argument("--results-json", metavar="OUT.json", help=argparse.SUPPRESS)  # --isolate's children
     args = parser.parse_args()
+    global PROFILE_STEPS
+    PROFILE_STEPS = args.profile
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:
