@@ -201,7 +201,8 @@ def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], l
     for module, ms in by_line.get("XLA Modules", collections.Counter()).most_common(8):
         print(f"    module {ms:9.3f} ms  {module[:100]}")
     for name, ms in ops.most_common(top):
-        print(f"    {ms:9.3f} ms x{counts[name] // PROFILE_STEPS:<4} {name[:40]:<40} {hlo[name][:220]}")
+        detail = hlo[name] if hlo[name] and hlo[name] not in name else ""  # on a TPU the name is the HLO
+        print(f"    {ms:9.3f} ms x{counts[name] // PROFILE_STEPS:<4} {name[:160]} {detail[:160]}".rstrip())
 
 
 def tpu_sync(_: Any) -> None:
