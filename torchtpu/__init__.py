@@ -143,7 +143,7 @@ def _free_graph_tasks_before_exit():
 
 def _end_fused_block_after_step(optimizer, args, kwargs) -> None:
     if _ext._eager_fused():
-        _ext._fused_flush("an optimizer step")
+        _ext._fused_flush_before_next_op("an optimizer step")  # after zero_grad drops the gradients
 
 
 def _at_exit() -> None:
@@ -189,8 +189,8 @@ def _start_runtime():
     ext._set_eager_fused(modes["TORCHTPU_EAGER_MODE"] == "fused")
     _ext = ext
     atexit.register(_at_exit)
-    # A fused block ends with each optimizer step: a training loop's iterations are then blocks of
-    # the same ops, which run one compiled module.
+    # A fused block ends with each optimizer step (at the next op): a training loop's iterations are
+    # then blocks of the same ops, which run one compiled module.
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(_end_fused_block_after_step)

@@ -696,6 +696,7 @@ class FusedRecorder final : public GraphCapture {
 
   bool call(const OpSpec& spec, MetaCallFn meta, const c10::OperatorHandle& op, c10::IValue* args,
             torch::jit::Stack* stack, const CallPlan* planned, const std::string* planned_key) override {
+    run_deferred_flush();
     if (spec.data_dependent) {
       flush("an output shape that depends on the data");
       return false;
@@ -726,6 +727,7 @@ class FusedRecorder final : public GraphCapture {
   }
 
   bool copy(const at::Tensor& src, const at::Tensor& dst) override {
+    run_deferred_flush();
     if (!is_tpu(dst) || (is_tpu(src) && src.device() != dst.device())) {
       flush(is_tpu(dst) ? "a copy between tpu devices" : "a host read");
       return false;
@@ -750,8 +752,17 @@ class FusedRecorder final : public GraphCapture {
     return block_ && block_->holds(storage);
   }
 
+  // Ends the block before the next op or copy, not at once (an optimizer step): what the caller drops
+  // in between, zero_grad's gradients, then dies inside the block and is never written to the device.
+  // Anything else that flushes (a host read, synchronize) runs it as well.
+  void flush_before_next_op(const char* reason) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    if (block_) deferred_reason_ = reason;
+  }
+
   void flush(const char* reason) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
+    deferred_reason_.clear();
     if (!block_) return;
     std::unique_ptr<Capture> block = std::move(block_);  // a failure drops the block
     std::vector<const char*> names = std::move(names_);
@@ -822,6 +833,13 @@ class FusedRecorder final : public GraphCapture {
     return *block_;
   }
 
+  void run_deferred_flush() {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    if (deferred_reason_.empty()) return;
+    const std::string reason = deferred_reason_;  // flush clears it
+    flush(reason.c_str());
+  }
+
   static std::string describe_ops(const std::vector<const char*>& names) {
     std::string text;
     const size_t shown = std::min<size_t>(names.size(), 8);
@@ -838,6 +856,7 @@ class FusedRecorder final : public GraphCapture {
   int64_t ops_replayed_ = 0, blocks_run_ = 0, blocks_compiled_ = 0, blocks_reused_ = 0;
   Tape tape_;
   std::map<std::string, int64_t> reasons_;
+  std::string deferred_reason_;  // flush_before_next_op's: the block ends at the next op
 };
 
 // Never destroyed: the block holds buffers, which must not outlive the runtime at exit (Python's
@@ -1090,6 +1109,9 @@ void bind_graph(pybind11::module& m) {
   m.def("_fused_flush", [](const std::string& reason) {
     flush_fused(reason.c_str());
   }, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("_fused_flush_before_next_op", [](const std::string& reason) {
+    g_fused_recorder->flush_before_next_op(reason.c_str());
+  });
   m.def("_fused_metrics", [] {
     const FusedRecorder::Metrics m = g_fused_recorder->metrics();
     pybind11::dict d;

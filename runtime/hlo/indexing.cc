@@ -176,7 +176,9 @@ Value Builder::embedding_backward(const Value& grad, const Value& indices, int64
   }
   Value keep = ne(idx, constant_int(padding_idx, ElementType::S64));
   rows = select(broadcast_in_dim(keep, {n, width}, {0}), rows, broadcast_like(scalar_like(0, rows), rows));
-  return scatter_along(full(0, t), 0, broadcast_in_dim(idx, {n, width}, {0}), rows, "add");
+  // Whole rows scattered at once (a [1, width] window per index): an element-wise scatter of [n, width]
+  // made a TPU sort and scatter n * width indices (the 110M Llama's embedding: 40 of a 74 ms step).
+  return index_put(full(0, t), {idx}, rows, true);
 }
 
 Value Builder::embedding_renorm(const Value& v, const Value& indices, double max_norm, double norm_type) {
