@@ -181,19 +181,7 @@ def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], l
         wall_ms = (time.perf_counter() - start) * 1e3 / PROFILE_STEPS
         traces = list(Path(trace_dir).rglob("*.xplane.pb"))
         data = jax.profiler.ProfileData.from_file(str(traces[0])) if traces else None
-    by_line: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    counts, hlo = collections.Counter(), {}
-    for plane in data.planes if data else []:
-        if not plane.name.startswith("/device:"):
-            continue  # host threads; on the CPU plugin the ops run there and are not listed
-        for line in plane.lines:
-            for event in line.events:
-                by_line[line.name][event.name] += event.duration_ns / 1e6 / PROFILE_STEPS
-                if line.name == "XLA Ops":
-                    counts[event.name] += 1
-                    if event.name not in hlo:
-                        stats = dict(event.stats)
-                        hlo[event.name] = str(stats.get("long_name") or stats.get("hlo_category") or "")
+    by_line, counts, hlo = device_time_by_line(data.planes if data else [], PROFILE_STEPS)
     ops = by_line.get("XLA Ops", collections.Counter())
     print(f"\n  --profile {label}: {PROFILE_STEPS} steps, wall {wall_ms:.2f} ms/step, device ops "
           f"{sum(ops.values()):.2f} ms/step in {sum(counts.values()) // PROFILE_STEPS} ops"
@@ -203,6 +191,26 @@ def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], l
     for name, ms in ops.most_common(top):
         detail = hlo[name] if hlo[name] and hlo[name] not in name else ""  # on a TPU the name is the HLO
         print(f"    {ms:9.3f} ms x{counts[name] // PROFILE_STEPS:<4} {name[:160]} {detail[:160]}".rstrip())
+
+
+def device_time_by_line(planes, steps: int) -> tuple[dict[str, collections.Counter], collections.Counter, dict]:
+    """From a profile's planes: per line of the device planes ("XLA Modules", "XLA Ops", ...) the
+    milliseconds per step of each event name, how often each op ran, and each op's HLO where the
+    profiler gives it as a stat. Host planes are left out (on the CPU plugin the ops run there)."""
+    by_line: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    counts, hlo = collections.Counter(), {}
+    for plane in planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                by_line[line.name][event.name] += event.duration_ns / 1e6 / steps
+                if line.name == "XLA Ops":
+                    counts[event.name] += 1
+                    if event.name not in hlo:
+                        stats = dict(event.stats)
+                        hlo[event.name] = str(stats.get("long_name") or stats.get("hlo_category") or "")
+    return by_line, counts, hlo
 
 
 def tpu_sync(_: Any) -> None:

@@ -291,6 +291,33 @@ def test_compile_step_isolate_runs_each_mode_and_phase_in_its_own_process():
     assert len(ran) == 2 and all(float(r[3]) > 0 for r in ran)
 
 
+def test_compile_step_device_profile_sums_each_device_op_per_step(monkeypatch):
+    bench = load_benchmark("compile_step", monkeypatch)
+    N = types.SimpleNamespace
+
+    def event(name, ns, **stats):
+        return N(name=name, duration_ns=ns, stats=list(stats.items()))
+
+    device = N(name="/device:TPU:0", lines=[
+        N(name="XLA Modules", events=[event("jit_train(1)", 9e6), event("jit_train(1)", 11e6)]),
+        N(name="XLA Ops", events=[event("%fusion.1 = f32[8]", 4e6, long_name="fusion.1 text"),
+                                  event("%fusion.1 = f32[8]", 6e6), event("%sort = u32[4]", 1e6)])])
+    host = N(name="/host:CPU", lines=[N(name="python", events=[event("step", 5e7)])])
+    by_line, counts, hlo = bench.device_time_by_line([host, device], steps=2)
+    assert by_line["XLA Modules"] == {"jit_train(1)": 10.0}  # ms per step
+    assert by_line["XLA Ops"] == {"%fusion.1 = f32[8]": 5.0, "%sort = u32[4]": 0.5}
+    assert counts == {"%fusion.1 = f32[8]": 2, "%sort = u32[4]": 1}
+    assert hlo["%fusion.1 = f32[8]"] == "fusion.1 text" and "python" not in by_line
+
+
+def test_compile_step_profile_flag_runs():
+    proc = run_benchmark("compile_step", "--model", "llama", "--modes", "tpu graph", "--phases", "inference",
+                         "--steps", "1", "--warmup", "0", "--profile", "1")
+    # jax is the profiler: without it (the test extra) the mode says so; with it, the device's part
+    assert ("--profile inference tpu graph: 1 steps, wall" in proc.stdout
+            or "--profile inference tpu graph: needs jax" in proc.stdout), proc.stdout[-2000:]
+
+
 def test_eager_overhead_dispatch_variants():
     proc = run_benchmark("eager_overhead", "--iterations", "20", "--repeats", "1", "--dispatch-variants")
     for variant in ("portable, outputs dropped", "assigned, outputs kept"):
