@@ -127,6 +127,7 @@ class Result:
     device_peak_bytes: int | None = None  # torch: the plugin allocator's process-wide peak, where kept
     compile_s: float | None = None  # seconds spent compiling them
     disk_hits: int = 0  # tpu kernels loaded from the disk cache instead of compiled
+    device_ms: float | None = None  # --profile: the device's busy milliseconds per step
     note: str = ""  # why there is no number
 
 
@@ -158,11 +159,12 @@ def measure(step: Callable[[], Any], sync: Callable[[Any], None], warmup: int, s
         samples.append((time.perf_counter() - start) * 1e3)
     result.ms = statistics.median(samples)
     if PROFILE_STEPS:
-        print_device_profile(step, sync, label)
+        result.device_ms = print_device_profile(step, sync, label)
     return result
 
 
-def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], label: str, top: int = 40) -> None:
+def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], label: str,
+                         top: int = 40) -> float | None:
     """PROFILE_STEPS calls of `step` under jax's profiler (it traces the device, whoever launched the
     work: torchtpu and jax share one libtpu), then per step: the device's busy time beside the wall
     time (their difference is time the device waited for the host), the time per XLA module, and the
@@ -171,7 +173,7 @@ def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], l
         import jax
     except ImportError:
         print(f"  --profile {label}: needs jax")
-        return
+        return None
     jax.devices()  # loads jax's plugin: its profiler traces the device only once a backend is up
     with tempfile.TemporaryDirectory() as trace_dir:
         start = time.perf_counter()
@@ -191,6 +193,7 @@ def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], l
     for name, ms in ops.most_common(top):
         detail = hlo[name] if hlo[name] and hlo[name] not in name else ""  # on a TPU the name is the HLO
         print(f"    {ms:9.3f} ms x{counts[name] // PROFILE_STEPS:<4} {name[:160]} {detail[:160]}".rstrip())
+    return sum(ops.values()) if ops else None
 
 
 def device_time_by_line(planes, steps: int) -> tuple[dict[str, collections.Counter], collections.Counter, dict]:
@@ -766,6 +769,11 @@ def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int |
             line.append(f"tpu eager / {mode}: {show(ratio(by_mode['tpu eager'], by_mode[mode]))}")
         line.append(f"tpu eager / cpu eager: {show(ratio(by_mode['tpu eager'], by_mode['cpu eager']))}")
         print("  ".join(line))
+        jax_device = by_mode["jax.jit"].device_ms
+        on_device = [m for m in ("tpu graph", "tpu compiled", "tpu fused") if by_mode.get(m) and by_mode[m].device_ms]
+        if jax_device and on_device:  # the device's own time: steadier than the wall clock on a shared host
+            print(f"{'':<10}device time per step (--profile): jax.jit {jax_device:.2f} ms, " + ", ".join(
+                f"{m} {by_mode[m].device_ms:.2f} ms ({by_mode[m].device_ms / jax_device:.2f}x)" for m in on_device))
         fused = by_mode.get("tpu fused")
         if fused is not None and fused.ms is not None:
             print(f"{'':<10}tpu fused: {show(ratio(by_mode['tpu eager'], fused))} faster than tpu eager (target >= "

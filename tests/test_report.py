@@ -310,6 +310,15 @@ def test_compile_step_device_profile_sums_each_device_op_per_step(monkeypatch):
     assert hlo["%fusion.1 = f32[8]"] == "fusion.1 text" and "python" not in by_line
 
 
+def test_compile_step_table_sets_device_times_side_by_side(monkeypatch, capsys):
+    bench = load_benchmark("compile_step", monkeypatch)
+    R = bench.Result
+    modes = {m: R(note="not in --modes") for m in bench.MODES}
+    train = dict(modes, **{"tpu graph": R(ms=35.4, first_s=58.8, device_ms=33.2), "jax.jit": R(ms=32.8, device_ms=30.6)})
+    bench.print_table("llama", {"train": train, "inference": dict(modes)}, tokens=4096, flops=None)
+    assert "device time per step (--profile): jax.jit 30.60 ms, tpu graph 33.20 ms (1.08x)" in capsys.readouterr().out
+
+
 def test_compile_step_profile_flag_runs():
     proc = run_benchmark("compile_step", "--model", "llama", "--modes", "tpu graph", "--phases", "inference",
                          "--steps", "1", "--warmup", "0", "--profile", "1")
