@@ -183,25 +183,29 @@ def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], l
         wall_ms = (time.perf_counter() - start) * 1e3 / PROFILE_STEPS
         traces = list(Path(trace_dir).rglob("*.xplane.pb"))
         data = jax.profiler.ProfileData.from_file(str(traces[0])) if traces else None
-    by_line, counts, hlo = device_time_by_line(data.planes if data else [], PROFILE_STEPS)
+    by_line, counts, hlo, categories = device_time_by_line(data.planes if data else [], PROFILE_STEPS)
     ops = by_line.get("XLA Ops", collections.Counter())
     print(f"\n  --profile {label}: {PROFILE_STEPS} steps, wall {wall_ms:.2f} ms/step, device ops "
           f"{sum(ops.values()):.2f} ms/step in {sum(counts.values()) // PROFILE_STEPS} ops"
           + ("" if ops else " (no device plane: the CPU plugin's ops are host threads)"))
     for module, ms in by_line.get("XLA Modules", collections.Counter()).most_common(8):
         print(f"    module {ms:9.3f} ms  {module[:100]}")
+    if ops:
+        for line in op_time_classes(ops, counts, categories, PROFILE_STEPS):
+            print("    " + line)
     for name, ms in ops.most_common(top):
         detail = hlo[name] if hlo[name] and hlo[name] not in name else ""  # on a TPU the name is the HLO
         print(f"    {ms:9.3f} ms x{counts[name] // PROFILE_STEPS:<4} {name[:160]} {detail[:160]}".rstrip())
     return sum(ops.values()) if ops else None
 
 
-def device_time_by_line(planes, steps: int) -> tuple[dict[str, collections.Counter], collections.Counter, dict]:
+def device_time_by_line(planes, steps: int) -> tuple[dict[str, collections.Counter], collections.Counter, dict, dict]:
     """From a profile's planes: per line of the device planes ("XLA Modules", "XLA Ops", ...) the
-    milliseconds per step of each event name, how often each op ran, and each op's HLO where the
-    profiler gives it as a stat. Host planes are left out (on the CPU plugin the ops run there)."""
+    milliseconds per step of each event name, how often each op ran, and each op's HLO and XLA
+    category where the profiler gives them as stats. Host planes are left out (on the CPU plugin the
+    ops run there)."""
     by_line: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    counts, hlo = collections.Counter(), {}
+    counts, hlo, categories = collections.Counter(), {}, {}
     for plane in planes:
         if not plane.name.startswith("/device:"):
             continue
@@ -213,7 +217,24 @@ def device_time_by_line(planes, steps: int) -> tuple[dict[str, collections.Count
                     if event.name not in hlo:
                         stats = dict(event.stats)
                         hlo[event.name] = str(stats.get("long_name") or stats.get("hlo_category") or "")
-    return by_line, counts, hlo
+                        categories[event.name] = str(stats.get("hlo_category") or "other")
+    return by_line, counts, hlo, categories
+
+
+def op_time_classes(ops: collections.Counter, counts: collections.Counter, categories: dict, steps: int) -> list[str]:
+    """Two lines on where a step's device time goes: ms per step by XLA's op category, and by how long
+    each op runs (thousands of microsecond ops cost what a few large ones do)."""
+    by_category, by_length, runs_by_length = collections.Counter(), collections.Counter(), collections.Counter()
+    limits = ((5, "< 5 us"), (50, "5-50 us"), (500, "50-500 us"), (float("inf"), ">= 500 us"))
+    for name, ms in ops.items():
+        by_category[categories.get(name, "other")] += ms
+        runs = counts[name] / steps
+        length = next(label for limit, label in limits if ms * 1e3 / runs < limit)
+        by_length[length] += ms
+        runs_by_length[length] += runs
+    return ["by category: " + ", ".join(f"{c} {ms:.2f} ms" for c, ms in by_category.most_common(8)),
+            "by op length: " + ", ".join(f"{label} {runs_by_length[label]:.0f} ops {by_length[label]:.2f} ms"
+                                         for _, label in limits if runs_by_length[label])]
 
 
 def tpu_sync(_: Any) -> None:

@@ -300,14 +300,20 @@ def test_compile_step_device_profile_sums_each_device_op_per_step(monkeypatch):
 
     device = N(name="/device:TPU:0", lines=[
         N(name="XLA Modules", events=[event("jit_train(1)", 9e6), event("jit_train(1)", 11e6)]),
-        N(name="XLA Ops", events=[event("%fusion.1 = f32[8]", 4e6, long_name="fusion.1 text"),
-                                  event("%fusion.1 = f32[8]", 6e6), event("%sort = u32[4]", 1e6)])])
+        N(name="XLA Ops", events=[event("%fusion.1 = f32[8]", 4e6, long_name="fusion.1 text", hlo_category="loop fusion"),
+                                  event("%fusion.1 = f32[8]", 6e6), event("%sort = u32[4]", 1e6),
+                                  *[event("%add.1 = f32[]", 2e3, hlo_category="scalar")] * 4])])
     host = N(name="/host:CPU", lines=[N(name="python", events=[event("step", 5e7)])])
-    by_line, counts, hlo = bench.device_time_by_line([host, device], steps=2)
+    by_line, counts, hlo, categories = bench.device_time_by_line([host, device], steps=2)
     assert by_line["XLA Modules"] == {"jit_train(1)": 10.0}  # ms per step
-    assert by_line["XLA Ops"] == {"%fusion.1 = f32[8]": 5.0, "%sort = u32[4]": 0.5}
-    assert counts == {"%fusion.1 = f32[8]": 2, "%sort = u32[4]": 1}
+    assert by_line["XLA Ops"] == {"%fusion.1 = f32[8]": 5.0, "%sort = u32[4]": 0.5, "%add.1 = f32[]": 0.004}
+    assert counts == {"%fusion.1 = f32[8]": 2, "%sort = u32[4]": 1, "%add.1 = f32[]": 4}
     assert hlo["%fusion.1 = f32[8]"] == "fusion.1 text" and "python" not in by_line
+    assert categories == {"%fusion.1 = f32[8]": "loop fusion", "%sort = u32[4]": "other", "%add.1 = f32[]": "scalar"}
+    # per step: fusion.1 once at 5 ms, the 1 ms sort every other step, the add twice at 2 us
+    by_category, by_length = bench.op_time_classes(by_line["XLA Ops"], counts, categories, steps=2)
+    assert by_category == "by category: loop fusion 5.00 ms, other 0.50 ms, scalar 0.00 ms"
+    assert by_length == "by op length: < 5 us 2 ops 0.00 ms, >= 500 us 2 ops 5.50 ms"
 
 
 def test_compile_step_table_sets_device_times_side_by_side(monkeypatch, capsys):
