@@ -134,6 +134,7 @@ class Result:
 # Timing.
 
 PROFILE_STEPS = 0  # --profile: steps run under jax's profiler after the timed ones
+PROFILE_DUMP: Path | None = None  # --profile-dump: a folder for every device op of each profiled mode
 
 
 def measure(step: Callable[[], Any], sync: Callable[[Any], None], warmup: int, steps: int,
@@ -193,6 +194,13 @@ def print_device_profile(step: Callable[[], Any], sync: Callable[[Any], None], l
     if ops:
         for line in op_time_classes(ops, counts, categories, PROFILE_STEPS):
             print("    " + line)
+    if ops and PROFILE_DUMP is not None:
+        PROFILE_DUMP.mkdir(parents=True, exist_ok=True)
+        dump = PROFILE_DUMP / (label.replace(" ", "_").replace(".", "_") + ".json")
+        dump.write_text(json.dumps([{"op": name, "ms_per_step": ms, "runs_per_step": counts[name] / PROFILE_STEPS,
+                                     "category": categories[name], "hlo": hlo[name]}
+                                    for name, ms in ops.most_common()], indent=0))
+        print(f"    every op: {dump}")
     for name, ms in ops.most_common(top):
         detail = hlo[name] if hlo[name] and hlo[name] not in name else ""  # on a TPU the name is the HLO
         print(f"    {ms:9.3f} ms x{counts[name] // PROFILE_STEPS:<4} {name[:160]} {detail[:160]}".rstrip())
@@ -687,7 +695,7 @@ def isolated_results(args, chosen: list[str]) -> tuple[dict[str, dict[str, dict[
                        "--steps", str(args.steps), "--warmup", str(args.warmup), "--model", args.model,
                        "--size", args.size, "--dtype", args.dtype, "--precision", args.precision,
                        "--seed", str(args.seed), "--cpu-threads", str(args.cpu_threads),
-                       "--profile", str(args.profile)]
+                       "--profile", str(args.profile)] + (["--profile-dump", args.profile_dump] if args.profile_dump else [])
             if args.peak_tflops:
                 command += ["--peak-tflops", str(args.peak_tflops)]
             print(f"\n--isolate: {phase} {mode} in a process of its own", flush=True)
@@ -867,10 +875,14 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, run N more steps of each mode under jax's profiler and print the "
                              "device's time per XLA module and op (a TPU; needs jax)")
+    parser.add_argument("--profile-dump", metavar="DIR",
+                        help="with --profile, write every device op of each mode (ms and runs per step, XLA "
+                             "category, HLO) to DIR/<phase>_<mode>.json, to compare two modes' ops offline")
     parser.add_argument("--results-json", metavar="OUT.json", help=argparse.SUPPRESS)  # --isolate's children
     args = parser.parse_args()
-    global PROFILE_STEPS
+    global PROFILE_STEPS, PROFILE_DUMP
     PROFILE_STEPS = args.profile
+    PROFILE_DUMP = Path(args.profile_dump) if args.profile_dump else None
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:
