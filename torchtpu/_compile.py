@@ -341,14 +341,13 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     torchtpu._require_runtime()
     _note_dynamo_recompile()
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     names = itertools.count()
     compile_forward = lambda g, inputs: _compile_graph(g, inputs, f"forward{next(names)}")  # noqa: E731
     compile_backward = lambda g, inputs: _compile_graph(g, inputs, f"backward{next(names)}")  # noqa: E731
     aot = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward,
                        inference_compiler=compile_forward, decompositions=_decompositions(),
-                       partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
+                       keep_inference_input_mutations=True)
     return aot(gm, example_inputs, **kwargs)
 
 
