@@ -355,57 +355,99 @@ bool dense_permutation(const ViewGeometry& view, std::vector<int64_t>* order) {
 }  // namespace
 
 // A strided view whose dims nest (sorted by stride, each stride a multiple of the next and at least
-// the next's extent; stride-0 dims broadcast) reads as slices: the storage from the view's offset,
-// reshaped so that each stride is a dim, then each dim cut to the view's size. XLA turns that into
-// copies, where the general path's gather computes every index.
+// the next's extent; stride-0 dims broadcast) reads as slices: the storage reshaped so that each stride
+// is a dim, then each dim cut to the view's size. XLA turns that into copies, where the general path's
+// gather computes every index.
 namespace {
 
-std::optional<Value> read_strided(Builder& b, const Value& storage, const ViewGeometry& view) {
+// How a nesting view steps through memory: its stepping dims, outermost first; the radix of each
+// (base[0] the outermost dim's size, base[i] = stride[i-1] / stride[i], the last the innermost stride:
+// elements skipped between two read ones) and the extent read in each.
+struct Nesting {
+  std::vector<int64_t> dims, base, limit;
+};
+
+std::optional<Nesting> nesting_of(const ViewGeometry& view) {
   const int rank = static_cast<int>(view.sizes.size());
-  std::vector<int64_t> dims;  // the view's dims that step through memory, outermost first
+  Nesting n;
   for (int d = 0; d < rank; ++d) {
-    if (view.sizes[d] > 1 && view.strides[d] > 0) dims.push_back(d);
+    if (view.sizes[d] > 1 && view.strides[d] > 0) n.dims.push_back(d);
     if (view.sizes[d] > 1 && view.strides[d] < 0) return std::nullopt;
   }
-  std::stable_sort(dims.begin(), dims.end(), [&](int64_t a, int64_t b) { return view.strides[a] > view.strides[b]; });
-  for (size_t i = 0; i + 1 < dims.size(); ++i) {
-    const int64_t outer = view.strides[dims[i]], inner = view.strides[dims[i + 1]];
-    if (outer % inner != 0 || outer < inner * view.sizes[dims[i + 1]]) return std::nullopt;
+  std::stable_sort(n.dims.begin(), n.dims.end(), [&](int64_t a, int64_t b) { return view.strides[a] > view.strides[b]; });
+  for (size_t i = 0; i + 1 < n.dims.size(); ++i) {
+    const int64_t outer = view.strides[n.dims[i]], inner = view.strides[n.dims[i + 1]];
+    if (outer % inner != 0 || outer < inner * view.sizes[n.dims[i + 1]]) return std::nullopt;
   }
-  // base[0] counts the outermost dim's steps; base[i] = stride[i-1] / stride[i]; the last is the
-  // innermost stride (elements skipped between two read ones).
-  std::vector<int64_t> base, limit;
-  if (dims.empty()) {
-    base = {1};
-    limit = {1};
-  } else {
-    base.push_back(view.sizes[dims[0]]);
-    limit.push_back(view.sizes[dims[0]]);
-    for (size_t i = 1; i < dims.size(); ++i) {
-      base.push_back(view.strides[dims[i - 1]] / view.strides[dims[i]]);
-      limit.push_back(view.sizes[dims[i]]);
+  if (n.dims.empty()) {
+    n.base = {1};
+    n.limit = {1};
+    return n;
+  }
+  n.base.push_back(view.sizes[n.dims[0]]);
+  n.limit.push_back(view.sizes[n.dims[0]]);
+  for (size_t i = 1; i < n.dims.size(); ++i) {
+    n.base.push_back(view.strides[n.dims[i - 1]] / view.strides[n.dims[i]]);
+    n.limit.push_back(view.sizes[n.dims[i]]);
+  }
+  n.base.push_back(view.strides[n.dims.back()]);
+  n.limit.push_back(1);
+  return n;
+}
+
+// The view's elements as a box of the storage seen as [numel / outermost stride, base[1], ...], each
+// dim starting at the offset's digit in that mixed radix, when no dim's range carries into the next:
+// one reshape and one slice. Otherwise the flat storage from the offset, padded past its end: on a
+// TPU's tiled layouts the flat value and the padding are copies of the whole storage (rotate_half's
+// x[..., d/2:], the second half of a split).
+Value read_nested(Builder& b, const Value& storage, const ViewGeometry& view, const Nesting& n) {
+  const int64_t storage_numel = storage.type.numel();
+  const std::vector<int64_t> steps(n.base.size(), 1);
+  if (!n.dims.empty() && storage_numel % view.strides[n.dims[0]] == 0) {
+    std::vector<int64_t> shape{storage_numel / view.strides[n.dims[0]]};
+    shape.insert(shape.end(), n.base.begin() + 1, n.base.end());
+    std::vector<int64_t> start(shape.size()), end(shape.size());
+    int64_t rest = view.offset;
+    bool fits = true;
+    for (size_t i = shape.size(); i-- > 0;) {
+      start[i] = i == 0 ? rest : rest % shape[i];
+      rest = i == 0 ? 0 : rest / shape[i];
+      end[i] = start[i] + n.limit[i];
+      fits = fits && end[i] <= shape[i];
     }
-    base.push_back(view.strides[dims.back()]);
-    limit.push_back(1);
+    if (fits && shape.size() > 1 && shape.back() == 1) {  // stride 1 innermost: no size-1 dim (a TPU tiles the last two)
+      shape.pop_back();
+      start.pop_back();
+      end.pop_back();
+      const Value box = b.slice(b.reshape(storage, shape), start, end, std::vector<int64_t>(shape.size(), 1));
+      std::vector<int64_t> with_unit(box.dims());
+      with_unit.push_back(1);
+      return b.reshape(box, with_unit);
+    }
+    if (fits) return b.slice(b.reshape(storage, shape), start, end, steps);
   }
   int64_t extent = 1;
-  for (int64_t step : base) extent *= step;
-  const int64_t storage_numel = storage.type.numel();
-  Value f = b.reshape(storage, {storage.type.numel()});
+  for (int64_t step : n.base) extent *= step;
+  Value f = b.reshape(storage, {storage_numel});
   if (view.offset + extent > storage_numel) {  // the last row's unread tail lies past the storage
     f = b.concatenate({f, b.full(0, TensorType{storage.element(), {view.offset + extent - storage_numel}})}, 0);
   }
-  Value region = b.reshape(b.slice(f, {view.offset}, {view.offset + extent}, {1}), base);
-  std::vector<int64_t> start(base.size(), 0), steps(base.size(), 1);
-  Value cut = b.slice(region, start, limit, steps);
+  Value region = b.reshape(b.slice(f, {view.offset}, {view.offset + extent}, {1}), n.base);
+  return b.slice(region, std::vector<int64_t>(n.base.size(), 0), n.limit, steps);
+}
+
+std::optional<Value> read_strided(Builder& b, const Value& storage, const ViewGeometry& view) {
+  const std::optional<Nesting> n = nesting_of(view);
+  if (!n) return std::nullopt;
+  const Value cut = read_nested(b, storage, view, *n);
   std::vector<int64_t> sorted_sizes;
-  for (int64_t d : dims) sorted_sizes.push_back(view.sizes[d]);
+  for (int64_t d : n->dims) sorted_sizes.push_back(view.sizes[d]);
   Value v = b.reshape(cut, sorted_sizes);
   // Back to the view's dim order (its stepping dims), then its size-1 and broadcast dims.
-  std::vector<int64_t> by_dim(dims.begin(), dims.end());
+  std::vector<int64_t> by_dim(n->dims.begin(), n->dims.end());
   std::sort(by_dim.begin(), by_dim.end());
   std::vector<int64_t> permutation;
-  for (int64_t d : by_dim) permutation.push_back(std::find(dims.begin(), dims.end(), d) - dims.begin());
+  for (int64_t d : by_dim) permutation.push_back(std::find(n->dims.begin(), n->dims.end(), d) - n->dims.begin());
   if (!std::is_sorted(permutation.begin(), permutation.end())) v = b.transpose(v, permutation);
   return b.broadcast_in_dim(v, view.sizes, by_dim);
 }
@@ -418,6 +460,7 @@ Value Builder::read_view(const Value& storage, const ViewGeometry& view) {
   if (n == 0) return full(0, TensorType{storage.element(), view.sizes});
   if (is_contiguous(view)) {
     if (view.offset == 0 && n == storage_numel) return reshape(storage, view.sizes);
+    if (std::optional<Value> boxed = read_strided(*this, storage, view)) return *boxed;
     Value f = flat(storage);
     return reshape(slice(f, {view.offset}, {view.offset + n}, {1}), view.sizes);
   }
