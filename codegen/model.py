@@ -16,7 +16,9 @@ A spec entry (see README "Adding an op"):
                     message: "index {value} is out of bounds for dimension {dim} with size {size}"}
                                       # positions checked under TORCHTPU_CHECK_INDICES=1 (see _index_check)
       runtime: [lr]                   # float arguments passed at run time (default: compile-time)
-      foreach: true                   # the lowering is per element of the list arguments (_foreach_*)
+      foreach: true                   # the lowering is per element of the list arguments (_foreach_*);
+                                      # elementwise: also element by element within each tensor, so lists
+                                      # of 0-d tensors run it once over one vector of their values
       generator: implicit             # draws from the default generator, named `generator` in the lowering
       test: {opinfo: add, dtypes: [float32, int64], atol: 1e-5, rtol: 1e-5}
                                       # grad_atol / grad_rtol: for the gradient comparison (default: atol / rtol)
@@ -707,8 +709,8 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         writes = entry.get("writes", [])
         foreach = entry.get("foreach", False)
         generator = entry.get("generator")
-        if foreach not in (True, False):
-            raise SpecError(display_path, line, "foreach is true or false")
+        if foreach not in (True, False, "elementwise"):
+            raise SpecError(display_path, line, "foreach is true, elementwise or false")
         if generator not in (None, "implicit"):
             raise SpecError(display_path, line, "generator: implicit is the only form (the op's schema has no generator)")
         for listed, what in ((promote, "promote"), (compile_time, "compile_time"), (runtime, "runtime"),
@@ -776,10 +778,11 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
             expression = compiler.compile(str(entry["lowering"]))
             if foreach:
                 list_args = [i for i, a in enumerate(arguments) if a.kind in ("TensorList", "ScalarList")]
-                expression = (f"foreach_results(a, {{{', '.join(map(str, list_args))}}}, "
+                elementwise = "true" if foreach == "elementwise" else "false"
+                expression = (f"foreach_results(b, a, {{{', '.join(map(str, list_args))}}}, {elementwise}, "
                               f"[&b](const EmitArgs& a) -> std::vector<Value> {{ return {expression}; }})")
             divisor_index = next((i for i, a in enumerate(fargs) if a.name == divisor), -1) if divisor else -1
-            overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, returns, foreach,
+            overloads.append(Overload(str(f.func.name), variant, arguments, promoted, written, returns, bool(foreach),
                                       bool(generator), expression, _cpp_name(str(f.func.name)), _meta_call(f),
                                       divisor_index, _index_check_initializer(index_check, fargs)))
 

@@ -93,3 +93,56 @@ def test_foreach_ops_write_every_tensor_of_the_list(no_fallback):
     norms = torch._foreach_norm(tpu)
     for n, e in zip(norms, torch._foreach_norm(cpu)):
         torch.testing.assert_close(n.cpu(), e)
+
+
+def test_foreach_ops_over_0d_tensors_run_as_one_vector(no_fallback):
+    # Lists of 0-d tensors (a capturable optimizer's step counts) run an elementwise lowering once over
+    # the vector of their values; each result is still its own tensor, with CPU's values.
+    steps_cpu = [torch.tensor(float(s)) for s in (1, 2, 5, 9, 40)]
+    steps = [s.to("tpu") for s in steps_cpu]
+    other = [torch.tensor(v) for v in (0.5, -1.5, 2.0, 3.25, -0.125)]
+    torch._foreach_add_(steps, 1)
+    torch._foreach_add_(steps_cpu, 1)
+    pow_ulps = 3 * 2.0 ** -23  # float32 powers: within 3 ulps of CPU's correctly rounded ones (pow.Scalar's)
+    cases = [
+        (torch._foreach_pow(0.9, steps), torch._foreach_pow(0.9, steps_cpu), pow_ulps),  # capturable Adam's beta ** step
+        (torch._foreach_sqrt(steps), torch._foreach_sqrt(steps_cpu), 0),
+        (torch._foreach_addcdiv(steps, steps, [o.to("tpu") for o in other], 0.5),
+         torch._foreach_addcdiv(steps_cpu, steps_cpu, other, 0.5), 0),
+        (torch._foreach_mul(steps, [2.0, 3.0, 0.5, -1.0, 4.0]), torch._foreach_mul(steps_cpu, [2.0, 3.0, 0.5, -1.0, 4.0]), 0),
+        (steps, steps_cpu, 0),
+    ]
+    for results, expected, rtol in cases:
+        assert len(results) == len(expected)
+        for a, e in zip(results, expected):
+            assert a.shape == e.shape == ()
+            torch.testing.assert_close(a.cpu(), e, atol=0, rtol=rtol)
+    norms = torch._foreach_norm(steps)  # a reduction: per tensor, never joined
+    for n, e in zip(norms, torch._foreach_norm(steps_cpu)):
+        torch.testing.assert_close(n.cpu(), e)
+
+
+POWERS = """
+import os, pathlib, torch, torchtpu
+steps = [torch.tensor(float(s), device="tpu") for s in range(1, int(os.environ["COUNT"]) + 1)]
+powers = torch._foreach_pow(0.9, steps)
+torch.testing.assert_close(torch.stack(powers).cpu(), 0.9 ** torch.arange(1.0, len(steps) + 1), atol=0, rtol=3 * 2.0 ** -23)
+modules = [path.read_text() for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir()]
+print(len(modules), max(len(m.splitlines()) for m in modules))
+"""
+
+
+def test_capturable_bias_corrections_are_one_power_for_every_parameter(tmp_path):
+    # torch._foreach_pow(beta, steps), once per step for each of beta1 and beta2: one accurate power
+    # over the vector of step counts, whatever the count (ATen's composite took one per parameter).
+    from conftest import run_python
+    logs = []
+    for count in (4, 16):
+        result = run_python(POWERS, env={"COUNT": str(count), "TORCHTPU_DUMP_DIR": str(tmp_path / f"m{count}"),
+                                         "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
+        assert result.returncode == 0, result.stderr[-3000:]
+        logs.append([int(word) for word in result.stdout.split()[-2:]])
+    # as many modules for 16 parameters as for 4 (not one power each), the largest (the power's) growing
+    # by a join and a slice per parameter, not by a power
+    (modules_4, lines_4), (modules_16, lines_16) = logs
+    assert modules_4 == modules_16 and lines_16 - lines_4 < 4 * 12 < lines_4, logs

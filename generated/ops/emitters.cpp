@@ -1310,484 +1310,487 @@ std::vector<Value> emit_native_batch_norm_backward(Builder& b, const EmitArgs& a
 // batch_norm_backward = batch_mean = save_mean if update else running_mean invstd = save_var if update else rsqrt(add(running_var, eps)) (batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 0), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 1), batch_norm_grad(grad_out, input, weight, batch_mean, invstd, update, 2))   (specs/normalization.yaml:117)
 std::vector<Value> emit_batch_norm_backward(Builder& b, const EmitArgs& a) { return [&]() -> std::vector<Value> { const Value l_batch_mean = (a.boolean(7) ? a.value(5) : a.value(3)); const Value l_invstd = (a.boolean(7) ? a.value(6) : b.rsqrt(b.add(a.value(4), a.value(8)))); return {b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 0), b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 1), b.batch_norm_grad(a.value(0), a.value(1), a.optional_value(2), l_batch_mean, l_invstd, a.boolean(7), 2)}; }(); }
 
-// _foreach_add.List = add(self, mul(other, alpha))  (specs/optim.yaml:8)
-std::vector<Value> emit__foreach_add__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_add_.List = add(self, mul(other, alpha))  (specs/optim.yaml:8)
-std::vector<Value> emit__foreach_add___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_add.List_out = add(self, mul(other, alpha))  (specs/optim.yaml:8)
-std::vector<Value> emit__foreach_add__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-
-// _foreach_add.Scalar = add(self, scalar)  (specs/optim.yaml:14)
-std::vector<Value> emit__foreach_add__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add_.Scalar = add(self, scalar)  (specs/optim.yaml:14)
-std::vector<Value> emit__foreach_add___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add.Scalar_out = add(self, scalar)  (specs/optim.yaml:14)
-std::vector<Value> emit__foreach_add__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-
-// _foreach_add.ScalarList = add(self, scalars)  (specs/optim.yaml:18)
-std::vector<Value> emit__foreach_add__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add_.ScalarList = add(self, scalars)  (specs/optim.yaml:18)
-std::vector<Value> emit__foreach_add___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-// _foreach_add.ScalarList_out = add(self, scalars)  (specs/optim.yaml:18)
-std::vector<Value> emit__foreach_add__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
-
-// _foreach_add.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:22)
-std::vector<Value> emit__foreach_add__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_add_.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:22)
-std::vector<Value> emit__foreach_add___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_add.Tensor_out = add(self, mul(other, alpha))  (specs/optim.yaml:22)
-std::vector<Value> emit__foreach_add__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-
-// _foreach_sub.List = sub(self, mul(other, alpha))  (specs/optim.yaml:26)
-std::vector<Value> emit__foreach_sub__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_sub_.List = sub(self, mul(other, alpha))  (specs/optim.yaml:26)
-std::vector<Value> emit__foreach_sub___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-// _foreach_sub.List_out = sub(self, mul(other, alpha))  (specs/optim.yaml:26)
-std::vector<Value> emit__foreach_sub__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
-
-// _foreach_sub.Scalar = sub(self, scalar)  (specs/optim.yaml:33)
-std::vector<Value> emit__foreach_sub__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub_.Scalar = sub(self, scalar)  (specs/optim.yaml:33)
-std::vector<Value> emit__foreach_sub___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub.Scalar_out = sub(self, scalar)  (specs/optim.yaml:33)
-std::vector<Value> emit__foreach_sub__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-
-// _foreach_sub.ScalarList = sub(self, scalars)  (specs/optim.yaml:38)
-std::vector<Value> emit__foreach_sub__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub_.ScalarList = sub(self, scalars)  (specs/optim.yaml:38)
-std::vector<Value> emit__foreach_sub___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-// _foreach_sub.ScalarList_out = sub(self, scalars)  (specs/optim.yaml:38)
-std::vector<Value> emit__foreach_sub__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
-
-// _foreach_mul.List = mul(self, other)  (specs/optim.yaml:43)
-std::vector<Value> emit__foreach_mul__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.List = mul(self, other)  (specs/optim.yaml:43)
-std::vector<Value> emit__foreach_mul___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.List_out = mul(self, other)  (specs/optim.yaml:43)
-std::vector<Value> emit__foreach_mul__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-
-// _foreach_mul.Scalar = mul(self, scalar)  (specs/optim.yaml:48)
-std::vector<Value> emit__foreach_mul__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.Scalar = mul(self, scalar)  (specs/optim.yaml:48)
-std::vector<Value> emit__foreach_mul___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.Scalar_out = mul(self, scalar)  (specs/optim.yaml:48)
-std::vector<Value> emit__foreach_mul__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-
-// _foreach_mul.ScalarList = mul(self, scalars)  (specs/optim.yaml:52)
-std::vector<Value> emit__foreach_mul__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.ScalarList = mul(self, scalars)  (specs/optim.yaml:52)
-std::vector<Value> emit__foreach_mul___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.ScalarList_out = mul(self, scalars)  (specs/optim.yaml:52)
-std::vector<Value> emit__foreach_mul__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-
-// _foreach_mul.Tensor = mul(self, other)  (specs/optim.yaml:56)
-std::vector<Value> emit__foreach_mul__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul_.Tensor = mul(self, other)  (specs/optim.yaml:56)
-std::vector<Value> emit__foreach_mul___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-// _foreach_mul.Tensor_out = mul(self, other)  (specs/optim.yaml:56)
-std::vector<Value> emit__foreach_mul__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
-
-// _foreach_div.List = div(self, other)  (specs/optim.yaml:60)
-std::vector<Value> emit__foreach_div__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.List = div(self, other)  (specs/optim.yaml:60)
-std::vector<Value> emit__foreach_div___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.List_out = div(self, other)  (specs/optim.yaml:60)
-std::vector<Value> emit__foreach_div__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-
-// _foreach_div.Scalar = div(self, scalar)  (specs/optim.yaml:67)
-std::vector<Value> emit__foreach_div__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.Scalar = div(self, scalar)  (specs/optim.yaml:67)
-std::vector<Value> emit__foreach_div___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.Scalar_out = div(self, scalar)  (specs/optim.yaml:67)
-std::vector<Value> emit__foreach_div__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-
-// _foreach_div.ScalarList = div(self, scalars)  (specs/optim.yaml:73)
-std::vector<Value> emit__foreach_div__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.ScalarList = div(self, scalars)  (specs/optim.yaml:73)
-std::vector<Value> emit__foreach_div___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.ScalarList_out = div(self, scalars)  (specs/optim.yaml:73)
-std::vector<Value> emit__foreach_div__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-
-// _foreach_div.Tensor = div(self, other)  (specs/optim.yaml:79)
-std::vector<Value> emit__foreach_div__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div_.Tensor = div(self, other)  (specs/optim.yaml:79)
-std::vector<Value> emit__foreach_div___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-// _foreach_div.Tensor_out = div(self, other)  (specs/optim.yaml:79)
-std::vector<Value> emit__foreach_div__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
-
-// _foreach_maximum.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:85)
-std::vector<Value> emit__foreach_maximum__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:85)
-std::vector<Value> emit__foreach_maximum___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:85)
-std::vector<Value> emit__foreach_maximum__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_maximum.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:91)
-std::vector<Value> emit__foreach_maximum__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:91)
-std::vector<Value> emit__foreach_maximum___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:91)
-std::vector<Value> emit__foreach_maximum__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_maximum.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:96)
-std::vector<Value> emit__foreach_maximum__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:96)
-std::vector<Value> emit__foreach_maximum___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_maximum.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:96)
-std::vector<Value> emit__foreach_maximum__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_minimum.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:101)
-std::vector<Value> emit__foreach_minimum__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:101)
-std::vector<Value> emit__foreach_minimum___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:101)
-std::vector<Value> emit__foreach_minimum__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_minimum.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:107)
-std::vector<Value> emit__foreach_minimum__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:107)
-std::vector<Value> emit__foreach_minimum___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:107)
-std::vector<Value> emit__foreach_minimum__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_minimum.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:112)
-std::vector<Value> emit__foreach_minimum__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:112)
-std::vector<Value> emit__foreach_minimum___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_minimum.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:112)
-std::vector<Value> emit__foreach_minimum__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_clamp_min.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:117)
-std::vector<Value> emit__foreach_clamp_min__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:117)
-std::vector<Value> emit__foreach_clamp_min___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:117)
-std::vector<Value> emit__foreach_clamp_min__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_clamp_min.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:123)
-std::vector<Value> emit__foreach_clamp_min__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:123)
-std::vector<Value> emit__foreach_clamp_min___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:123)
-std::vector<Value> emit__foreach_clamp_min__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_clamp_min.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:128)
-std::vector<Value> emit__foreach_clamp_min__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:128)
-std::vector<Value> emit__foreach_clamp_min___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_min.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:128)
-std::vector<Value> emit__foreach_clamp_min__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_clamp_max.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:133)
-std::vector<Value> emit__foreach_clamp_max__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:133)
-std::vector<Value> emit__foreach_clamp_max___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:133)
-std::vector<Value> emit__foreach_clamp_max__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_clamp_max.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:139)
-std::vector<Value> emit__foreach_clamp_max__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:139)
-std::vector<Value> emit__foreach_clamp_max___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:139)
-std::vector<Value> emit__foreach_clamp_max__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_clamp_max.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:144)
-std::vector<Value> emit__foreach_clamp_max__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:144)
-std::vector<Value> emit__foreach_clamp_max___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_clamp_max.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:144)
-std::vector<Value> emit__foreach_clamp_max__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_pow.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:149)
-std::vector<Value> emit__foreach_pow__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow_.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:149)
-std::vector<Value> emit__foreach_pow___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow.List_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:149)
-std::vector<Value> emit__foreach_pow__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_pow.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:155)
-std::vector<Value> emit__foreach_pow__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:155)
-std::vector<Value> emit__foreach_pow___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:155)
-std::vector<Value> emit__foreach_pow__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_pow.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:160)
-std::vector<Value> emit__foreach_pow__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow_.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:160)
-std::vector<Value> emit__foreach_pow___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-// _foreach_pow.ScalarList_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:160)
-std::vector<Value> emit__foreach_pow__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
-
-// _foreach_addcmul.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:168)
-std::vector<Value> emit__foreach_addcmul__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul_.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:168)
-std::vector<Value> emit__foreach_addcmul___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul.Scalar_out = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:168)
-std::vector<Value> emit__foreach_addcmul__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-
-// _foreach_addcmul.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:174)
-std::vector<Value> emit__foreach_addcmul__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul_.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:174)
-std::vector<Value> emit__foreach_addcmul___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcmul.ScalarList_out = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:174)
-std::vector<Value> emit__foreach_addcmul__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-
-// _foreach_addcdiv.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:179)
-std::vector<Value> emit__foreach_addcdiv__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv_.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:179)
-std::vector<Value> emit__foreach_addcdiv___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv.Scalar_out = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:179)
-std::vector<Value> emit__foreach_addcdiv__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-
-// _foreach_addcdiv.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:185)
-std::vector<Value> emit__foreach_addcdiv__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv_.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:185)
-std::vector<Value> emit__foreach_addcdiv___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-// _foreach_addcdiv.ScalarList_out = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:185)
-std::vector<Value> emit__foreach_addcdiv__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
-
-// _foreach_lerp.List = lerp(self, tensors1, weights)  (specs/optim.yaml:190)
-std::vector<Value> emit__foreach_lerp__List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp_.List = lerp(self, tensors1, weights)  (specs/optim.yaml:190)
-std::vector<Value> emit__foreach_lerp___List(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp.List_out = lerp(self, tensors1, weights)  (specs/optim.yaml:190)
-std::vector<Value> emit__foreach_lerp__List_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-
-// _foreach_lerp.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:196)
-std::vector<Value> emit__foreach_lerp__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp_.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:196)
-std::vector<Value> emit__foreach_lerp___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp.Scalar_out = lerp(self, tensors1, weight)  (specs/optim.yaml:196)
-std::vector<Value> emit__foreach_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-
-// _foreach_lerp.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:201)
-std::vector<Value> emit__foreach_lerp__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp_.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:201)
-std::vector<Value> emit__foreach_lerp___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-// _foreach_lerp.ScalarList_out = lerp(self, tensors1, weight)  (specs/optim.yaml:201)
-std::vector<Value> emit__foreach_lerp__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
-
-// _foreach_exp = exp(self)  (specs/optim.yaml:208)
-std::vector<Value> emit__foreach_exp(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
-// _foreach_exp_ = exp(self)  (specs/optim.yaml:208)
-std::vector<Value> emit__foreach_exp_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
-// _foreach_exp.out = exp(self)  (specs/optim.yaml:208)
-std::vector<Value> emit__foreach_exp__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
-
-// _foreach_log = log(self)  (specs/optim.yaml:215)
-std::vector<Value> emit__foreach_log(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
-// _foreach_log_ = log(self)  (specs/optim.yaml:215)
-std::vector<Value> emit__foreach_log_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
-// _foreach_log.out = log(self)  (specs/optim.yaml:215)
-std::vector<Value> emit__foreach_log__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
-
-// _foreach_log2 = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:222)
-std::vector<Value> emit__foreach_log2(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
-// _foreach_log2_ = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:222)
-std::vector<Value> emit__foreach_log2_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
-// _foreach_log2.out = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:222)
-std::vector<Value> emit__foreach_log2__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
-
-// _foreach_log10 = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:229)
-std::vector<Value> emit__foreach_log10(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
-// _foreach_log10_ = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:229)
-std::vector<Value> emit__foreach_log10_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
-// _foreach_log10.out = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:229)
-std::vector<Value> emit__foreach_log10__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
-
-// _foreach_log1p = log1p(self)  (specs/optim.yaml:236)
-std::vector<Value> emit__foreach_log1p(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
-// _foreach_log1p_ = log1p(self)  (specs/optim.yaml:236)
-std::vector<Value> emit__foreach_log1p_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
-// _foreach_log1p.out = log1p(self)  (specs/optim.yaml:236)
-std::vector<Value> emit__foreach_log1p__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
-
-// _foreach_expm1 = expm1(self)  (specs/optim.yaml:243)
-std::vector<Value> emit__foreach_expm1(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
-// _foreach_expm1_ = expm1(self)  (specs/optim.yaml:243)
-std::vector<Value> emit__foreach_expm1_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
-// _foreach_expm1.out = expm1(self)  (specs/optim.yaml:243)
-std::vector<Value> emit__foreach_expm1__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
-
-// _foreach_sqrt = sqrt(self)  (specs/optim.yaml:250)
-std::vector<Value> emit__foreach_sqrt(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
-// _foreach_sqrt_ = sqrt(self)  (specs/optim.yaml:250)
-std::vector<Value> emit__foreach_sqrt_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
-// _foreach_sqrt.out = sqrt(self)  (specs/optim.yaml:250)
-std::vector<Value> emit__foreach_sqrt__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
-
-// _foreach_rsqrt = rsqrt(self)  (specs/optim.yaml:257)
-std::vector<Value> emit__foreach_rsqrt(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
-// _foreach_rsqrt_ = rsqrt(self)  (specs/optim.yaml:257)
-std::vector<Value> emit__foreach_rsqrt_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
-// _foreach_rsqrt.out = rsqrt(self)  (specs/optim.yaml:257)
-std::vector<Value> emit__foreach_rsqrt__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
-
-// _foreach_sin = sin(self)  (specs/optim.yaml:264)
-std::vector<Value> emit__foreach_sin(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
-// _foreach_sin_ = sin(self)  (specs/optim.yaml:264)
-std::vector<Value> emit__foreach_sin_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
-// _foreach_sin.out = sin(self)  (specs/optim.yaml:264)
-std::vector<Value> emit__foreach_sin__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
-
-// _foreach_cos = cos(self)  (specs/optim.yaml:271)
-std::vector<Value> emit__foreach_cos(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
-// _foreach_cos_ = cos(self)  (specs/optim.yaml:271)
-std::vector<Value> emit__foreach_cos_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
-// _foreach_cos.out = cos(self)  (specs/optim.yaml:271)
-std::vector<Value> emit__foreach_cos__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
-
-// _foreach_tan = tan(self)  (specs/optim.yaml:278)
-std::vector<Value> emit__foreach_tan(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
-// _foreach_tan_ = tan(self)  (specs/optim.yaml:278)
-std::vector<Value> emit__foreach_tan_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
-// _foreach_tan.out = tan(self)  (specs/optim.yaml:278)
-std::vector<Value> emit__foreach_tan__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
-
-// _foreach_tanh = tanh(self)  (specs/optim.yaml:285)
-std::vector<Value> emit__foreach_tanh(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
-// _foreach_tanh_ = tanh(self)  (specs/optim.yaml:285)
-std::vector<Value> emit__foreach_tanh_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
-// _foreach_tanh.out = tanh(self)  (specs/optim.yaml:285)
-std::vector<Value> emit__foreach_tanh__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
-
-// _foreach_sinh = sinh(self)  (specs/optim.yaml:292)
-std::vector<Value> emit__foreach_sinh(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
-// _foreach_sinh_ = sinh(self)  (specs/optim.yaml:292)
-std::vector<Value> emit__foreach_sinh_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
-// _foreach_sinh.out = sinh(self)  (specs/optim.yaml:292)
-std::vector<Value> emit__foreach_sinh__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
-
-// _foreach_cosh = cosh(self)  (specs/optim.yaml:299)
-std::vector<Value> emit__foreach_cosh(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
-// _foreach_cosh_ = cosh(self)  (specs/optim.yaml:299)
-std::vector<Value> emit__foreach_cosh_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
-// _foreach_cosh.out = cosh(self)  (specs/optim.yaml:299)
-std::vector<Value> emit__foreach_cosh__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
-
-// _foreach_sigmoid = sigmoid(self)  (specs/optim.yaml:306)
-std::vector<Value> emit__foreach_sigmoid(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
-// _foreach_sigmoid_ = sigmoid(self)  (specs/optim.yaml:306)
-std::vector<Value> emit__foreach_sigmoid_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
-// _foreach_sigmoid.out = sigmoid(self)  (specs/optim.yaml:306)
-std::vector<Value> emit__foreach_sigmoid__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
-
-// _foreach_erf = erf(self)  (specs/optim.yaml:313)
-std::vector<Value> emit__foreach_erf(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
-// _foreach_erf_ = erf(self)  (specs/optim.yaml:313)
-std::vector<Value> emit__foreach_erf_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
-// _foreach_erf.out = erf(self)  (specs/optim.yaml:313)
-std::vector<Value> emit__foreach_erf__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
-
-// _foreach_reciprocal = div(1, self)  (specs/optim.yaml:320)
-std::vector<Value> emit__foreach_reciprocal(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
-// _foreach_reciprocal_ = div(1, self)  (specs/optim.yaml:320)
-std::vector<Value> emit__foreach_reciprocal_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
-// _foreach_reciprocal.out = div(1, self)  (specs/optim.yaml:320)
-std::vector<Value> emit__foreach_reciprocal__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
-
-// _foreach_neg = neg(self)  (specs/optim.yaml:327)
-std::vector<Value> emit__foreach_neg(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
-// _foreach_neg_ = neg(self)  (specs/optim.yaml:327)
-std::vector<Value> emit__foreach_neg_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
-// _foreach_neg.out = neg(self)  (specs/optim.yaml:327)
-std::vector<Value> emit__foreach_neg__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
-
-// _foreach_abs = abs(self)  (specs/optim.yaml:333)
-std::vector<Value> emit__foreach_abs(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
-// _foreach_abs_ = abs(self)  (specs/optim.yaml:333)
-std::vector<Value> emit__foreach_abs_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
-// _foreach_abs.out = abs(self)  (specs/optim.yaml:333)
-std::vector<Value> emit__foreach_abs__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
-
-// _foreach_sign = sign(self)  (specs/optim.yaml:339)
-std::vector<Value> emit__foreach_sign(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
-// _foreach_sign_ = sign(self)  (specs/optim.yaml:339)
-std::vector<Value> emit__foreach_sign_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
-// _foreach_sign.out = sign(self)  (specs/optim.yaml:339)
-std::vector<Value> emit__foreach_sign__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
-
-// _foreach_floor = floor(self)  (specs/optim.yaml:345)
-std::vector<Value> emit__foreach_floor(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
-// _foreach_floor_ = floor(self)  (specs/optim.yaml:345)
-std::vector<Value> emit__foreach_floor_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
-// _foreach_floor.out = floor(self)  (specs/optim.yaml:345)
-std::vector<Value> emit__foreach_floor__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
-
-// _foreach_ceil = ceil(self)  (specs/optim.yaml:351)
-std::vector<Value> emit__foreach_ceil(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
-// _foreach_ceil_ = ceil(self)  (specs/optim.yaml:351)
-std::vector<Value> emit__foreach_ceil_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
-// _foreach_ceil.out = ceil(self)  (specs/optim.yaml:351)
-std::vector<Value> emit__foreach_ceil__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
-
-// _foreach_round = round(self)  (specs/optim.yaml:357)
-std::vector<Value> emit__foreach_round(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
-// _foreach_round_ = round(self)  (specs/optim.yaml:357)
-std::vector<Value> emit__foreach_round_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
-// _foreach_round.out = round(self)  (specs/optim.yaml:357)
-std::vector<Value> emit__foreach_round__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
-
-// _foreach_trunc = trunc(self)  (specs/optim.yaml:363)
-std::vector<Value> emit__foreach_trunc(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
-// _foreach_trunc_ = trunc(self)  (specs/optim.yaml:363)
-std::vector<Value> emit__foreach_trunc_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
-// _foreach_trunc.out = trunc(self)  (specs/optim.yaml:363)
-std::vector<Value> emit__foreach_trunc__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
-
-// _foreach_frac = sub(self, trunc(self))  (specs/optim.yaml:369)
-std::vector<Value> emit__foreach_frac(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
-// _foreach_frac_ = sub(self, trunc(self))  (specs/optim.yaml:369)
-std::vector<Value> emit__foreach_frac_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
-// _foreach_frac.out = sub(self, trunc(self))  (specs/optim.yaml:369)
-std::vector<Value> emit__foreach_frac__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
-
-// _foreach_zero = mul(self, 0)  (specs/optim.yaml:375)
-std::vector<Value> emit__foreach_zero(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
-// _foreach_zero_ = mul(self, 0)  (specs/optim.yaml:375)
-std::vector<Value> emit__foreach_zero_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
-// _foreach_zero.out = mul(self, 0)  (specs/optim.yaml:375)
-std::vector<Value> emit__foreach_zero__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
-
-// _foreach_norm.Scalar = vector_norm(self, ord, [], False)  (specs/optim.yaml:382)
-std::vector<Value> emit__foreach_norm__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
-// _foreach_norm.Scalar_out = vector_norm(self, ord, [], False)  (specs/optim.yaml:382)
-std::vector<Value> emit__foreach_norm__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
-
-// _foreach_max = amax(self, [], False)  (specs/optim.yaml:390)
-std::vector<Value> emit__foreach_max(Builder& b, const EmitArgs& a) { return foreach_results(a, {0}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }); }
-// _foreach_max.out = amax(self, [], False)  (specs/optim.yaml:390)
-std::vector<Value> emit__foreach_max__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }); }
-
-// _foreach_copy = identity(src)  (specs/optim.yaml:396)
-std::vector<Value> emit__foreach_copy(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
-// _foreach_copy_ = identity(src)  (specs/optim.yaml:396)
-std::vector<Value> emit__foreach_copy_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
-// _foreach_copy.out = identity(src)  (specs/optim.yaml:396)
-std::vector<Value> emit__foreach_copy__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 3}, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
-
-// _fused_adamw = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:406)
-std::vector<Value> emit__fused_adamw(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adamw_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:406)
-std::vector<Value> emit__fused_adamw_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adamw.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:406)
-std::vector<Value> emit__fused_adamw__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5, 15}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-
-// _fused_adam = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:423)
-std::vector<Value> emit__fused_adam(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adam_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:423)
-std::vector<Value> emit__fused_adam_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-// _fused_adam.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:423)
-std::vector<Value> emit__fused_adam__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 3, 4, 5, 15}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
-
-// _fused_sgd = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:440)
-std::vector<Value> emit__fused_sgd(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
-// _fused_sgd_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:440)
-std::vector<Value> emit__fused_sgd_(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
-// _fused_sgd.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:440)
-std::vector<Value> emit__fused_sgd__out(Builder& b, const EmitArgs& a) { return foreach_results(a, {0, 1, 2, 12}, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
+// _foreach_add.List = add(self, mul(other, alpha))  (specs/optim.yaml:9)
+std::vector<Value> emit__foreach_add__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+// _foreach_add_.List = add(self, mul(other, alpha))  (specs/optim.yaml:9)
+std::vector<Value> emit__foreach_add___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+// _foreach_add.List_out = add(self, mul(other, alpha))  (specs/optim.yaml:9)
+std::vector<Value> emit__foreach_add__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+
+// _foreach_add.Scalar = add(self, scalar)  (specs/optim.yaml:15)
+std::vector<Value> emit__foreach_add__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
+// _foreach_add_.Scalar = add(self, scalar)  (specs/optim.yaml:15)
+std::vector<Value> emit__foreach_add___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
+// _foreach_add.Scalar_out = add(self, scalar)  (specs/optim.yaml:15)
+std::vector<Value> emit__foreach_add__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
+
+// _foreach_add.ScalarList = add(self, scalars)  (specs/optim.yaml:19)
+std::vector<Value> emit__foreach_add__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
+// _foreach_add_.ScalarList = add(self, scalars)  (specs/optim.yaml:19)
+std::vector<Value> emit__foreach_add___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
+// _foreach_add.ScalarList_out = add(self, scalars)  (specs/optim.yaml:19)
+std::vector<Value> emit__foreach_add__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), a.value(1))}; }); }
+
+// _foreach_add.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:23)
+std::vector<Value> emit__foreach_add__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+// _foreach_add_.Tensor = add(self, mul(other, alpha))  (specs/optim.yaml:23)
+std::vector<Value> emit__foreach_add___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+// _foreach_add.Tensor_out = add(self, mul(other, alpha))  (specs/optim.yaml:23)
+std::vector<Value> emit__foreach_add__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+
+// _foreach_sub.List = sub(self, mul(other, alpha))  (specs/optim.yaml:27)
+std::vector<Value> emit__foreach_sub__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+// _foreach_sub_.List = sub(self, mul(other, alpha))  (specs/optim.yaml:27)
+std::vector<Value> emit__foreach_sub___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+// _foreach_sub.List_out = sub(self, mul(other, alpha))  (specs/optim.yaml:27)
+std::vector<Value> emit__foreach_sub__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.mul(a.value(1), a.value(2)))}; }); }
+
+// _foreach_sub.Scalar = sub(self, scalar)  (specs/optim.yaml:34)
+std::vector<Value> emit__foreach_sub__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
+// _foreach_sub_.Scalar = sub(self, scalar)  (specs/optim.yaml:34)
+std::vector<Value> emit__foreach_sub___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
+// _foreach_sub.Scalar_out = sub(self, scalar)  (specs/optim.yaml:34)
+std::vector<Value> emit__foreach_sub__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
+
+// _foreach_sub.ScalarList = sub(self, scalars)  (specs/optim.yaml:39)
+std::vector<Value> emit__foreach_sub__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
+// _foreach_sub_.ScalarList = sub(self, scalars)  (specs/optim.yaml:39)
+std::vector<Value> emit__foreach_sub___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
+// _foreach_sub.ScalarList_out = sub(self, scalars)  (specs/optim.yaml:39)
+std::vector<Value> emit__foreach_sub__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), a.value(1))}; }); }
+
+// _foreach_mul.List = mul(self, other)  (specs/optim.yaml:44)
+std::vector<Value> emit__foreach_mul__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul_.List = mul(self, other)  (specs/optim.yaml:44)
+std::vector<Value> emit__foreach_mul___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul.List_out = mul(self, other)  (specs/optim.yaml:44)
+std::vector<Value> emit__foreach_mul__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+
+// _foreach_mul.Scalar = mul(self, scalar)  (specs/optim.yaml:49)
+std::vector<Value> emit__foreach_mul__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul_.Scalar = mul(self, scalar)  (specs/optim.yaml:49)
+std::vector<Value> emit__foreach_mul___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul.Scalar_out = mul(self, scalar)  (specs/optim.yaml:49)
+std::vector<Value> emit__foreach_mul__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+
+// _foreach_mul.ScalarList = mul(self, scalars)  (specs/optim.yaml:53)
+std::vector<Value> emit__foreach_mul__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul_.ScalarList = mul(self, scalars)  (specs/optim.yaml:53)
+std::vector<Value> emit__foreach_mul___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul.ScalarList_out = mul(self, scalars)  (specs/optim.yaml:53)
+std::vector<Value> emit__foreach_mul__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+
+// _foreach_mul.Tensor = mul(self, other)  (specs/optim.yaml:57)
+std::vector<Value> emit__foreach_mul__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul_.Tensor = mul(self, other)  (specs/optim.yaml:57)
+std::vector<Value> emit__foreach_mul___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+// _foreach_mul.Tensor_out = mul(self, other)  (specs/optim.yaml:57)
+std::vector<Value> emit__foreach_mul__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.mul(a.value(0), a.value(1))}; }); }
+
+// _foreach_div.List = div(self, other)  (specs/optim.yaml:61)
+std::vector<Value> emit__foreach_div__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div_.List = div(self, other)  (specs/optim.yaml:61)
+std::vector<Value> emit__foreach_div___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div.List_out = div(self, other)  (specs/optim.yaml:61)
+std::vector<Value> emit__foreach_div__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+
+// _foreach_div.Scalar = div(self, scalar)  (specs/optim.yaml:68)
+std::vector<Value> emit__foreach_div__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div_.Scalar = div(self, scalar)  (specs/optim.yaml:68)
+std::vector<Value> emit__foreach_div___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div.Scalar_out = div(self, scalar)  (specs/optim.yaml:68)
+std::vector<Value> emit__foreach_div__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+
+// _foreach_div.ScalarList = div(self, scalars)  (specs/optim.yaml:74)
+std::vector<Value> emit__foreach_div__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div_.ScalarList = div(self, scalars)  (specs/optim.yaml:74)
+std::vector<Value> emit__foreach_div___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div.ScalarList_out = div(self, scalars)  (specs/optim.yaml:74)
+std::vector<Value> emit__foreach_div__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+
+// _foreach_div.Tensor = div(self, other)  (specs/optim.yaml:80)
+std::vector<Value> emit__foreach_div__Tensor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div_.Tensor = div(self, other)  (specs/optim.yaml:80)
+std::vector<Value> emit__foreach_div___Tensor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+// _foreach_div.Tensor_out = div(self, other)  (specs/optim.yaml:80)
+std::vector<Value> emit__foreach_div__Tensor_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.div(a.value(0), a.value(1))}; }); }
+
+// _foreach_maximum.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:86)
+std::vector<Value> emit__foreach_maximum__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_maximum_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:86)
+std::vector<Value> emit__foreach_maximum___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_maximum.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:86)
+std::vector<Value> emit__foreach_maximum__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_maximum.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:92)
+std::vector<Value> emit__foreach_maximum__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_maximum_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:92)
+std::vector<Value> emit__foreach_maximum___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_maximum.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:92)
+std::vector<Value> emit__foreach_maximum__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_maximum.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:97)
+std::vector<Value> emit__foreach_maximum__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_maximum_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:97)
+std::vector<Value> emit__foreach_maximum___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_maximum.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:97)
+std::vector<Value> emit__foreach_maximum__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_minimum.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:102)
+std::vector<Value> emit__foreach_minimum__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_minimum_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:102)
+std::vector<Value> emit__foreach_minimum___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_minimum.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:102)
+std::vector<Value> emit__foreach_minimum__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_minimum.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:108)
+std::vector<Value> emit__foreach_minimum__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_minimum_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:108)
+std::vector<Value> emit__foreach_minimum___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_minimum.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:108)
+std::vector<Value> emit__foreach_minimum__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_minimum.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:113)
+std::vector<Value> emit__foreach_minimum__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_minimum_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:113)
+std::vector<Value> emit__foreach_minimum___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_minimum.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:113)
+std::vector<Value> emit__foreach_minimum__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_clamp_min.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:118)
+std::vector<Value> emit__foreach_clamp_min__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_min_.List = maximum(nominal(self), nominal(other))  (specs/optim.yaml:118)
+std::vector<Value> emit__foreach_clamp_min___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_min.List_out = maximum(nominal(self), nominal(other))  (specs/optim.yaml:118)
+std::vector<Value> emit__foreach_clamp_min__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_clamp_min.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:124)
+std::vector<Value> emit__foreach_clamp_min__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_min_.Scalar = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:124)
+std::vector<Value> emit__foreach_clamp_min___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_min.Scalar_out = maximum(nominal(self), nominal(scalar))  (specs/optim.yaml:124)
+std::vector<Value> emit__foreach_clamp_min__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_clamp_min.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:129)
+std::vector<Value> emit__foreach_clamp_min__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_min_.ScalarList = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:129)
+std::vector<Value> emit__foreach_clamp_min___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_min.ScalarList_out = maximum(nominal(self), nominal(scalars))  (specs/optim.yaml:129)
+std::vector<Value> emit__foreach_clamp_min__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.maximum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_clamp_max.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:134)
+std::vector<Value> emit__foreach_clamp_max__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_max_.List = minimum(nominal(self), nominal(other))  (specs/optim.yaml:134)
+std::vector<Value> emit__foreach_clamp_max___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_max.List_out = minimum(nominal(self), nominal(other))  (specs/optim.yaml:134)
+std::vector<Value> emit__foreach_clamp_max__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_clamp_max.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:140)
+std::vector<Value> emit__foreach_clamp_max__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_max_.Scalar = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:140)
+std::vector<Value> emit__foreach_clamp_max___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_max.Scalar_out = minimum(nominal(self), nominal(scalar))  (specs/optim.yaml:140)
+std::vector<Value> emit__foreach_clamp_max__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_clamp_max.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:145)
+std::vector<Value> emit__foreach_clamp_max__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_max_.ScalarList = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:145)
+std::vector<Value> emit__foreach_clamp_max___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_clamp_max.ScalarList_out = minimum(nominal(self), nominal(scalars))  (specs/optim.yaml:145)
+std::vector<Value> emit__foreach_clamp_max__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.minimum(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_pow.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:150)
+std::vector<Value> emit__foreach_pow__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_pow_.List = power(nominal(self), nominal(exponent))  (specs/optim.yaml:150)
+std::vector<Value> emit__foreach_pow___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_pow.List_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:150)
+std::vector<Value> emit__foreach_pow__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_pow.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:156)
+std::vector<Value> emit__foreach_pow__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_pow_.Scalar = power(nominal(self), nominal(exponent))  (specs/optim.yaml:156)
+std::vector<Value> emit__foreach_pow___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_pow.Scalar_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:156)
+std::vector<Value> emit__foreach_pow__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_pow.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:161)
+std::vector<Value> emit__foreach_pow__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_pow_.ScalarList = power(nominal(self), nominal(exponent))  (specs/optim.yaml:161)
+std::vector<Value> emit__foreach_pow___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+// _foreach_pow.ScalarList_out = power(nominal(self), nominal(exponent))  (specs/optim.yaml:161)
+std::vector<Value> emit__foreach_pow__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power(b.nominal(a.value(0)), b.nominal(a.value(1)))}; }); }
+
+// _foreach_pow.ScalarAndTensor = power_of(self, nominal(exponent))  (specs/optim.yaml:169)
+std::vector<Value> emit__foreach_pow__ScalarAndTensor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.power_of(a.real(0), b.nominal(a.value(1)))}; }); }
+
+// _foreach_addcmul.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:178)
+std::vector<Value> emit__foreach_addcmul__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcmul_.Scalar = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:178)
+std::vector<Value> emit__foreach_addcmul___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcmul.Scalar_out = add(self, mul(mul(value, tensor1), tensor2))  (specs/optim.yaml:178)
+std::vector<Value> emit__foreach_addcmul__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 4}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+
+// _foreach_addcmul.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:184)
+std::vector<Value> emit__foreach_addcmul__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcmul_.ScalarList = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:184)
+std::vector<Value> emit__foreach_addcmul___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcmul.ScalarList_out = add(self, mul(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:184)
+std::vector<Value> emit__foreach_addcmul__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.mul(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+
+// _foreach_addcdiv.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:189)
+std::vector<Value> emit__foreach_addcdiv__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcdiv_.Scalar = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:189)
+std::vector<Value> emit__foreach_addcdiv___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcdiv.Scalar_out = add(self, div(mul(value, tensor1), tensor2))  (specs/optim.yaml:189)
+std::vector<Value> emit__foreach_addcdiv__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 4}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+
+// _foreach_addcdiv.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:195)
+std::vector<Value> emit__foreach_addcdiv__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcdiv_.ScalarList = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:195)
+std::vector<Value> emit__foreach_addcdiv___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+// _foreach_addcdiv.ScalarList_out = add(self, div(mul(scalars, tensor1), tensor2))  (specs/optim.yaml:195)
+std::vector<Value> emit__foreach_addcdiv__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.add(a.value(0), b.div(b.mul(a.value(3), a.value(1)), a.value(2)))}; }); }
+
+// _foreach_lerp.List = lerp(self, tensors1, weights)  (specs/optim.yaml:200)
+std::vector<Value> emit__foreach_lerp__List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+// _foreach_lerp_.List = lerp(self, tensors1, weights)  (specs/optim.yaml:200)
+std::vector<Value> emit__foreach_lerp___List(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+// _foreach_lerp.List_out = lerp(self, tensors1, weights)  (specs/optim.yaml:200)
+std::vector<Value> emit__foreach_lerp__List_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+
+// _foreach_lerp.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:206)
+std::vector<Value> emit__foreach_lerp__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+// _foreach_lerp_.Scalar = lerp(self, tensors1, weight)  (specs/optim.yaml:206)
+std::vector<Value> emit__foreach_lerp___Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+// _foreach_lerp.Scalar_out = lerp(self, tensors1, weight)  (specs/optim.yaml:206)
+std::vector<Value> emit__foreach_lerp__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+
+// _foreach_lerp.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:211)
+std::vector<Value> emit__foreach_lerp__ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+// _foreach_lerp_.ScalarList = lerp(self, tensors1, weight)  (specs/optim.yaml:211)
+std::vector<Value> emit__foreach_lerp___ScalarList(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+// _foreach_lerp.ScalarList_out = lerp(self, tensors1, weight)  (specs/optim.yaml:211)
+std::vector<Value> emit__foreach_lerp__ScalarList_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.lerp(a.value(0), a.value(1), a.value(2))}; }); }
+
+// _foreach_exp = exp(self)  (specs/optim.yaml:218)
+std::vector<Value> emit__foreach_exp(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
+// _foreach_exp_ = exp(self)  (specs/optim.yaml:218)
+std::vector<Value> emit__foreach_exp_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
+// _foreach_exp.out = exp(self)  (specs/optim.yaml:218)
+std::vector<Value> emit__foreach_exp__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.exp(a.value(0))}; }); }
+
+// _foreach_log = log(self)  (specs/optim.yaml:225)
+std::vector<Value> emit__foreach_log(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
+// _foreach_log_ = log(self)  (specs/optim.yaml:225)
+std::vector<Value> emit__foreach_log_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
+// _foreach_log.out = log(self)  (specs/optim.yaml:225)
+std::vector<Value> emit__foreach_log__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log(a.value(0))}; }); }
+
+// _foreach_log2 = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:232)
+std::vector<Value> emit__foreach_log2(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
+// _foreach_log2_ = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:232)
+std::vector<Value> emit__foreach_log2_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
+// _foreach_log2.out = mul(log(self), 1.4426950408889634)  (specs/optim.yaml:232)
+std::vector<Value> emit__foreach_log2__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(1.4426950408889634, anchor)); }()}; }); }
+
+// _foreach_log10 = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:239)
+std::vector<Value> emit__foreach_log10(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
+// _foreach_log10_ = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:239)
+std::vector<Value> emit__foreach_log10_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
+// _foreach_log10.out = mul(log(self), 0.4342944819032518)  (specs/optim.yaml:239)
+std::vector<Value> emit__foreach_log10__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = b.log(a.value(0)); return b.mul(anchor, b.scalar_like(0.4342944819032518, anchor)); }()}; }); }
+
+// _foreach_log1p = log1p(self)  (specs/optim.yaml:246)
+std::vector<Value> emit__foreach_log1p(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
+// _foreach_log1p_ = log1p(self)  (specs/optim.yaml:246)
+std::vector<Value> emit__foreach_log1p_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
+// _foreach_log1p.out = log1p(self)  (specs/optim.yaml:246)
+std::vector<Value> emit__foreach_log1p__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.log1p(a.value(0))}; }); }
+
+// _foreach_expm1 = expm1(self)  (specs/optim.yaml:253)
+std::vector<Value> emit__foreach_expm1(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
+// _foreach_expm1_ = expm1(self)  (specs/optim.yaml:253)
+std::vector<Value> emit__foreach_expm1_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
+// _foreach_expm1.out = expm1(self)  (specs/optim.yaml:253)
+std::vector<Value> emit__foreach_expm1__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.expm1(a.value(0))}; }); }
+
+// _foreach_sqrt = sqrt(self)  (specs/optim.yaml:260)
+std::vector<Value> emit__foreach_sqrt(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
+// _foreach_sqrt_ = sqrt(self)  (specs/optim.yaml:260)
+std::vector<Value> emit__foreach_sqrt_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
+// _foreach_sqrt.out = sqrt(self)  (specs/optim.yaml:260)
+std::vector<Value> emit__foreach_sqrt__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sqrt(a.value(0))}; }); }
+
+// _foreach_rsqrt = rsqrt(self)  (specs/optim.yaml:267)
+std::vector<Value> emit__foreach_rsqrt(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
+// _foreach_rsqrt_ = rsqrt(self)  (specs/optim.yaml:267)
+std::vector<Value> emit__foreach_rsqrt_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
+// _foreach_rsqrt.out = rsqrt(self)  (specs/optim.yaml:267)
+std::vector<Value> emit__foreach_rsqrt__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.rsqrt(a.value(0))}; }); }
+
+// _foreach_sin = sin(self)  (specs/optim.yaml:274)
+std::vector<Value> emit__foreach_sin(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
+// _foreach_sin_ = sin(self)  (specs/optim.yaml:274)
+std::vector<Value> emit__foreach_sin_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
+// _foreach_sin.out = sin(self)  (specs/optim.yaml:274)
+std::vector<Value> emit__foreach_sin__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sin(a.value(0))}; }); }
+
+// _foreach_cos = cos(self)  (specs/optim.yaml:281)
+std::vector<Value> emit__foreach_cos(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
+// _foreach_cos_ = cos(self)  (specs/optim.yaml:281)
+std::vector<Value> emit__foreach_cos_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
+// _foreach_cos.out = cos(self)  (specs/optim.yaml:281)
+std::vector<Value> emit__foreach_cos__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cos(a.value(0))}; }); }
+
+// _foreach_tan = tan(self)  (specs/optim.yaml:288)
+std::vector<Value> emit__foreach_tan(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
+// _foreach_tan_ = tan(self)  (specs/optim.yaml:288)
+std::vector<Value> emit__foreach_tan_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
+// _foreach_tan.out = tan(self)  (specs/optim.yaml:288)
+std::vector<Value> emit__foreach_tan__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tan(a.value(0))}; }); }
+
+// _foreach_tanh = tanh(self)  (specs/optim.yaml:295)
+std::vector<Value> emit__foreach_tanh(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
+// _foreach_tanh_ = tanh(self)  (specs/optim.yaml:295)
+std::vector<Value> emit__foreach_tanh_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
+// _foreach_tanh.out = tanh(self)  (specs/optim.yaml:295)
+std::vector<Value> emit__foreach_tanh__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.tanh(a.value(0))}; }); }
+
+// _foreach_sinh = sinh(self)  (specs/optim.yaml:302)
+std::vector<Value> emit__foreach_sinh(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
+// _foreach_sinh_ = sinh(self)  (specs/optim.yaml:302)
+std::vector<Value> emit__foreach_sinh_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
+// _foreach_sinh.out = sinh(self)  (specs/optim.yaml:302)
+std::vector<Value> emit__foreach_sinh__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sinh(a.value(0))}; }); }
+
+// _foreach_cosh = cosh(self)  (specs/optim.yaml:309)
+std::vector<Value> emit__foreach_cosh(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
+// _foreach_cosh_ = cosh(self)  (specs/optim.yaml:309)
+std::vector<Value> emit__foreach_cosh_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
+// _foreach_cosh.out = cosh(self)  (specs/optim.yaml:309)
+std::vector<Value> emit__foreach_cosh__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.cosh(a.value(0))}; }); }
+
+// _foreach_sigmoid = sigmoid(self)  (specs/optim.yaml:316)
+std::vector<Value> emit__foreach_sigmoid(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
+// _foreach_sigmoid_ = sigmoid(self)  (specs/optim.yaml:316)
+std::vector<Value> emit__foreach_sigmoid_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
+// _foreach_sigmoid.out = sigmoid(self)  (specs/optim.yaml:316)
+std::vector<Value> emit__foreach_sigmoid__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sigmoid(a.value(0))}; }); }
+
+// _foreach_erf = erf(self)  (specs/optim.yaml:323)
+std::vector<Value> emit__foreach_erf(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
+// _foreach_erf_ = erf(self)  (specs/optim.yaml:323)
+std::vector<Value> emit__foreach_erf_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
+// _foreach_erf.out = erf(self)  (specs/optim.yaml:323)
+std::vector<Value> emit__foreach_erf__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.erf(a.value(0))}; }); }
+
+// _foreach_reciprocal = div(1, self)  (specs/optim.yaml:330)
+std::vector<Value> emit__foreach_reciprocal(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
+// _foreach_reciprocal_ = div(1, self)  (specs/optim.yaml:330)
+std::vector<Value> emit__foreach_reciprocal_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
+// _foreach_reciprocal.out = div(1, self)  (specs/optim.yaml:330)
+std::vector<Value> emit__foreach_reciprocal__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.div(b.scalar_like(1.0, anchor), anchor); }()}; }); }
+
+// _foreach_neg = neg(self)  (specs/optim.yaml:337)
+std::vector<Value> emit__foreach_neg(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
+// _foreach_neg_ = neg(self)  (specs/optim.yaml:337)
+std::vector<Value> emit__foreach_neg_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
+// _foreach_neg.out = neg(self)  (specs/optim.yaml:337)
+std::vector<Value> emit__foreach_neg__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.neg(a.value(0))}; }); }
+
+// _foreach_abs = abs(self)  (specs/optim.yaml:343)
+std::vector<Value> emit__foreach_abs(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
+// _foreach_abs_ = abs(self)  (specs/optim.yaml:343)
+std::vector<Value> emit__foreach_abs_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
+// _foreach_abs.out = abs(self)  (specs/optim.yaml:343)
+std::vector<Value> emit__foreach_abs__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.abs(a.value(0))}; }); }
+
+// _foreach_sign = sign(self)  (specs/optim.yaml:349)
+std::vector<Value> emit__foreach_sign(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
+// _foreach_sign_ = sign(self)  (specs/optim.yaml:349)
+std::vector<Value> emit__foreach_sign_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
+// _foreach_sign.out = sign(self)  (specs/optim.yaml:349)
+std::vector<Value> emit__foreach_sign__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sign(a.value(0))}; }); }
+
+// _foreach_floor = floor(self)  (specs/optim.yaml:355)
+std::vector<Value> emit__foreach_floor(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
+// _foreach_floor_ = floor(self)  (specs/optim.yaml:355)
+std::vector<Value> emit__foreach_floor_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
+// _foreach_floor.out = floor(self)  (specs/optim.yaml:355)
+std::vector<Value> emit__foreach_floor__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.floor(a.value(0))}; }); }
+
+// _foreach_ceil = ceil(self)  (specs/optim.yaml:361)
+std::vector<Value> emit__foreach_ceil(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
+// _foreach_ceil_ = ceil(self)  (specs/optim.yaml:361)
+std::vector<Value> emit__foreach_ceil_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
+// _foreach_ceil.out = ceil(self)  (specs/optim.yaml:361)
+std::vector<Value> emit__foreach_ceil__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.ceil(a.value(0))}; }); }
+
+// _foreach_round = round(self)  (specs/optim.yaml:367)
+std::vector<Value> emit__foreach_round(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
+// _foreach_round_ = round(self)  (specs/optim.yaml:367)
+std::vector<Value> emit__foreach_round_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
+// _foreach_round.out = round(self)  (specs/optim.yaml:367)
+std::vector<Value> emit__foreach_round__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.round(a.value(0))}; }); }
+
+// _foreach_trunc = trunc(self)  (specs/optim.yaml:373)
+std::vector<Value> emit__foreach_trunc(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
+// _foreach_trunc_ = trunc(self)  (specs/optim.yaml:373)
+std::vector<Value> emit__foreach_trunc_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
+// _foreach_trunc.out = trunc(self)  (specs/optim.yaml:373)
+std::vector<Value> emit__foreach_trunc__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.trunc(a.value(0))}; }); }
+
+// _foreach_frac = sub(self, trunc(self))  (specs/optim.yaml:379)
+std::vector<Value> emit__foreach_frac(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
+// _foreach_frac_ = sub(self, trunc(self))  (specs/optim.yaml:379)
+std::vector<Value> emit__foreach_frac_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
+// _foreach_frac.out = sub(self, trunc(self))  (specs/optim.yaml:379)
+std::vector<Value> emit__foreach_frac__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.sub(a.value(0), b.trunc(a.value(0)))}; }); }
+
+// _foreach_zero = mul(self, 0)  (specs/optim.yaml:385)
+std::vector<Value> emit__foreach_zero(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
+// _foreach_zero_ = mul(self, 0)  (specs/optim.yaml:385)
+std::vector<Value> emit__foreach_zero_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
+// _foreach_zero.out = mul(self, 0)  (specs/optim.yaml:385)
+std::vector<Value> emit__foreach_zero__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
+
+// _foreach_norm.Scalar = vector_norm(self, ord, [], False)  (specs/optim.yaml:392)
+std::vector<Value> emit__foreach_norm__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
+// _foreach_norm.Scalar_out = vector_norm(self, ord, [], False)  (specs/optim.yaml:392)
+std::vector<Value> emit__foreach_norm__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 3}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
+
+// _foreach_max = amax(self, [], False)  (specs/optim.yaml:400)
+std::vector<Value> emit__foreach_max(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }); }
+// _foreach_max.out = amax(self, [], False)  (specs/optim.yaml:400)
+std::vector<Value> emit__foreach_max__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }); }
+
+// _foreach_copy = identity(src)  (specs/optim.yaml:406)
+std::vector<Value> emit__foreach_copy(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
+// _foreach_copy_ = identity(src)  (specs/optim.yaml:406)
+std::vector<Value> emit__foreach_copy_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
+// _foreach_copy.out = identity(src)  (specs/optim.yaml:406)
+std::vector<Value> emit__foreach_copy__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 3}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.identity(a.value(1))}; }); }
+
+// _fused_adamw = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:416)
+std::vector<Value> emit__fused_adamw(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4, 5}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
+// _fused_adamw_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:416)
+std::vector<Value> emit__fused_adamw_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4, 5}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
+// _fused_adamw.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g = neg(grad) if maximize else grad decayed = mul(self, sub(1, mul(lr, weight_decay))) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(decayed, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:416)
+std::vector<Value> emit__fused_adamw__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4, 5, 15}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_decayed = b.mul(a.value(0), [&] { const Value anchor = b.mul(a.value(6), a.value(9)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(l_decayed, b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
+
+// _fused_adam = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:433)
+std::vector<Value> emit__fused_adam(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4, 5}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
+// _fused_adam_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:433)
+std::vector<Value> emit__fused_adam_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4, 5}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
+// _fused_adam.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) m = lerp(exp_avgs, g, sub(1, beta1)) v = add(mul(exp_avg_sqs, beta2), mul(mul(g, g), sub(1, beta2))) v_max = maximum(max_exp_avg_sqs, v) if amsgrad else v step_size = div(lr, sub(1, power(beta1, state_steps))) denom = add(div(sqrt(v_max), sqrt(sub(1, power(beta2, state_steps)))), eps) updated = sub(self, mul(step_size, div(m, denom))) skip = updated if is_none(found_inf) else ne(found_inf, 0) (updated if is_none(found_inf) else where(skip, self, updated), grad, m if is_none(found_inf) else where(skip, exp_avgs, m), v if is_none(found_inf) else where(skip, exp_avg_sqs, v), v_max)   (specs/optim.yaml:433)
+std::vector<Value> emit__fused_adam__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 3, 4, 5, 15}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(13) ? a.value(1) : b.div(a.value(1), a.value(13))); const Value l_g0 = (a.boolean(12) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(9))); const Value l_m = b.lerp(a.value(2), l_g, [&] { const Value anchor = a.value(7); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_v = b.add(b.mul(a.value(3), a.value(8)), b.mul(b.mul(l_g, l_g), [&] { const Value anchor = a.value(8); return b.sub(b.scalar_like(1.0, anchor), anchor); }())); const Value l_v_max = (a.boolean(11) ? b.maximum(a.value(4), l_v) : l_v); const Value l_step_size = b.div(a.value(6), [&] { const Value anchor = b.power(a.value(7), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }()); const Value l_denom = b.add(b.div(b.sqrt(l_v_max), b.sqrt([&] { const Value anchor = b.power(a.value(8), a.value(5)); return b.sub(b.scalar_like(1.0, anchor), anchor); }())), a.value(10)); const Value l_updated = b.sub(a.value(0), b.mul(l_step_size, b.div(l_m, l_denom))); const Value l_skip = (a.is_none(14) ? l_updated : [&] { const Value anchor = a.value(14); return b.ne(anchor, b.scalar_like(0.0, anchor)); }()); return {(a.is_none(14) ? l_updated : b.where(l_skip, a.value(0), l_updated)), l_grad, (a.is_none(14) ? l_m : b.where(l_skip, a.value(2), l_m)), (a.is_none(14) ? l_v : b.where(l_skip, a.value(3), l_v)), l_v_max}; }(); }); }
+
+// _fused_sgd = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:450)
+std::vector<Value> emit__fused_sgd(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
+// _fused_sgd_ = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:450)
+std::vector<Value> emit__fused_sgd_(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
+// _fused_sgd.out = grad = grads if is_none(grad_scale) else div(grads, grad_scale) g0 = neg(grad) if maximize else grad g = add(g0, mul(self, weight_decay)) buf = (g if is_first_step else add(mul(momentum_buffer_list, momentum), mul(g, sub(1, dampening)))) if not is_none(momentum_buffer_list) else g d = (add(g, mul(buf, momentum)) if nesterov else buf) if not is_none(momentum_buffer_list) else g updated = sub(self, mul(lr, d)) (updated, grad, buf)   (specs/optim.yaml:450)
+std::vector<Value> emit__fused_sgd__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1, 2, 12}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return [&]() -> std::vector<Value> { const Value l_grad = (a.is_none(10) ? a.value(1) : b.div(a.value(1), a.value(10))); const Value l_g0 = (a.boolean(8) ? b.neg(l_grad) : l_grad); const Value l_g = b.add(l_g0, b.mul(a.value(0), a.value(3))); const Value l_buf = (!a.is_none(2) ? (a.boolean(9) ? l_g : b.add(b.mul(a.value(2), a.value(4)), b.mul(l_g, [&] { const Value anchor = a.value(6); return b.sub(b.scalar_like(1.0, anchor), anchor); }()))) : l_g); const Value l_d = (!a.is_none(2) ? (a.boolean(7) ? b.add(l_g, b.mul(l_buf, a.value(4))) : l_buf) : l_g); const Value l_updated = b.sub(a.value(0), b.mul(a.value(5), l_d)); return {l_updated, l_grad, l_buf}; }(); }); }
 
 // max_pool2d_with_indices = (max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, False), max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, True))  (specs/pooling.yaml:9)
 std::vector<Value> emit_max_pool2d_with_indices(Builder& b, const EmitArgs& a) { return {b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, false), b.max_pool(a.value(0), a.ints(1), a.ints(2), a.ints(3), a.ints(4), a.boolean(5), 2, true)}; }
@@ -5998,1027 +6001,1032 @@ const std::vector<OpSpec>& op_specs() {
        {0, 1, 2, 3, 4, 5, 6, 8, 10}, Compute::Common, {},
        {-1, -1, -1}, false, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit_batch_norm_backward, false, -1, {}, {}},
-      {"_foreach_add.List", "specs/optim.yaml:8", Variant::Functional,
+      {"_foreach_add.List", "specs/optim.yaml:9", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__List, false, -1, {}, {}},
-      {"_foreach_add_.List", "specs/optim.yaml:8", Variant::Inplace,
+      {"_foreach_add_.List", "specs/optim.yaml:9", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add___List, false, -1, {}, {}},
-      {"_foreach_add.List_out", "specs/optim.yaml:8", Variant::Out,
+      {"_foreach_add.List_out", "specs/optim.yaml:9", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__List_out, false, -1, {}, {}},
-      {"_foreach_add.Scalar", "specs/optim.yaml:14", Variant::Functional,
+      {"_foreach_add.Scalar", "specs/optim.yaml:15", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Scalar, false, -1, {}, {}},
-      {"_foreach_add_.Scalar", "specs/optim.yaml:14", Variant::Inplace,
+      {"_foreach_add_.Scalar", "specs/optim.yaml:15", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add___Scalar, false, -1, {}, {}},
-      {"_foreach_add.Scalar_out", "specs/optim.yaml:14", Variant::Out,
+      {"_foreach_add.Scalar_out", "specs/optim.yaml:15", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Scalar_out, false, -1, {}, {}},
-      {"_foreach_add.ScalarList", "specs/optim.yaml:18", Variant::Functional,
+      {"_foreach_add.ScalarList", "specs/optim.yaml:19", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__ScalarList, false, -1, {}, {}},
-      {"_foreach_add_.ScalarList", "specs/optim.yaml:18", Variant::Inplace,
+      {"_foreach_add_.ScalarList", "specs/optim.yaml:19", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add___ScalarList, false, -1, {}, {}},
-      {"_foreach_add.ScalarList_out", "specs/optim.yaml:18", Variant::Out,
+      {"_foreach_add.ScalarList_out", "specs/optim.yaml:19", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_add.Tensor", "specs/optim.yaml:22", Variant::Functional,
+      {"_foreach_add.Tensor", "specs/optim.yaml:23", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Tensor, false, -1, {}, {}},
-      {"_foreach_add_.Tensor", "specs/optim.yaml:22", Variant::Inplace,
+      {"_foreach_add_.Tensor", "specs/optim.yaml:23", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add___Tensor, false, -1, {}, {}},
-      {"_foreach_add.Tensor_out", "specs/optim.yaml:22", Variant::Out,
+      {"_foreach_add.Tensor_out", "specs/optim.yaml:23", Variant::Out,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_add__Tensor_out, false, -1, {}, {}},
-      {"_foreach_sub.List", "specs/optim.yaml:26", Variant::Functional,
+      {"_foreach_sub.List", "specs/optim.yaml:27", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__List, false, -1, {}, {}},
-      {"_foreach_sub_.List", "specs/optim.yaml:26", Variant::Inplace,
+      {"_foreach_sub_.List", "specs/optim.yaml:27", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub___List, false, -1, {}, {}},
-      {"_foreach_sub.List_out", "specs/optim.yaml:26", Variant::Out,
+      {"_foreach_sub.List_out", "specs/optim.yaml:27", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__List_out, false, -1, {}, {}},
-      {"_foreach_sub.Scalar", "specs/optim.yaml:33", Variant::Functional,
+      {"_foreach_sub.Scalar", "specs/optim.yaml:34", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__Scalar, false, -1, {}, {}},
-      {"_foreach_sub_.Scalar", "specs/optim.yaml:33", Variant::Inplace,
+      {"_foreach_sub_.Scalar", "specs/optim.yaml:34", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub___Scalar, false, -1, {}, {}},
-      {"_foreach_sub.Scalar_out", "specs/optim.yaml:33", Variant::Out,
+      {"_foreach_sub.Scalar_out", "specs/optim.yaml:34", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__Scalar_out, false, -1, {}, {}},
-      {"_foreach_sub.ScalarList", "specs/optim.yaml:38", Variant::Functional,
+      {"_foreach_sub.ScalarList", "specs/optim.yaml:39", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__ScalarList, false, -1, {}, {}},
-      {"_foreach_sub_.ScalarList", "specs/optim.yaml:38", Variant::Inplace,
+      {"_foreach_sub_.ScalarList", "specs/optim.yaml:39", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub___ScalarList, false, -1, {}, {}},
-      {"_foreach_sub.ScalarList_out", "specs/optim.yaml:38", Variant::Out,
+      {"_foreach_sub.ScalarList_out", "specs/optim.yaml:39", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sub__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_mul.List", "specs/optim.yaml:43", Variant::Functional,
+      {"_foreach_mul.List", "specs/optim.yaml:44", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__List, false, -1, {}, {}},
-      {"_foreach_mul_.List", "specs/optim.yaml:43", Variant::Inplace,
+      {"_foreach_mul_.List", "specs/optim.yaml:44", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___List, false, -1, {}, {}},
-      {"_foreach_mul.List_out", "specs/optim.yaml:43", Variant::Out,
+      {"_foreach_mul.List_out", "specs/optim.yaml:44", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__List_out, false, -1, {}, {}},
-      {"_foreach_mul.Scalar", "specs/optim.yaml:48", Variant::Functional,
+      {"_foreach_mul.Scalar", "specs/optim.yaml:49", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Scalar, false, -1, {}, {}},
-      {"_foreach_mul_.Scalar", "specs/optim.yaml:48", Variant::Inplace,
+      {"_foreach_mul_.Scalar", "specs/optim.yaml:49", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___Scalar, false, -1, {}, {}},
-      {"_foreach_mul.Scalar_out", "specs/optim.yaml:48", Variant::Out,
+      {"_foreach_mul.Scalar_out", "specs/optim.yaml:49", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Scalar_out, false, -1, {}, {}},
-      {"_foreach_mul.ScalarList", "specs/optim.yaml:52", Variant::Functional,
+      {"_foreach_mul.ScalarList", "specs/optim.yaml:53", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__ScalarList, false, -1, {}, {}},
-      {"_foreach_mul_.ScalarList", "specs/optim.yaml:52", Variant::Inplace,
+      {"_foreach_mul_.ScalarList", "specs/optim.yaml:53", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___ScalarList, false, -1, {}, {}},
-      {"_foreach_mul.ScalarList_out", "specs/optim.yaml:52", Variant::Out,
+      {"_foreach_mul.ScalarList_out", "specs/optim.yaml:53", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_mul.Tensor", "specs/optim.yaml:56", Variant::Functional,
+      {"_foreach_mul.Tensor", "specs/optim.yaml:57", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Tensor, false, -1, {}, {}},
-      {"_foreach_mul_.Tensor", "specs/optim.yaml:56", Variant::Inplace,
+      {"_foreach_mul_.Tensor", "specs/optim.yaml:57", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul___Tensor, false, -1, {}, {}},
-      {"_foreach_mul.Tensor_out", "specs/optim.yaml:56", Variant::Out,
+      {"_foreach_mul.Tensor_out", "specs/optim.yaml:57", Variant::Out,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_mul__Tensor_out, false, -1, {}, {}},
-      {"_foreach_div.List", "specs/optim.yaml:60", Variant::Functional,
+      {"_foreach_div.List", "specs/optim.yaml:61", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__List, false, -1, {}, {}},
-      {"_foreach_div_.List", "specs/optim.yaml:60", Variant::Inplace,
+      {"_foreach_div_.List", "specs/optim.yaml:61", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___List, false, -1, {}, {}},
-      {"_foreach_div.List_out", "specs/optim.yaml:60", Variant::Out,
+      {"_foreach_div.List_out", "specs/optim.yaml:61", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__List_out, false, -1, {}, {}},
-      {"_foreach_div.Scalar", "specs/optim.yaml:67", Variant::Functional,
+      {"_foreach_div.Scalar", "specs/optim.yaml:68", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Scalar, false, -1, {}, {}},
-      {"_foreach_div_.Scalar", "specs/optim.yaml:67", Variant::Inplace,
+      {"_foreach_div_.Scalar", "specs/optim.yaml:68", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___Scalar, false, -1, {}, {}},
-      {"_foreach_div.Scalar_out", "specs/optim.yaml:67", Variant::Out,
+      {"_foreach_div.Scalar_out", "specs/optim.yaml:68", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Scalar_out, false, -1, {}, {}},
-      {"_foreach_div.ScalarList", "specs/optim.yaml:73", Variant::Functional,
+      {"_foreach_div.ScalarList", "specs/optim.yaml:74", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__ScalarList, false, -1, {}, {}},
-      {"_foreach_div_.ScalarList", "specs/optim.yaml:73", Variant::Inplace,
+      {"_foreach_div_.ScalarList", "specs/optim.yaml:74", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___ScalarList, false, -1, {}, {}},
-      {"_foreach_div.ScalarList_out", "specs/optim.yaml:73", Variant::Out,
+      {"_foreach_div.ScalarList_out", "specs/optim.yaml:74", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_div.Tensor", "specs/optim.yaml:79", Variant::Functional,
+      {"_foreach_div.Tensor", "specs/optim.yaml:80", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Tensor, false, -1, {}, {}},
-      {"_foreach_div_.Tensor", "specs/optim.yaml:79", Variant::Inplace,
+      {"_foreach_div_.Tensor", "specs/optim.yaml:80", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Tensor},
        {0, 1}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div___Tensor, false, -1, {}, {}},
-      {"_foreach_div.Tensor_out", "specs/optim.yaml:79", Variant::Out,
+      {"_foreach_div.Tensor_out", "specs/optim.yaml:80", Variant::Out,
        {ArgKind::TensorList, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1}, Compute::CommonFloat, {2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_div__Tensor_out, false, -1, {}, {}},
-      {"_foreach_maximum.List", "specs/optim.yaml:85", Variant::Functional,
+      {"_foreach_maximum.List", "specs/optim.yaml:86", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__List, false, -1, {}, {}},
-      {"_foreach_maximum_.List", "specs/optim.yaml:85", Variant::Inplace,
+      {"_foreach_maximum_.List", "specs/optim.yaml:86", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum___List, false, -1, {}, {}},
-      {"_foreach_maximum.List_out", "specs/optim.yaml:85", Variant::Out,
+      {"_foreach_maximum.List_out", "specs/optim.yaml:86", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__List_out, false, -1, {}, {}},
-      {"_foreach_maximum.Scalar", "specs/optim.yaml:91", Variant::Functional,
+      {"_foreach_maximum.Scalar", "specs/optim.yaml:92", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__Scalar, false, -1, {}, {}},
-      {"_foreach_maximum_.Scalar", "specs/optim.yaml:91", Variant::Inplace,
+      {"_foreach_maximum_.Scalar", "specs/optim.yaml:92", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum___Scalar, false, -1, {}, {}},
-      {"_foreach_maximum.Scalar_out", "specs/optim.yaml:91", Variant::Out,
+      {"_foreach_maximum.Scalar_out", "specs/optim.yaml:92", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__Scalar_out, false, -1, {}, {}},
-      {"_foreach_maximum.ScalarList", "specs/optim.yaml:96", Variant::Functional,
+      {"_foreach_maximum.ScalarList", "specs/optim.yaml:97", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__ScalarList, false, -1, {}, {}},
-      {"_foreach_maximum_.ScalarList", "specs/optim.yaml:96", Variant::Inplace,
+      {"_foreach_maximum_.ScalarList", "specs/optim.yaml:97", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum___ScalarList, false, -1, {}, {}},
-      {"_foreach_maximum.ScalarList_out", "specs/optim.yaml:96", Variant::Out,
+      {"_foreach_maximum.ScalarList_out", "specs/optim.yaml:97", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_maximum__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_minimum.List", "specs/optim.yaml:101", Variant::Functional,
+      {"_foreach_minimum.List", "specs/optim.yaml:102", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__List, false, -1, {}, {}},
-      {"_foreach_minimum_.List", "specs/optim.yaml:101", Variant::Inplace,
+      {"_foreach_minimum_.List", "specs/optim.yaml:102", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum___List, false, -1, {}, {}},
-      {"_foreach_minimum.List_out", "specs/optim.yaml:101", Variant::Out,
+      {"_foreach_minimum.List_out", "specs/optim.yaml:102", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__List_out, false, -1, {}, {}},
-      {"_foreach_minimum.Scalar", "specs/optim.yaml:107", Variant::Functional,
+      {"_foreach_minimum.Scalar", "specs/optim.yaml:108", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__Scalar, false, -1, {}, {}},
-      {"_foreach_minimum_.Scalar", "specs/optim.yaml:107", Variant::Inplace,
+      {"_foreach_minimum_.Scalar", "specs/optim.yaml:108", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum___Scalar, false, -1, {}, {}},
-      {"_foreach_minimum.Scalar_out", "specs/optim.yaml:107", Variant::Out,
+      {"_foreach_minimum.Scalar_out", "specs/optim.yaml:108", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__Scalar_out, false, -1, {}, {}},
-      {"_foreach_minimum.ScalarList", "specs/optim.yaml:112", Variant::Functional,
+      {"_foreach_minimum.ScalarList", "specs/optim.yaml:113", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__ScalarList, false, -1, {}, {}},
-      {"_foreach_minimum_.ScalarList", "specs/optim.yaml:112", Variant::Inplace,
+      {"_foreach_minimum_.ScalarList", "specs/optim.yaml:113", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum___ScalarList, false, -1, {}, {}},
-      {"_foreach_minimum.ScalarList_out", "specs/optim.yaml:112", Variant::Out,
+      {"_foreach_minimum.ScalarList_out", "specs/optim.yaml:113", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_minimum__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_clamp_min.List", "specs/optim.yaml:117", Variant::Functional,
+      {"_foreach_clamp_min.List", "specs/optim.yaml:118", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__List, false, -1, {}, {}},
-      {"_foreach_clamp_min_.List", "specs/optim.yaml:117", Variant::Inplace,
+      {"_foreach_clamp_min_.List", "specs/optim.yaml:118", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min___List, false, -1, {}, {}},
-      {"_foreach_clamp_min.List_out", "specs/optim.yaml:117", Variant::Out,
+      {"_foreach_clamp_min.List_out", "specs/optim.yaml:118", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__List_out, false, -1, {}, {}},
-      {"_foreach_clamp_min.Scalar", "specs/optim.yaml:123", Variant::Functional,
+      {"_foreach_clamp_min.Scalar", "specs/optim.yaml:124", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__Scalar, false, -1, {}, {}},
-      {"_foreach_clamp_min_.Scalar", "specs/optim.yaml:123", Variant::Inplace,
+      {"_foreach_clamp_min_.Scalar", "specs/optim.yaml:124", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min___Scalar, false, -1, {}, {}},
-      {"_foreach_clamp_min.Scalar_out", "specs/optim.yaml:123", Variant::Out,
+      {"_foreach_clamp_min.Scalar_out", "specs/optim.yaml:124", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__Scalar_out, false, -1, {}, {}},
-      {"_foreach_clamp_min.ScalarList", "specs/optim.yaml:128", Variant::Functional,
+      {"_foreach_clamp_min.ScalarList", "specs/optim.yaml:129", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__ScalarList, false, -1, {}, {}},
-      {"_foreach_clamp_min_.ScalarList", "specs/optim.yaml:128", Variant::Inplace,
+      {"_foreach_clamp_min_.ScalarList", "specs/optim.yaml:129", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min___ScalarList, false, -1, {}, {}},
-      {"_foreach_clamp_min.ScalarList_out", "specs/optim.yaml:128", Variant::Out,
+      {"_foreach_clamp_min.ScalarList_out", "specs/optim.yaml:129", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_min__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_clamp_max.List", "specs/optim.yaml:133", Variant::Functional,
+      {"_foreach_clamp_max.List", "specs/optim.yaml:134", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__List, false, -1, {}, {}},
-      {"_foreach_clamp_max_.List", "specs/optim.yaml:133", Variant::Inplace,
+      {"_foreach_clamp_max_.List", "specs/optim.yaml:134", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max___List, false, -1, {}, {}},
-      {"_foreach_clamp_max.List_out", "specs/optim.yaml:133", Variant::Out,
+      {"_foreach_clamp_max.List_out", "specs/optim.yaml:134", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__List_out, false, -1, {}, {}},
-      {"_foreach_clamp_max.Scalar", "specs/optim.yaml:139", Variant::Functional,
+      {"_foreach_clamp_max.Scalar", "specs/optim.yaml:140", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__Scalar, false, -1, {}, {}},
-      {"_foreach_clamp_max_.Scalar", "specs/optim.yaml:139", Variant::Inplace,
+      {"_foreach_clamp_max_.Scalar", "specs/optim.yaml:140", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max___Scalar, false, -1, {}, {}},
-      {"_foreach_clamp_max.Scalar_out", "specs/optim.yaml:139", Variant::Out,
+      {"_foreach_clamp_max.Scalar_out", "specs/optim.yaml:140", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__Scalar_out, false, -1, {}, {}},
-      {"_foreach_clamp_max.ScalarList", "specs/optim.yaml:144", Variant::Functional,
+      {"_foreach_clamp_max.ScalarList", "specs/optim.yaml:145", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__ScalarList, false, -1, {}, {}},
-      {"_foreach_clamp_max_.ScalarList", "specs/optim.yaml:144", Variant::Inplace,
+      {"_foreach_clamp_max_.ScalarList", "specs/optim.yaml:145", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max___ScalarList, false, -1, {}, {}},
-      {"_foreach_clamp_max.ScalarList_out", "specs/optim.yaml:144", Variant::Out,
+      {"_foreach_clamp_max.ScalarList_out", "specs/optim.yaml:145", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_clamp_max__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_pow.List", "specs/optim.yaml:149", Variant::Functional,
+      {"_foreach_pow.List", "specs/optim.yaml:150", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__List, false, -1, {}, {}},
-      {"_foreach_pow_.List", "specs/optim.yaml:149", Variant::Inplace,
+      {"_foreach_pow_.List", "specs/optim.yaml:150", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow___List, false, -1, {}, {}},
-      {"_foreach_pow.List_out", "specs/optim.yaml:149", Variant::Out,
+      {"_foreach_pow.List_out", "specs/optim.yaml:150", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__List_out, false, -1, {}, {}},
-      {"_foreach_pow.Scalar", "specs/optim.yaml:155", Variant::Functional,
+      {"_foreach_pow.Scalar", "specs/optim.yaml:156", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__Scalar, false, -1, {}, {}},
-      {"_foreach_pow_.Scalar", "specs/optim.yaml:155", Variant::Inplace,
+      {"_foreach_pow_.Scalar", "specs/optim.yaml:156", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::Scalar},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow___Scalar, false, -1, {}, {}},
-      {"_foreach_pow.Scalar_out", "specs/optim.yaml:155", Variant::Out,
+      {"_foreach_pow.Scalar_out", "specs/optim.yaml:156", Variant::Out,
        {ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__Scalar_out, false, -1, {}, {}},
-      {"_foreach_pow.ScalarList", "specs/optim.yaml:160", Variant::Functional,
+      {"_foreach_pow.ScalarList", "specs/optim.yaml:161", Variant::Functional,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__ScalarList, false, -1, {}, {}},
-      {"_foreach_pow_.ScalarList", "specs/optim.yaml:160", Variant::Inplace,
+      {"_foreach_pow_.ScalarList", "specs/optim.yaml:161", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow___ScalarList, false, -1, {}, {}},
-      {"_foreach_pow.ScalarList_out", "specs/optim.yaml:160", Variant::Out,
+      {"_foreach_pow.ScalarList_out", "specs/optim.yaml:161", Variant::Out,
        {ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1}, Compute::Common, {2},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_addcmul.Scalar", "specs/optim.yaml:168", Variant::Functional,
+      {"_foreach_pow.ScalarAndTensor", "specs/optim.yaml:169", Variant::Functional,
+       {ArgKind::Attr, ArgKind::TensorList},
+       {0, 1}, Compute::Common, {},
+       {-1}, true, false,
+       {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_pow__ScalarAndTensor, false, -1, {}, {}},
+      {"_foreach_addcmul.Scalar", "specs/optim.yaml:178", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__Scalar, false, -1, {}, {}},
-      {"_foreach_addcmul_.Scalar", "specs/optim.yaml:168", Variant::Inplace,
+      {"_foreach_addcmul_.Scalar", "specs/optim.yaml:178", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul___Scalar, false, -1, {}, {}},
-      {"_foreach_addcmul.Scalar_out", "specs/optim.yaml:168", Variant::Out,
+      {"_foreach_addcmul.Scalar_out", "specs/optim.yaml:178", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__Scalar_out, false, -1, {}, {}},
-      {"_foreach_addcmul.ScalarList", "specs/optim.yaml:174", Variant::Functional,
+      {"_foreach_addcmul.ScalarList", "specs/optim.yaml:184", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__ScalarList, false, -1, {}, {}},
-      {"_foreach_addcmul_.ScalarList", "specs/optim.yaml:174", Variant::Inplace,
+      {"_foreach_addcmul_.ScalarList", "specs/optim.yaml:184", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul___ScalarList, false, -1, {}, {}},
-      {"_foreach_addcmul.ScalarList_out", "specs/optim.yaml:174", Variant::Out,
+      {"_foreach_addcmul.ScalarList_out", "specs/optim.yaml:184", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcmul__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_addcdiv.Scalar", "specs/optim.yaml:179", Variant::Functional,
+      {"_foreach_addcdiv.Scalar", "specs/optim.yaml:189", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__Scalar, false, -1, {}, {}},
-      {"_foreach_addcdiv_.Scalar", "specs/optim.yaml:179", Variant::Inplace,
+      {"_foreach_addcdiv_.Scalar", "specs/optim.yaml:189", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv___Scalar, false, -1, {}, {}},
-      {"_foreach_addcdiv.Scalar_out", "specs/optim.yaml:179", Variant::Out,
+      {"_foreach_addcdiv.Scalar_out", "specs/optim.yaml:189", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__Scalar_out, false, -1, {}, {}},
-      {"_foreach_addcdiv.ScalarList", "specs/optim.yaml:185", Variant::Functional,
+      {"_foreach_addcdiv.ScalarList", "specs/optim.yaml:195", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__ScalarList, false, -1, {}, {}},
-      {"_foreach_addcdiv_.ScalarList", "specs/optim.yaml:185", Variant::Inplace,
+      {"_foreach_addcdiv_.ScalarList", "specs/optim.yaml:195", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2, 3}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv___ScalarList, false, -1, {}, {}},
-      {"_foreach_addcdiv.ScalarList_out", "specs/optim.yaml:185", Variant::Out,
+      {"_foreach_addcdiv.ScalarList_out", "specs/optim.yaml:195", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1, 2, 3}, Compute::Common, {4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_addcdiv__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_lerp.List", "specs/optim.yaml:190", Variant::Functional,
+      {"_foreach_lerp.List", "specs/optim.yaml:200", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__List, false, -1, {}, {}},
-      {"_foreach_lerp_.List", "specs/optim.yaml:190", Variant::Inplace,
+      {"_foreach_lerp_.List", "specs/optim.yaml:200", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp___List, false, -1, {}, {}},
-      {"_foreach_lerp.List_out", "specs/optim.yaml:190", Variant::Out,
+      {"_foreach_lerp.List_out", "specs/optim.yaml:200", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__List_out, false, -1, {}, {}},
-      {"_foreach_lerp.Scalar", "specs/optim.yaml:196", Variant::Functional,
+      {"_foreach_lerp.Scalar", "specs/optim.yaml:206", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__Scalar, false, -1, {}, {}},
-      {"_foreach_lerp_.Scalar", "specs/optim.yaml:196", Variant::Inplace,
+      {"_foreach_lerp_.Scalar", "specs/optim.yaml:206", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp___Scalar, false, -1, {}, {}},
-      {"_foreach_lerp.Scalar_out", "specs/optim.yaml:196", Variant::Out,
+      {"_foreach_lerp.Scalar_out", "specs/optim.yaml:206", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__Scalar_out, false, -1, {}, {}},
-      {"_foreach_lerp.ScalarList", "specs/optim.yaml:201", Variant::Functional,
+      {"_foreach_lerp.ScalarList", "specs/optim.yaml:211", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__ScalarList, false, -1, {}, {}},
-      {"_foreach_lerp_.ScalarList", "specs/optim.yaml:201", Variant::Inplace,
+      {"_foreach_lerp_.ScalarList", "specs/optim.yaml:211", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList},
        {0, 1, 2}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp___ScalarList, false, -1, {}, {}},
-      {"_foreach_lerp.ScalarList_out", "specs/optim.yaml:201", Variant::Out,
+      {"_foreach_lerp.ScalarList_out", "specs/optim.yaml:211", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::ScalarList, ArgKind::TensorList},
        {0, 1, 2}, Compute::Common, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_lerp__ScalarList_out, false, -1, {}, {}},
-      {"_foreach_exp", "specs/optim.yaml:208", Variant::Functional,
+      {"_foreach_exp", "specs/optim.yaml:218", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_exp, false, -1, {}, {}},
-      {"_foreach_exp_", "specs/optim.yaml:208", Variant::Inplace,
+      {"_foreach_exp_", "specs/optim.yaml:218", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_exp_, false, -1, {}, {}},
-      {"_foreach_exp.out", "specs/optim.yaml:208", Variant::Out,
+      {"_foreach_exp.out", "specs/optim.yaml:218", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_exp__out, false, -1, {}, {}},
-      {"_foreach_log", "specs/optim.yaml:215", Variant::Functional,
+      {"_foreach_log", "specs/optim.yaml:225", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log, false, -1, {}, {}},
-      {"_foreach_log_", "specs/optim.yaml:215", Variant::Inplace,
+      {"_foreach_log_", "specs/optim.yaml:225", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log_, false, -1, {}, {}},
-      {"_foreach_log.out", "specs/optim.yaml:215", Variant::Out,
+      {"_foreach_log.out", "specs/optim.yaml:225", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log__out, false, -1, {}, {}},
-      {"_foreach_log2", "specs/optim.yaml:222", Variant::Functional,
+      {"_foreach_log2", "specs/optim.yaml:232", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log2, false, -1, {}, {}},
-      {"_foreach_log2_", "specs/optim.yaml:222", Variant::Inplace,
+      {"_foreach_log2_", "specs/optim.yaml:232", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log2_, false, -1, {}, {}},
-      {"_foreach_log2.out", "specs/optim.yaml:222", Variant::Out,
+      {"_foreach_log2.out", "specs/optim.yaml:232", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log2__out, false, -1, {}, {}},
-      {"_foreach_log10", "specs/optim.yaml:229", Variant::Functional,
+      {"_foreach_log10", "specs/optim.yaml:239", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log10, false, -1, {}, {}},
-      {"_foreach_log10_", "specs/optim.yaml:229", Variant::Inplace,
+      {"_foreach_log10_", "specs/optim.yaml:239", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log10_, false, -1, {}, {}},
-      {"_foreach_log10.out", "specs/optim.yaml:229", Variant::Out,
+      {"_foreach_log10.out", "specs/optim.yaml:239", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log10__out, false, -1, {}, {}},
-      {"_foreach_log1p", "specs/optim.yaml:236", Variant::Functional,
+      {"_foreach_log1p", "specs/optim.yaml:246", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log1p, false, -1, {}, {}},
-      {"_foreach_log1p_", "specs/optim.yaml:236", Variant::Inplace,
+      {"_foreach_log1p_", "specs/optim.yaml:246", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log1p_, false, -1, {}, {}},
-      {"_foreach_log1p.out", "specs/optim.yaml:236", Variant::Out,
+      {"_foreach_log1p.out", "specs/optim.yaml:246", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_log1p__out, false, -1, {}, {}},
-      {"_foreach_expm1", "specs/optim.yaml:243", Variant::Functional,
+      {"_foreach_expm1", "specs/optim.yaml:253", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_expm1, false, -1, {}, {}},
-      {"_foreach_expm1_", "specs/optim.yaml:243", Variant::Inplace,
+      {"_foreach_expm1_", "specs/optim.yaml:253", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_expm1_, false, -1, {}, {}},
-      {"_foreach_expm1.out", "specs/optim.yaml:243", Variant::Out,
+      {"_foreach_expm1.out", "specs/optim.yaml:253", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_expm1__out, false, -1, {}, {}},
-      {"_foreach_sqrt", "specs/optim.yaml:250", Variant::Functional,
+      {"_foreach_sqrt", "specs/optim.yaml:260", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sqrt, false, -1, {}, {}},
-      {"_foreach_sqrt_", "specs/optim.yaml:250", Variant::Inplace,
+      {"_foreach_sqrt_", "specs/optim.yaml:260", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sqrt_, false, -1, {}, {}},
-      {"_foreach_sqrt.out", "specs/optim.yaml:250", Variant::Out,
+      {"_foreach_sqrt.out", "specs/optim.yaml:260", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sqrt__out, false, -1, {}, {}},
-      {"_foreach_rsqrt", "specs/optim.yaml:257", Variant::Functional,
+      {"_foreach_rsqrt", "specs/optim.yaml:267", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_rsqrt, false, -1, {}, {}},
-      {"_foreach_rsqrt_", "specs/optim.yaml:257", Variant::Inplace,
+      {"_foreach_rsqrt_", "specs/optim.yaml:267", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_rsqrt_, false, -1, {}, {}},
-      {"_foreach_rsqrt.out", "specs/optim.yaml:257", Variant::Out,
+      {"_foreach_rsqrt.out", "specs/optim.yaml:267", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_rsqrt__out, false, -1, {}, {}},
-      {"_foreach_sin", "specs/optim.yaml:264", Variant::Functional,
+      {"_foreach_sin", "specs/optim.yaml:274", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sin, false, -1, {}, {}},
-      {"_foreach_sin_", "specs/optim.yaml:264", Variant::Inplace,
+      {"_foreach_sin_", "specs/optim.yaml:274", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sin_, false, -1, {}, {}},
-      {"_foreach_sin.out", "specs/optim.yaml:264", Variant::Out,
+      {"_foreach_sin.out", "specs/optim.yaml:274", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sin__out, false, -1, {}, {}},
-      {"_foreach_cos", "specs/optim.yaml:271", Variant::Functional,
+      {"_foreach_cos", "specs/optim.yaml:281", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cos, false, -1, {}, {}},
-      {"_foreach_cos_", "specs/optim.yaml:271", Variant::Inplace,
+      {"_foreach_cos_", "specs/optim.yaml:281", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cos_, false, -1, {}, {}},
-      {"_foreach_cos.out", "specs/optim.yaml:271", Variant::Out,
+      {"_foreach_cos.out", "specs/optim.yaml:281", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cos__out, false, -1, {}, {}},
-      {"_foreach_tan", "specs/optim.yaml:278", Variant::Functional,
+      {"_foreach_tan", "specs/optim.yaml:288", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tan, false, -1, {}, {}},
-      {"_foreach_tan_", "specs/optim.yaml:278", Variant::Inplace,
+      {"_foreach_tan_", "specs/optim.yaml:288", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tan_, false, -1, {}, {}},
-      {"_foreach_tan.out", "specs/optim.yaml:278", Variant::Out,
+      {"_foreach_tan.out", "specs/optim.yaml:288", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tan__out, false, -1, {}, {}},
-      {"_foreach_tanh", "specs/optim.yaml:285", Variant::Functional,
+      {"_foreach_tanh", "specs/optim.yaml:295", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tanh, false, -1, {}, {}},
-      {"_foreach_tanh_", "specs/optim.yaml:285", Variant::Inplace,
+      {"_foreach_tanh_", "specs/optim.yaml:295", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tanh_, false, -1, {}, {}},
-      {"_foreach_tanh.out", "specs/optim.yaml:285", Variant::Out,
+      {"_foreach_tanh.out", "specs/optim.yaml:295", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_tanh__out, false, -1, {}, {}},
-      {"_foreach_sinh", "specs/optim.yaml:292", Variant::Functional,
+      {"_foreach_sinh", "specs/optim.yaml:302", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sinh, false, -1, {}, {}},
-      {"_foreach_sinh_", "specs/optim.yaml:292", Variant::Inplace,
+      {"_foreach_sinh_", "specs/optim.yaml:302", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sinh_, false, -1, {}, {}},
-      {"_foreach_sinh.out", "specs/optim.yaml:292", Variant::Out,
+      {"_foreach_sinh.out", "specs/optim.yaml:302", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sinh__out, false, -1, {}, {}},
-      {"_foreach_cosh", "specs/optim.yaml:299", Variant::Functional,
+      {"_foreach_cosh", "specs/optim.yaml:309", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cosh, false, -1, {}, {}},
-      {"_foreach_cosh_", "specs/optim.yaml:299", Variant::Inplace,
+      {"_foreach_cosh_", "specs/optim.yaml:309", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cosh_, false, -1, {}, {}},
-      {"_foreach_cosh.out", "specs/optim.yaml:299", Variant::Out,
+      {"_foreach_cosh.out", "specs/optim.yaml:309", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_cosh__out, false, -1, {}, {}},
-      {"_foreach_sigmoid", "specs/optim.yaml:306", Variant::Functional,
+      {"_foreach_sigmoid", "specs/optim.yaml:316", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sigmoid, false, -1, {}, {}},
-      {"_foreach_sigmoid_", "specs/optim.yaml:306", Variant::Inplace,
+      {"_foreach_sigmoid_", "specs/optim.yaml:316", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sigmoid_, false, -1, {}, {}},
-      {"_foreach_sigmoid.out", "specs/optim.yaml:306", Variant::Out,
+      {"_foreach_sigmoid.out", "specs/optim.yaml:316", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_sigmoid__out, false, -1, {}, {}},
-      {"_foreach_erf", "specs/optim.yaml:313", Variant::Functional,
+      {"_foreach_erf", "specs/optim.yaml:323", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_erf, false, -1, {}, {}},
-      {"_foreach_erf_", "specs/optim.yaml:313", Variant::Inplace,
+      {"_foreach_erf_", "specs/optim.yaml:323", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_erf_, false, -1, {}, {}},
-      {"_foreach_erf.out", "specs/optim.yaml:313", Variant::Out,
+      {"_foreach_erf.out", "specs/optim.yaml:323", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_erf__out, false, -1, {}, {}},
-      {"_foreach_reciprocal", "specs/optim.yaml:320", Variant::Functional,
+      {"_foreach_reciprocal", "specs/optim.yaml:330", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_reciprocal, false, -1, {}, {}},
-      {"_foreach_reciprocal_", "specs/optim.yaml:320", Variant::Inplace,
+      {"_foreach_reciprocal_", "specs/optim.yaml:330", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::CommonFloat, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_reciprocal_, false, -1, {}, {}},
-      {"_foreach_reciprocal.out", "specs/optim.yaml:320", Variant::Out,
+      {"_foreach_reciprocal.out", "specs/optim.yaml:330", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::CommonFloat, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_reciprocal__out, false, -1, {}, {}},
-      {"_foreach_neg", "specs/optim.yaml:327", Variant::Functional,
+      {"_foreach_neg", "specs/optim.yaml:337", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_neg, false, -1, {}, {}},
-      {"_foreach_neg_", "specs/optim.yaml:327", Variant::Inplace,
+      {"_foreach_neg_", "specs/optim.yaml:337", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_neg_, false, -1, {}, {}},
-      {"_foreach_neg.out", "specs/optim.yaml:327", Variant::Out,
+      {"_foreach_neg.out", "specs/optim.yaml:337", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_neg__out, false, -1, {}, {}},
-      {"_foreach_abs", "specs/optim.yaml:333", Variant::Functional,
+      {"_foreach_abs", "specs/optim.yaml:343", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_abs, false, -1, {}, {}},
-      {"_foreach_abs_", "specs/optim.yaml:333", Variant::Inplace,
+      {"_foreach_abs_", "specs/optim.yaml:343", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_abs_, false, -1, {}, {}},
-      {"_foreach_abs.out", "specs/optim.yaml:333", Variant::Out,
+      {"_foreach_abs.out", "specs/optim.yaml:343", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_abs__out, false, -1, {}, {}},
-      {"_foreach_sign", "specs/optim.yaml:339", Variant::Functional,
+      {"_foreach_sign", "specs/optim.yaml:349", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sign, false, -1, {}, {}},
-      {"_foreach_sign_", "specs/optim.yaml:339", Variant::Inplace,
+      {"_foreach_sign_", "specs/optim.yaml:349", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sign_, false, -1, {}, {}},
-      {"_foreach_sign.out", "specs/optim.yaml:339", Variant::Out,
+      {"_foreach_sign.out", "specs/optim.yaml:349", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_sign__out, false, -1, {}, {}},
-      {"_foreach_floor", "specs/optim.yaml:345", Variant::Functional,
+      {"_foreach_floor", "specs/optim.yaml:355", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_floor, false, -1, {}, {}},
-      {"_foreach_floor_", "specs/optim.yaml:345", Variant::Inplace,
+      {"_foreach_floor_", "specs/optim.yaml:355", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_floor_, false, -1, {}, {}},
-      {"_foreach_floor.out", "specs/optim.yaml:345", Variant::Out,
+      {"_foreach_floor.out", "specs/optim.yaml:355", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_floor__out, false, -1, {}, {}},
-      {"_foreach_ceil", "specs/optim.yaml:351", Variant::Functional,
+      {"_foreach_ceil", "specs/optim.yaml:361", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_ceil, false, -1, {}, {}},
-      {"_foreach_ceil_", "specs/optim.yaml:351", Variant::Inplace,
+      {"_foreach_ceil_", "specs/optim.yaml:361", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_ceil_, false, -1, {}, {}},
-      {"_foreach_ceil.out", "specs/optim.yaml:351", Variant::Out,
+      {"_foreach_ceil.out", "specs/optim.yaml:361", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_ceil__out, false, -1, {}, {}},
-      {"_foreach_round", "specs/optim.yaml:357", Variant::Functional,
+      {"_foreach_round", "specs/optim.yaml:367", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_round, false, -1, {}, {}},
-      {"_foreach_round_", "specs/optim.yaml:357", Variant::Inplace,
+      {"_foreach_round_", "specs/optim.yaml:367", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_round_, false, -1, {}, {}},
-      {"_foreach_round.out", "specs/optim.yaml:357", Variant::Out,
+      {"_foreach_round.out", "specs/optim.yaml:367", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_round__out, false, -1, {}, {}},
-      {"_foreach_trunc", "specs/optim.yaml:363", Variant::Functional,
+      {"_foreach_trunc", "specs/optim.yaml:373", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_trunc, false, -1, {}, {}},
-      {"_foreach_trunc_", "specs/optim.yaml:363", Variant::Inplace,
+      {"_foreach_trunc_", "specs/optim.yaml:373", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_trunc_, false, -1, {}, {}},
-      {"_foreach_trunc.out", "specs/optim.yaml:363", Variant::Out,
+      {"_foreach_trunc.out", "specs/optim.yaml:373", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_trunc__out, false, -1, {}, {}},
-      {"_foreach_frac", "specs/optim.yaml:369", Variant::Functional,
+      {"_foreach_frac", "specs/optim.yaml:379", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_frac, false, -1, {}, {}},
-      {"_foreach_frac_", "specs/optim.yaml:369", Variant::Inplace,
+      {"_foreach_frac_", "specs/optim.yaml:379", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Common, {0},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_frac_, false, -1, {}, {}},
-      {"_foreach_frac.out", "specs/optim.yaml:369", Variant::Out,
+      {"_foreach_frac.out", "specs/optim.yaml:379", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_frac__out, false, -1, {}, {}},
-      {"_foreach_zero", "specs/optim.yaml:375", Variant::Functional,
+      {"_foreach_zero", "specs/optim.yaml:385", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Output, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_zero, false, -1, {}, {}},
-      {"_foreach_zero_", "specs/optim.yaml:375", Variant::Inplace,
+      {"_foreach_zero_", "specs/optim.yaml:385", Variant::Inplace,
        {ArgKind::TensorList},
        {0}, Compute::Output, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_zero_, false, -1, {}, {}},
-      {"_foreach_zero.out", "specs/optim.yaml:375", Variant::Out,
+      {"_foreach_zero.out", "specs/optim.yaml:385", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Output, {1},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_zero__out, false, -1, {}, {}},
-      {"_foreach_norm.Scalar", "specs/optim.yaml:382", Variant::Functional,
+      {"_foreach_norm.Scalar", "specs/optim.yaml:392", Variant::Functional,
        {ArgKind::TensorList, ArgKind::Attr, ArgKind::Attr},
        {0, 1}, Compute::Output, {},
        {-1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_norm__Scalar, false, -1, {}, {}},
-      {"_foreach_norm.Scalar_out", "specs/optim.yaml:382", Variant::Out,
+      {"_foreach_norm.Scalar_out", "specs/optim.yaml:392", Variant::Out,
        {ArgKind::TensorList, ArgKind::Attr, ArgKind::Attr, ArgKind::TensorList},
        {0, 1}, Compute::Output, {3},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__foreach_norm__Scalar_out, false, -1, {}, {}},
-      {"_foreach_max", "specs/optim.yaml:390", Variant::Functional,
+      {"_foreach_max", "specs/optim.yaml:400", Variant::Functional,
        {ArgKind::TensorList},
        {0}, Compute::Common, {},
        {-1}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_max, false, -1, {}, {}},
-      {"_foreach_max.out", "specs/optim.yaml:390", Variant::Out,
+      {"_foreach_max.out", "specs/optim.yaml:400", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList},
        {0}, Compute::Common, {1},
        {}, true, false,
        {"uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_max__out, false, -1, {}, {}},
-      {"_foreach_copy", "specs/optim.yaml:396", Variant::Functional,
+      {"_foreach_copy", "specs/optim.yaml:406", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Ignored},
        {}, Compute::Output, {},
        {-1}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_copy, false, -1, {}, {}},
-      {"_foreach_copy_", "specs/optim.yaml:396", Variant::Inplace,
+      {"_foreach_copy_", "specs/optim.yaml:406", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Ignored},
        {}, Compute::Output, {0},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_copy_, false, -1, {}, {}},
-      {"_foreach_copy.out", "specs/optim.yaml:396", Variant::Out,
+      {"_foreach_copy.out", "specs/optim.yaml:406", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::Ignored, ArgKind::TensorList},
        {}, Compute::Output, {3},
        {}, true, false,
        {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}, &emit__foreach_copy__out, false, -1, {}, {}},
-      {"_fused_adamw", "specs/optim.yaml:406", Variant::Functional,
+      {"_fused_adamw", "specs/optim.yaml:416", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {},
        {-1, -1, -1, -1, -1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adamw, false, -1, {}, {}},
-      {"_fused_adamw_", "specs/optim.yaml:406", Variant::Inplace,
+      {"_fused_adamw_", "specs/optim.yaml:416", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {0, 1, 2, 3, 4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adamw_, false, -1, {}, {}},
-      {"_fused_adamw.out", "specs/optim.yaml:406", Variant::Out,
+      {"_fused_adamw.out", "specs/optim.yaml:416", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {1, 2, 3, 4, 15},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adamw__out, false, -1, {}, {}},
-      {"_fused_adam", "specs/optim.yaml:423", Variant::Functional,
+      {"_fused_adam", "specs/optim.yaml:433", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {},
        {-1, -1, -1, -1, -1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adam, false, -1, {}, {}},
-      {"_fused_adam_", "specs/optim.yaml:423", Variant::Inplace,
+      {"_fused_adam_", "specs/optim.yaml:433", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {0, 1, 2, 3, 4},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adam_, false, -1, {}, {}},
-      {"_fused_adam.out", "specs/optim.yaml:423", Variant::Out,
+      {"_fused_adam.out", "specs/optim.yaml:433", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 14}, Compute::Common, {1, 2, 3, 4, 15},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_adam__out, false, -1, {}, {}},
-      {"_fused_sgd", "specs/optim.yaml:440", Variant::Functional,
+      {"_fused_sgd", "specs/optim.yaml:450", Variant::Functional,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 10, 11}, Compute::Common, {},
        {-1, -1, -1}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_sgd, false, -1, {}, {}},
-      {"_fused_sgd_", "specs/optim.yaml:440", Variant::Inplace,
+      {"_fused_sgd_", "specs/optim.yaml:450", Variant::Inplace,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor},
        {0, 1, 2, 3, 4, 5, 6, 10, 11}, Compute::Common, {0, 1, 2},
        {}, true, false,
        {"float16", "bfloat16", "float32", "float64"}, &emit__fused_sgd_, false, -1, {}, {}},
-      {"_fused_sgd.out", "specs/optim.yaml:440", Variant::Out,
+      {"_fused_sgd.out", "specs/optim.yaml:450", Variant::Out,
        {ArgKind::TensorList, ArgKind::TensorList, ArgKind::TensorList, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Scalar, ArgKind::Attr, ArgKind::Attr, ArgKind::Attr, ArgKind::Tensor, ArgKind::Tensor, ArgKind::TensorList},
        {0, 1, 2, 3, 4, 5, 6, 10, 11}, Compute::Common, {1, 2, 12},
        {}, true, false,

@@ -4637,6 +4637,7 @@ const std::vector<MetaCallFn>& meta_calls() {
       nullptr,  // _foreach_pow.ScalarList
       nullptr,  // _foreach_pow_.ScalarList
       nullptr,  // _foreach_pow.ScalarList_out
+      nullptr,  // _foreach_pow.ScalarAndTensor
       nullptr,  // _foreach_addcmul.Scalar
       nullptr,  // _foreach_addcmul_.Scalar
       nullptr,  // _foreach_addcmul.Scalar_out

@@ -4998,7 +4998,7 @@ def test__batch_norm_with_update_functional_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int8", "int16", "int32", "int64", "float32", "float64"])
 def test__foreach_add_List(dtype):
-    # specs/optim.yaml:8
+    # specs/optim.yaml:9
     check_opinfo(
         "_foreach_add",
         dtype,
@@ -5010,7 +5010,7 @@ def test__foreach_add_List(dtype):
 
 
 def test__foreach_add_List_compiled():
-    # specs/optim.yaml:8: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:9: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_add",
         overloads=["_foreach_add.List", "_foreach_add_.List", "_foreach_add.List_out"],
@@ -5021,7 +5021,7 @@ def test__foreach_add_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "int64", "float32", "float64"])
 def test__foreach_sub_List(dtype):
-    # specs/optim.yaml:26
+    # specs/optim.yaml:27
     check_opinfo(
         "_foreach_sub",
         dtype,
@@ -5033,7 +5033,7 @@ def test__foreach_sub_List(dtype):
 
 
 def test__foreach_sub_List_compiled():
-    # specs/optim.yaml:26: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:27: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_sub",
         overloads=["_foreach_sub.List", "_foreach_sub_.List", "_foreach_sub.List_out"],
@@ -5044,7 +5044,7 @@ def test__foreach_sub_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_mul_List(dtype):
-    # specs/optim.yaml:43
+    # specs/optim.yaml:44
     check_opinfo(
         "_foreach_mul",
         dtype,
@@ -5056,7 +5056,7 @@ def test__foreach_mul_List(dtype):
 
 
 def test__foreach_mul_List_compiled():
-    # specs/optim.yaml:43: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:44: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_mul",
         overloads=["_foreach_mul.List", "_foreach_mul_.List", "_foreach_mul.List_out"],
@@ -5067,7 +5067,7 @@ def test__foreach_mul_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_mul_List_other_dtypes(dtype):
-    # specs/optim.yaml:43: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:44: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_mul",
         dtype,
@@ -5081,7 +5081,7 @@ def test__foreach_mul_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_div_List(dtype):
-    # specs/optim.yaml:60
+    # specs/optim.yaml:61
     check_opinfo(
         "_foreach_div",
         dtype,
@@ -5093,7 +5093,7 @@ def test__foreach_div_List(dtype):
 
 
 def test__foreach_div_List_compiled():
-    # specs/optim.yaml:60: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:61: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_div",
         overloads=["_foreach_div.List", "_foreach_div_.List", "_foreach_div.List_out"],
@@ -5104,7 +5104,7 @@ def test__foreach_div_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_div_List_other_dtypes(dtype):
-    # specs/optim.yaml:60: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:61: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_div",
         dtype,
@@ -5118,7 +5118,7 @@ def test__foreach_div_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_maximum_List(dtype):
-    # specs/optim.yaml:85
+    # specs/optim.yaml:86
     check_opinfo(
         "_foreach_maximum",
         dtype,
@@ -5130,7 +5130,7 @@ def test__foreach_maximum_List(dtype):
 
 
 def test__foreach_maximum_List_compiled():
-    # specs/optim.yaml:85: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:86: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_maximum",
         overloads=["_foreach_maximum.List", "_foreach_maximum_.List", "_foreach_maximum.List_out"],
@@ -5141,7 +5141,7 @@ def test__foreach_maximum_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_maximum_List_other_dtypes(dtype):
-    # specs/optim.yaml:85: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:86: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_maximum",
         dtype,
@@ -5155,7 +5155,7 @@ def test__foreach_maximum_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_minimum_List(dtype):
-    # specs/optim.yaml:101
+    # specs/optim.yaml:102
     check_opinfo(
         "_foreach_minimum",
         dtype,
@@ -5167,7 +5167,7 @@ def test__foreach_minimum_List(dtype):
 
 
 def test__foreach_minimum_List_compiled():
-    # specs/optim.yaml:101: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:102: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_minimum",
         overloads=["_foreach_minimum.List", "_foreach_minimum_.List", "_foreach_minimum.List_out"],
@@ -5178,7 +5178,7 @@ def test__foreach_minimum_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_minimum_List_other_dtypes(dtype):
-    # specs/optim.yaml:101: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:102: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_minimum",
         dtype,
@@ -5192,7 +5192,7 @@ def test__foreach_minimum_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_clamp_min_List(dtype):
-    # specs/optim.yaml:117
+    # specs/optim.yaml:118
     check_opinfo(
         "_foreach_clamp_min",
         dtype,
@@ -5204,7 +5204,7 @@ def test__foreach_clamp_min_List(dtype):
 
 
 def test__foreach_clamp_min_List_compiled():
-    # specs/optim.yaml:117: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:118: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_clamp_min",
         overloads=["_foreach_clamp_min.List", "_foreach_clamp_min_.List", "_foreach_clamp_min.List_out"],
@@ -5215,7 +5215,7 @@ def test__foreach_clamp_min_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_clamp_min_List_other_dtypes(dtype):
-    # specs/optim.yaml:117: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:118: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_clamp_min",
         dtype,
@@ -5229,7 +5229,7 @@ def test__foreach_clamp_min_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_clamp_max_List(dtype):
-    # specs/optim.yaml:133
+    # specs/optim.yaml:134
     check_opinfo(
         "_foreach_clamp_max",
         dtype,
@@ -5241,7 +5241,7 @@ def test__foreach_clamp_max_List(dtype):
 
 
 def test__foreach_clamp_max_List_compiled():
-    # specs/optim.yaml:133: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:134: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_clamp_max",
         overloads=["_foreach_clamp_max.List", "_foreach_clamp_max_.List", "_foreach_clamp_max.List_out"],
@@ -5252,7 +5252,7 @@ def test__foreach_clamp_max_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_clamp_max_List_other_dtypes(dtype):
-    # specs/optim.yaml:133: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:134: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_clamp_max",
         dtype,
@@ -5266,7 +5266,7 @@ def test__foreach_clamp_max_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_pow_List(dtype):
-    # specs/optim.yaml:149
+    # specs/optim.yaml:150
     check_opinfo(
         "_foreach_pow",
         dtype,
@@ -5278,7 +5278,7 @@ def test__foreach_pow_List(dtype):
 
 
 def test__foreach_pow_List_compiled():
-    # specs/optim.yaml:149: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:150: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_pow",
         overloads=["_foreach_pow.List", "_foreach_pow_.List", "_foreach_pow.List_out"],
@@ -5289,7 +5289,7 @@ def test__foreach_pow_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_pow_List_other_dtypes(dtype):
-    # specs/optim.yaml:149: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:150: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_pow",
         dtype,
@@ -5303,7 +5303,7 @@ def test__foreach_pow_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_addcmul_Scalar(dtype):
-    # specs/optim.yaml:168
+    # specs/optim.yaml:178
     check_opinfo(
         "_foreach_addcmul",
         dtype,
@@ -5315,7 +5315,7 @@ def test__foreach_addcmul_Scalar(dtype):
 
 
 def test__foreach_addcmul_Scalar_compiled():
-    # specs/optim.yaml:168: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:178: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_addcmul",
         overloads=["_foreach_addcmul.Scalar", "_foreach_addcmul_.Scalar", "_foreach_addcmul.Scalar_out"],
@@ -5326,7 +5326,7 @@ def test__foreach_addcmul_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_addcmul_Scalar_other_dtypes(dtype):
-    # specs/optim.yaml:168: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:178: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_addcmul",
         dtype,
@@ -5340,7 +5340,7 @@ def test__foreach_addcmul_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_addcdiv_Scalar(dtype):
-    # specs/optim.yaml:179
+    # specs/optim.yaml:189
     check_opinfo(
         "_foreach_addcdiv",
         dtype,
@@ -5352,7 +5352,7 @@ def test__foreach_addcdiv_Scalar(dtype):
 
 
 def test__foreach_addcdiv_Scalar_compiled():
-    # specs/optim.yaml:179: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:189: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_addcdiv",
         overloads=["_foreach_addcdiv.Scalar", "_foreach_addcdiv_.Scalar", "_foreach_addcdiv.Scalar_out"],
@@ -5363,7 +5363,7 @@ def test__foreach_addcdiv_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_addcdiv_Scalar_other_dtypes(dtype):
-    # specs/optim.yaml:179: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:189: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_addcdiv",
         dtype,
@@ -5377,7 +5377,7 @@ def test__foreach_addcdiv_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_lerp_List(dtype):
-    # specs/optim.yaml:190
+    # specs/optim.yaml:200
     check_opinfo(
         "_foreach_lerp",
         dtype,
@@ -5389,7 +5389,7 @@ def test__foreach_lerp_List(dtype):
 
 
 def test__foreach_lerp_List_compiled():
-    # specs/optim.yaml:190: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:200: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_lerp",
         overloads=["_foreach_lerp.List", "_foreach_lerp_.List", "_foreach_lerp.List_out"],
@@ -5400,7 +5400,7 @@ def test__foreach_lerp_List_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_lerp_List_other_dtypes(dtype):
-    # specs/optim.yaml:190: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:200: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_lerp",
         dtype,
@@ -5414,7 +5414,7 @@ def test__foreach_lerp_List_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_exp(dtype):
-    # specs/optim.yaml:208
+    # specs/optim.yaml:218
     check_opinfo(
         "_foreach_exp",
         dtype,
@@ -5426,7 +5426,7 @@ def test__foreach_exp(dtype):
 
 
 def test__foreach_exp_compiled():
-    # specs/optim.yaml:208: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:218: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_exp",
         overloads=["_foreach_exp", "_foreach_exp_", "_foreach_exp.out"],
@@ -5437,7 +5437,7 @@ def test__foreach_exp_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_exp_other_dtypes(dtype):
-    # specs/optim.yaml:208: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:218: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_exp",
         dtype,
@@ -5451,7 +5451,7 @@ def test__foreach_exp_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log(dtype):
-    # specs/optim.yaml:215
+    # specs/optim.yaml:225
     check_opinfo(
         "_foreach_log",
         dtype,
@@ -5463,7 +5463,7 @@ def test__foreach_log(dtype):
 
 
 def test__foreach_log_compiled():
-    # specs/optim.yaml:215: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:225: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_log",
         overloads=["_foreach_log", "_foreach_log_", "_foreach_log.out"],
@@ -5474,7 +5474,7 @@ def test__foreach_log_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log_other_dtypes(dtype):
-    # specs/optim.yaml:215: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:225: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log",
         dtype,
@@ -5488,7 +5488,7 @@ def test__foreach_log_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log2(dtype):
-    # specs/optim.yaml:222
+    # specs/optim.yaml:232
     check_opinfo(
         "_foreach_log2",
         dtype,
@@ -5500,7 +5500,7 @@ def test__foreach_log2(dtype):
 
 
 def test__foreach_log2_compiled():
-    # specs/optim.yaml:222: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:232: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_log2",
         overloads=["_foreach_log2", "_foreach_log2_", "_foreach_log2.out"],
@@ -5511,7 +5511,7 @@ def test__foreach_log2_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log2_other_dtypes(dtype):
-    # specs/optim.yaml:222: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:232: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log2",
         dtype,
@@ -5525,7 +5525,7 @@ def test__foreach_log2_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log10(dtype):
-    # specs/optim.yaml:229
+    # specs/optim.yaml:239
     check_opinfo(
         "_foreach_log10",
         dtype,
@@ -5537,7 +5537,7 @@ def test__foreach_log10(dtype):
 
 
 def test__foreach_log10_compiled():
-    # specs/optim.yaml:229: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:239: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_log10",
         overloads=["_foreach_log10", "_foreach_log10_", "_foreach_log10.out"],
@@ -5548,7 +5548,7 @@ def test__foreach_log10_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log10_other_dtypes(dtype):
-    # specs/optim.yaml:229: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:239: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log10",
         dtype,
@@ -5562,7 +5562,7 @@ def test__foreach_log10_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_log1p(dtype):
-    # specs/optim.yaml:236
+    # specs/optim.yaml:246
     check_opinfo(
         "_foreach_log1p",
         dtype,
@@ -5574,7 +5574,7 @@ def test__foreach_log1p(dtype):
 
 
 def test__foreach_log1p_compiled():
-    # specs/optim.yaml:236: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:246: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_log1p",
         overloads=["_foreach_log1p", "_foreach_log1p_", "_foreach_log1p.out"],
@@ -5585,7 +5585,7 @@ def test__foreach_log1p_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_log1p_other_dtypes(dtype):
-    # specs/optim.yaml:236: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:246: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_log1p",
         dtype,
@@ -5599,7 +5599,7 @@ def test__foreach_log1p_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_expm1(dtype):
-    # specs/optim.yaml:243
+    # specs/optim.yaml:253
     check_opinfo(
         "_foreach_expm1",
         dtype,
@@ -5611,7 +5611,7 @@ def test__foreach_expm1(dtype):
 
 
 def test__foreach_expm1_compiled():
-    # specs/optim.yaml:243: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:253: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_expm1",
         overloads=["_foreach_expm1", "_foreach_expm1_", "_foreach_expm1.out"],
@@ -5622,7 +5622,7 @@ def test__foreach_expm1_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_expm1_other_dtypes(dtype):
-    # specs/optim.yaml:243: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:253: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_expm1",
         dtype,
@@ -5636,7 +5636,7 @@ def test__foreach_expm1_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sqrt(dtype):
-    # specs/optim.yaml:250
+    # specs/optim.yaml:260
     check_opinfo(
         "_foreach_sqrt",
         dtype,
@@ -5648,7 +5648,7 @@ def test__foreach_sqrt(dtype):
 
 
 def test__foreach_sqrt_compiled():
-    # specs/optim.yaml:250: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:260: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_sqrt",
         overloads=["_foreach_sqrt", "_foreach_sqrt_", "_foreach_sqrt.out"],
@@ -5659,7 +5659,7 @@ def test__foreach_sqrt_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sqrt_other_dtypes(dtype):
-    # specs/optim.yaml:250: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:260: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sqrt",
         dtype,
@@ -5673,7 +5673,7 @@ def test__foreach_sqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_rsqrt(dtype):
-    # specs/optim.yaml:257
+    # specs/optim.yaml:267
     check_opinfo(
         "_foreach_rsqrt",
         dtype,
@@ -5685,7 +5685,7 @@ def test__foreach_rsqrt(dtype):
 
 
 def test__foreach_rsqrt_compiled():
-    # specs/optim.yaml:257: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:267: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_rsqrt",
         overloads=["_foreach_rsqrt", "_foreach_rsqrt_", "_foreach_rsqrt.out"],
@@ -5696,7 +5696,7 @@ def test__foreach_rsqrt_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_rsqrt_other_dtypes(dtype):
-    # specs/optim.yaml:257: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:267: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_rsqrt",
         dtype,
@@ -5710,7 +5710,7 @@ def test__foreach_rsqrt_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sin(dtype):
-    # specs/optim.yaml:264
+    # specs/optim.yaml:274
     check_opinfo(
         "_foreach_sin",
         dtype,
@@ -5722,7 +5722,7 @@ def test__foreach_sin(dtype):
 
 
 def test__foreach_sin_compiled():
-    # specs/optim.yaml:264: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:274: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_sin",
         overloads=["_foreach_sin", "_foreach_sin_", "_foreach_sin.out"],
@@ -5733,7 +5733,7 @@ def test__foreach_sin_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sin_other_dtypes(dtype):
-    # specs/optim.yaml:264: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:274: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sin",
         dtype,
@@ -5747,7 +5747,7 @@ def test__foreach_sin_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_cos(dtype):
-    # specs/optim.yaml:271
+    # specs/optim.yaml:281
     check_opinfo(
         "_foreach_cos",
         dtype,
@@ -5759,7 +5759,7 @@ def test__foreach_cos(dtype):
 
 
 def test__foreach_cos_compiled():
-    # specs/optim.yaml:271: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:281: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_cos",
         overloads=["_foreach_cos", "_foreach_cos_", "_foreach_cos.out"],
@@ -5770,7 +5770,7 @@ def test__foreach_cos_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_cos_other_dtypes(dtype):
-    # specs/optim.yaml:271: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:281: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_cos",
         dtype,
@@ -5784,7 +5784,7 @@ def test__foreach_cos_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_tan(dtype):
-    # specs/optim.yaml:278
+    # specs/optim.yaml:288
     check_opinfo(
         "_foreach_tan",
         dtype,
@@ -5796,7 +5796,7 @@ def test__foreach_tan(dtype):
 
 
 def test__foreach_tan_compiled():
-    # specs/optim.yaml:278: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:288: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_tan",
         overloads=["_foreach_tan", "_foreach_tan_", "_foreach_tan.out"],
@@ -5807,7 +5807,7 @@ def test__foreach_tan_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_tan_other_dtypes(dtype):
-    # specs/optim.yaml:278: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:288: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_tan",
         dtype,
@@ -5821,7 +5821,7 @@ def test__foreach_tan_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_tanh(dtype):
-    # specs/optim.yaml:285
+    # specs/optim.yaml:295
     check_opinfo(
         "_foreach_tanh",
         dtype,
@@ -5833,7 +5833,7 @@ def test__foreach_tanh(dtype):
 
 
 def test__foreach_tanh_compiled():
-    # specs/optim.yaml:285: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:295: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_tanh",
         overloads=["_foreach_tanh", "_foreach_tanh_", "_foreach_tanh.out"],
@@ -5844,7 +5844,7 @@ def test__foreach_tanh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_tanh_other_dtypes(dtype):
-    # specs/optim.yaml:285: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:295: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_tanh",
         dtype,
@@ -5858,7 +5858,7 @@ def test__foreach_tanh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sinh(dtype):
-    # specs/optim.yaml:292
+    # specs/optim.yaml:302
     check_opinfo(
         "_foreach_sinh",
         dtype,
@@ -5870,7 +5870,7 @@ def test__foreach_sinh(dtype):
 
 
 def test__foreach_sinh_compiled():
-    # specs/optim.yaml:292: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:302: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_sinh",
         overloads=["_foreach_sinh", "_foreach_sinh_", "_foreach_sinh.out"],
@@ -5881,7 +5881,7 @@ def test__foreach_sinh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sinh_other_dtypes(dtype):
-    # specs/optim.yaml:292: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:302: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sinh",
         dtype,
@@ -5895,7 +5895,7 @@ def test__foreach_sinh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_cosh(dtype):
-    # specs/optim.yaml:299
+    # specs/optim.yaml:309
     check_opinfo(
         "_foreach_cosh",
         dtype,
@@ -5907,7 +5907,7 @@ def test__foreach_cosh(dtype):
 
 
 def test__foreach_cosh_compiled():
-    # specs/optim.yaml:299: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:309: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_cosh",
         overloads=["_foreach_cosh", "_foreach_cosh_", "_foreach_cosh.out"],
@@ -5918,7 +5918,7 @@ def test__foreach_cosh_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_cosh_other_dtypes(dtype):
-    # specs/optim.yaml:299: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:309: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_cosh",
         dtype,
@@ -5932,7 +5932,7 @@ def test__foreach_cosh_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_sigmoid(dtype):
-    # specs/optim.yaml:306
+    # specs/optim.yaml:316
     check_opinfo(
         "_foreach_sigmoid",
         dtype,
@@ -5944,7 +5944,7 @@ def test__foreach_sigmoid(dtype):
 
 
 def test__foreach_sigmoid_compiled():
-    # specs/optim.yaml:306: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:316: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_sigmoid",
         overloads=["_foreach_sigmoid", "_foreach_sigmoid_", "_foreach_sigmoid.out"],
@@ -5955,7 +5955,7 @@ def test__foreach_sigmoid_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_sigmoid_other_dtypes(dtype):
-    # specs/optim.yaml:306: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:316: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sigmoid",
         dtype,
@@ -5969,7 +5969,7 @@ def test__foreach_sigmoid_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_erf(dtype):
-    # specs/optim.yaml:313
+    # specs/optim.yaml:323
     check_opinfo(
         "_foreach_erf",
         dtype,
@@ -5981,7 +5981,7 @@ def test__foreach_erf(dtype):
 
 
 def test__foreach_erf_compiled():
-    # specs/optim.yaml:313: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:323: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_erf",
         overloads=["_foreach_erf", "_foreach_erf_", "_foreach_erf.out"],
@@ -5992,7 +5992,7 @@ def test__foreach_erf_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_erf_other_dtypes(dtype):
-    # specs/optim.yaml:313: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:323: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_erf",
         dtype,
@@ -6006,7 +6006,7 @@ def test__foreach_erf_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_reciprocal(dtype):
-    # specs/optim.yaml:320
+    # specs/optim.yaml:330
     check_opinfo(
         "_foreach_reciprocal",
         dtype,
@@ -6018,7 +6018,7 @@ def test__foreach_reciprocal(dtype):
 
 
 def test__foreach_reciprocal_compiled():
-    # specs/optim.yaml:320: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:330: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_reciprocal",
         overloads=["_foreach_reciprocal", "_foreach_reciprocal_", "_foreach_reciprocal.out"],
@@ -6029,7 +6029,7 @@ def test__foreach_reciprocal_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_reciprocal_other_dtypes(dtype):
-    # specs/optim.yaml:320: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:330: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_reciprocal",
         dtype,
@@ -6043,7 +6043,7 @@ def test__foreach_reciprocal_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_neg(dtype):
-    # specs/optim.yaml:327
+    # specs/optim.yaml:337
     check_opinfo(
         "_foreach_neg",
         dtype,
@@ -6055,7 +6055,7 @@ def test__foreach_neg(dtype):
 
 
 def test__foreach_neg_compiled():
-    # specs/optim.yaml:327: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:337: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_neg",
         overloads=["_foreach_neg", "_foreach_neg_", "_foreach_neg.out"],
@@ -6066,7 +6066,7 @@ def test__foreach_neg_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_neg_other_dtypes(dtype):
-    # specs/optim.yaml:327: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:337: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_neg",
         dtype,
@@ -6080,7 +6080,7 @@ def test__foreach_neg_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_abs(dtype):
-    # specs/optim.yaml:333
+    # specs/optim.yaml:343
     check_opinfo(
         "_foreach_abs",
         dtype,
@@ -6092,7 +6092,7 @@ def test__foreach_abs(dtype):
 
 
 def test__foreach_abs_compiled():
-    # specs/optim.yaml:333: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:343: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_abs",
         overloads=["_foreach_abs", "_foreach_abs_", "_foreach_abs.out"],
@@ -6103,7 +6103,7 @@ def test__foreach_abs_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_abs_other_dtypes(dtype):
-    # specs/optim.yaml:333: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:343: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_abs",
         dtype,
@@ -6117,7 +6117,7 @@ def test__foreach_abs_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_sign(dtype):
-    # specs/optim.yaml:339
+    # specs/optim.yaml:349
     check_opinfo(
         "_foreach_sign",
         dtype,
@@ -6129,7 +6129,7 @@ def test__foreach_sign(dtype):
 
 
 def test__foreach_sign_compiled():
-    # specs/optim.yaml:339: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:349: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_sign",
         overloads=["_foreach_sign", "_foreach_sign_", "_foreach_sign.out"],
@@ -6140,7 +6140,7 @@ def test__foreach_sign_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_sign_other_dtypes(dtype):
-    # specs/optim.yaml:339: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:349: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_sign",
         dtype,
@@ -6154,7 +6154,7 @@ def test__foreach_sign_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_floor(dtype):
-    # specs/optim.yaml:345
+    # specs/optim.yaml:355
     check_opinfo(
         "_foreach_floor",
         dtype,
@@ -6166,7 +6166,7 @@ def test__foreach_floor(dtype):
 
 
 def test__foreach_floor_compiled():
-    # specs/optim.yaml:345: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:355: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_floor",
         overloads=["_foreach_floor", "_foreach_floor_", "_foreach_floor.out"],
@@ -6177,7 +6177,7 @@ def test__foreach_floor_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_floor_other_dtypes(dtype):
-    # specs/optim.yaml:345: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:355: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_floor",
         dtype,
@@ -6191,7 +6191,7 @@ def test__foreach_floor_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_ceil(dtype):
-    # specs/optim.yaml:351
+    # specs/optim.yaml:361
     check_opinfo(
         "_foreach_ceil",
         dtype,
@@ -6203,7 +6203,7 @@ def test__foreach_ceil(dtype):
 
 
 def test__foreach_ceil_compiled():
-    # specs/optim.yaml:351: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:361: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_ceil",
         overloads=["_foreach_ceil", "_foreach_ceil_", "_foreach_ceil.out"],
@@ -6214,7 +6214,7 @@ def test__foreach_ceil_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_ceil_other_dtypes(dtype):
-    # specs/optim.yaml:351: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:361: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_ceil",
         dtype,
@@ -6228,7 +6228,7 @@ def test__foreach_ceil_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_round(dtype):
-    # specs/optim.yaml:357
+    # specs/optim.yaml:367
     check_opinfo(
         "_foreach_round",
         dtype,
@@ -6240,7 +6240,7 @@ def test__foreach_round(dtype):
 
 
 def test__foreach_round_compiled():
-    # specs/optim.yaml:357: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:367: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_round",
         overloads=["_foreach_round", "_foreach_round_", "_foreach_round.out"],
@@ -6251,7 +6251,7 @@ def test__foreach_round_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_round_other_dtypes(dtype):
-    # specs/optim.yaml:357: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:367: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_round",
         dtype,
@@ -6265,7 +6265,7 @@ def test__foreach_round_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_trunc(dtype):
-    # specs/optim.yaml:363
+    # specs/optim.yaml:373
     check_opinfo(
         "_foreach_trunc",
         dtype,
@@ -6277,7 +6277,7 @@ def test__foreach_trunc(dtype):
 
 
 def test__foreach_trunc_compiled():
-    # specs/optim.yaml:363: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:373: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_trunc",
         overloads=["_foreach_trunc", "_foreach_trunc_", "_foreach_trunc.out"],
@@ -6288,7 +6288,7 @@ def test__foreach_trunc_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_trunc_other_dtypes(dtype):
-    # specs/optim.yaml:363: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:373: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_trunc",
         dtype,
@@ -6302,7 +6302,7 @@ def test__foreach_trunc_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_frac(dtype):
-    # specs/optim.yaml:369
+    # specs/optim.yaml:379
     check_opinfo(
         "_foreach_frac",
         dtype,
@@ -6314,7 +6314,7 @@ def test__foreach_frac(dtype):
 
 
 def test__foreach_frac_compiled():
-    # specs/optim.yaml:369: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:379: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_frac",
         overloads=["_foreach_frac", "_foreach_frac_", "_foreach_frac.out"],
@@ -6325,7 +6325,7 @@ def test__foreach_frac_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_frac_other_dtypes(dtype):
-    # specs/optim.yaml:369: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:379: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_frac",
         dtype,
@@ -6339,7 +6339,7 @@ def test__foreach_frac_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_zero(dtype):
-    # specs/optim.yaml:375
+    # specs/optim.yaml:385
     check_opinfo(
         "_foreach_zero",
         dtype,
@@ -6351,7 +6351,7 @@ def test__foreach_zero(dtype):
 
 
 def test__foreach_zero_compiled():
-    # specs/optim.yaml:375: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:385: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_zero",
         overloads=["_foreach_zero", "_foreach_zero_", "_foreach_zero.out"],
@@ -6362,7 +6362,7 @@ def test__foreach_zero_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_zero_other_dtypes(dtype):
-    # specs/optim.yaml:375: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:385: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_zero",
         dtype,
@@ -6376,7 +6376,7 @@ def test__foreach_zero_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test__foreach_norm_Scalar(dtype):
-    # specs/optim.yaml:382
+    # specs/optim.yaml:392
     check_opinfo(
         "_foreach_norm",
         dtype,
@@ -6388,7 +6388,7 @@ def test__foreach_norm_Scalar(dtype):
 
 
 def test__foreach_norm_Scalar_compiled():
-    # specs/optim.yaml:382: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:392: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_norm",
         overloads=["_foreach_norm.Scalar", "_foreach_norm.Scalar_out"],
@@ -6399,7 +6399,7 @@ def test__foreach_norm_Scalar_compiled():
 
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test__foreach_norm_Scalar_other_dtypes(dtype):
-    # specs/optim.yaml:382: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:392: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_norm",
         dtype,
@@ -6413,7 +6413,7 @@ def test__foreach_norm_Scalar_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["int64", "bfloat16", "float32"])
 def test__foreach_max(dtype):
-    # specs/optim.yaml:390
+    # specs/optim.yaml:400
     check_opinfo(
         "_foreach_max",
         dtype,
@@ -6425,7 +6425,7 @@ def test__foreach_max(dtype):
 
 
 def test__foreach_max_compiled():
-    # specs/optim.yaml:390: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:400: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_max",
         overloads=["_foreach_max", "_foreach_max.out"],
@@ -6436,7 +6436,7 @@ def test__foreach_max_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_max_other_dtypes(dtype):
-    # specs/optim.yaml:390: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:400: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_max",
         dtype,
@@ -6450,7 +6450,7 @@ def test__foreach_max_other_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", ["bool", "int64", "bfloat16", "float32"])
 def test__foreach_copy(dtype):
-    # specs/optim.yaml:396
+    # specs/optim.yaml:406
     check_opinfo(
         "_foreach_copy",
         dtype,
@@ -6462,7 +6462,7 @@ def test__foreach_copy(dtype):
 
 
 def test__foreach_copy_compiled():
-    # specs/optim.yaml:396: the first float32 sample through torch.compile(backend="tpu")
+    # specs/optim.yaml:406: the first float32 sample through torch.compile(backend="tpu")
     check_compiled(
         "_foreach_copy",
         overloads=["_foreach_copy", "_foreach_copy_", "_foreach_copy.out"],
@@ -6473,7 +6473,7 @@ def test__foreach_copy_compiled():
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16", "int32", "float16", "float64"])
 def test__foreach_copy_other_dtypes(dtype):
-    # specs/optim.yaml:396: every other dtype it supports, over the first 3 samples
+    # specs/optim.yaml:406: every other dtype it supports, over the first 3 samples
     check_opinfo(
         "_foreach_copy",
         dtype,

@@ -108,11 +108,44 @@ class EmitArgs {
 
 using Emitter = std::vector<rt::Value> (*)(rt::Builder&, const EmitArgs&);
 
+// An elementwise lowering's arguments with every list in `lists` joined into one [n] vector, where each
+// holds n 0-d values of one dtype (an optimizer's step counts and bias corrections); none otherwise.
+inline std::optional<EmitArgs> joined_scalars(rt::Builder& b, const EmitArgs& all, const std::vector<int>& lists,
+                                              size_t n) {
+  EmitArgs joined = all;
+  for (int a : lists) {
+    const auto* list = std::get_if<std::vector<rt::Value>>(&all.args.at(a));
+    if (!list || list->size() != n) return std::nullopt;
+    std::vector<rt::Value> ones;
+    for (const rt::Value& v : *list) {
+      if (v.rank() != 0 || v.element() != list->front().element()) return std::nullopt;
+      ones.push_back(b.reshape(v, {1}));
+    }
+    joined.args[a] = b.concatenate(ones, 0);
+  }
+  return joined;
+}
+
 // A foreach op's results: `per_element` (the lowering over element i) for each of the N elements
 // of list argument lists[0], arranged result-major: all N of result 0, then all N of result 1, ...
+// An `elementwise` lowering over lists of 0-d tensors runs once over the vector of their values and
+// each result is cut back into N values: one lowering in the module instead of N (capturable AdamW's
+// per-parameter bias corrections were ~4,700 scalar ops of the 110M Llama's captured step).
 template <typename PerElement>
-std::vector<rt::Value> foreach_results(const EmitArgs& all, const std::vector<int>& lists, PerElement per_element) {
+std::vector<rt::Value> foreach_results(rt::Builder& b, const EmitArgs& all, const std::vector<int>& lists,
+                                       bool elementwise, PerElement per_element) {
   const size_t n = all.values(lists.at(0)).size();
+  if (elementwise && n > 1) {
+    if (std::optional<EmitArgs> joined = joined_scalars(b, all, lists, n)) {
+      std::vector<rt::Value> flat;
+      const int64_t count = static_cast<int64_t>(n);
+      for (const rt::Value& result : per_element(*joined)) {
+        const rt::Value vector = b.broadcast_to(result, {count});  // a result that reads no list is one value
+        for (int64_t i = 0; i < count; ++i) flat.push_back(b.reshape(b.slice(vector, {i}, {i + 1}, {1}), {}));
+      }
+      return flat;
+    }
+  }
   std::vector<std::vector<rt::Value>> by_result;
   for (size_t i = 0; i < n; ++i) {
     std::vector<rt::Value> results = per_element(all.element(i, lists));

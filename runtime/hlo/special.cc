@@ -77,7 +77,9 @@ Value Builder::power_of(double base, const Value& exponent) {
     return power(is_float(e) || is_complex(e) ? scalar_like(base, exponent) : constant_int(static_cast<int64_t>(base), e),
                  exponent);
   }
-  const Value t = base == 2 ? exponent : mul(exponent, scalar_like(std::log2(base), exponent));
+  // The base as CPU takes it: a Scalar in a float32 op is a float32 (0.9 ** 41 from 0.9f is 1.2e-6 off 0.9's).
+  const double rounded = static_cast<float>(base);
+  const Value t = rounded == 2 ? exponent : mul(exponent, scalar_like(std::log2(rounded), exponent));
   return power_of_two(*this, t, scalar_like(0, t));
 }
 
