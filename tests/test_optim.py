@@ -139,7 +139,8 @@ def test_capturable_bias_corrections_are_one_power_for_every_parameter(tmp_path)
     logs = []
     for count in (4, 16):
         result = run_python(POWERS, env={"COUNT": str(count), "TORCHTPU_DUMP_DIR": str(tmp_path / f"m{count}"),
-                                         "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
+                                         "TORCHTPU_CACHE_DIR": str(tmp_path / "cache"),
+                                         "TORCHTPU_EAGER_MODE": "strict"})  # one module per op
         assert result.returncode == 0, result.stderr[-3000:]
         logs.append([int(word) for word in result.stdout.split()[-2:]])
     # as many modules for 16 parameters as for 4 (not one power each), the largest (the power's) growing
