@@ -395,14 +395,13 @@ std::optional<Nesting> nesting_of(const ViewGeometry& view) {
   return n;
 }
 
-// The view's elements as a box of the storage seen as [numel / outermost stride, base[1], ...], each
-// dim starting at the offset's digit in that mixed radix, when no dim's range carries into the next:
-// one reshape and one slice. Otherwise the flat storage from the offset, padded past its end: on a
-// TPU's tiled layouts the flat value and the padding are copies of the whole storage (rotate_half's
-// x[..., d/2:], the second half of a split).
+// The view's elements in memory order (the caller reshapes them): a box of the storage seen as
+// [numel / outermost stride, base[1], ...], each dim starting at the offset's digit in that mixed
+// radix, when no dim's range carries into the next: one reshape and one slice. Otherwise the flat
+// storage from the offset, padded past its end: on a TPU's tiled layouts the flat value and the
+// padding are copies of the whole storage (rotate_half's x[..., d/2:], the second half of a split).
 Value read_nested(Builder& b, const Value& storage, const ViewGeometry& view, const Nesting& n) {
   const int64_t storage_numel = storage.type.numel();
-  const std::vector<int64_t> steps(n.base.size(), 1);
   if (!n.dims.empty() && storage_numel % view.strides[n.dims[0]] == 0) {
     std::vector<int64_t> shape{storage_numel / view.strides[n.dims[0]]};
     shape.insert(shape.end(), n.base.begin() + 1, n.base.end());
@@ -415,16 +414,14 @@ Value read_nested(Builder& b, const Value& storage, const ViewGeometry& view, co
       end[i] = start[i] + n.limit[i];
       fits = fits && end[i] <= shape[i];
     }
-    if (fits && shape.size() > 1 && shape.back() == 1) {  // stride 1 innermost: no size-1 dim (a TPU tiles the last two)
-      shape.pop_back();
-      start.pop_back();
-      end.pop_back();
-      const Value box = b.slice(b.reshape(storage, shape), start, end, std::vector<int64_t>(shape.size(), 1));
-      std::vector<int64_t> with_unit(box.dims());
-      with_unit.push_back(1);
-      return b.reshape(box, with_unit);
+    if (fits) {
+      if (shape.size() > 1 && shape.back() == 1) {  // stride 1 innermost: no size-1 dim (a TPU tiles the last two)
+        shape.pop_back();
+        start.pop_back();
+        end.pop_back();
+      }
+      return b.slice(b.reshape(storage, shape), start, end, std::vector<int64_t>(shape.size(), 1));
     }
-    if (fits) return b.slice(b.reshape(storage, shape), start, end, steps);
   }
   int64_t extent = 1;
   for (int64_t step : n.base) extent *= step;
@@ -433,7 +430,7 @@ Value read_nested(Builder& b, const Value& storage, const ViewGeometry& view, co
     f = b.concatenate({f, b.full(0, TensorType{storage.element(), {view.offset + extent - storage_numel}})}, 0);
   }
   Value region = b.reshape(b.slice(f, {view.offset}, {view.offset + extent}, {1}), n.base);
-  return b.slice(region, std::vector<int64_t>(n.base.size(), 0), n.limit, steps);
+  return b.slice(region, std::vector<int64_t>(n.base.size(), 0), n.limit, std::vector<int64_t>(n.base.size(), 1));
 }
 
 std::optional<Value> read_strided(Builder& b, const Value& storage, const ViewGeometry& view) {
@@ -458,12 +455,8 @@ Value Builder::read_view(const Value& storage, const ViewGeometry& view) {
   const int64_t n = numel_of(view.sizes);
   const int64_t storage_numel = storage.type.numel();
   if (n == 0) return full(0, TensorType{storage.element(), view.sizes});
-  if (is_contiguous(view)) {
-    if (view.offset == 0 && n == storage_numel) return reshape(storage, view.sizes);
-    if (std::optional<Value> boxed = read_strided(*this, storage, view)) return *boxed;
-    Value f = flat(storage);
-    return reshape(slice(f, {view.offset}, {view.offset + n}, {1}), view.sizes);
-  }
+  // (A contiguous view with an offset nests: read_strided below reads it.)
+  if (is_contiguous(view) && view.offset == 0 && n == storage_numel) return reshape(storage, view.sizes);
   std::vector<int64_t> order;
   if (view.offset == 0 && n == storage_numel && dense_permutation(view, &order)) {
     std::vector<int64_t> memory_dims;
