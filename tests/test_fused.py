@@ -278,6 +278,22 @@ def test_a_block_that_leaves_the_tape_or_keeps_other_results_is_right():
     assert torch.equal(kept_value, x * 2)
 
 
+def test_a_call_after_a_deferred_flush_is_not_replayed_as_a_never_written_read():
+    # The op after an optimizer step is keyed before the step's block runs, when what it reads holds
+    # no buffer yet: as a read of a never-written storage (zeros the module makes). Once that block
+    # ran, it reads a buffer: the tape must not replay a zeros read for it (that redefined the
+    # parameter's SSA name: a fused AdamW step under torch.compile failed to compile).
+    with eager_mode("fused"):
+        never_written = [(torch.empty(3, device=TPU) + 1).cpu() for _ in range(3)]  # on the tape
+        after_step = []
+        for _ in range(3):
+            pending = torch.full((3,), 5.0, device=TPU)  # a value of the block, no buffer yet
+            torchtpu._C._fused_flush_before_next_op("a test's step")
+            after_step.append((pending + 1).cpu())
+    assert all(torch.equal(v, torch.ones(3)) for v in never_written)
+    assert all(torch.equal(v, torch.full((3,), 6.0)) for v in after_step)
+
+
 def test_random_streams_match_strict_mode_when_blocks_are_replayed():
     def program():
         torch.tpu.manual_seed(5)

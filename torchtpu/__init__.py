@@ -142,7 +142,8 @@ def _free_graph_tasks_before_exit():
 
 
 def _end_fused_block_after_step(optimizer, args, kwargs) -> None:
-    if _ext._eager_fused():
+    # A compiled step records nothing (and dynamo would break the graph at the extension's call).
+    if not torch.compiler.is_compiling() and _ext._eager_fused():
         _ext._fused_flush_before_next_op("an optimizer step")  # after zero_grad drops the gradients
 
 

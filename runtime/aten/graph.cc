@@ -561,7 +561,9 @@ class Capture final : public GraphCapture {
         return;
       }
       const auto first = std::find(new_storages.begin(), new_storages.end(), s);
-      k.tag('X');
+      // A never-written storage reads as zeros the emission makes, a written one as a parameter. The
+      // plan's key cannot tell: it was taken before a deferred flush gave the storage its buffer.
+      k.tag(s->buffer ? 'X' : 'Z');
       k.i(first - new_storages.begin());
       if (first == new_storages.end()) new_storages.push_back(s);
     });
@@ -579,9 +581,12 @@ class Capture final : public GraphCapture {
     }
     int device = -1;
     key_tensor(k, t, device);
-    if (const auto it = storages_.find(&storage_of(t)); it != storages_.end()) {
+    const TpuStorage& s = storage_of(t);
+    if (const auto it = storages_.find(&s); it != storages_.end()) {
       k.tag('B');
       k.i(it->second.order);
+    } else if (!s.buffer) {
+      k.tag('Z');  // never written: reads as zeros (tape_call_key)
     }
   }
 
