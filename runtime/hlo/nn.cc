@@ -96,9 +96,15 @@ Value Builder::attention(const Value& q, const Value& k, const Value& v, const s
   // Shifted by the row max (0 for a row with every key masked, whose result is 0 as CPU's).
   const Value m = max_along(s, 3);
   const Value e = exp(sub(s, select(eq(m, scalar_like(-HUGE_VAL, m)), scalar_like(0, m), m)));
-  const Value total = sum(e, {3}, true);
-  // The sum divides the [L, Ev] products, not the [L, S] exponentials (CPU's order too).
-  const Value products = weighted(*this, contraction_operand(e), v);
+  // The sum divides the [L, Ev] products, not the [L, S] exponentials (CPU's order too). It is the
+  // product with a column of ones beside the values: a separate row sum was a third pass over the
+  // [L, S] scores on a TPU (XLA fuses no reduction into a product's epilogue).
+  const auto& vd = v.dims();
+  const Value ones = full(1, TensorType{v.element(), {vd[0], vd[1], vd[2], 1}});
+  const Value both = weighted(*this, contraction_operand(e), contraction_operand(concatenate({v, ones}, 3)));
+  const auto& bd = both.dims();
+  const Value products = slice(both, {0, 0, 0, 0}, {bd[0], bd[1], bd[2], vd[3]}, {1, 1, 1, 1});
+  const Value total = slice(both, {0, 0, 0, vd[3]}, {bd[0], bd[1], bd[2], vd[3] + 1}, {1, 1, 1, 1});
   return div(products, select(eq(total, scalar_like(0, total)), scalar_like(1, total), total));
 }
 
