@@ -180,8 +180,10 @@ def _(mo):
 
     `with torchtpu.debug.trace() as t:` records every step the runtime takes inside the block: each
     spec kernel call (`kind="op"`), CPU fallback (`"fallback"`), host/device copy (`"copy"`) and
-    compiled-graph run (`"graph"`), with its input shapes, where its executable came from
-    (`cache`: `"hit"` in the kernel cache, `"memory"`, `"disk"`, or `"compile"`), compile
+    compiled-graph run (`"graph"`); in fused eager mode each recorded op (`"recorded"`, its time the
+    host's) and each block that runs (`"fused"`); with its input shapes, where its executable came
+    from (`cache`: `"hit"` in the kernel cache, `"memory"`, `"disk"`, `"compile"`, or `"tape"`: fused
+    mode's replay), compile
     milliseconds, execute microseconds and the device memory held after it. With the default
     `sync=True` each op waits for its result, so the times are the device's. `t.table()` sums the
     events per op, slowest first (printed when the block exits unless `print_table=False`), and

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torchtpu
+from conftest import eager_mode
 
 TPU = torch.device("tpu")
 
@@ -16,6 +17,28 @@ def traced(fn, **kwargs):
     with torchtpu.debug.trace(print_table=False, **kwargs) as t:
         result = fn()
     return t, result
+
+
+def test_trace_in_fused_mode_records_each_op_and_the_blocks_that_run_them():
+    x_cpu = torch.randn(29, 11)
+    x = x_cpu.to(TPU)
+
+    def step():
+        return torch.sinh(x * 5.0).cpu()  # a host read: the block runs
+
+    with eager_mode("fused"):
+        step()  # the tape learns the block
+        t, values = traced(lambda: [step() for _ in range(2)])
+    torch.testing.assert_close(values[1], torch.sinh(x_cpu * 5.0))
+    sinh = [e for e in t.events if e.name == "aten::sinh"]
+    assert [e.kind for e in sinh] == ["recorded"] * 2 and all(e.shapes == "f32[29, 11]" for e in sinh)
+    assert all(e.cache == "tape" and e.compile_ms == 0 and e.execute_us > 0 for e in sinh)  # replayed
+    blocks = [e for e in t.events if e.kind == "fused"]
+    assert len(blocks) == 2 and all(e.cache == "tape" for e in blocks)  # each block's executable from the tape
+    assert blocks[0].start_us > sinh[0].start_us
+    rows = {r["name"]: r for r in t.summary()}
+    assert rows["aten::sinh"]["tape"] == 2
+    assert "aten::sinh" in t.table()
 
 
 def test_trace_records_each_op_with_its_cache_outcome_and_times(strict_eager):

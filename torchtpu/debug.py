@@ -71,12 +71,13 @@ class OpEvent:
     """One step recorded by `trace()`: a spec kernel call, CPU fallback, copy or compiled-graph run."""
 
     name: str          # "aten::add.Tensor", "aten::mode", "graph 3", "aten::_copy_from cpu->tpu:0"
-    kind: str          # "op" | "fallback" | "graph" | "copy" | "fused"
+    kind: str          # "op" | "fallback" | "graph" | "copy" | "fused" (a block) | "recorded" (an op fused mode recorded)
     shapes: str        # its tensor arguments, e.g. "f32[4, 8], f32[8]"
-    cache: str         # where its executable came from: "hit" (kernel cache), "memory", "disk", "compile", ""
+    cache: str         # where its executable came from: "hit" (kernel cache), "memory", "disk", "compile", "tape"
+                       # (a fused block's executable, or a recorded op's emission, from the tape), ""
     start_us: float    # since the trace started
     compile_ms: float  # building and compiling its module (0 when cached)
-    execute_us: float  # running it; with sync=True until its results were ready
+    execute_us: float  # running it; with sync=True until its results were ready (recorded: the host's time recording it)
     live_bytes: int    # device memory held after it
     device: int
     depth: int         # 0, or how deep inside another recorded step it ran (a fallback's copies: 1)
@@ -125,7 +126,8 @@ class Trace:
             if e.depth:
                 continue
             row = rows.setdefault(e.name, {"name": e.name, "kind": e.kind, "calls": 0, "compile_ms": 0.0,
-                                           "execute_us": 0.0, "hit": 0, "memory": 0, "disk": 0, "compile": 0})
+                                           "execute_us": 0.0, "hit": 0, "memory": 0, "disk": 0, "compile": 0,
+                                           "tape": 0})
             row["calls"] += 1
             row["compile_ms"] += e.compile_ms
             row["execute_us"] += e.execute_us
@@ -136,7 +138,7 @@ class Trace:
     def table(self, top: int = 25) -> str:
         rows = self.summary()
         recorded_us = sum(r["compile_ms"] * 1e3 + r["execute_us"] for r in rows)
-        header = (f"{'name':<44} {'kind':<8} {'calls':>6} {'hit':>5} {'mem':>4} {'disk':>4} {'comp':>4} "
+        header = (f"{'name':<44} {'kind':<8} {'calls':>6} {'hit':>5} {'mem':>4} {'disk':>4} {'comp':>4} {'tape':>5} "
                   f"{'compile ms':>10} {'execute us':>11} {'mean us':>9} {'time':>6}")
         lines = [f"torchtpu trace: {len(self.events)} steps in {self.wall_us / 1e3:.2f} ms "
                  f"({'synchronized' if self.sync else 'not synchronized: execute = time to enqueue'})",
@@ -144,7 +146,7 @@ class Trace:
         for r in rows[:top]:
             total = r["compile_ms"] * 1e3 + r["execute_us"]
             lines.append(f"{r['name'][:44]:<44} {r['kind']:<8} {r['calls']:>6} {r['hit']:>5} {r['memory']:>4} "
-                         f"{r['disk']:>4} {r['compile']:>4} {r['compile_ms']:>10.2f} {r['execute_us']:>11.1f} "
+                         f"{r['disk']:>4} {r['compile']:>4} {r['tape']:>5} {r['compile_ms']:>10.2f} {r['execute_us']:>11.1f} "
                          f"{r['execute_us'] / r['calls']:>9.1f} {100 * total / max(self.wall_us, 1e-9):>5.1f}%")
         if len(rows) > top:
             lines.append(f"... {len(rows) - top} more")

@@ -723,7 +723,14 @@ class FusedRecorder final : public GraphCapture {
     }
     check_call_values(spec, plan.compute, args);  // may read values: runs the block first
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    const bool replayed = block_on(device).record(spec, plan, args, stack, planned ? planned_key : nullptr);
+    Capture& block = block_on(device);
+    const int64_t start = tracing() ? trace_now_ns() : -1;
+    std::string shapes = start >= 0 ? describe_args(args, spec.args.size()) : std::string();  // before record() pops them
+    const bool replayed = block.record(spec, plan, args, stack, planned ? planned_key : nullptr);
+    if (start >= 0) {
+      TracedCall::record_recorded_op(std::string("aten::") + spec.overload, std::move(shapes), replayed ? "tape" : "",
+                                     start, device);
+    }
     names_.push_back(spec.overload);
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
     ops_replayed_ += replayed;

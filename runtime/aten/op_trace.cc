@@ -109,4 +109,12 @@ void TracedCall::record(std::string name, std::string shapes) {
   if (g_tracing.load()) g_events.push_back(std::move(event));  // a trace stopped meanwhile keeps nothing
 }
 
+void TracedCall::record_recorded_op(std::string name, std::string shapes, const char* cache, int64_t start_ns,
+                                    int device) {
+  TraceEvent event{std::move(name), "recorded", std::move(shapes), cache, start_ns, 0, trace_now_ns() - start_ns,
+                   runtime().metrics().live_bytes.load(), device, t_depth};
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  if (g_tracing.load()) g_events.push_back(std::move(event));
+}
+
 }  // namespace torchtpu

@@ -25,9 +25,9 @@ namespace torchtpu {
 
 struct TraceEvent {
   std::string name;    // "aten::add.Tensor", "graph 3", "aten::_copy_from tpu->cpu", ...
-  const char* kind;    // "op" | "fallback" | "graph" | "copy"
+  const char* kind;    // "op" | "fallback" | "graph" | "copy" | "fused" | "recorded"
   std::string shapes;  // the tensor arguments: "f32[4, 8], f32[8]"
-  const char* cache;   // "hit" (kernel cache) | "memory" | "disk" | "compile" | "" (nothing compiled)
+  const char* cache;   // "hit" (kernel cache) | "memory" | "disk" | "compile" | "tape" | "" (nothing compiled)
   int64_t start_ns;    // steady clock
   int64_t compile_ns;  // building and compiling its module, where it had to
   int64_t execute_ns;  // running it (until its results were ready, when the trace synchronizes)
@@ -111,6 +111,10 @@ class TracedCall {
   void set_cache(const char* cache) { cache_ = cache; }
   // Adds the event to the trace; call only while recording() (names and shapes cost strings).
   void record(std::string name, std::string shapes);
+  // Adds an op fused eager mode recorded (kind "recorded"; cache "tape" where its emission was
+  // replayed): its execute time is the host's time recording it, from start_ns.
+  static void record_recorded_op(std::string name, std::string shapes, const char* cache, int64_t start_ns,
+                                 int device);
 
  private:
   template <typename F>

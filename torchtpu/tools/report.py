@@ -47,7 +47,8 @@ CHARTS = {  # key: (file, heading)
     "fallbacks": ("cpu_fallbacks.png", "CPU fallbacks"),
     "memory": ("memory.png", "Device memory over time"),
 }
-FALLBACK, COPIES, GRAPHS, NO_SPEC = "CPU fallback", "copies", "compiled graphs", "ops without a spec file"
+FALLBACK, COPIES, GRAPHS, BLOCKS, NO_SPEC = ("CPU fallback", "copies", "compiled graphs", "fused blocks",
+                                             "ops without a spec file")
 OUTSIDE = "outside recorded steps"
 
 
@@ -131,6 +132,8 @@ def family_of(event, families: dict[str, str]) -> tuple[str, str]:
         return COPIES, "host <-> device and device <-> device copies"
     if event.kind == "graph":
         return GRAPHS, "torch.compile(backend=\"tpu\") modules"
+    if event.kind == "fused":
+        return BLOCKS, "fused eager mode's blocks, each one module (its ops are in their families as recorded)"
     source = families.get(event.name.removeprefix("aten::"))
     if source is None:
         return NO_SPEC, "ops the runtime runs itself"
@@ -194,6 +197,8 @@ def analyze(events, wall_us: float, sync: bool, families: dict[str, str], metric
         "compiling (building or loading executables)": compile_ms,
         "executing spec kernels": by_kind["op"],
         "compiled graphs running": by_kind["graph"],
+        "recording ops (fused eager mode)": by_kind["recorded"],
+        "fused blocks running": by_kind["fused"],
         "CPU fallbacks": by_kind["fallback"],
         "copies": by_kind["copy"],
         OUTSIDE: max(wall_ms - recorded_ms, 0.0),
@@ -534,10 +539,11 @@ def write_html(path: str, run: Run, a: Analysis, charts: dict[str, str], chart_n
 
     rows = trace.summary()
     h.append(f"<h2>Top ops</h2><p>Top-level steps summed per name, slowest first ({len(rows)} names). Cache: hit "
-             "(kernel cache), mem (module text), disk (loaded), comp (compiled).</p>")
-    h.append(table(["name", "kind", "calls", "hit", "mem", "disk", "comp", "compile ms", "execute µs", "mean µs",
-                    "of wall"],
-                   [[r["name"], r["kind"], r["calls"], r["hit"], r["memory"], r["disk"], r["compile"],
+             "(kernel cache), mem (module text), disk (loaded), comp (compiled), tape (fused eager mode: a block's "
+             "executable, or a recorded op's emission, replayed).</p>")
+    h.append(table(["name", "kind", "calls", "hit", "mem", "disk", "comp", "tape", "compile ms", "execute µs",
+                    "mean µs", "of wall"],
+                   [[r["name"], r["kind"], r["calls"], r["hit"], r["memory"], r["disk"], r["compile"], r["tape"],
                      f"{r['compile_ms']:.2f}", f"{r['execute_us']:.1f}", f"{r['execute_us'] / r['calls']:.1f}",
                      pct(r["compile_ms"] + r["execute_us"] / 1e3, a.wall_ms)] for r in rows[:40]], right_from=2))
     if len(rows) > 40:
