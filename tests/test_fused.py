@@ -294,6 +294,29 @@ def test_a_call_after_a_deferred_flush_is_not_replayed_as_a_never_written_read()
     assert all(torch.equal(v, torch.full((3,), 6.0)) for v in after_step)
 
 
+def test_blocks_keep_within_the_executable_budget_and_the_tape_starts_again():
+    # Each executable holds memory mappings of JIT code; past the process's budget the CPU plugin's JIT
+    # fails and the next C++ throw crashes the process (seen: 300 _foreach parity tests in fused mode).
+    # Fused blocks compile under the same budget as eager kernels: the caches (the tape too) are dropped.
+    budget = 6
+    before = torchtpu._C._set_max_live_executables(budget)
+    try:
+        live = []
+        with eager_mode("fused"):
+            for n in range(3, 3 + 3 * budget):  # a block per shape, each compiled
+                x = torch.arange(float(n))
+                assert torch.equal((x.to(TPU) * 2 + 1).cpu(), x * 2 + 1)
+                live.append(torchtpu.debug.metrics()["live_executables"])
+            reused = fused_metrics()["blocks_reused"]
+            t = torch.ones(5, device=TPU)
+            for _ in range(3):  # a loop still finds its block on the tape
+                assert torch.equal((t * 3).cpu(), torch.full((5,), 3.0))
+            assert fused_metrics()["blocks_reused"] >= reused + 1
+        assert max(live) <= budget + 1, live
+    finally:
+        torchtpu._C._set_max_live_executables(before)
+
+
 def test_random_streams_match_strict_mode_when_blocks_are_replayed():
     def program():
         torch.tpu.manual_seed(5)

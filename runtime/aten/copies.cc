@@ -5,6 +5,7 @@
 #include <c10/util/strides.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -160,6 +161,7 @@ std::vector<rt::BufferPtr> run_module(const std::string& key, const std::vector<
     if (it != g_modules.end()) exe = it->second;
   }
   if (!exe) {
+    make_room_for_an_executable();
     exe = TracedCall::compile([&] {
       rt::Builder b;
       auto results = build(b);
@@ -277,6 +279,24 @@ void clear_kernel_caches() {
   clear_compiled_graphs();
   std::lock_guard<std::mutex> lock(g_modules_mutex);
   g_modules.clear();
+}
+
+namespace {
+std::atomic<int64_t> g_max_live_executables{rt::kMaxLiveExecutables};
+}  // namespace
+
+int64_t set_max_live_executables(int64_t count) { return g_max_live_executables.exchange(count); }
+
+bool make_room_for_an_executable() {
+  // The mappings are counted every 64th call (reading /proc/self/maps costs about a millisecond).
+  static std::atomic<int64_t> calls{0};
+  if (runtime().metrics().live_executables.load() < g_max_live_executables.load() &&
+      (++calls % 64 != 0 || rt::process_memory_mappings() < rt::kMaxMemoryMappings)) {
+    return false;
+  }
+  clear_kernel_caches();
+  runtime().clear_in_process_cache();
+  return true;
 }
 
 // PyTorch's Conjugate fallback would hand _copy_from a resolved clone of a conjugated dst (its

@@ -306,6 +306,10 @@ class Capture final : public GraphCapture {
     if (run.reused) {
       run.exe = *known;
     } else {
+      if (make_room_for_an_executable()) {  // the tape went with the caches: this block is off it
+        known = nullptr;
+        tape_ = nullptr;
+      }
       std::vector<rt::TensorType> types;
       for (const rt::Value& r : results) types.push_back(r.type);
       run.exe = runtime().compile(builder_.finish(results, run.aliases), types, device_);
@@ -339,6 +343,7 @@ class Capture final : public GraphCapture {
   std::shared_ptr<CompiledGraph> compiled(const std::vector<rt::Value>& results) {
     std::vector<rt::TensorType> types;
     for (const rt::Value& r : results) types.push_back(r.type);
+    make_room_for_an_executable();
     graph_.exe = runtime().compile(builder_.finish(results, graph_.aliases), types, device_);
     graph_.device = device_;
     return std::make_shared<CompiledGraph>(std::move(graph_));

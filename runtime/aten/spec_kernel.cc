@@ -232,15 +232,7 @@ class SpecKernel final : public c10::OperatorKernel {
     if (entry) {
       traced.set_cache("hit");
     } else {
-      // Executables hold memory mappings of JIT code; a process has ~65k. Past the budget, drop
-      // the in-process caches (the disk tier reloads what is used again). The mappings are
-      // counted every 64th miss (reading /proc/self/maps costs about a millisecond).
-      static std::atomic<int64_t> misses{0};
-      if (runtime().metrics().live_executables.load() >= rt::kMaxLiveExecutables ||
-          (++misses % 64 == 0 && rt::process_memory_mappings() >= rt::kMaxMemoryMappings)) {
-        clear_kernel_caches();
-        runtime().clear_in_process_cache();
-      }
+      make_room_for_an_executable();
       std::shared_ptr<Entry> built = TracedCall::compile([&] { return build(op, args, numerics, device); });
       std::lock_guard<std::mutex> lock(mutex_);
       entry = cache_.emplace(key, std::move(built)).first->second;

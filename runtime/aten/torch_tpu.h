@@ -90,6 +90,11 @@ void set_fallback_is_error(bool error);
 // positions (each such call synchronizes).
 void set_check_indices(bool check);
 void clear_kernel_caches();       // the executables of spec kernels, runtime modules and graphs
+// Called before compiling an executable that is not cached in the process: executables hold memory
+// mappings of JIT code (rt::kMaxMemoryMappings), so past the budget this drops the in-process caches
+// (the disk tier reloads what is used again). True where it dropped them.
+bool make_room_for_an_executable();
+int64_t set_max_live_executables(int64_t count);  // tests: a smaller budget; returns the one before
 void clear_spec_kernel_caches();  // the spec kernels' alone
 int64_t compiled_graphs();        // graphs captured and compiled so far (layouts of their inputs)
 void clear_compiled_graphs();

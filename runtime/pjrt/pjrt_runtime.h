@@ -80,8 +80,9 @@ using BufferPtr = std::shared_ptr<DeviceBuffer>;
 // A loaded executable plus what we need to call it.
 // Loaded executables cost memory mappings (the CPU plugin maps 3-20 regions of JIT code each) and
 // Linux allows ~65k per process; past that the plugin's JIT fails and its unwinder state is corrupt
-// (the next C++ throw crashes). The spec kernel drops the in-process caches when a process holds
-// more than kMaxLiveExecutables executables or kMaxMemoryMappings mappings.
+// (the next C++ throw crashes). Before compiling a new executable (an eager kernel's, a fused block's,
+// a graph's, a runtime module's), torchtpu::make_room_for_an_executable drops the in-process caches
+// when a process holds more than kMaxLiveExecutables executables or kMaxMemoryMappings mappings.
 constexpr int64_t kMaxLiveExecutables = 2048;
 constexpr int64_t kMaxMemoryMappings = 40000;
 int64_t process_memory_mappings();  // Linux: lines of /proc/self/maps; elsewhere 0
