@@ -281,6 +281,11 @@ void clear_kernel_caches() {
   g_modules.clear();
 }
 
+void clear_in_process_caches() {
+  clear_kernel_caches();
+  runtime().clear_in_process_cache();
+}
+
 namespace {
 std::atomic<int64_t> g_max_live_executables{rt::kMaxLiveExecutables};
 }  // namespace
@@ -294,8 +299,7 @@ bool make_room_for_an_executable() {
       (++calls % 64 != 0 || rt::process_memory_mappings() < rt::kMaxMemoryMappings)) {
     return false;
   }
-  clear_kernel_caches();
-  runtime().clear_in_process_cache();
+  clear_in_process_caches();
   return true;
 }
 

@@ -38,6 +38,11 @@ const char* short_dtype(at::ScalarType dtype) {
   }
 }
 
+void append_event(TraceEvent event) {
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  if (g_tracing.load()) g_events.push_back(std::move(event));  // a trace stopped meanwhile keeps nothing
+}
+
 }  // namespace
 
 int64_t trace_now_ns() {
@@ -103,18 +108,14 @@ void TracedCall::record(std::string name, std::string shapes) {
       case rt::CompileOutcome::Compiled: cache = "compile"; break;
     }
   }
-  TraceEvent event{std::move(name), kind_, std::move(shapes), cache ? cache : "", start_ns_, compile_ns_,
-                   execute_ns_, runtime().metrics().live_bytes.load(), device_, depth_};
-  std::lock_guard<std::mutex> lock(g_trace_mutex);
-  if (g_tracing.load()) g_events.push_back(std::move(event));  // a trace stopped meanwhile keeps nothing
+  append_event({std::move(name), kind_, std::move(shapes), cache ? cache : "", start_ns_, compile_ns_, execute_ns_,
+                runtime().metrics().live_bytes.load(), device_, depth_});
 }
 
 void TracedCall::record_recorded_op(std::string name, std::string shapes, const char* cache, int64_t start_ns,
                                     int device) {
-  TraceEvent event{std::move(name), "recorded", std::move(shapes), cache, start_ns, 0, trace_now_ns() - start_ns,
-                   runtime().metrics().live_bytes.load(), device, t_depth};
-  std::lock_guard<std::mutex> lock(g_trace_mutex);
-  if (g_tracing.load()) g_events.push_back(std::move(event));
+  append_event({std::move(name), "recorded", std::move(shapes), cache, start_ns, 0, trace_now_ns() - start_ns,
+                runtime().metrics().live_bytes.load(), device, t_depth});
 }
 
 }  // namespace torchtpu

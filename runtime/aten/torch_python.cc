@@ -134,8 +134,5 @@ PYBIND11_MODULE(_C, m) {
     return torchtpu::dispatch_variants_ns(iterations);
   });
   m.def("_set_max_live_executables", &torchtpu::set_max_live_executables);
-  m.def("clear_in_process_caches", [] {
-    torchtpu::clear_kernel_caches();
-    torchtpu::runtime().clear_in_process_cache();
-  });
+  m.def("clear_in_process_caches", &torchtpu::clear_in_process_caches);
 }

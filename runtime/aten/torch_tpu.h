@@ -90,6 +90,7 @@ void set_fallback_is_error(bool error);
 // positions (each such call synchronizes).
 void set_check_indices(bool check);
 void clear_kernel_caches();       // the executables of spec kernels, runtime modules and graphs
+void clear_in_process_caches();   // those and the runtime's in-process module cache (the disk tier stays)
 // Called before compiling an executable that is not cached in the process: executables hold memory
 // mappings of JIT code (rt::kMaxMemoryMappings), so past the budget this drops the in-process caches
 // (the disk tier reloads what is used again). True where it dropped them.
