@@ -638,6 +638,11 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
              "cpu eager": ("cpu", False, False)}
     results: dict[str, dict[str, Result]] = {"train": {}, "inference": {}}
     amp = torch.bfloat16 if args.dtype == "bfloat16" else None
+    # "tpu eager" is strict mode and "tpu fused" fused mode; compiled and graph mode run in the eager
+    # mode a user gets (TORCHTPU_EAGER_MODE, else the platform's default): in fused mode compiled
+    # graphs join one block per step.
+    default_mode = torch.tpu.get_eager_mode() if tpu_ok else "strict"
+    eager_modes = {"tpu eager": "strict", "tpu fused": "fused", "tpu compiled": default_mode, "tpu graph": default_mode}
     for phase in results:
         for mode, (device, compiled, graphed) in modes.items():
             if phase not in args.phases:
@@ -656,7 +661,7 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 torch._dynamo.reset()  # each compiled mode counts its own graphs
             if device == "tpu":
                 torch.tpu.reset_peak_memory_stats()
-                torch.tpu.set_eager_mode("fused" if mode == "tpu fused" else "strict")
+                torch.tpu.set_eager_mode(eager_modes[mode])
             try:
                 if phase == "train":
                     step = torch_train_step(build(), batch, device, compiled, make_opt, loss_fn, clip, graphed, amp,
@@ -677,8 +682,9 @@ def torch_results(args, compile_ok: bool, tpu_ok: bool, build: Callable, batch: 
                 results[phase][mode] = Result(note=f"failed: {type(error).__name__}")
             finally:
                 if device == "tpu":
-                    torch.tpu.set_eager_mode("strict")
-            print(f"  {phase:<9} {mode:<12} {fmt_ms(results[phase][mode])}", flush=True)
+                    torch.tpu.set_eager_mode(default_mode)
+            in_mode = f" ({eager_modes[mode]} eager mode)" if mode in ("tpu compiled", "tpu graph") else ""
+            print(f"  {phase:<9} {mode:<12} {fmt_ms(results[phase][mode])}{in_mode}", flush=True)
     return results
 
 

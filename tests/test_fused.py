@@ -205,6 +205,46 @@ def test_training_matches_strict_mode_and_iterations_reuse_their_module():
     assert compiled[2:] == [compiled[1]] * (len(compiled) - 2)
 
 
+def compiled_train(mode: str, steps: int = 5):
+    """A train step whose forward, backward and AdamW step are torch.compile graphs, in `mode`."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4)).to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    forward = torch.compile(model, backend="tpu")
+    opt_step = torch.compile(opt.step, backend="tpu")
+    data = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(steps)]
+    losses, per_step = [], []
+    with eager_mode(mode):
+        for x, y in data:
+            before = fused_metrics()
+            loss = torch.nn.functional.cross_entropy(forward(x.to(TPU)), y.to(TPU))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt_step()
+            losses.append(loss.item())
+            after = fused_metrics()
+            per_step.append({k: after[k] - before[k] for k in ("graphs_recorded", "blocks_run", "blocks_compiled")})
+        params = [p.detach().cpu() for p in model.parameters()]
+    torch._dynamo.reset()
+    return losses, params, per_step
+
+
+def test_compiled_graphs_join_the_block_so_a_compiled_train_step_runs_as_one_module():
+    # In fused mode a torch.compile graph's call is a call in the pending block (XLA inlines it): the
+    # forward, backward and optimizer graphs and the eager loss between them run as one module a step.
+    strict_losses, strict_params, _ = compiled_train("strict")
+    losses, params, per_step = compiled_train("fused")
+    torch.testing.assert_close(losses, strict_losses, rtol=1e-6, atol=0)
+    torch.testing.assert_close(params, strict_params, rtol=1e-5, atol=1e-6)
+    # The first step captures each graph, the second the optimizer's again (its state exists now), the
+    # third compiles the joined block; from then on each step runs it.
+    for counts in per_step[3:]:
+        assert counts == {"graphs_recorded": 3, "blocks_run": 1, "blocks_compiled": 0}, per_step
+    assert per_step[2]["blocks_run"] == 1
+
+
 def test_an_optimizer_step_ends_the_block_at_the_next_op_so_dropped_gradients_are_never_written():
     torch.manual_seed(0)
     model = torch.nn.Linear(256, 256).to(TPU)

@@ -7,6 +7,7 @@
 #include "aten/graph.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/strides.h>
 #include <torch/csrc/utils/pybind.h>
@@ -50,7 +51,12 @@ struct GraphOutput {
 
 struct CompiledGraph {
   int64_t id = 0;  // names the graph to Python (which keeps its non-tensor outputs)
+  // Compiled when the graph first runs on its own: in fused eager mode its calls join the pending
+  // block as calls of `function` (its module as a private function), and it may never run alone.
   rt::ExecutablePtr exe;
+  std::string module, function;
+  std::vector<rt::TensorType> param_types, result_types;
+  int64_t ops = 0;  // the calls and copies captured: what a call of it adds to a fused block's size
   std::vector<GraphParam> params;
   std::vector<std::pair<int, int>> written_inputs;  // (input, module result): new contents of its storage
   std::vector<std::pair<int, int>> aliases;         // (parameter, module result) that may share a buffer
@@ -63,27 +69,19 @@ struct CompiledGraph {
 
 std::mutex g_graphs_mutex;
 std::unordered_map<std::string, std::shared_ptr<CompiledGraph>> g_graphs;  // (family, input layout) -> graph
+std::atomic<int64_t> g_next_graph_id{1};
 
-// The layout a compiled graph was captured for: each input's view and storage (a CPU 0-d tensor
-// by dtype), and which inputs share a storage.
-std::string input_key(int64_t family, const std::vector<at::Tensor>& inputs, int& device) {
-  KeyWriter k;
-  k.i(family);
-  key_numerics(k, current_numerics());  // a graph called under another matmul precision or math mode is captured anew
-  std::unordered_map<const void*, int64_t> first_with_storage;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const at::Tensor& t = inputs[i];
-    if (!is_tpu(t)) {
-      k.tag(t.defined() ? 'C' : 'N');
-      if (t.defined()) k.i(static_cast<int64_t>(t.scalar_type())), k.ints(t.sizes());
-      continue;
-    }
-    key_tensor(k, t, device);
-    const void* storage = &storage_of(t);
-    k.i(first_with_storage.emplace(storage, static_cast<int64_t>(i)).first->second);
+// A graph's executable, compiled the first time it runs on its own (its module text goes then).
+std::mutex g_compile_alone_mutex;
+const rt::Executable& compile_alone(CompiledGraph& graph) {
+  std::lock_guard<std::mutex> lock(g_compile_alone_mutex);
+  if (!graph.exe) {
+    make_room_for_an_executable();
+    graph.exe = TracedCall::compile([&] { return runtime().compile(graph.module, graph.result_types, graph.device); });
+    graph.module.clear();
+    graph.module.shrink_to_fit();
   }
-  if (device < 0) device = current_device();
-  return std::move(k.s);
+  return *graph.exe;
 }
 
 // Tensor?[] arguments as tensors (None: undefined).
@@ -341,11 +339,17 @@ class Capture final : public GraphCapture {
   }
 
   std::shared_ptr<CompiledGraph> compiled(const std::vector<rt::Value>& results) {
-    std::vector<rt::TensorType> types;
-    for (const rt::Value& r : results) types.push_back(r.type);
-    make_room_for_an_executable();
-    graph_.exe = runtime().compile(builder_.finish(results, graph_.aliases), types, device_);
+    graph_.id = g_next_graph_id++;
     graph_.device = device_;
+    graph_.ops = ops_;
+    for (const rt::Value& r : results) graph_.result_types.push_back(r.type);
+    graph_.module = builder_.finish(results, graph_.aliases);
+    if (by_storage_) {  // a whole-step graph always runs alone
+      compile_alone(graph_);
+    } else if (fused_eager()) {  // its calls will join fused blocks
+      for (int p = 0; p < builder_.num_parameters(); ++p) graph_.param_types.push_back(builder_.parameter_type(p));
+      graph_.function = builder_.function_text("graph_" + std::to_string(graph_.id), results);
+    }
     return std::make_shared<CompiledGraph>(std::move(graph_));
   }
 
@@ -399,6 +403,7 @@ class Capture final : public GraphCapture {
       }
     }
     tape_ = node;
+    ++ops_;
     const EmittedCall& call = replayed ? node->step->call : emitted;
     size_t next_written = defined_count(call.fresh);
     for (int w : spec.written) {
@@ -435,8 +440,82 @@ class Capture final : public GraphCapture {
       value = constant_param(upload_for_copy(src, dst));
     }
     set_value(dst, write_tensor(builder_, contents(dst), storage_type_of(dst), value, dst));
+    ++ops_;
     return true;
   }
+
+  // A compiled graph called in fused eager mode: a call of its function on the block's values of its
+  // inputs, whose results become its written inputs' new values and its outputs' storages. Null
+  // where an input's value here is not of the type the graph was compiled for: nothing is recorded.
+  std::optional<std::vector<at::Tensor>> record_graph(const CompiledGraph& graph, const std::vector<at::Tensor>& inputs) {
+    if (graph.function.empty()) return std::nullopt;  // captured in strict mode: it runs alone
+    for (size_t p = 0; p < graph.params.size(); ++p) {
+      if (graph.params[p].kind == GraphParam::Input && storage_type_of(inputs[graph.params[p].input]) != graph.param_types[p]) {
+        return std::nullopt;
+      }
+    }
+    if (tape_) {  // emitted each time, as a copy; the tape goes on past it
+      KeyWriter k;
+      k.tag('G');
+      k.i(graph.id);
+      for (const at::Tensor& t : inputs) t.defined() ? tape_key_tensor(k, t) : k.tag('N');
+      tape_ = &tape_child(std::move(k.s));
+    }
+    std::vector<rt::Value> args;
+    for (const GraphParam& p : graph.params) {
+      switch (p.kind) {
+        case GraphParam::Input:
+          args.push_back(*contents(inputs[p.input]));
+          break;
+        case GraphParam::InputScalar:
+          args.push_back(constant_param(scalar_buffer(inputs[p.input].item(), p.element, device_)));
+          break;
+        case GraphParam::Constant:
+          args.push_back(constant_param(p.constant));
+          break;
+        case GraphParam::Random: {  // drawn when recorded, in the order strict mode runs the graphs
+          const auto [seed, offset] = reserve_random(std::nullopt, device_, p.random_words);
+          const uint64_t state[2] = {seed, offset};
+          args.push_back(constant_param(runtime().to_device(state, rt::ElementType::U64, {2}, device_)));
+          break;
+        }
+        case GraphParam::Storage:
+          TORCH_CHECK(false, "torchtpu: a whole-step graph cannot join a fused block");
+      }
+    }
+    const std::vector<rt::Value> results =
+        builder_.call_function("graph_" + std::to_string(graph.id), graph.function, args, graph.result_types);
+    ops_ += graph.ops;
+    for (const auto& [input, result] : graph.written_inputs) set_value(inputs[input], results[result]);
+    std::vector<at::Tensor> outputs;
+    std::unordered_map<int, c10::Storage> made;  // module result -> the new storage its outputs share
+    for (const GraphOutput& o : graph.outputs) {
+      if (o.host) {
+        outputs.push_back(inputs[o.input]);
+      } else if (o.result < 0) {
+        outputs.push_back(tensor_on_storage(inputs[o.input].storage(), o.dtype, o.sizes, o.strides, o.offset));
+      } else {
+        auto it = made.find(o.result);
+        if (it == made.end()) {
+          const rt::TensorType& type = results[o.result].type;
+          at::Tensor holder = at::empty({type.numel() * rt::element_size(type.element)},
+                                        at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, device_));
+          set_value(holder, results[o.result]);
+          it = made.emplace(o.result, holder.storage()).first;
+        }
+        outputs.push_back(tensor_on_storage(it->second, o.dtype, o.sizes, o.strides, o.offset));
+      }
+    }
+    return outputs;
+  }
+
+  // The type of the value this capture holds for a storage that has no buffer yet, or null.
+  const rt::TensorType* pending_contents(const TpuStorage& s) const {
+    if (s.buffer) return nullptr;
+    const auto it = storages_.find(&s);
+    return it == storages_.end() ? nullptr : &it->second.value.type;
+  }
+  int64_t ops() const { return ops_; }
 
   void refuse(const std::string& what) override { fail(what); }
   [[noreturn]] void fail(const std::string& what) {
@@ -676,7 +755,37 @@ class Capture final : public GraphCapture {
   std::unordered_map<const c10::TensorImpl*, int> input_of_;
   TapeNode* tape_ = nullptr;  // fused: where the block's calls so far lead on the tape (null: off it)
   size_t* tape_nodes_ = nullptr;
+  int64_t ops_ = 0;  // calls and copies recorded (a compiled graph's call counts its own)
 };
+
+// The layout a compiled graph was captured for: each input's view and storage (a CPU 0-d tensor
+// by dtype), and which inputs share a storage. `block`: the pending fused block, whose values of
+// storages with no buffer yet key as the buffers it will give them.
+std::string input_key(int64_t family, const std::vector<at::Tensor>& inputs, int& device, const Capture* block) {
+  KeyWriter k;
+  k.i(family);
+  key_numerics(k, current_numerics());  // a graph called under another matmul precision or math mode is captured anew
+  std::unordered_map<const void*, int64_t> first_with_storage;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!is_tpu(t)) {
+      k.tag(t.defined() ? 'C' : 'N');
+      if (t.defined()) k.i(static_cast<int64_t>(t.scalar_type())), k.ints(t.sizes());
+      continue;
+    }
+    key_tensor(k, t, device, block ? block->pending_contents(storage_of(t)) : nullptr);
+    const void* storage = &storage_of(t);
+    k.i(first_with_storage.emplace(storage, static_cast<int64_t>(i)).first->second);
+  }
+  if (device < 0) device = current_device();
+  return std::move(k.s);
+}
+
+std::shared_ptr<CompiledGraph> find_graph(const std::string& key) {
+  std::lock_guard<std::mutex> lock(g_graphs_mutex);
+  const auto it = g_graphs.find(key);
+  return it == g_graphs.end() ? nullptr : it->second;
+}
 
 // The device a call's tpu tensors are on (the current device where there are none); -1 where they
 // are on several (the eager kernel raises PyTorch's error).
@@ -700,6 +809,8 @@ int device_of_call(const OpSpec& spec, const c10::IValue* args) {
 // as one module when something needs a value (a host read, a CPU fallback, a data-dependent shape,
 // synchronize, a copy to another device, a graph, a size bound, an optimizer step, exit). One block
 // for the process: the autograd engine's device thread records into the block the caller began.
+constexpr const char* kCompiledGraphName = "a torch.compile graph";  // among a block's ops, for errors
+
 class FusedRecorder final : public GraphCapture {
  public:
   bool records_repeatedly() const override { return true; }
@@ -739,8 +850,34 @@ class FusedRecorder final : public GraphCapture {
     names_.push_back(spec.overload);
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
     ops_replayed_ += replayed;
-    if (names_.size() >= max_ops_) flush("size bound");
+    if (block.ops() >= static_cast<int64_t>(max_ops_)) flush("size bound");
     return true;
+  }
+
+  // A torch.compile graph called in fused mode joins the pending block as one call (XLA inlines it:
+  // a training step's forward, backward and optimizer graphs run as one module, with no buffers for
+  // what passes between them and dies in the block). Null where no graph was captured for this
+  // layout of the inputs, or where it cannot join (the caller runs the block, then the graph).
+  std::optional<std::tuple<int64_t, std::vector<at::Tensor>>> record_graph(int64_t family,
+                                                                           const std::vector<at::Tensor>& inputs) {
+    run_deferred_flush();
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    int device = -1;
+    const std::shared_ptr<CompiledGraph> graph = find_graph(input_key(family, inputs, device, block_.get()));
+    if (!graph || graph->function.empty()) return std::nullopt;
+    const int64_t start = tracing() ? trace_now_ns() : -1;
+    Capture& block = block_on(device);
+    std::optional<std::vector<at::Tensor>> outputs = block.record_graph(*graph, inputs);
+    if (!outputs) return std::nullopt;
+    if (start >= 0) {
+      TracedCall::record_recorded_op("graph " + std::to_string(graph->id), std::to_string(inputs.size()) + " inputs", "",
+                                     start, device);
+    }
+    names_.push_back(kCompiledGraphName);
+    ops_recorded_.fetch_add(1, std::memory_order_relaxed);
+    graphs_recorded_++;
+    if (block.ops() >= static_cast<int64_t>(max_ops_)) flush("size bound");
+    return std::make_tuple(graph->id, std::move(*outputs));
   }
 
   bool copy(const at::Tensor& src, const at::Tensor& dst) override {
@@ -756,9 +893,11 @@ class FusedRecorder final : public GraphCapture {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     // An upload into a storage the block has not met is written at once (as strict mode does).
     if (!is_tpu(src) && !(block_ && block_->holds(storage_of(dst)))) return false;
-    block_on(dst.device().index()).copy(src, dst);
+    Capture& block = block_on(dst.device().index());
+    block.copy(src, dst);
     names_.push_back("_copy_from");
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
+    if (block.ops() >= static_cast<int64_t>(max_ops_)) flush("size bound");
     return true;
   }
 
@@ -812,13 +951,13 @@ class FusedRecorder final : public GraphCapture {
   }
 
   struct Metrics {
-    int64_t ops_recorded, ops_replayed, blocks_run, blocks_compiled, blocks_reused;
+    int64_t ops_recorded, ops_replayed, graphs_recorded, blocks_run, blocks_compiled, blocks_reused;
     size_t tape_nodes;
     std::map<std::string, int64_t> reasons;
   };
   Metrics metrics() const {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    return {ops_recorded_.load(), ops_replayed_, blocks_run_, blocks_compiled_, blocks_reused_, tape_.nodes, reasons_};
+    return {ops_recorded_.load(), ops_replayed_, graphs_recorded_, blocks_run_, blocks_compiled_, blocks_reused_, tape_.nodes, reasons_};
   }
   void set_max_ops(size_t ops) { max_ops_ = std::max<size_t>(ops, 1); }
   // The tape holds executables: dropped with the kernel caches (the pending block leaves it first).
@@ -860,7 +999,9 @@ class FusedRecorder final : public GraphCapture {
   static std::string describe_ops(const std::vector<const char*>& names) {
     std::string text;
     const size_t shown = std::min<size_t>(names.size(), 8);
-    for (size_t i = names.size() - shown; i < names.size(); ++i) text += std::string(text.empty() ? "" : ", ") + "aten::" + names[i];
+    for (size_t i = names.size() - shown; i < names.size(); ++i) {
+      text += std::string(text.empty() ? "" : ", ") + (names[i] == kCompiledGraphName ? "" : "aten::") + names[i];
+    }
     return names.size() > shown ? "..., " + text : text;
   }
 
@@ -870,7 +1011,7 @@ class FusedRecorder final : public GraphCapture {
   std::vector<const char*> names_;  // the block's ops, for errors
   size_t max_ops_ = 10000;
   std::atomic<int64_t> ops_recorded_{0};
-  int64_t ops_replayed_ = 0, blocks_run_ = 0, blocks_compiled_ = 0, blocks_reused_ = 0;
+  int64_t ops_replayed_ = 0, graphs_recorded_ = 0, blocks_run_ = 0, blocks_compiled_ = 0, blocks_reused_ = 0;
   Tape tape_;
   std::map<std::string, int64_t> reasons_;
   std::string deferred_reason_;  // flush_before_next_op's: the block ends at the next op
@@ -889,7 +1030,6 @@ std::unique_ptr<Capture> g_step_capture_owner;
 std::atomic<Capture*> g_step_capture{nullptr};
 std::mutex g_step_graphs_mutex;
 std::unordered_map<int64_t, std::shared_ptr<CompiledGraph>> g_step_graphs;  // id -> whole-step graph
-std::atomic<int64_t> g_next_graph_id{1};
 
 // torchtpu::graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]
 std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
@@ -897,7 +1037,7 @@ std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::
   TORCH_CHECK(!g_capture && !g_step_capture.load(), "torchtpu: a graph is already being captured");
   const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
-  std::string key = input_key(family, inputs, device);
+  std::string key = input_key(family, inputs, device, nullptr);
   auto capture = std::make_unique<Capture>(std::move(key), device);
   std::vector<std::optional<at::Tensor>> aliases;
   for (at::Tensor& t : capture->begin(inputs)) {
@@ -911,7 +1051,6 @@ std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::
 std::shared_ptr<CompiledGraph> compile_capture(Capture& capture, const std::vector<at::Tensor>& outputs) {
   TracedCall traced("graph", capture.device());
   std::shared_ptr<CompiledGraph> graph = TracedCall::compile([&] { return capture.finish(outputs); });
-  graph->id = g_next_graph_id++;
   if (traced.recording()) {
     traced.record("graph " + std::to_string(graph->id) + " (captured)", std::to_string(graph->params.size()) + " inputs");
   }
@@ -932,7 +1071,7 @@ int64_t capture_end(const std::vector<at::Tensor>& outputs) {
 
 void capture_abort() { g_capture.reset(); }
 
-std::vector<rt::BufferPtr> execute_graph(const CompiledGraph& graph, const std::vector<at::Tensor>& inputs, int device);
+std::vector<rt::BufferPtr> execute_graph(CompiledGraph& graph, const std::vector<at::Tensor>& inputs, int device);
 
 // torch.tpu.graph: a whole-step capture on the current device, seen by every thread.
 void step_capture_begin() {
@@ -983,17 +1122,14 @@ void step_graph_release(int64_t id) {
 // tensors each way cost twice what the call itself does.
 std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
   TORCH_CHECK(!g_step_capture.load(), "torch.tpu.graph cannot capture a torch.compile'd function: capture the eager code");
-  flush_fused("a compiled graph");
   const std::vector<at::Tensor> inputs = tensors_of(in);
-  int device = -1;
-  const std::string key = input_key(family, inputs, device);
-  std::shared_ptr<CompiledGraph> graph;
-  {
-    std::lock_guard<std::mutex> lock(g_graphs_mutex);
-    const auto it = g_graphs.find(key);
-    if (it == g_graphs.end()) return {0, {}};
-    graph = it->second;
+  if (fused_eager() && !g_capture) {
+    if (auto recorded = g_fused_recorder->record_graph(family, inputs)) return std::move(*recorded);
   }
+  flush_fused("a compiled graph");
+  int device = -1;
+  const std::shared_ptr<CompiledGraph> graph = find_graph(input_key(family, inputs, device, nullptr));
+  if (!graph) return {0, {}};
   const std::vector<rt::BufferPtr> results = execute_graph(*graph, inputs, device);
   for (const auto& [input, result] : graph->written_inputs) storage_of(inputs[input]).buffer = results[result];
 
@@ -1022,9 +1158,10 @@ std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std
 
 // Runs a compiled graph's executable on its parameters for this call: the inputs' buffers (or, for a
 // whole-step graph, its storages' current buffers), host scalars, constants and random state.
-std::vector<rt::BufferPtr> execute_graph(const CompiledGraph& graph, const std::vector<at::Tensor>& inputs, int device) {
+std::vector<rt::BufferPtr> execute_graph(CompiledGraph& graph, const std::vector<at::Tensor>& inputs, int device) {
   TracedCall traced("graph", device);
-  traced.set_cache("hit");
+  traced.set_cache(graph.exe ? "hit" : "compile");
+  const rt::Executable& exe = compile_alone(graph);
   std::vector<rt::BufferPtr> keep;
   std::vector<PJRT_Buffer*> raw;
   keep.reserve(graph.params.size());
@@ -1053,7 +1190,7 @@ std::vector<rt::BufferPtr> execute_graph(const CompiledGraph& graph, const std::
     raw.push_back(keep.back()->raw());
   }
   std::vector<rt::BufferPtr> results;
-  traced.execute("tpu::graph", [&] { results = runtime().execute(*graph.exe, raw, device, donatable(graph.aliases, keep), &keep); });
+  traced.execute("tpu::graph", [&] { results = runtime().execute(exe, raw, device, donatable(graph.aliases, keep), &keep); });
   if (traced.recording()) traced.record("graph " + std::to_string(graph.id), std::to_string(raw.size()) + " inputs");
   return results;
 }
@@ -1134,6 +1271,7 @@ void bind_graph(pybind11::module& m) {
     pybind11::dict d;
     d["ops_recorded"] = m.ops_recorded;
     d["ops_replayed"] = m.ops_replayed;  // recorded without emitting them again (the tape)
+    d["graphs_recorded"] = m.graphs_recorded;  // torch.compile graphs that joined a block
     d["blocks_run"] = m.blocks_run;
     d["blocks_compiled"] = m.blocks_compiled;
     d["blocks_reused"] = m.blocks_reused;  // ran the executable the tape kept: no module printed

@@ -38,7 +38,9 @@ struct KeyWriter {
   }
 };
 // A tensor argument's view and storage; checks that every tpu tensor is on `device` (-1: the first sets it).
-void key_tensor(KeyWriter& k, const at::Tensor& t, int& device);
+// `contents`: the type of the value a fused block holds for a storage with no buffer yet (keyed as
+// the buffer the block will give it).
+void key_tensor(KeyWriter& k, const at::Tensor& t, int& device, const rt::TensorType* contents = nullptr);
 void key_attr(KeyWriter& k, const c10::IValue& v);
 void key_numerics(KeyWriter& k, const rt::Numerics& n);
 std::string geometry_key(const at::Tensor& t);

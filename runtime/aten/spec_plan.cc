@@ -37,7 +37,7 @@ c10::IValue to_meta(const c10::IValue& v) {
 
 }  // namespace
 
-void key_tensor(KeyWriter& k, const at::Tensor& t, int& device) {
+void key_tensor(KeyWriter& k, const at::Tensor& t, int& device, const rt::TensorType* contents) {
   if (!t.defined()) return k.tag('N');
   if (is_cpu_scalar(t)) {
     k.tag('S');
@@ -59,6 +59,9 @@ void key_tensor(KeyWriter& k, const at::Tensor& t, int& device) {
   if (s.buffer) {
     k.i(static_cast<int64_t>(s.buffer->type()));
     k.ints(s.buffer->dims());
+  } else if (contents) {
+    k.i(static_cast<int64_t>(contents->element));
+    k.ints(contents->dims);
   } else {
     k.tag('L');
     k.i(static_cast<int64_t>(s.nbytes));

@@ -485,24 +485,71 @@ Value Builder::write_view(const Value* storage, const TensorType& storage_type, 
   return reshape(updated, storage_type.dims);
 }
 
-std::string Builder::finish(const std::vector<Value>& results, const std::vector<std::pair<int, int>>& aliases) const {
-  std::string text = "module @torchtpu {\n  func.func public @main(";
-  for (size_t i = 0; i < parameters_.size(); ++i) {
-    text += (i ? ", " : "") + name(parameters_[i]) + ": " + parameters_[i].type.mlir();
-    for (const auto& [parameter, result] : aliases) {
-      if (parameter == static_cast<int>(i)) text += " {tf.aliasing_output = " + std::to_string(result) + " : i32}";
-    }
-  }
-  text += ") -> (";
+namespace {
+
+// A function of a module: its parameters (with their aliases), results and body.
+std::string function_of(const char* visibility, const std::string& name, const std::vector<std::string>& parameters,
+                        const std::vector<std::string>& result_names, const std::vector<std::string>& result_types,
+                        const std::string& body) {
+  std::string text = std::string("  func.func ") + visibility + " @" + name + "(";
+  for (size_t i = 0; i < parameters.size(); ++i) text += (i ? ", " : "") + parameters[i];
   std::string names, types;
-  for (size_t i = 0; i < results.size(); ++i) {
-    names += (i ? ", " : "") + name(results[i]);
-    types += (i ? ", " : "") + results[i].type.mlir();
+  for (size_t i = 0; i < result_names.size(); ++i) {
+    names += (i ? ", " : "") + result_names[i];
+    types += (i ? ", " : "") + result_types[i];
   }
-  // A module with no results (a captured graph piece that only reads) returns nothing.
-  const std::string ret = results.empty() ? "    return\n" : "    return " + names + " : " + types + "\n";
-  text += types + ") {\n" + body_ + ret + "  }\n}\n";
-  return text;
+  // A function with no results (a captured graph piece that only reads) returns nothing.
+  const std::string ret = result_names.empty() ? "    return\n" : "    return " + names + " : " + types + "\n";
+  return text + ") -> (" + types + ") {\n" + body + ret + "  }\n";
+}
+
+}  // namespace
+
+std::string Builder::function_text(const std::string& name, const std::vector<Value>& results) const {
+  std::vector<std::string> parameters, result_names, result_types;
+  for (const Value& p : parameters_) parameters.push_back(this->name(p) + ": " + p.type.mlir());
+  for (const Value& r : results) {
+    result_names.push_back(this->name(r));
+    result_types.push_back(r.type.mlir());
+  }
+  return function_of("private", name, parameters, result_names, result_types, body_);
+}
+
+std::string Builder::finish(const std::vector<Value>& results, const std::vector<std::pair<int, int>>& aliases) const {
+  std::vector<std::string> parameters, result_names, result_types;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    std::string p = name(parameters_[i]) + ": " + parameters_[i].type.mlir();
+    for (const auto& [parameter, result] : aliases) {
+      if (parameter == static_cast<int>(i)) p += " {tf.aliasing_output = " + std::to_string(result) + " : i32}";
+    }
+    parameters.push_back(std::move(p));
+  }
+  for (const Value& r : results) {
+    result_names.push_back(name(r));
+    result_types.push_back(r.type.mlir());
+  }
+  std::string text = "module @torchtpu {\n" + function_of("public", "main", parameters, result_names, result_types, body_);
+  for (const auto& function : functions_) text += function.second;
+  return text + "}\n";
+}
+
+std::vector<Value> Builder::call_function(const std::string& name, const std::string& definition,
+                                          const std::vector<Value>& args, const std::vector<TensorType>& result_types) {
+  if (std::none_of(functions_.begin(), functions_.end(), [&](const auto& f) { return f.first == name; })) {
+    functions_.emplace_back(name, definition);
+  }
+  std::string operands, arg_types, types;
+  for (size_t i = 0; i < args.size(); ++i) {
+    operands += (i ? ", " : "") + this->name(args[i]);
+    arg_types += (i ? ", " : "") + args[i].type.mlir();
+  }
+  for (size_t i = 0; i < result_types.size(); ++i) types += (i ? ", " : "") + result_types[i].mlir();
+  const std::string call = "func.call @" + name + "(" + operands + ") : (" + arg_types + ") -> (" + types + ")";
+  if (result_types.empty()) {
+    body_ += "    " + call + "\n";
+    return {};
+  }
+  return emit_multi(call, result_types);
 }
 
 Value Builder::dense_constant(const std::string& elements, const TensorType& type) {

@@ -625,6 +625,13 @@ class Builder {
   // buffer (input/output aliasing: a donated input is updated in place).
   std::string finish(const std::vector<Value>& results, const std::vector<std::pair<int, int>>& aliases = {}) const;
 
+  // A compiled graph joining a fused block: this builder's function (as finish() would print it)
+  // as a private function `name` of another module, and a call of such a function, whose
+  // definition the module gains once (XLA inlines the call: one module, fused across graphs).
+  std::string function_text(const std::string& name, const std::vector<Value>& results) const;
+  std::vector<Value> call_function(const std::string& name, const std::string& definition,
+                                   const std::vector<Value>& args, const std::vector<TensorType>& result_types);
+
  private:
   Value emit(const std::string& op_and_operands, const TensorType& result_type);
   // stablehlo.fft of `type` (FFT IFFT RFFT IRFFT) over v's last dim, giving `length` points.
@@ -664,6 +671,7 @@ class Builder {
   std::vector<Value> parameters_;
   std::string body_;
   int next_id_ = 0;
+  std::vector<std::pair<std::string, std::string>> functions_;  // call_function's: (name, definition), in order met
   // float32 values converted from bfloat16 or float16 (id -> the narrow value): a dot_general of two
   // widened from bfloat16 takes the bfloat16 operands with a float32 result, as a TPU's MXU does
   // natively (the same products and float32 sums, without the widened copies); two widened from
