@@ -128,6 +128,10 @@ class Result:
     compile_s: float | None = None  # seconds spent compiling them
     disk_hits: int = 0  # tpu kernels loaded from the disk cache instead of compiled
     device_ms: float | None = None  # --profile: the device's busy milliseconds per step
+    # milliseconds per step over the timed number of steps with one sync after the last: the host
+    # records or dispatches the next step while the device runs this one, as in a loop that reads a
+    # value only every few steps (the median above waits for every step)
+    unsynced_ms: float | None = None
     note: str = ""  # why there is no number
 
 
@@ -140,7 +144,8 @@ PROFILE_DUMP: Path | None = None  # --profile-dump: a folder for every device op
 def measure(step: Callable[[], Any], sync: Callable[[Any], None], warmup: int, steps: int,
             on_tpu: bool, label: str = "") -> Result:
     """Times `step` alone once (the call that traces and compiles), then `warmup` untimed calls,
-    then `steps` calls, each stopped only after `sync(its output)` says the work is done; with
+    then `steps` calls, each stopped only after `sync(its output)` says the work is done, then `steps`
+    calls with one sync after the last (Result.unsynced_ms); with
     --profile, then prints where the device's time went in PROFILE_STEPS more calls."""
     before = torchtpu.debug.metrics() if on_tpu else None
     start = time.perf_counter()
@@ -159,6 +164,12 @@ def measure(step: Callable[[], Any], sync: Callable[[Any], None], warmup: int, s
         sync(step())
         samples.append((time.perf_counter() - start) * 1e3)
     result.ms = statistics.median(samples)
+    start = time.perf_counter()
+    output = None
+    for _ in range(steps):
+        output = step()
+    sync(output)
+    result.unsynced_ms = (time.perf_counter() - start) * 1e3 / steps
     if PROFILE_STEPS:
         result.device_ms = print_device_profile(step, sync, label)
     return result
@@ -759,9 +770,11 @@ def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int |
     counting XLA's temporaries; else tensors against jax's peak, which on a TPU also holds torchtpu's
     buffers (one allocator serves both)."""
     header = (f"{'phase':<10}{'mode':<14}{'median ms':>11}{'tokens/s':>11}{'MFU':>7}{'first call s':>14}"
-              f"{'compiles':>10}{'compile s':>11}{'s/graph':>9}{'disk hits':>11}{'peak MiB':>10}{'dev peak':>10}")
+              f"{'compiles':>10}{'compile s':>11}{'s/graph':>9}{'disk hits':>11}{'peak MiB':>10}{'dev peak':>10}"
+              f"{'unsynced':>10}")
     print(f"\n{model}: median of the timed steps; first call = tracing + compiling + one step; peak MiB: "
-          f"tensors (torch) or the device's peak (jax); dev peak: the plugin's process-wide peak")
+          f"tensors (torch) or the device's peak (jax); dev peak: the plugin's process-wide peak; unsynced: "
+          f"ms/step over the timed steps run with one sync after the last")
     print(header)
     print("-" * len(header))
     for phase, by_mode in results.items():
@@ -782,7 +795,8 @@ def print_table(model: str, results: dict[str, dict[str, Result]], tokens: int |
             rate = f"{tokens / (r.ms / 1e3):.0f}" if tokens else "-"
             print(f"{phase:<10}{mode:<14}{r.ms:>11.2f}{rate:>11}{'-' if mfu is None else f'{mfu:.1%}':>7}"
                   f"{cells[0]:>14}{cells[1]:>10}{cells[2]:>11}{cells[3]:>9}{cells[4]:>11}"
-                  f"{mib(r.peak_bytes):>10}{mib(r.device_peak_bytes):>10}")
+                  f"{mib(r.peak_bytes):>10}{mib(r.device_peak_bytes):>10}"
+                  f"{'-' if r.unsynced_ms is None else f'{r.unsynced_ms:.2f}':>10}")
     print("-" * len(header))
     for phase, by_mode in results.items():
         peaks = {m: (by_mode[m].device_peak_bytes if process_peaks and m != "jax.jit" else by_mode[m].peak_bytes)
