@@ -2,6 +2,7 @@
 statistics as torch.cuda reports them."""
 
 import json
+import os
 import warnings
 
 import pytest
@@ -90,7 +91,7 @@ def test_trace_records_fallbacks_copies_and_their_nesting():
     assert [e.name for e in t.events if e.kind == "copy"] == ["aten::_local_scalar_dense (.item())"]
 
 
-def test_trace_records_compiled_graph_captures_and_runs():
+def test_trace_records_compiled_graph_captures_and_runs(strict_eager):
     def f(a, b):
         return torch.relu(a @ b) + 1.0
 
@@ -102,10 +103,12 @@ def test_trace_records_compiled_graph_captures_and_runs():
         torch.testing.assert_close(r.cpu(), f(a_cpu, b_cpu))
     graphs = [e for e in t.events if e.kind == "graph"]
     captured = [e for e in graphs if e.name.endswith("(captured)")]
-    assert len(captured) == 1 and captured[0].compile_ms > 0
+    assert len(captured) == 1
     graph_id = captured[0].name.split()[1]
     runs = [e for e in graphs if e.name == f"graph {graph_id}"]
-    assert len(runs) >= 2 and all(e.cache == "hit" and e.execute_us > 0 for e in runs)
+    # A graph compiles when it first runs on its own (in fused mode its calls join blocks instead).
+    assert len(runs) == 3 and runs[0].cache == "compile" and runs[0].compile_ms > 0, runs
+    assert all(e.cache == "hit" for e in runs[1:]) and all(e.execute_us > 0 for e in runs)
     # Inside the graph, nothing ran op by op.
     assert not [e for e in t.events if e.name == "aten::mm" and e.start_us > captured[0].start_us]
 
@@ -210,6 +213,16 @@ def test_out_of_memory_is_torchs_error_and_the_process_goes_on(strict_eager):
     del huge
     assert torch.tpu.memory_allocated() == before
     assert torch.equal((held + 1).cpu(), torch.full((1024,), 2.0))
+
+
+def test_fused_eager_mode_is_the_default_on_a_tpu_only():
+    from torchtpu import _plugins
+
+    assert _plugins.default_eager_mode("tpu") == "fused"
+    assert _plugins.default_eager_mode("cpu") == _plugins.default_eager_mode("cuda") == "strict"
+    if "TORCHTPU_EAGER_MODE" not in os.environ:  # this process started in its platform's default
+        platform = torch.tpu.get_device_properties(0).platform
+        assert torch.tpu.get_eager_mode() == _plugins.default_eager_mode(platform)
 
 
 def test_eager_modes_switch_and_give_the_same_results(strict_eager):

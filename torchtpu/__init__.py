@@ -141,9 +141,18 @@ def _free_graph_tasks_before_exit():
         pass
 
 
+_fused_eager = False  # the runtime's fused mode, mirrored for dynamo to read (and guard on) in a compiled step
+_end_block_in_compiled_step = None  # set by torchtpu._compile: dynamo runs it between two graphs
+
+
 def _end_fused_block_after_step(optimizer, args, kwargs) -> None:
-    # A compiled step records nothing (and dynamo would break the graph at the extension's call).
-    if not torch.compiler.is_compiling() and _ext._eager_fused():
+    if not _fused_eager:
+        return
+    if torch.compiler.is_compiling():
+        # A compiled step's graph joins the block when it runs; the block ends after it through a call
+        # dynamo makes between graphs (a graph break: both sides join the same block).
+        _end_block_in_compiled_step()
+    else:
         _ext._fused_flush_before_next_op("an optimizer step")  # after zero_grad drops the gradients
 
 
@@ -177,9 +186,10 @@ def _start_runtime():
     ext.set_fallback_is_error(_fallback_is_error_by_env())
     ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
     modes = {}
-    for variable, allowed in (("TORCHTPU_MATH", ("accurate", "fast")),
-                              ("TORCHTPU_EAGER_MODE", ("strict", "blocking", "fused"))):
-        modes[variable] = os.environ.get(variable, allowed[0]).lower()
+    eager_default = _plugins.default_eager_mode(ext.platform_name())
+    for variable, allowed, default in (("TORCHTPU_MATH", ("accurate", "fast"), "accurate"),
+                                       ("TORCHTPU_EAGER_MODE", ("strict", "blocking", "fused"), eager_default)):
+        modes[variable] = os.environ.get(variable, default).lower()
         if modes[variable] not in allowed:
             _init_error = (f"torchtpu: {variable} must be {', '.join(map(repr, allowed[:-1]))} or {allowed[-1]!r}, "
                            f"not {modes[variable]!r}")
@@ -188,6 +198,8 @@ def _start_runtime():
     ext.set_accurate_math(modes["TORCHTPU_MATH"] == "accurate")
     ext._set_eager_blocking(modes["TORCHTPU_EAGER_MODE"] == "blocking")
     ext._set_eager_fused(modes["TORCHTPU_EAGER_MODE"] == "fused")
+    global _fused_eager
+    _fused_eager = modes["TORCHTPU_EAGER_MODE"] == "fused"
     _ext = ext
     atexit.register(_at_exit)
     # A fused block ends with each optimizer step (at the next op): a training loop's iterations are

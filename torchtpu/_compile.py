@@ -19,6 +19,7 @@ import warnings
 from collections import Counter
 
 import torch
+import torch._dynamo
 import torch.fx
 
 import torchtpu
@@ -363,6 +364,13 @@ def register_device_interface() -> None:
     register_interface_for_device("tpu", _dynamo_device.TpuInterface)
     for index in range(torch.tpu.device_count()):
         register_interface_for_device(f"tpu:{index}", _dynamo_device.TpuInterface)
+
+
+def _end_block_after_compiled_step() -> None:
+    torchtpu._C._fused_flush_before_next_op("an optimizer step")
+
+
+torchtpu._end_block_in_compiled_step = torch._dynamo.disable(_end_block_after_compiled_step)
 
 
 def register_backend() -> None:
