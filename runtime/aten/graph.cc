@@ -170,6 +170,9 @@ struct Tape {
   static constexpr size_t kMaxNodes = 200000;
 };
 
+// The type of the value the pending fused block holds for a storage with no buffer yet, if it does.
+std::optional<rt::TensorType> fused_pending_type(const TpuStorage& storage);
+
 class Capture final : public GraphCapture {
  public:
   Capture(std::string key, int device, CaptureKind kind = CaptureKind::Compiled)
@@ -195,9 +198,13 @@ class Capture final : public GraphCapture {
       input_of_.emplace(alias.unsafeGetTensorImpl(), static_cast<int>(i));
       const TpuStorage& s = storage_of(t);
       if (!storages_.count(&s)) {
-        // A lazy (never written) storage reads as zeros; the graph's writes still go back to it.
+        // A lazy (never written) storage reads as zeros; the graph's writes still go back to it. One
+        // the fused block computes is an input of the type the block gives it (the block goes on).
         bool lazy = false;
-        const rt::TensorType type = storage_type(t, &lazy);
+        rt::TensorType type = storage_type(t, &lazy);
+        if (lazy) {
+          if (const std::optional<rt::TensorType> pending = fused_pending_type(s)) type = *pending, lazy = false;
+        }
         if (!lazy) graph_.params.push_back(GraphParam{GraphParam::Input, static_cast<int>(i)});
         add_slot(t.storage(), lazy ? builder_.full(0, type) : builder_.parameter(type), static_cast<int>(i));
       }
@@ -700,6 +707,7 @@ class Capture final : public GraphCapture {
   rt::TensorType storage_type_of(const at::Tensor& t) {
     const auto it = storages_.find(&storage_of(t));
     if (it != storages_.end()) return it->second.value.type;
+    settle(storage_of(t));
     bool lazy = false;
     return storage_type(t, &lazy);
   }
@@ -709,6 +717,7 @@ class Capture final : public GraphCapture {
     const auto it = storages_.find(&s);
     if (it != storages_.end()) return it->second.value;
     if (by_storage_ && s.serial < first_serial_) return storage_parameter(t, s);
+    settle(s);
     if (!s.buffer) return std::nullopt;  // lazy: never written
     TORCH_CHECK(s.device == device_, kRefusal, "reads a tensor on another tpu device");
     const int param = static_cast<int>(graph_.params.size());
@@ -733,6 +742,14 @@ class Capture final : public GraphCapture {
     rt::Value v = builder_.parameter(type);
     add_slot(t.storage(), v, storage);
     return v;
+  }
+
+  // A compiled graph's capture reading a tensor that is no input, whose value the fused block computes:
+  // the block runs first, so that the graph reads its buffer as a constant.
+  void settle(const TpuStorage& s) {
+    if (!s.buffer && !fused_ && !by_storage_ && fused_pending_type(s)) {
+      flush_fused("a graph capture reads a value the block computes");
+    }
   }
 
   void set_value(const at::Tensor& t, const rt::Value& v) {
@@ -854,16 +871,29 @@ class FusedRecorder final : public GraphCapture {
     return true;
   }
 
+  std::optional<rt::TensorType> pending_type(const TpuStorage& storage) const {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    const rt::TensorType* type = block_ ? block_->pending_contents(storage) : nullptr;
+    return type ? std::optional<rt::TensorType>(*type) : std::nullopt;
+  }
+  std::string key_for(int64_t family, const std::vector<at::Tensor>& inputs, int& device) const {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return input_key(family, inputs, device, block_.get());
+  }
+
   // A torch.compile graph called in fused mode joins the pending block as one call (XLA inlines it:
   // a training step's forward, backward and optimizer graphs run as one module, with no buffers for
   // what passes between them and dies in the block). Null where no graph was captured for this
-  // layout of the inputs, or where it cannot join (the caller runs the block, then the graph).
+  // layout of the inputs (`captured` false: the caller captures it, and the block goes on), or where
+  // it cannot join (the caller runs the block, then the graph).
   std::optional<std::tuple<int64_t, std::vector<at::Tensor>>> record_graph(int64_t family,
-                                                                           const std::vector<at::Tensor>& inputs) {
+                                                                           const std::vector<at::Tensor>& inputs,
+                                                                           bool& captured) {
     run_deferred_flush();
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     int device = -1;
     const std::shared_ptr<CompiledGraph> graph = find_graph(input_key(family, inputs, device, block_.get()));
+    captured = graph != nullptr;
     if (!graph || graph->function.empty()) return std::nullopt;
     const int64_t start = tracing() ? trace_now_ns() : -1;
     Capture& block = block_on(device);
@@ -1020,6 +1050,10 @@ class FusedRecorder final : public GraphCapture {
 // Never destroyed: the block holds buffers, which must not outlive the runtime at exit (Python's
 // exit runs the block first).
 FusedRecorder* const g_fused_recorder = new FusedRecorder();
+
+std::optional<rt::TensorType> fused_pending_type(const TpuStorage& storage) {
+  return g_fused_recorder->pending_type(storage);
+}
 std::atomic<bool> g_fused{false};
 
 // This thread's capture while one is active (outside begin(), which must not be captured).
@@ -1032,12 +1066,12 @@ std::mutex g_step_graphs_mutex;
 std::unordered_map<int64_t, std::shared_ptr<CompiledGraph>> g_step_graphs;  // id -> whole-step graph
 
 // torchtpu::graph_capture_begin(int family, Tensor?[] inputs) -> Tensor?[]
+// The fused block goes on: the graph's inputs it computes are inputs of the types it gives them.
 std::vector<std::optional<at::Tensor>> capture_begin(int64_t family, const std::vector<std::optional<at::Tensor>>& in) {
-  flush_fused("a graph capture");
   TORCH_CHECK(!g_capture && !g_step_capture.load(), "torchtpu: a graph is already being captured");
   const std::vector<at::Tensor> inputs = tensors_of(in);
   int device = -1;
-  std::string key = input_key(family, inputs, device, nullptr);
+  std::string key = g_fused_recorder->key_for(family, inputs, device);
   auto capture = std::make_unique<Capture>(std::move(key), device);
   std::vector<std::optional<at::Tensor>> aliases;
   for (at::Tensor& t : capture->begin(inputs)) {
@@ -1124,7 +1158,9 @@ std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std
   TORCH_CHECK(!g_step_capture.load(), "torch.tpu.graph cannot capture a torch.compile'd function: capture the eager code");
   const std::vector<at::Tensor> inputs = tensors_of(in);
   if (fused_eager() && !g_capture) {
-    if (auto recorded = g_fused_recorder->record_graph(family, inputs)) return std::move(*recorded);
+    bool captured = false;
+    if (auto recorded = g_fused_recorder->record_graph(family, inputs, captured)) return std::move(*recorded);
+    if (!captured) return {0, {}};
   }
   flush_fused("a compiled graph");
   int device = -1;
