@@ -622,6 +622,7 @@ def llama_results(args, compile_ok: bool, tpu_ok: bool) -> dict[str, dict[str, R
         r.compiles, r.compile_s = 1, compile_s
         r.peak_bytes = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
         results[phase]["jax.jit"] = r
+        print(f"  {phase:<9} {'jax.jit':<12} {fmt_ms(r)}", flush=True)
     return results
 
 
@@ -739,7 +740,9 @@ def isolated_results(args, chosen: list[str]) -> tuple[dict[str, dict[str, dict[
 # Reporting.
 
 def fmt_ms(r: Result) -> str:
-    return f"{r.ms:.2f} ms" if r.ms is not None else r.note
+    if r.ms is None:
+        return r.note
+    return f"{r.ms:.2f} ms" + (f" ({r.unsynced_ms:.2f} unsynced)" if r.unsynced_ms is not None else "")
 
 
 def ratio(a: Result, b: Result) -> float | None:
