@@ -461,13 +461,15 @@ class Capture final : public GraphCapture {
         return std::nullopt;
       }
     }
-    if (tape_) {  // emitted each time, as a copy; the tape goes on past it
+    TapeNode* node = nullptr;  // emitted each time, as a copy; the tape goes on past it
+    if (tape_) {
       KeyWriter k;
       k.tag('G');
       k.i(graph.id);
       for (const at::Tensor& t : inputs) t.defined() ? tape_key_tensor(k, t) : k.tag('N');
-      tape_ = &tape_child(std::move(k.s));
+      node = &tape_child(std::move(k.s));
     }
+    tape_ = nullptr;  // off the tape until the call is recorded (an error leaves the block off it)
     std::vector<rt::Value> args;
     for (const GraphParam& p : graph.params) {
       switch (p.kind) {
@@ -492,6 +494,7 @@ class Capture final : public GraphCapture {
     }
     const std::vector<rt::Value> results =
         builder_.call_function("graph_" + std::to_string(graph.id), graph.function, args, graph.result_types);
+    tape_ = node;
     ops_ += graph.ops;
     for (const auto& [input, result] : graph.written_inputs) set_value(inputs[input], results[result]);
     std::vector<at::Tensor> outputs;
