@@ -34,6 +34,10 @@ def _(mo):
     the same spec kernels as eager mode, recording instead of executing) into **one** StableHLO
     module, compiled once and cached like eager kernels. Later calls run the module as one
     executable.
+
+    In fused eager mode (`torch.tpu.set_eager_mode("fused")`) compiled graphs do not run one by one:
+    each call joins the pending fused block as a call of the graph's module, so a training step's
+    forward, backward and optimizer graphs run as **one** module a step (the README's "Graph mode").
     """)
     return
 
