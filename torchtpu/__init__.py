@@ -142,7 +142,11 @@ def _free_graph_tasks_before_exit():
 
 
 _fused_eager = False  # the runtime's fused mode, mirrored for dynamo to read (and guard on) in a compiled step
-_end_block_in_compiled_step = None  # set by torchtpu._compile: dynamo runs it between two graphs
+_end_block_in_compiled_step = None  # _end_block_after_step, set by torchtpu._compile for dynamo to run between graphs
+
+
+def _end_block_after_step() -> None:
+    _ext._fused_flush_before_next_op("an optimizer step")  # after zero_grad drops the gradients
 
 
 def _end_fused_block_after_step(optimizer, args, kwargs) -> None:
@@ -153,7 +157,7 @@ def _end_fused_block_after_step(optimizer, args, kwargs) -> None:
         # dynamo makes between graphs (a graph break: both sides join the same block).
         _end_block_in_compiled_step()
     else:
-        _ext._fused_flush_before_next_op("an optimizer step")  # after zero_grad drops the gradients
+        _end_block_after_step()
 
 
 def _at_exit() -> None:

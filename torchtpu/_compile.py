@@ -366,11 +366,7 @@ def register_device_interface() -> None:
         register_interface_for_device(f"tpu:{index}", _dynamo_device.TpuInterface)
 
 
-def _end_block_after_compiled_step() -> None:
-    torchtpu._C._fused_flush_before_next_op("an optimizer step")
-
-
-torchtpu._end_block_in_compiled_step = torch._dynamo.disable(_end_block_after_compiled_step)
+torchtpu._end_block_in_compiled_step = torch._dynamo.disable(torchtpu._end_block_after_step)
 
 
 def register_backend() -> None:

@@ -71,10 +71,12 @@ std::mutex g_graphs_mutex;
 std::unordered_map<std::string, std::shared_ptr<CompiledGraph>> g_graphs;  // (family, input layout) -> graph
 std::atomic<int64_t> g_next_graph_id{1};
 
-// A graph's executable, compiled the first time it runs on its own (its module text goes then).
+// A graph's executable, compiled the first time it runs on its own (its module text goes then);
+// `compiled`, where given, says whether this call compiled it.
 std::mutex g_compile_alone_mutex;
-const rt::Executable& compile_alone(CompiledGraph& graph) {
+const rt::Executable& compile_alone(CompiledGraph& graph, bool* compiled = nullptr) {
   std::lock_guard<std::mutex> lock(g_compile_alone_mutex);
+  if (compiled) *compiled = !graph.exe;
   if (!graph.exe) {
     make_room_for_an_executable();
     graph.exe = TracedCall::compile([&] { return runtime().compile(graph.module, graph.result_types, graph.device); });
@@ -82,6 +84,30 @@ const rt::Executable& compile_alone(CompiledGraph& graph) {
     graph.module.shrink_to_fit();
   }
   return *graph.exe;
+}
+
+// A compiled graph's outputs for a call on `inputs`: host inputs returned as they are, views of input
+// storages, and views of the storages `storage_for(result)` makes for its module results (one per
+// result, shared by the outputs that view it).
+template <typename StorageFor>
+std::vector<at::Tensor> graph_outputs(const CompiledGraph& graph, const std::vector<at::Tensor>& inputs,
+                                      StorageFor&& storage_for) {
+  std::vector<at::Tensor> outputs;
+  std::unordered_map<int, c10::Storage> made;  // module result -> the storage its outputs share
+  for (const GraphOutput& o : graph.outputs) {
+    if (o.host) {
+      outputs.push_back(inputs[o.input]);
+      continue;
+    }
+    if (o.result < 0) {
+      outputs.push_back(tensor_on_storage(inputs[o.input].storage(), o.dtype, o.sizes, o.strides, o.offset));
+      continue;
+    }
+    auto it = made.find(o.result);
+    if (it == made.end()) it = made.emplace(o.result, storage_for(o.result)).first;
+    outputs.push_back(tensor_on_storage(it->second, o.dtype, o.sizes, o.strides, o.offset));
+  }
+  return outputs;
 }
 
 // Tensor?[] arguments as tensors (None: undefined).
@@ -497,26 +523,13 @@ class Capture final : public GraphCapture {
     tape_ = node;
     ops_ += graph.ops;
     for (const auto& [input, result] : graph.written_inputs) set_value(inputs[input], results[result]);
-    std::vector<at::Tensor> outputs;
-    std::unordered_map<int, c10::Storage> made;  // module result -> the new storage its outputs share
-    for (const GraphOutput& o : graph.outputs) {
-      if (o.host) {
-        outputs.push_back(inputs[o.input]);
-      } else if (o.result < 0) {
-        outputs.push_back(tensor_on_storage(inputs[o.input].storage(), o.dtype, o.sizes, o.strides, o.offset));
-      } else {
-        auto it = made.find(o.result);
-        if (it == made.end()) {
-          const rt::TensorType& type = results[o.result].type;
-          at::Tensor holder = at::empty({type.numel() * rt::element_size(type.element)},
-                                        at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, device_));
-          set_value(holder, results[o.result]);
-          it = made.emplace(o.result, holder.storage()).first;
-        }
-        outputs.push_back(tensor_on_storage(it->second, o.dtype, o.sizes, o.strides, o.offset));
-      }
-    }
-    return outputs;
+    return graph_outputs(graph, inputs, [&](int result) {  // a new storage holding the block's value
+      const rt::TensorType& type = results[result].type;
+      at::Tensor holder = at::empty({type.numel() * rt::element_size(type.element)},
+                                    at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, device_));
+      set_value(holder, results[result]);
+      return holder.storage();
+    });
   }
 
   // The type of the value this capture holds for a storage that has no buffer yet, or null.
@@ -1171,36 +1184,18 @@ std::tuple<int64_t, std::vector<at::Tensor>> graph_run(int64_t family, const std
   if (!graph) return {0, {}};
   const std::vector<rt::BufferPtr> results = execute_graph(*graph, inputs, device);
   for (const auto& [input, result] : graph->written_inputs) storage_of(inputs[input]).buffer = results[result];
-
-  std::vector<at::Tensor> outputs;
-  std::unordered_map<int, c10::Storage> made;  // module result -> the storage its outputs share
-  for (const GraphOutput& o : graph->outputs) {
-    if (o.host) {
-      outputs.push_back(inputs[o.input]);
-      continue;
-    }
-    if (o.result < 0) {
-      outputs.push_back(tensor_on_storage(inputs[o.input].storage(), o.dtype, o.sizes, o.strides, o.offset));
-      continue;
-    }
-    const auto it = made.find(o.result);
-    if (it == made.end()) {
-      at::Tensor t = wrap_buffer(results[o.result], o.dtype, o.sizes, o.strides, o.offset, device);
-      made.emplace(o.result, t.storage());
-      outputs.push_back(std::move(t));
-    } else {
-      outputs.push_back(tensor_on_storage(it->second, o.dtype, o.sizes, o.strides, o.offset));
-    }
-  }
-  return {graph->id, std::move(outputs)};
+  return {graph->id, graph_outputs(*graph, inputs, [&](int result) {
+            return wrap_buffer(results[result], at::kByte, {}, {}, 0, device).storage();
+          })};
 }
 
 // Runs a compiled graph's executable on its parameters for this call: the inputs' buffers (or, for a
 // whole-step graph, its storages' current buffers), host scalars, constants and random state.
 std::vector<rt::BufferPtr> execute_graph(CompiledGraph& graph, const std::vector<at::Tensor>& inputs, int device) {
   TracedCall traced("graph", device);
-  traced.set_cache(graph.exe ? "hit" : "compile");
-  const rt::Executable& exe = compile_alone(graph);
+  bool compiled = false;
+  const rt::Executable& exe = compile_alone(graph, &compiled);
+  traced.set_cache(compiled ? "compile" : "hit");
   std::vector<rt::BufferPtr> keep;
   std::vector<PJRT_Buffer*> raw;
   keep.reserve(graph.params.size());

@@ -108,34 +108,20 @@ class EmitArgs {
 
 using Emitter = std::vector<rt::Value> (*)(rt::Builder&, const EmitArgs&);
 
-// An elementwise lowering's arguments with every list in `lists` joined into one [n] vector, where each
-// holds n 0-d values of one dtype (an optimizer's step counts and bias corrections); none otherwise.
-inline std::optional<EmitArgs> joined_scalars(rt::Builder& b, const EmitArgs& all, const std::vector<int>& lists,
-                                              size_t n) {
-  EmitArgs joined = all;
-  for (int a : lists) {
-    const auto* list = std::get_if<std::vector<rt::Value>>(&all.args.at(a));
-    if (!list || list->size() != n) return std::nullopt;
-    std::vector<rt::Value> ones;
-    for (const rt::Value& v : *list) {
-      if (v.rank() != 0 || v.element() != list->front().element()) return std::nullopt;
-      ones.push_back(b.reshape(v, {1}));
-    }
-    joined.args[a] = b.concatenate(ones, 0);
-  }
-  return joined;
-}
-
-// An elementwise lowering's arguments with every list in `lists` joined into one flat vector, where
-// they hold float64 tensors and element i has one shape in every list (`shapes`: those shapes); none
-// otherwise. float64 math is emulated in float32 pieces on a TPU: a lowering per tensor of the list
-// made libtpu compile a float64 _foreach_exp or _foreach_log for over a minute.
-inline std::optional<EmitArgs> joined_float64(rt::Builder& b, const EmitArgs& all, const std::vector<int>& lists,
-                                              size_t n, std::vector<std::vector<int64_t>>& shapes) {
+// An elementwise lowering's arguments with every list in `lists` joined into one flat vector, and
+// `shapes`, the shapes of the lists' N elements (element i has one shape in every list, each list one
+// dtype), where joining pays; none otherwise. It pays for 0-d values (an optimizer's step counts and
+// bias corrections: capturable AdamW's per-parameter bias corrections were ~4,700 scalar ops of the
+// 110M Llama's captured step) and for float64 tensors (emulated in float32 pieces on a TPU: a lowering
+// per tensor of the list made libtpu compile a float64 _foreach_exp or _foreach_log for over a
+// minute), not for float32 parameter lists, whose concatenation would cost memory traffic.
+inline std::optional<EmitArgs> joined_lists(rt::Builder& b, const EmitArgs& all, const std::vector<int>& lists,
+                                            size_t n, std::vector<std::vector<int64_t>>& shapes) {
   const auto* first = std::get_if<std::vector<rt::Value>>(&all.args.at(lists.at(0)));
   if (!first || first->size() != n) return std::nullopt;
   shapes.clear();
   for (const rt::Value& v : *first) shapes.push_back(v.dims());
+  const bool scalars = std::all_of(shapes.begin(), shapes.end(), [](const auto& shape) { return shape.empty(); });
   EmitArgs joined = all;
   for (int a : lists) {
     const auto* list = std::get_if<std::vector<rt::Value>>(&all.args.at(a));
@@ -143,7 +129,8 @@ inline std::optional<EmitArgs> joined_float64(rt::Builder& b, const EmitArgs& al
     std::vector<rt::Value> flat;
     for (size_t i = 0; i < n; ++i) {
       const rt::Value& v = (*list)[i];
-      if (v.element() != rt::ElementType::F64 || v.dims() != shapes[i]) return std::nullopt;
+      if (v.dims() != shapes[i] || v.element() != list->front().element()) return std::nullopt;
+      if (!scalars && v.element() != rt::ElementType::F64) return std::nullopt;
       flat.push_back(b.reshape(v, {v.type.numel()}));
     }
     joined.args[a] = b.concatenate(flat, 0);
@@ -153,34 +140,23 @@ inline std::optional<EmitArgs> joined_float64(rt::Builder& b, const EmitArgs& al
 
 // A foreach op's results: `per_element` (the lowering over element i) for each of the N elements
 // of list argument lists[0], arranged result-major: all N of result 0, then all N of result 1, ...
-// An `elementwise` lowering over lists of 0-d tensors runs once over the vector of their values and
-// each result is cut back into N values: one lowering in the module instead of N (capturable AdamW's
-// per-parameter bias corrections were ~4,700 scalar ops of the 110M Llama's captured step); so does
-// one over float64 lists (joined_float64), cut back into the N tensors.
+// An `elementwise` lowering over lists joined_lists joins runs once over the joined vector, and each
+// result is cut back into the N elements: one lowering in the module instead of N.
 template <typename PerElement>
 std::vector<rt::Value> foreach_results(rt::Builder& b, const EmitArgs& all, const std::vector<int>& lists,
                                        bool elementwise, PerElement per_element) {
   const size_t n = all.values(lists.at(0)).size();
+  std::vector<std::vector<int64_t>> shapes;
   if (elementwise && n > 1) {
-    if (std::optional<EmitArgs> joined = joined_scalars(b, all, lists, n)) {
-      std::vector<rt::Value> flat;
-      const int64_t count = static_cast<int64_t>(n);
-      for (const rt::Value& result : per_element(*joined)) {
-        const rt::Value vector = b.broadcast_to(result, {count});  // a result that reads no list is one value
-        for (int64_t i = 0; i < count; ++i) flat.push_back(b.reshape(b.slice(vector, {i}, {i + 1}, {1}), {}));
-      }
-      return flat;
-    }
-    std::vector<std::vector<int64_t>> shapes;
-    if (std::optional<EmitArgs> joined = joined_float64(b, all, lists, n, shapes)) {
+    if (std::optional<EmitArgs> joined = joined_lists(b, all, lists, n, shapes)) {
       int64_t total = 0;
-      for (const std::vector<int64_t>& shape : shapes) total += rt::TensorType{rt::ElementType::F64, shape}.numel();
+      for (const std::vector<int64_t>& shape : shapes) total += rt::TensorType{{}, shape}.numel();
       std::vector<rt::Value> flat;
       for (const rt::Value& result : per_element(*joined)) {
-        const rt::Value vector = b.broadcast_to(result, {total});
+        const rt::Value vector = b.broadcast_to(result, {total});  // a result that reads no list is one value
         int64_t start = 0;
         for (const std::vector<int64_t>& shape : shapes) {
-          const int64_t count = rt::TensorType{rt::ElementType::F64, shape}.numel();
+          const int64_t count = rt::TensorType{{}, shape}.numel();
           flat.push_back(b.reshape(b.slice(vector, {start}, {start + count}, {1}), shape));
           start += count;
         }
