@@ -160,6 +160,29 @@ def test_pytest_resume_splits_a_suite_over_runs(tmp_path):
     assert "assert 1 == 2" in outcomes[-1]["message"]
 
 
+def test_pytest_resume_as_a_program_goes_on_after_a_test_that_ended_its_process(tmp_path):
+    """`python -m torchtpu.tools.pytest_resume`: one command runs the whole selection even when a test runs
+    out of --test-seconds (the process it ends is followed by another that skips what the log holds)."""
+    import subprocess
+    import sys
+
+    from conftest import skip_if_device_is_exclusive
+
+    skip_if_device_is_exclusive()
+    (tmp_path / "test_three.py").write_text(
+        "import time\n"
+        "def test_a():\n    pass\n"
+        "def test_b():\n    time.sleep(30)\n"
+        "def test_c():\n    pass\n")
+    log = tmp_path / "log.jsonl"
+    done = subprocess.run([sys.executable, "-m", "torchtpu.tools.pytest_resume", "--resume-log", str(log),
+                           "--seconds", "100", "--test-seconds", "2", "--", "-q", "-p", "no:cacheprovider",
+                           "test_three.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a test ended the process" in done.stdout
+    assert "whole log: 1 failed, 2 passed; 0 left" in done.stdout, done.stdout
+
+
 def test_sample_times_names_each_step_with_its_compiles(tmp_path, capsys):
     from torchtpu.tools import sample_times
 

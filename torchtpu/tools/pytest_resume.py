@@ -6,13 +6,21 @@ calls of a few minutes, repeat the same command until it reports nothing left.
 Each test's outcome is appended to the log as it finishes; a test already in the log is deselected; no
 test starts after --seconds; a test that took the process down (its "started" line has no outcome)
 counts as failed and is not run again. The summary covers the whole log.
+
+As a program it repeats pytest with the plugin until --seconds are spent or a run ends by itself (a
+test that ran out of --test-seconds ends its process; the next run goes on after it):
+
+    python -m torchtpu.tools.pytest_resume --resume-log /tmp/suite.jsonl --seconds 480 --test-seconds 60 -- tests/
 """
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -138,3 +146,44 @@ class _Resume:
 def pytest_configure(config):
     if config.getoption("resume_log"):
         config.pluginmanager.register(_Resume(config), "torchtpu-resume")
+
+
+def _last_test_crashed(path: str) -> bool:
+    """Whether the log ends with a test that started and never finished (its process ended)."""
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        lines = [line for line in f.read().splitlines() if line.strip()]
+    return bool(lines) and json.loads(lines[-1])["outcome"] == "started"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchtpu.tools.pytest_resume",
+                                     description="run pytest with this plugin again after a test ends its process, "
+                                                 "until --seconds are spent")
+    parser.add_argument("--resume-log", required=True)
+    parser.add_argument("--seconds", type=float, required=True, help="start no test after this many seconds in all")
+    parser.add_argument("--test-seconds", type=float, default=None)
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: pytest's own arguments")
+    args = parser.parse_args(argv)
+    pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    start = time.monotonic()
+    returncode = 0
+    while True:
+        left = args.seconds - (time.monotonic() - start)
+        if left <= 0:
+            return returncode
+        command = [sys.executable, "-m", "pytest", "-p", "torchtpu.tools.pytest_resume",
+                   "--resume-log", args.resume_log, "--seconds", f"{left:.1f}"]
+        if args.test_seconds:
+            command += ["--test-seconds", str(args.test_seconds)]
+        returncode = subprocess.run(command + pytest_args).returncode
+        if not _last_test_crashed(args.resume_log):
+            return returncode
+        spent = time.monotonic() - start
+        print(f"pytest_resume: a test ended the process after {spent:.0f} of {args.seconds:g} s: going on",
+              flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
