@@ -161,10 +161,12 @@ def test_pytest_resume_splits_a_suite_over_runs(tmp_path):
 
 
 def test_pytest_resume_as_a_program_goes_on_after_a_test_that_ended_its_process(tmp_path):
-    """`python -m torchtpu.tools.pytest_resume`: one command runs the whole selection even when a test runs
+    """`python torchtpu/tools/pytest_resume.py`: one command runs the whole selection even when a test runs
     out of --test-seconds (the process it ends is followed by another that skips what the log holds)."""
     import subprocess
     import sys
+
+    import torchtpu.tools.pytest_resume as program
 
     from conftest import skip_if_device_is_exclusive
 
@@ -175,7 +177,7 @@ def test_pytest_resume_as_a_program_goes_on_after_a_test_that_ended_its_process(
         "def test_b():\n    time.sleep(30)\n"
         "def test_c():\n    pass\n")
     log = tmp_path / "log.jsonl"
-    done = subprocess.run([sys.executable, "-m", "torchtpu.tools.pytest_resume", "--resume-log", str(log),
+    done = subprocess.run([sys.executable, program.__file__, "--resume-log", str(log),
                            "--seconds", "100", "--test-seconds", "2", "--", "-q", "-p", "no:cacheprovider",
                            "test_three.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -8,9 +8,10 @@ test starts after --seconds; a test that took the process down (its "started" li
 counts as failed and is not run again. The summary covers the whole log.
 
 As a program it repeats pytest with the plugin until --seconds are spent or a run ends by itself (a
-test that ran out of --test-seconds ends its process; the next run goes on after it):
+test that ran out of --test-seconds ends its process; the next run goes on after it). Run the file, not
+the module: `python -m torchtpu.tools...` imports torchtpu, which would hold the one TPU its pytest needs.
 
-    python -m torchtpu.tools.pytest_resume --resume-log /tmp/suite.jsonl --seconds 480 --test-seconds 60 -- tests/
+    python torchtpu/tools/pytest_resume.py --resume-log /tmp/suite.jsonl --seconds 480 --test-seconds 60 -- tests/
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def _last_test_crashed(path: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torchtpu.tools.pytest_resume",
+    parser = argparse.ArgumentParser(prog="python torchtpu/tools/pytest_resume.py",
                                      description="run pytest with this plugin again after a test ends its process, "
                                                  "until --seconds are spent")
     parser.add_argument("--resume-log", required=True)
