@@ -25,10 +25,18 @@ T make_args(size_t struct_size) {
 }
 #define PJRT_ARGS(type) make_args<type>(type##_STRUCT_SIZE)
 
-// A serialized xla.CompileOptionsProto: executable_build_options {num_replicas: 1, num_partitions: 1}
-// plus compile_portable_executable: true, so one executable runs on any device we name at execute
-// time (only the dispatch measurement's baseline: launching a portable executable costs more).
-const std::string kCompileOptions("\x1a\x04\x20\x01\x28\x01\x20\x01", 8);
+// Every compile's xla.CompileOptionsProto ends with env_option_overrides {key:
+// "xla_allow_excess_precision" value {bool_field: false}}: PyTorch rounds each op's result to its
+// dtype, and with XLA's default a TPU deletes an f32 -> bf16 -> f32 pair of converts that a module
+// joining several ops holds (fused eager mode's `x.to(bfloat16)` then read as float32 by the next op
+// gave the unrounded values; the stored tensor held the rounded ones).
+const std::string kNoExcessPrecision =
+    std::string("\x3a\x20\x0a\x1a", 4) + "xla_allow_excess_precision" + std::string("\x12\x02\x10\x00", 4);
+
+// executable_build_options {num_replicas: 1, num_partitions: 1} plus compile_portable_executable:
+// true, so one executable runs on any device we name at execute time (only the dispatch
+// measurement's baseline: launching a portable executable costs more).
+const std::string kCompileOptions = std::string("\x1a\x04\x20\x01\x28\x01\x20\x01", 8) + kNoExcessPrecision;
 
 // The same build options with device_assignment {replica_count: 1, computation_count: 1,
 // computation_devices {replica_device_ids: id}} and not portable: an executable for that device only.
@@ -37,7 +45,7 @@ std::string compile_options_for_device(int64_t id) {
   const char c = static_cast<char>(id);
   const char bytes[] = {'\x1a', '\x0e', '\x20', '\x01', '\x28', '\x01', '\x4a', '\x08',
                         '\x08', '\x01', '\x10', '\x01', '\x1a', '\x02', '\x08', c};
-  return std::string(bytes, sizeof bytes);
+  return std::string(bytes, sizeof bytes) + kNoExcessPrecision;
 }
 
 PJRT_Buffer_Type to_pjrt(ElementType t) {
