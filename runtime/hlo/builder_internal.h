@@ -111,4 +111,12 @@ inline std::vector<Value> for_loop(Builder& b, int64_t count, const std::vector<
   return for_loop(b, b.constant_int(count, ElementType::S64), state, body);
 }
 
+// A float32 v with its low 12 mantissa bits cleared: 12 significant bits, so a product of two such
+// halves (or of one and v - it) is exact in float32. (Veltkamp's c - (c - v), c = 4097 v, is another
+// split if a backend contracts it into a multiply-add.)
+inline Value high_half(Builder& b, const Value& v) {
+  const Value bits = b.reinterpret(v, ElementType::S32);
+  return b.reinterpret(b.bitwise_and(bits, b.constant_int(~int64_t{0xFFF}, ElementType::S32)), ElementType::F32);
+}
+
 }  // namespace torchtpu::rt::builder_internal

@@ -84,18 +84,18 @@ Value Builder::binary(const char* op, const Value& a_in, const Value& b_in) {
 
 namespace {
 
-// CPU's float32 sqrt is correctly rounded; a TPU's can be an ulp off (sqrt(6) inside a fused block on a
-// v5e; result_accuracy HIGHEST did not change it). y's neighbour replaces it where x lies past the
-// square of their midpoint, (y + u/2)^2 = y^2 + y u + u^2/4: the residual x - y^2 is exact from
-// 12-bit halves of y (x - hi^2 and its difference with 2 hi lo cancel exactly, Sterbenz; lo^2 is
-// smaller), and y u is exact (u, the neighbour's distance, is a power of two). Within 2^-78 <= x < inf,
-// where every piece stays normal; elsewhere (zero, tiny, infinite, negative, NaN) y itself.
+// IEEE sqrt is correctly rounded (XLA's CPU one is); a TPU's float32 sqrt can be an ulp off (sqrt(6)
+// inside a fused block on a v5e; result_accuracy HIGHEST did not change it). y's neighbour replaces it
+// where x lies past the square of their midpoint, (y + u/2)^2 = y^2 + y u + u^2/4: the residual x - y^2
+// is exact from 12-bit halves of y (x - hi^2 and its difference with 2 hi lo cancel exactly, Sterbenz;
+// lo^2 is smaller), and y u is exact (u, the neighbour's distance, is a power of two). Within
+// 2^-78 <= x < inf, where every piece stays normal; elsewhere (zero, tiny, infinite, negative, NaN) y.
 Value correctly_rounded_sqrt(Builder& b, const Value& x, const Value& y) {
   const Value bits = b.reinterpret(y, ElementType::S32);
   const Value one = b.constant_int(1, ElementType::S32);
   const Value up = b.reinterpret(b.add(bits, one), ElementType::F32);
   const Value down = b.reinterpret(b.sub(bits, one), ElementType::F32);
-  const Value hi = b.reinterpret(b.bitwise_and(bits, b.constant_int(~int64_t{0xFFF}, ElementType::S32)), ElementType::F32);
+  const Value hi = high_half(b, y);
   const Value lo = b.sub(y, hi);
   const Value residual =
       b.sub(b.sub(b.sub(x, b.mul(hi, hi)), b.mul(b.scalar_like(2, y), b.mul(hi, lo))), b.mul(lo, lo));

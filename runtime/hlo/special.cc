@@ -44,15 +44,13 @@ struct TwoFloat {
   Value hi, lo;
 };
 
-// x * y as hi + lo to about 2^-36 of it, from 12-bit halves of each factor (their products are exact).
-// The halves come from clearing the low 12 mantissa bits (Veltkamp's c - (c - v), c = 4097 v, is
-// another split if a backend contracts it into a multiply-add), and hi is a sum, not a product: a
-// rounded product contracted into the addition that consumes it would be seen exact there while lo
-// still carries its rounding, counted twice. (Defensive: not seen to happen on either plugin.)
+// x * y as hi + lo to about 2^-36 of it, from 12-bit halves of each factor (high_half: their products
+// are exact), and hi is a sum, not a product: a rounded product contracted into the addition that
+// consumes it would be seen exact there while lo still carries its rounding, counted twice.
+// (Defensive: not seen to happen on either plugin.)
 TwoFloat two_product(Builder& b, const Value& x, const Value& y) {
   auto split = [&](const Value& v) {
-    const Value bits = b.reinterpret(v, ElementType::S32);
-    const Value hi = b.reinterpret(b.bitwise_and(bits, b.constant_int(~int64_t{0xFFF}, ElementType::S32)), ElementType::F32);
+    const Value hi = high_half(b, v);
     return TwoFloat{hi, b.sub(v, hi)};
   };
   const TwoFloat xs = split(x), ys = split(y);
