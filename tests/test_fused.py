@@ -141,6 +141,26 @@ def test_intermediates_get_no_device_buffer():
     torch.testing.assert_close(y.cpu(), expected)
 
 
+
+def test_a_storage_python_saw_gets_a_buffer_only_while_python_holds_it():
+    # x.untyped_storage() makes a Python wrapper that PyTorch keeps alive (holding the storage) for as
+    # long as C++ holds the storage; dynamo's tracing calls it on a compiled function's inputs, so
+    # torch.compile's first call wrote back every gradient that died inside the block.
+    x = torch.randn(256, 256, device=TPU)
+    torch.tpu.synchronize()
+    with eager_mode("fused"):
+        torch.tpu.reset_peak_memory_stats()
+        before = torch.tpu.memory_allocated()
+        dead = [x * k for k in range(4)]
+        for t in dead:
+            t.untyped_storage()
+        del dead, t
+        held = (x * 5).untyped_storage()
+        torch.tpu.synchronize()
+        assert torch.tpu.max_memory_allocated() - before <= 256 * 256 * 4 + 64  # only the held one
+    assert torch.equal(torch.empty(0, device=TPU).set_(held).view(256, 256).cpu(), x.cpu() * 5)
+
+
 def test_out_of_memory_raises_when_the_block_runs_and_the_process_goes_on():
     held = torch.ones(1024, device=TPU)
     torch.tpu.synchronize()  # what a failed block was to compute is lost: held is not part of it

@@ -30,6 +30,17 @@ namespace {
 // The marker Python looks for in an error to split the graph around the node being captured.
 constexpr const char* kRefusal = "torchtpu-graph-split: ";
 
+// Whether anyone besides `own` references of a capture holds a storage (a block writes back only
+// such storages). A Python wrapper once made for it (`untyped_storage()`, which dynamo's tracing
+// calls on a compiled function's inputs) holds a reference of its own for as long as C++ references
+// keep it alive (PyTorch's PyObject preservation): it counts only where Python still holds it, or a
+// gradient that died inside the block would be written back on a torch.compile graph's first call.
+bool held_elsewhere(const c10::Storage& storage, size_t own) {
+  const c10::impl::PyObjectSlot* wrapper = storage.unsafeGetStorageImpl()->pyobj_slot();
+  const bool unheld_wrapper = wrapper->load_pyobj() != nullptr && wrapper->has_unique_reference();
+  return storage.use_count() > own + (unheld_wrapper ? 1 : 0);
+}
+
 // Where a compiled graph's module parameters come from on each call.
 struct GraphParam {
   enum Kind : uint8_t { Input, InputScalar, Constant, Random, Storage } kind;
@@ -294,8 +305,7 @@ class Capture final : public GraphCapture {
     for (const auto& entry : storages_) {
       const Slot& slot = entry.second;
       // Alive: someone besides this capture (and the graph's own list of read storages) holds it.
-      const size_t own = 1 + (slot.input >= 0 ? 1 : 0);
-      if (slot.written && slot.keep.use_count() > own) written.push_back(&slot);
+      if (slot.written && held_elsewhere(slot.keep, 1 + (slot.input >= 0 ? 1 : 0))) written.push_back(&slot);
     }
     std::sort(written.begin(), written.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
     std::vector<rt::Value> results;
@@ -317,7 +327,7 @@ class Capture final : public GraphCapture {
   FusedRun finish_fused() {
     std::vector<const Slot*> written;
     for (const auto& entry : storages_) {
-      if (entry.second.written && entry.second.keep.use_count() > 1) written.push_back(&entry.second);
+      if (entry.second.written && held_elsewhere(entry.second.keep, 1)) written.push_back(&entry.second);
     }
     std::sort(written.begin(), written.end(), [](const Slot* a, const Slot* b) { return a->order < b->order; });
     FusedRun run;
