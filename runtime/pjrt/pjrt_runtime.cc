@@ -109,7 +109,6 @@ DeviceBuffer::DeviceBuffer(Runtime* runtime, PJRT_Buffer* buffer, ElementType ty
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (from_execution) runtime_->keep_unfinished(buffer_);
   auto args = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
   PJRT_Error* error = runtime_->api()->PJRT_Buffer_Destroy(&args);
@@ -227,32 +226,36 @@ void Runtime::note_buffer_made(int64_t nbytes, int device) {
   d.allocated_bytes += nbytes;
 }
 
-void Runtime::keep_unfinished(PJRT_Buffer* buffer) {
-  auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  ready.buffer = buffer;
-  if (PJRT_Error* error = api_->PJRT_Buffer_ReadyEvent(&ready)) {
-    take_error(error);
-    return;
-  }
-  auto is_ready = [&](PJRT_Event* event) {
+void Runtime::keep_running(PJRT_Event* event) {
+  auto is_ready = [&](PJRT_Event* e) {
     auto query = PJRT_ARGS(PJRT_Event_IsReady_Args);
-    query.event = event;
+    query.event = e;
     if (PJRT_Error* error = api_->PJRT_Event_IsReady(&query)) take_error(error);
     return query.is_ready;
   };
-  auto destroy = [&](PJRT_Event* event) {
+  // Finished without an error (a failed execution's event stays for synchronize() to raise).
+  auto finished_well = [&](PJRT_Event* e) {
+    if (!is_ready(e)) return false;
+    auto error = PJRT_ARGS(PJRT_Event_Error_Args);
+    error.event = e;
+    if (PJRT_Error* failed = api_->PJRT_Event_Error(&error)) {
+      take_error(failed);
+      return false;
+    }
+    return true;
+  };
+  auto destroy = [&](PJRT_Event* e) {
     auto args = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    args.event = event;
+    args.event = e;
     api_->PJRT_Event_Destroy(&args);
   };
-  if (is_ready(ready.event)) return destroy(ready.event);
-  std::lock_guard<std::mutex> lock(pending_mutex_);
-  if (unfinished_.size() >= 1024) {  // keep the list short: most have finished by now
-    unfinished_.erase(std::remove_if(unfinished_.begin(), unfinished_.end(),
-                                     [&](PJRT_Event* e) { return is_ready(e) ? (destroy(e), true) : false; }),
-                      unfinished_.end());
+  std::lock_guard<std::mutex> lock(running_mutex_);
+  if (running_.size() >= 1024) {  // keep the list short: most have finished by now
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [&](PJRT_Event* e) { return finished_well(e) ? (destroy(e), true) : false; }),
+                   running_.end());
   }
-  unfinished_.push_back(ready.event);
+  running_.push_back(event);
 }
 
 void Runtime::note_buffer_freed(int64_t nbytes, int device) {
@@ -610,51 +613,45 @@ std::vector<BufferPtr> Runtime::execute(const Executable& compiled, const std::v
   args.num_args = args_in.size();
   args.output_lists = &output_list;
   args.execute_device = exe.assigned_device >= 0 ? nullptr : devices_.at(device);
+  PJRT_Event* done = nullptr;
+  args.device_complete_events = &done;
   check(api_->PJRT_LoadedExecutable_Execute(&args), "executing");
   metrics_.executions++;
   if (owners) uncount_donated(*owners, donated);
 
   std::vector<BufferPtr> result;
   result.reserve(outputs.size());
-  std::lock_guard<std::mutex> lock(pending_mutex_);
-  if (pending_.size() > 4096) {
-    // Outputs already freed need no waiting; keep the list short.
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& w) { return w.expired(); }),
-                   pending_.end());
-  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     result.push_back(std::make_shared<DeviceBuffer>(this, outputs[i], exe.output_types[i].element,
                                                     exe.output_types[i].dims, device));
-    result.back()->from_execution = true;
-    pending_.push_back(result.back());
+  }
+  if (done) {
+    keep_running(done);
+  } else {  // a plugin without completion events: each output's ready event stands in
+    for (PJRT_Buffer* output : outputs) {
+      auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+      ready.buffer = output;
+      check(api_->PJRT_Buffer_ReadyEvent(&ready), "waiting for the device");
+      keep_running(ready.event);
+    }
   }
   return result;
 }
 
 void Runtime::synchronize() {
-  std::vector<std::weak_ptr<DeviceBuffer>> pending;
-  std::vector<PJRT_Event*> unfinished;
+  std::vector<PJRT_Event*> running;
   {
-    std::lock_guard<std::mutex> lock(pending_mutex_);
-    pending.swap(pending_);
-    unfinished.swap(unfinished_);
+    std::lock_guard<std::mutex> lock(running_mutex_);
+    running.swap(running_);
   }
-  for (size_t i = 0; i < unfinished.size(); ++i) {
+  for (size_t i = 0; i < running.size(); ++i) {
     try {
-      await_event(unfinished[i], "waiting for the device");
+      await_event(running[i], "waiting for the device");
     } catch (...) {  // the rest are still awaited (and destroyed) by the next synchronize
-      std::lock_guard<std::mutex> lock(pending_mutex_);
-      unfinished_.insert(unfinished_.end(), unfinished.begin() + static_cast<std::ptrdiff_t>(i) + 1, unfinished.end());
+      std::lock_guard<std::mutex> lock(running_mutex_);
+      running_.insert(running_.end(), running.begin() + static_cast<std::ptrdiff_t>(i) + 1, running.end());
       throw;
     }
-  }
-  for (auto& weak : pending) {
-    auto buffer = weak.lock();
-    if (!buffer) continue;
-    auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-    ready.buffer = buffer->raw();
-    check(api_->PJRT_Buffer_ReadyEvent(&ready), "waiting for the device");
-    await_event(ready.event, "waiting for the device");
   }
 }
 
