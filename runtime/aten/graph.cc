@@ -36,8 +36,11 @@ constexpr const char* kRefusal = "torchtpu-graph-split: ";
 // keep it alive (PyTorch's PyObject preservation): it counts only where Python still holds it, or a
 // gradient that died inside the block would be written back on a torch.compile graph's first call.
 bool held_elsewhere(const c10::Storage& storage, size_t own) {
-  const c10::impl::PyObjectSlot* wrapper = storage.unsafeGetStorageImpl()->pyobj_slot();
-  const bool unheld_wrapper = wrapper->load_pyobj() != nullptr && wrapper->has_unique_reference();
+  // The wrapper's count is read without the GIL (PyObjectSlot::has_unique_reference takes it, and a
+  // block runs under the recorder's lock, which a thread holding the GIL may be waiting for); the
+  // storage we keep keeps the wrapper alive.
+  PyObject* wrapper = storage.unsafeGetStorageImpl()->pyobj_slot()->load_pyobj();
+  const bool unheld_wrapper = wrapper != nullptr && Py_REFCNT(wrapper) == 1;
   return storage.use_count() > own + (unheld_wrapper ? 1 : 0);
 }
 
