@@ -194,6 +194,54 @@ def test_a_size_bound_splits_long_blocks():
         torchtpu._C._set_fused_max_ops(10000)
 
 
+def test_an_inference_loop_that_reads_nothing_replays_one_block():
+    # Cut at the size bound, the blocks of a 3-op loop would start at every offset of its period and
+    # each compile; an inference block ends before its first op comes again (past a quarter of the bound).
+    torchtpu._C._set_fused_max_ops(40)
+    try:
+        def loop():
+            x, outs = torch.ones(8, device=TPU), []
+            with torch.no_grad():
+                for step in range(60):
+                    x = (x * 1.01 + 0.5).sin()
+                    outs.append(x)
+            return torch.stack(outs).cpu()
+        with eager_mode("strict"):
+            strict = loop()
+        with eager_mode("fused"):
+            before = fused_metrics()
+            fused = loop()
+            after = fused_metrics()
+        assert torch.equal(strict, fused)
+        runs = after["blocks_run"] - before["blocks_run"]
+        assert after["flush_reasons"].get("a repeat of the block's first op", 0) >= 10
+        assert after["blocks_compiled"] - before["blocks_compiled"] <= 3 < runs  # the loop's block, the tail, the stack
+    finally:
+        torchtpu._C._set_fused_max_ops(10000)
+
+
+def test_a_training_block_is_never_cut_where_its_first_op_repeats():
+    torchtpu._C._set_fused_max_ops(40)
+    try:
+        with eager_mode("fused"):
+            before = fused_metrics()["flush_reasons"].get("a repeat of the block's first op", 0)
+            w = torch.ones(8, device=TPU, requires_grad=True)
+            x = w
+            for _ in range(20):
+                x = (x * 1.01 + 0.5).sin()
+            x.sum().backward()
+            torch.tpu.synchronize()
+            assert fused_metrics()["flush_reasons"].get("a repeat of the block's first op", 0) == before
+        expected = torch.ones(8, requires_grad=True)
+        y = expected
+        for _ in range(20):
+            y = (y * 1.01 + 0.5).sin()
+        y.sum().backward()
+        torch.testing.assert_close(w.grad.cpu(), expected.grad)
+    finally:
+        torchtpu._C._set_fused_max_ops(10000)
+
+
 def train(mode: str, steps: int = 4):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Dropout(0.1),
