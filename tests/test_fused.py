@@ -141,7 +141,6 @@ def test_intermediates_get_no_device_buffer():
     torch.testing.assert_close(y.cpu(), expected)
 
 
-
 def test_a_storage_python_saw_gets_a_buffer_only_while_python_holds_it():
     # x.untyped_storage() makes a Python wrapper that PyTorch keeps alive (holding the storage) for as
     # long as C++ holds the storage; dynamo's tracing calls it on a compiled function's inputs, so
@@ -202,7 +201,7 @@ def test_an_inference_loop_that_reads_nothing_replays_one_block():
         def loop():
             x, outs = torch.ones(8, device=TPU), []
             with torch.no_grad():
-                for step in range(60):
+                for _ in range(60):
                     x = (x * 1.01 + 0.5).sin()
                     outs.append(x)
             return torch.stack(outs).cpu()

@@ -217,7 +217,8 @@ class Runtime {
   void await_event(PJRT_Event* event, const char* what);
   void note_buffer_made(int64_t nbytes, int device);
   void note_buffer_freed(int64_t nbytes, int device);
-  // Keeps `event` (an execution's completion) for synchronize() to await, unless it is ready.
+  // Keeps `event` (an execution's completion) for synchronize() to await; past 1,024 kept, the ones
+  // that finished without an error are dropped first.
   void keep_running(PJRT_Event* event);
 
  private:
