@@ -23,9 +23,10 @@ std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const
 }
 
 Builder::Emitted Builder::emitted_since(const Mark& mark) const {
-  Emitted e{body_.substr(mark.body), next_id_, {}, nominal_element_, random_counters_};
+  Emitted e{body_.substr(mark.body), next_id_, {}, {}, nominal_element_, random_counters_};
   for (int id = mark.next_id; id < next_id_; ++id) {
     if (const auto it = widened_.find(id); it != widened_.end()) e.widened.emplace_back(id, it->second);
+    if (accumulated_.count(id)) e.accumulated.push_back(id);
   }
   return e;
 }
@@ -39,6 +40,7 @@ void Builder::replay(const Emitted& emitted) {
   advance_ids(emitted.next_id);
   body_ += emitted.body;
   for (const auto& [id, narrow] : emitted.widened) widened_.emplace(id, narrow);
+  accumulated_.insert(emitted.accumulated.begin(), emitted.accumulated.end());
   nominal_element_ = emitted.nominal_element;
   random_counters_ = emitted.random_counters;
 }
@@ -91,12 +93,29 @@ Value Builder::convert(const Value& v, ElementType element) {
     return complex_from(convert(real_part(v), part), convert(imag_part(v), part));
   }
   if (is_complex(v.element())) return convert(real_part(v), element);
+  // XLA on a TPU (with excess precision off, as we compile) folds a float32 -> bfloat16 convert into
+  // the reduce that feeds it, and the reduce then keeps its running sum in bfloat16: each step rounds
+  // (a v5e's bfloat16 bilinear interpolate, two taps a sum, had 121 of 390 outputs off CPU's, some by
+  // 3x near zero). Rounding on the bits first leaves the convert exact and nothing to fold.
+  if (element == ElementType::BF16 && accumulated_.count(v.id)) return convert(round_to_bfloat16_on_bits(v), element);
   TensorType t{element, v.dims()};
   Value widened = emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
   if (element == ElementType::F32 && (v.element() == ElementType::BF16 || v.element() == ElementType::F16)) {
     widened_.emplace(widened.id, v);
   }
   return widened;
+}
+
+Value Builder::round_to_bfloat16_on_bits(const Value& v) {
+  // Round to nearest, ties to even, on the float32 bits: add 0x7fff plus the kept part's lowest bit,
+  // clear the 16 bits bfloat16 drops. A carry moves into the exponent as it should (the largest
+  // floats round to infinity); NaN keeps its own value.
+  const Value bits = reinterpret(v, ElementType::U32);
+  const Value kept_lowest_bit = bitwise_and(binary("shift_right_logical", bits, constant_int(16, ElementType::U32)),
+                                            constant_int(1, ElementType::U32));
+  const Value rounded = bitwise_and(add(add(bits, constant_int(0x7fff, ElementType::U32)), kept_lowest_bit),
+                                    constant_int(0xffff0000, ElementType::U32));
+  return select(ne(v, v), v, reinterpret(rounded, ElementType::F32));
 }
 
 Value Builder::reinterpret(const Value& v, ElementType element) {
@@ -175,7 +194,9 @@ Value Builder::broadcast_to(const Value& v, const std::vector<int64_t>& dims) {
 Value Builder::reshape(const Value& v, const std::vector<int64_t>& dims) {
   if (v.dims() == dims) return v;
   TensorType t{v.element(), dims};
-  return emit("stablehlo.reshape " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+  const Value reshaped = emit("stablehlo.reshape " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
+  if (accumulated_.count(v.id)) accumulated_.insert(reshaped.id);
+  return reshaped;
 }
 
 Value Builder::transpose(const Value& v, const std::vector<int64_t>& permutation) {
@@ -190,9 +211,11 @@ Value Builder::transpose(const Value& v, const std::vector<int64_t>& permutation
   std::vector<int64_t> dims;
   for (int64_t p : permutation) dims.push_back(v.dims().at(p));
   TensorType t{v.element(), dims};
-  return emit("stablehlo.transpose " + name(v) + ", dims = [" + join(permutation) + "] : (" + v.type.mlir() +
-                  ") -> " + t.mlir(),
-              t);
+  const Value transposed = emit("stablehlo.transpose " + name(v) + ", dims = [" + join(permutation) + "] : (" +
+                                    v.type.mlir() + ") -> " + t.mlir(),
+                                t);
+  if (accumulated_.count(v.id)) accumulated_.insert(transposed.id);
+  return transposed;
 }
 
 Value Builder::slice(const Value& v, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,

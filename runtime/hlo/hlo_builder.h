@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -611,6 +612,7 @@ class Builder {
     std::string body;
     int next_id = 0;
     std::vector<std::pair<int, Value>> widened;
+    std::vector<int> accumulated;
     ElementType nominal_element = ElementType::F64;
     int64_t random_counters = 0;
   };
@@ -677,6 +679,10 @@ class Builder {
   // natively (the same products and float32 sums, without the widened copies); two widened from
   // float16 stay float32 behind a barrier, at HIGHEST (dot_general says why).
   std::unordered_map<int, Value> widened_;
+  // float32 sums and products of a reduce (and reshapes or transposes of them): converted to bfloat16,
+  // they are rounded on their bits first (convert says why).
+  std::unordered_set<int> accumulated_;
+  Value round_to_bfloat16_on_bits(const Value& v);
 };
 
 }  // namespace torchtpu::rt

@@ -38,10 +38,14 @@ Value Builder::reduce(const Value& v, const std::vector<int64_t>& dims, const ch
 
 Value Builder::reduce_from(const Value& v, const std::vector<int64_t>& dims, const char* combiner, const Value& init) {
   TensorType t{v.element(), reduced_dims(v, dims)};
-  return emit("stablehlo.reduce(" + name(v) + " init: " + name(init) + ") applies stablehlo." + combiner +
-                  " across dimensions = [" + join(dims) + "] : (" + v.type.mlir() + ", " + init.type.mlir() +
-                  ") -> " + t.mlir(),
-              t);
+  const Value reduced = emit("stablehlo.reduce(" + name(v) + " init: " + name(init) + ") applies stablehlo." +
+                                 combiner + " across dimensions = [" + join(dims) + "] : (" + v.type.mlir() + ", " +
+                                 init.type.mlir() + ") -> " + t.mlir(),
+                             t);
+  // A sum or product rounds at each step (max and min are exact): see convert.
+  const std::string op = combiner;
+  if (v.element() == ElementType::F32 && (op == "add" || op == "multiply")) accumulated_.insert(reduced.id);
+  return reduced;
 }
 
 Value Builder::sum(const Value& v, const std::vector<int64_t>& dims_in, bool keepdim) {
