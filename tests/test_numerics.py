@@ -2,6 +2,8 @@
 transcendentals by default (torch.tpu.set_math_mode("fast") for the backend's approximations), exact
 squares, and denormals (XLA flushes them to zero in arithmetic)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -203,57 +205,61 @@ def test_half_matmul_gives_the_dot_its_half_operands(tmp_path, dtype, operand, e
     assert dots and all(d == want for d in dots), dots
 
 
-def _bfloat16_sums():
-    # Rows whose float32 sum rounds differently when each step rounds to bfloat16 (1 + 2^-8 + 2^-8:
-    # ties at each step give 1, once give 1 + 2^-7), ties to even both ways, the largest finite
-    # bfloat16 plus a half ulp (to infinity) and less (stays), infinities and NaN.
-    big = torch.finfo(torch.bfloat16).max
-    rows = [[1.0, 2**-8, 2**-8], [1.0, 2**-8, 0.0], [1 + 2**-7, 2**-8, 0.0], [-1.0, -(2**-8), -(2**-8)],
-            [big, big * 2**-8, 0.0], [big, big * 2**-9, 0.0], [float("inf"), 1.0, 0.0],
-            [float("-inf"), float("inf"), 0.0], [float("nan"), 1.0, 2.0], [3.0, -3.0, 2**-20]]
-    return torch.tensor(rows, dtype=torch.bfloat16)
+def _half_sums(dtype):
+    # Rows whose float32 sum rounds differently when each step rounds to the half type (1 + h + h with
+    # h half an ulp of 1: ties at each step give 1, once 1 + 2h), ties to even both ways, the largest
+    # finite value plus half an ulp (to infinity) and less (stays), infinities and NaN.
+    h = 2.0**-8 if dtype == torch.bfloat16 else 2.0**-11
+    big = torch.finfo(dtype).max
+    ulp_of_big = 2.0 ** (math.floor(math.log2(big)) - (7 if dtype == torch.bfloat16 else 10))
+    rows = [[1.0, h, h], [1.0, h, 0.0], [1 + 2 * h, h, 0.0], [-1.0, -h, -h], [big, ulp_of_big / 2, 0.0],
+            [big, ulp_of_big / 4, 0.0], [float("inf"), 1.0, 0.0], [float("-inf"), float("inf"), 0.0],
+            [float("nan"), 1.0, 2.0], [3.0, -3.0, 2.0**-10]]
+    return torch.tensor(rows, dtype=dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-def test_bfloat16_reductions_round_their_float32_result_once(mode):
-    # CPU sums bfloat16 in float32 and rounds once; XLA on a TPU made such a reduce keep a bfloat16
-    # running sum (a v5e's bfloat16 bilinear interpolate, two taps a sum, missed CPU's values).
+def test_half_reductions_round_their_float32_result_once(mode, dtype):
+    # CPU sums bfloat16 and float16 in float32 and rounds once; XLA on a TPU made such a reduce keep
+    # a bfloat16 running sum (a v5e's bfloat16 bilinear interpolate, two taps a sum, missed CPU's values).
     torch.manual_seed(0)
-    x = _bfloat16_sums()
-    image = torch.randn(2, 3, 7, 6, dtype=torch.bfloat16)
+    x = _half_sums(dtype)
+    image = torch.randn(2, 3, 7, 6, dtype=dtype)
     # Multiples of 1/8 below 2^12 in magnitude: float32 sums them exactly in any order.
-    wide = (torch.randint(-100, 100, (64, 300)) / 8).to(torch.bfloat16)
+    wide = (torch.randint(-100, 100, (64, 300)) / 8).to(dtype)
     with torch.tpu.eager_mode(mode):
         got = [x.to("tpu").sum(1).cpu(), x.to("tpu").sum(1, keepdim=True).t().cpu(),
                F.interpolate(image.to("tpu"), size=(5, 13), mode="bilinear").cpu(),
-               wide.to("tpu").sum(0).cpu(), wide.to("tpu").float().sum(1).to(torch.bfloat16).cpu()]
+               wide.to("tpu").sum(0).cpu(), wide.to("tpu").float().sum(1).to(dtype).cpu()]
     want = [x.sum(1), x.sum(1, keepdim=True).t(), F.interpolate(image, size=(5, 13), mode="bilinear"),
-            wide.sum(0), wide.float().sum(1).to(torch.bfloat16)]
+            wide.sum(0), wide.float().sum(1).to(dtype)]
     for g, w in zip(got, want):
         assert torch.equal(g.isnan(), w.isnan()), (g, w)
         bits = lambda t: torch.where(t.isnan(), 0, t).view(torch.int16)
         assert torch.equal(bits(g), bits(w)), (g, w)
 
 
-BFLOAT16_SUM = """
+HALF_SUM = """
 import os, pathlib, torch, torch.nn.functional as F, torchtpu
-x = torch.randn(4, 6, 5, dtype=torch.bfloat16, device="tpu")
+x = torch.randn(4, 6, 5, dtype=getattr(torch, os.environ["HALF_DTYPE"]), device="tpu")
 x.sum(1).cpu(); x.sum(2, keepdim=True).transpose(0, 2).cpu()
 with torch.tpu.eager_mode("fused"):  # one block: the float32 sum, then its cast
-    x.float().sum(0).to(torch.bfloat16).cpu()
+    x.float().sum(0).to(x.dtype).cpu()
 F.interpolate(x[None], size=(8, 9), mode="bilinear").cpu()
 for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir():
     text = path.read_text()
-    if "stablehlo.reduce(" in text and "-> tensor<" in text and "xbf16>" in text.split("return")[-1]:
+    if "stablehlo.reduce(" in text and ("x" + os.environ["HALF_TYPE"] + ">") in text.split("return")[-1]:
         print("rounded on the bits" if "shift_right_logical" in text else "converted: " + path.name)
 """
 
 
-def test_a_float32_sum_reaches_bfloat16_through_its_rounded_bits(tmp_path):
+@pytest.mark.parametrize("dtype,short", [("bfloat16", "bf16"), ("float16", "f16")])
+def test_a_float32_sum_reaches_a_half_type_through_its_rounded_bits(tmp_path, dtype, short):
     # The structure that keeps XLA on a TPU from folding the convert into the reduce: every module
-    # that sums in float32 and returns bfloat16 rounds on the bits before its convert.
-    result = run_python(BFLOAT16_SUM, env={"TORCHTPU_DUMP_DIR": str(tmp_path / "modules"),
-                                           "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
+    # that sums in float32 and returns bfloat16 or float16 rounds on the bits before its convert.
+    result = run_python(HALF_SUM, env={"TORCHTPU_DUMP_DIR": str(tmp_path / "modules"), "HALF_DTYPE": dtype,
+                                       "HALF_TYPE": short, "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert len(lines) >= 4 and set(lines) == {"rounded on the bits"}, lines

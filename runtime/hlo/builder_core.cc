@@ -96,8 +96,11 @@ Value Builder::convert(const Value& v, ElementType element) {
   // XLA on a TPU (with excess precision off, as we compile) folds a float32 -> bfloat16 convert into
   // the reduce that feeds it, and the reduce then keeps its running sum in bfloat16: each step rounds
   // (a v5e's bfloat16 bilinear interpolate, two taps a sum, had 121 of 390 outputs off CPU's, some by
-  // 3x near zero). Rounding on the bits first leaves the convert exact and nothing to fold.
-  if (element == ElementType::BF16 && accumulated_.count(v.id)) return convert(round_to_bfloat16_on_bits(v), element);
+  // 3x near zero). Rounding on the bits first leaves the convert exact and nothing to fold. float16
+  // likewise (XLA on a TPU folds converts into float16 dots too).
+  if ((element == ElementType::BF16 || element == ElementType::F16) && accumulated_.count(v.id)) {
+    return convert(round_significand_on_bits(v, element), element);
+  }
   TensorType t{element, v.dims()};
   Value widened = emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
   if (element == ElementType::F32 && (v.element() == ElementType::BF16 || v.element() == ElementType::F16)) {
@@ -106,16 +109,20 @@ Value Builder::convert(const Value& v, ElementType element) {
   return widened;
 }
 
-Value Builder::round_to_bfloat16_on_bits(const Value& v) {
-  // Round to nearest, ties to even, on the float32 bits: add 0x7fff plus the kept part's lowest bit,
-  // clear the 16 bits bfloat16 drops. A carry moves into the exponent as it should (the largest
-  // floats round to infinity); NaN keeps its own value.
+Value Builder::round_significand_on_bits(const Value& v, ElementType element) {
+  // Round to nearest, ties to even, on the float32 bits: add half the dropped part less one plus the
+  // kept part's lowest bit, clear the dropped bits. A carry moves into the exponent as it should (past
+  // the narrow type's largest, the convert gives infinity); NaN keeps its own value, and below
+  // float16's normals (a fixed 2^-24 step there, not 11 significant bits) the convert rounds alone.
+  const int dropped = element == ElementType::BF16 ? 16 : 13;
+  const auto u32 = [&](int64_t value) { return constant_int(value, ElementType::U32); };
   const Value bits = reinterpret(v, ElementType::U32);
-  const Value kept_lowest_bit = bitwise_and(binary("shift_right_logical", bits, constant_int(16, ElementType::U32)),
-                                            constant_int(1, ElementType::U32));
-  const Value rounded = bitwise_and(add(add(bits, constant_int(0x7fff, ElementType::U32)), kept_lowest_bit),
-                                    constant_int(0xffff0000, ElementType::U32));
-  return select(ne(v, v), v, reinterpret(rounded, ElementType::F32));
+  const Value kept_lowest_bit = bitwise_and(binary("shift_right_logical", bits, u32(dropped)), u32(1));
+  const Value rounded = bitwise_and(add(add(bits, u32((int64_t{1} << (dropped - 1)) - 1)), kept_lowest_bit),
+                                    u32(~((int64_t{1} << dropped) - 1) & 0xffffffff));
+  Value as_is = ne(v, v);
+  if (element == ElementType::F16) as_is = bitwise_or(as_is, lt(abs(v), scalar_like(std::ldexp(1.0, -14), v)));
+  return select(as_is, v, reinterpret(rounded, ElementType::F32));
 }
 
 Value Builder::reinterpret(const Value& v, ElementType element) {

@@ -679,10 +679,11 @@ class Builder {
   // natively (the same products and float32 sums, without the widened copies); two widened from
   // float16 stay float32 behind a barrier, at HIGHEST (dot_general says why).
   std::unordered_map<int, Value> widened_;
-  // float32 sums and products of a reduce (and reshapes or transposes of them): converted to bfloat16,
-  // they are rounded on their bits first (convert says why).
+  // float32 sums and products of a reduce (and reshapes or transposes of them): converted to bfloat16
+  // or float16, they are rounded on their bits first (convert says why).
   std::unordered_set<int> accumulated_;
-  Value round_to_bfloat16_on_bits(const Value& v);
+  // A float32 value rounded to the significand of `element` (bfloat16 or float16), still float32.
+  Value round_significand_on_bits(const Value& v, ElementType element);
 };
 
 }  // namespace torchtpu::rt
