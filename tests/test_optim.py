@@ -147,3 +147,40 @@ def test_capturable_bias_corrections_are_one_power_for_every_parameter(tmp_path)
     # by a join and a slice per parameter, not by a power
     (modules_4, lines_4), (modules_16, lines_16) = logs
     assert modules_4 == modules_16 and lines_16 - lines_4 < 4 * 12 < lines_4, logs
+
+
+SMALL_LISTS = """
+import os, pathlib, torch, torchtpu
+sizes = [n for n in range(1, 21)]
+bases = [torch.rand(n, n) + 0.5 for n in sizes]
+exponents = [torch.rand(n, n) * 3 for n in sizes]
+scalar_exponents = [torch.tensor(float(n) / 7) for n in sizes]
+large = [torch.rand(300, 300) + 0.5 for _ in range(2)]  # 180,000 elements: a tensor each
+on_tpu = lambda ts: [t.to("tpu") for t in ts]
+for got, want in ((torch._foreach_pow(on_tpu(bases), on_tpu(exponents)), torch._foreach_pow(bases, exponents)),
+                  (torch._foreach_pow(on_tpu(bases), on_tpu(scalar_exponents)), torch._foreach_pow(bases, scalar_exponents)),
+                  (torch._foreach_pow(on_tpu(large), on_tpu(large)), torch._foreach_pow(large, large))):
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g.cpu(), w, atol=0, rtol=3 * 2.0 ** -23)
+for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir():
+    text = path.read_text()
+    results = text.split("->", 1)[1].split("{", 1)[0].count("tensor<")
+    if results > 1:  # the three foreach modules: argument and result types, joins, lines
+        print(text.split("{", 2)[1].count("tensor<"), text.count("stablehlo.concatenate"), len(text.splitlines()))
+"""
+
+
+def test_a_small_foreach_list_runs_one_lowering_over_its_joined_tensors(tmp_path):
+    # A list of at most 2^16 elements in all runs an elementwise lowering once over its tensors joined
+    # into one vector (op_db's float32 _foreach_pow modules held the accurate power once per tensor:
+    # past a minute on a v5e), 0-d exponents broadcast to their base's shape; a larger list keeps a
+    # lowering per tensor (concatenating parameters would cost memory traffic).
+    from conftest import run_python
+    result = run_python(SMALL_LISTS, env={"TORCHTPU_DUMP_DIR": str(tmp_path / "modules"),
+                                          "TORCHTPU_CACHE_DIR": str(tmp_path / "cache"), "TORCHTPU_EAGER_MODE": "strict"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    modules = sorted(tuple(int(w) for w in line.split()) for line in result.stdout.strip().splitlines())
+    assert [(types, joins) for types, joins, _ in modules] == [(6, 0), (60, 2), (60, 2)], modules
+    per_tensor_lines = modules[0][2]  # two powers
+    assert all(lines < per_tensor_lines for _, _, lines in modules[1:]), modules  # twenty tensors, one power

@@ -109,12 +109,16 @@ class EmitArgs {
 using Emitter = std::vector<rt::Value> (*)(rt::Builder&, const EmitArgs&);
 
 // An elementwise lowering's arguments with every list in `lists` joined into one flat vector, and
-// `shapes`, the shapes of the lists' N elements (element i has one shape in every list, each list one
+// `shapes`, the shapes of the lists' N elements (element i has one shape in every list or is 0-d, each list one
 // dtype), where joining pays; none otherwise. It pays for 0-d values (an optimizer's step counts and
 // bias corrections: capturable AdamW's per-parameter bias corrections were ~4,700 scalar ops of the
 // 110M Llama's captured step) and for float64 tensors (emulated in float32 pieces on a TPU: a lowering
 // per tensor of the list made libtpu compile a float64 _foreach_exp or _foreach_log for over a
-// minute), not for float32 parameter lists, whose concatenation would cost memory traffic.
+// minute) and for small lists (at most kJoinedElements elements in all: copying them costs nothing
+// beside a lowering per tensor to compile: op_db's float32 _foreach_pow test, whose modules held the
+// accurate power, ~290 ops, once for each of 20 tensors, ran past a minute on a v5e), not for float32
+// parameter lists, whose concatenation would cost memory traffic.
+constexpr int64_t kJoinedElements = int64_t{1} << 16;
 inline std::optional<EmitArgs> joined_lists(rt::Builder& b, const EmitArgs& all, const std::vector<int>& lists,
                                             size_t n, std::vector<std::vector<int64_t>>& shapes) {
   const auto* first = std::get_if<std::vector<rt::Value>>(&all.args.at(lists.at(0)));
@@ -122,16 +126,27 @@ inline std::optional<EmitArgs> joined_lists(rt::Builder& b, const EmitArgs& all,
   shapes.clear();
   for (const rt::Value& v : *first) shapes.push_back(v.dims());
   const bool scalars = std::all_of(shapes.begin(), shapes.end(), [](const auto& shape) { return shape.empty(); });
-  EmitArgs joined = all;
+  int64_t elements = 0;
+  for (const rt::Value& v : *first) elements += v.type.numel();
+  const bool small = elements <= kJoinedElements;
+  // Checked before anything is emitted. A 0-d element beside a larger one in another list (a tensor's
+  // exponent) is broadcast to that element's shape, as the lowering per element would.
   for (int a : lists) {
     const auto* list = std::get_if<std::vector<rt::Value>>(&all.args.at(a));
     if (!list || list->size() != n) return std::nullopt;
-    std::vector<rt::Value> flat;
     for (size_t i = 0; i < n; ++i) {
       const rt::Value& v = (*list)[i];
-      if (v.dims() != shapes[i] || v.element() != list->front().element()) return std::nullopt;
-      if (!scalars && v.element() != rt::ElementType::F64) return std::nullopt;
-      flat.push_back(b.reshape(v, {v.type.numel()}));
+      if ((v.dims() != shapes[i] && v.rank() != 0) || v.element() != list->front().element()) return std::nullopt;
+      if (!scalars && !small && v.element() != rt::ElementType::F64) return std::nullopt;
+    }
+  }
+  EmitArgs joined = all;
+  for (int a : lists) {
+    const auto& list = std::get<std::vector<rt::Value>>(all.args.at(a));
+    std::vector<rt::Value> flat;
+    for (size_t i = 0; i < n; ++i) {
+      const rt::TensorType shaped{list[i].element(), shapes[i]};
+      flat.push_back(b.reshape(b.broadcast_to(list[i], shapes[i]), {shaped.numel()}));
     }
     joined.args[a] = b.concatenate(flat, 0);
   }
