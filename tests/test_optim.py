@@ -151,7 +151,7 @@ def test_capturable_bias_corrections_are_one_power_for_every_parameter(tmp_path)
 
 SMALL_LISTS = """
 import os, pathlib, torch, torchtpu
-sizes = [n for n in range(1, 21)]
+sizes = range(1, 21)
 bases = [torch.rand(n, n) + 0.5 for n in sizes]
 exponents = [torch.rand(n, n) * 3 for n in sizes]
 scalar_exponents = [torch.tensor(float(n) / 7) for n in sizes]

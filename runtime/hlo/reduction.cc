@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "hlo/builder_internal.h"
@@ -43,8 +44,9 @@ Value Builder::reduce_from(const Value& v, const std::vector<int64_t>& dims, con
                                  init.type.mlir() + ") -> " + t.mlir(),
                              t);
   // A sum or product rounds at each step (max and min are exact): see convert.
-  const std::string op = combiner;
-  if (v.element() == ElementType::F32 && (op == "add" || op == "multiply")) accumulated_.insert(reduced.id);
+  if (v.element() == ElementType::F32 && (std::strcmp(combiner, "add") == 0 || std::strcmp(combiner, "multiply") == 0)) {
+    accumulated_.insert(reduced.id);
+  }
   return reduced;
 }
 
