@@ -2,6 +2,7 @@
 statistics as torch.cuda reports them."""
 
 import json
+import os
 import warnings
 
 import pytest
@@ -212,6 +213,16 @@ def test_out_of_memory_is_torchs_error_and_the_process_goes_on(strict_eager):
     del huge
     assert torch.tpu.memory_allocated() == before
     assert torch.equal((held + 1).cpu(), torch.full((1024,), 2.0))
+
+
+def test_fused_eager_mode_is_the_default_on_a_tpu_only():
+    from torchtpu import _plugins
+
+    assert _plugins.default_eager_mode("tpu") == "fused"
+    assert _plugins.default_eager_mode("cpu") == _plugins.default_eager_mode("cuda") == "strict"
+    if "TORCHTPU_EAGER_MODE" not in os.environ:  # this process started in its platform's default
+        platform = torch.tpu.get_device_properties(0).platform
+        assert torch.tpu.get_eager_mode() == _plugins.default_eager_mode(platform)
 
 
 def test_eager_modes_switch_and_give_the_same_results(strict_eager):

@@ -190,9 +190,10 @@ def _start_runtime():
     ext.set_fallback_is_error(_fallback_is_error_by_env())
     ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
     modes = {}
-    for variable, allowed in (("TORCHTPU_MATH", ("accurate", "fast")),
-                              ("TORCHTPU_EAGER_MODE", ("strict", "blocking", "fused"))):
-        modes[variable] = os.environ.get(variable, allowed[0]).lower()
+    eager_default = _plugins.default_eager_mode(ext.platform_name())
+    for variable, allowed, default in (("TORCHTPU_MATH", ("accurate", "fast"), "accurate"),
+                                       ("TORCHTPU_EAGER_MODE", ("strict", "blocking", "fused"), eager_default)):
+        modes[variable] = os.environ.get(variable, default).lower()
         if modes[variable] not in allowed:
             _init_error = (f"torchtpu: {variable} must be {', '.join(map(repr, allowed[:-1]))} or {allowed[-1]!r}, "
                            f"not {modes[variable]!r}")

@@ -1,4 +1,5 @@
-"""Finding the PJRT plugin and the compile cache directory (TORCHTPU_PJRT_PLUGIN, TORCHTPU_CACHE_DIR)."""
+"""Finding the PJRT plugin and the compile cache directory (TORCHTPU_PJRT_PLUGIN, TORCHTPU_CACHE_DIR), and
+what depends on the platform it serves."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ PACKAGES = {
 
 class PluginNotFound(RuntimeError):
     pass
+
+
+def default_eager_mode(platform: str) -> str:
+    """Fused eager mode on a TPU, where launching one op costs more than most ops' work (README,
+    "Fused eager mode"); strict elsewhere. TORCHTPU_EAGER_MODE overrides it."""
+    return "fused" if platform == "tpu" else "strict"
 
 
 def _package_dir(module: str) -> str | None:

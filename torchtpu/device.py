@@ -124,14 +124,14 @@ EAGER_MODES = ("strict", "blocking", "fused")
 
 
 def set_eager_mode(mode: str) -> None:
-    """How eager ops run on tpu: "strict" (the default: each op is enqueued and returns at once, its
-    results ready later; a host read waits), "blocking" (each op waits for the device before it
+    """How eager ops run on tpu: "strict" (the default on the CPU plugin and GPUs: each op is enqueued
+    and returns at once, its results ready later; a host read waits), "blocking" (each op waits for the device before it
     returns, so a device error, an out-of-memory among them, surfaces at the op that caused it; for
     debugging, slower) or "fused" (ops are checked at the call, as in every mode, and recorded; what
     was recorded runs as one module when a value is needed: a host read such as .item() or print,
     torch.tpu.synchronize(), an op that needs values on the host, a CPU fallback, an optimizer's
     step, a size bound; a block met again reuses its compiled module; torch.compile graphs join the
-    block as calls). Also TORCHTPU_EAGER_MODE. Results are the same in every mode."""
+    block as calls; the default on a TPU). Also TORCHTPU_EAGER_MODE. Results are the same in every mode."""
     if mode not in EAGER_MODES:
         raise ValueError(f"torch.tpu.set_eager_mode: mode must be one of {', '.join(map(repr, EAGER_MODES))}, "
                          f"not {mode!r}")
