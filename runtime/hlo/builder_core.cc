@@ -23,10 +23,11 @@ std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const
 }
 
 Builder::Emitted Builder::emitted_since(const Mark& mark) const {
-  Emitted e{body_.substr(mark.body), next_id_, {}, {}, nominal_element_, random_counters_};
+  Emitted e{body_.substr(mark.body), next_id_, {}, {}, {}, nominal_element_, random_counters_};
   for (int id = mark.next_id; id < next_id_; ++id) {
     if (const auto it = widened_.find(id); it != widened_.end()) e.widened.emplace_back(id, it->second);
     if (accumulated_.count(id)) e.accumulated.push_back(id);
+    if (const auto it = merged_rows_.find(id); it != merged_rows_.end()) e.merged_rows.emplace_back(id, it->second);
   }
   return e;
 }
@@ -41,6 +42,7 @@ void Builder::replay(const Emitted& emitted) {
   body_ += emitted.body;
   for (const auto& [id, narrow] : emitted.widened) widened_.emplace(id, narrow);
   accumulated_.insert(emitted.accumulated.begin(), emitted.accumulated.end());
+  for (const auto& [id, unmerged] : emitted.merged_rows) merged_rows_.emplace(id, unmerged);
   nominal_element_ = emitted.nominal_element;
   random_counters_ = emitted.random_counters;
 }
@@ -100,6 +102,10 @@ Value Builder::convert(const Value& v, ElementType element) {
   // likewise (XLA on a TPU folds converts into float16 dots too).
   if ((element == ElementType::BF16 || element == ElementType::F16) && accumulated_.count(v.id)) {
     return convert(round_significand_on_bits(v, element), element);
+  }
+  if (const auto it = merged_rows_.find(v.id); it != merged_rows_.end()) {
+    const Value unmerged = it->second;  // a copy: the calls below may grow the map
+    return reshape(convert(unmerged, element), v.dims());
   }
   TensorType t{element, v.dims()};
   Value widened = emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
@@ -200,9 +206,16 @@ Value Builder::broadcast_to(const Value& v, const std::vector<int64_t>& dims) {
 
 Value Builder::reshape(const Value& v, const std::vector<int64_t>& dims) {
   if (v.dims() == dims) return v;
+  if (const auto it = merged_rows_.find(v.id); it != merged_rows_.end()) {
+    const Value unmerged = it->second;
+    return reshape(unmerged, dims);
+  }
   TensorType t{v.element(), dims};
   const Value reshaped = emit("stablehlo.reshape " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
   if (accumulated_.count(v.id)) accumulated_.insert(reshaped.id);
+  if (v.result < 0 && v.rank() > 2 && dims.size() == 2 && dims[1] == v.dims().back()) {
+    merged_rows_.emplace(reshaped.id, v);
+  }
   return reshaped;
 }
 
