@@ -23,11 +23,12 @@ std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const
 }
 
 Builder::Emitted Builder::emitted_since(const Mark& mark) const {
-  Emitted e{body_.substr(mark.body), next_id_, {}, {}, {}, nominal_element_, random_counters_};
+  Emitted e{body_.substr(mark.body), next_id_, {}, {}, {}, {}, nominal_element_, random_counters_};
   for (int id = mark.next_id; id < next_id_; ++id) {
     if (const auto it = widened_.find(id); it != widened_.end()) e.widened.emplace_back(id, it->second);
     if (accumulated_.count(id)) e.accumulated.push_back(id);
     if (const auto it = merged_rows_.find(id); it != merged_rows_.end()) e.merged_rows.emplace_back(id, it->second);
+    if (const auto it = reshaped_from_.find(id); it != reshaped_from_.end()) e.reshaped_from.emplace_back(id, it->second);
   }
   return e;
 }
@@ -43,6 +44,7 @@ void Builder::replay(const Emitted& emitted) {
   for (const auto& [id, narrow] : emitted.widened) widened_.emplace(id, narrow);
   accumulated_.insert(emitted.accumulated.begin(), emitted.accumulated.end());
   for (const auto& [id, unmerged] : emitted.merged_rows) merged_rows_.emplace(id, unmerged);
+  for (const auto& [id, source] : emitted.reshaped_from) reshaped_from_.emplace(id, source);
   nominal_element_ = emitted.nominal_element;
   random_counters_ = emitted.random_counters;
 }
@@ -206,15 +208,28 @@ Value Builder::broadcast_to(const Value& v, const std::vector<int64_t>& dims) {
 
 Value Builder::reshape(const Value& v, const std::vector<int64_t>& dims) {
   if (v.dims() == dims) return v;
-  if (const auto it = merged_rows_.find(v.id); it != merged_rows_.end()) {
-    const Value unmerged = it->second;
-    return reshape(unmerged, dims);
+  for (const auto* earlier : {&merged_rows_, &reshaped_from_}) {
+    if (const auto it = earlier->find(v.id); it != earlier->end()) {
+      const Value source = it->second;  // a copy: the call below grows the maps
+      return reshape(source, dims);
+    }
   }
   TensorType t{v.element(), dims};
   const Value reshaped = emit("stablehlo.reshape " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
   if (accumulated_.count(v.id)) accumulated_.insert(reshaped.id);
-  if (v.result < 0 && v.rank() > 2 && dims.size() == 2 && dims[1] == v.dims().back()) {
-    merged_rows_.emplace(reshaped.id, v);
+  reshaped_from_.emplace(reshaped.id, v);
+  // [M, K] rows of v's leading dims: v itself where its last dim is K, else v as [leading..., K].
+  if (dims.size() == 2 && v.result < 0) {
+    int64_t trailing = 1;
+    for (int split = v.rank() - 1; split >= 2; --split) {
+      trailing *= v.dims()[static_cast<size_t>(split)];
+      if (trailing > dims[1]) break;
+      if (trailing != dims[1]) continue;
+      std::vector<int64_t> unmerged(v.dims().begin(), v.dims().begin() + split);
+      unmerged.push_back(dims[1]);
+      merged_rows_.emplace(reshaped.id, reshape(v, unmerged));
+      break;
+    }
   }
   return reshaped;
 }

@@ -614,6 +614,7 @@ class Builder {
     std::vector<std::pair<int, Value>> widened;
     std::vector<int> accumulated;
     std::vector<std::pair<int, Value>> merged_rows;
+    std::vector<std::pair<int, Value>> reshaped_from;
     ElementType nominal_element = ElementType::F64;
     int64_t random_counters = 0;
   };
@@ -689,6 +690,10 @@ class Builder {
   // (on a v5e the folded form left the 110M Llama's residual stream transposed, with a relayout copy
   // around each projection: 50 copies against jax's 2).
   std::unordered_map<int, Value> merged_rows_;
+  // Reshapes (id -> the value reshaped, itself no reshape): a reshape of a reshape reshapes the first
+  // value, so that rows merged through a flat storage read ([B, L, H, D] -> [B*L*H*D] -> [B*L, H*D], the
+  // attention output before its projection) are seen as merged from [B, L, H*D].
+  std::unordered_map<int, Value> reshaped_from_;
   // A float32 value rounded to the significand of `element` (bfloat16 or float16), still float32.
   Value round_significand_on_bits(const Value& v, ElementType element);
 };
