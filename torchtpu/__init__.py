@@ -189,10 +189,12 @@ def _start_runtime():
         return
     ext.set_fallback_is_error(_fallback_is_error_by_env())
     ext.set_check_indices(os.environ.get("TORCHTPU_CHECK_INDICES", "") == "1")
+    from torchtpu.device import EAGER_MODES, MATH_MODES
+
     modes = {}
     eager_default = _plugins.default_eager_mode(ext.platform_name())
-    for variable, allowed, default in (("TORCHTPU_MATH", ("accurate", "fast"), "accurate"),
-                                       ("TORCHTPU_EAGER_MODE", ("strict", "blocking", "fused"), eager_default)):
+    for variable, allowed, default in (("TORCHTPU_MATH", MATH_MODES, "accurate"),
+                                       ("TORCHTPU_EAGER_MODE", EAGER_MODES, eager_default)):
         modes[variable] = os.environ.get(variable, default).lower()
         if modes[variable] not in allowed:
             _init_error = (f"torchtpu: {variable} must be {', '.join(map(repr, allowed[:-1]))} or {allowed[-1]!r}, "

@@ -106,12 +106,15 @@ class _DeviceProperties:
 
 # Each device has a default generator, a (seed, offset) pair that random ops advance; a seed
 # reproduces the stream on tpu (it is not the CPU generator's stream).
+MATH_MODES = ("accurate", "fast")
+
+
 def set_math_mode(mode: str) -> None:
     """How float32 transcendentals are computed on tpu: "accurate" (the default: exp, expm1, log,
     log1p, tanh and sigmoid within a few ulps, as on CPU) or "fast" (the backend's approximations;
     on a TPU up to ~4e-4 relative). Also TORCHTPU_MATH=fast. Matmul precision follows
     torch.set_float32_matmul_precision. Modules compiled under each mode are cached apart."""
-    if mode not in ("accurate", "fast"):
+    if mode not in MATH_MODES:
         raise ValueError(f"torch.tpu.set_math_mode: mode must be 'accurate' or 'fast', not {mode!r}")
     _C().set_accurate_math(mode == "accurate")
 
