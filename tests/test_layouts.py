@@ -81,3 +81,43 @@ def test_offset_views_read_as_a_box_of_their_storage(tmp_path):
                                            "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["-", "-"], result.stdout
+
+
+LINEAR_ROWS = """
+import os, pathlib, re, torch, torchtpu
+torch.manual_seed(0)
+linear = torch.nn.Linear(8, 5, bias=False)
+x = torch.randn(4, 6, 8)
+heads_first = torch.randn(4, 2, 6, 4)  # attention's [B, H, L, D] output, to be [B, L, H*D] again
+on_tpu = torch.nn.Linear(8, 5, bias=False).to("tpu")
+on_tpu.load_state_dict(linear.state_dict())
+t, h = x.to("tpu"), heads_first.to("tpu")
+graph = torch.tpu.TPUGraph()
+with torch.tpu.graph(graph):
+    heads = on_tpu(t).view(4, 6, 5, 1) * 2
+    projected = on_tpu(h.transpose(1, 2).reshape(4, 6, 8))
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        low = on_tpu(t)
+graph.replay()
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    low_cpu = linear(x)
+assert torch.allclose(heads.cpu(), linear(x).view(4, 6, 5, 1) * 2, atol=1e-5, rtol=1e-5)
+assert torch.allclose(projected.cpu(), linear(heads_first.transpose(1, 2).reshape(4, 6, 8)), atol=1e-5, rtol=1e-5)
+assert low.dtype == torch.bfloat16 and torch.allclose(low.cpu().float(), low_cpu.float(), atol=2e-2, rtol=1e-2)
+for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir():
+    for line in path.read_text().splitlines():
+        if "dot_general" in line:
+            print(re.search(r": \\((tensor<[^>]*>)", line).group(1))
+"""
+
+
+def test_a_linear_of_rows_contracts_the_unmerged_input(tmp_path):
+    # PyTorch's linear folds a [4, 6, 8] input (or an attention output made contiguous, through its
+    # flat storage) into [24, 8] around mm. Handed to XLA so, on a v5e the 110M Llama's residual
+    # stream came out transposed ([4096, 1024] column-major) with a relayout copy around each
+    # projection (50 copies against jax.jit's 2); jax contracts [B, L, K] with [K, N].
+    from conftest import run_python
+    result = run_python(LINEAR_ROWS, env={"TORCHTPU_DUMP_DIR": str(tmp_path / "modules"),
+                                          "TORCHTPU_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(set(result.stdout.split())) == ["tensor<4x6x8xbf16>", "tensor<4x6x8xf32>"], result.stdout

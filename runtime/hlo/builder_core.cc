@@ -23,10 +23,12 @@ std::vector<Value> Builder::emit_multi(const std::string& op_and_operands, const
 }
 
 Builder::Emitted Builder::emitted_since(const Mark& mark) const {
-  Emitted e{body_.substr(mark.body), next_id_, {}, {}, nominal_element_, random_counters_};
+  Emitted e{body_.substr(mark.body), next_id_, {}, {}, {}, {}, nominal_element_, random_counters_};
   for (int id = mark.next_id; id < next_id_; ++id) {
     if (const auto it = widened_.find(id); it != widened_.end()) e.widened.emplace_back(id, it->second);
     if (accumulated_.count(id)) e.accumulated.push_back(id);
+    if (const auto it = merged_rows_.find(id); it != merged_rows_.end()) e.merged_rows.emplace_back(id, it->second);
+    if (const auto it = reshaped_from_.find(id); it != reshaped_from_.end()) e.reshaped_from.emplace_back(id, it->second);
   }
   return e;
 }
@@ -41,6 +43,8 @@ void Builder::replay(const Emitted& emitted) {
   body_ += emitted.body;
   for (const auto& [id, narrow] : emitted.widened) widened_.emplace(id, narrow);
   accumulated_.insert(emitted.accumulated.begin(), emitted.accumulated.end());
+  for (const auto& [id, unmerged] : emitted.merged_rows) merged_rows_.emplace(id, unmerged);
+  for (const auto& [id, source] : emitted.reshaped_from) reshaped_from_.emplace(id, source);
   nominal_element_ = emitted.nominal_element;
   random_counters_ = emitted.random_counters;
 }
@@ -100,6 +104,10 @@ Value Builder::convert(const Value& v, ElementType element) {
   // likewise (XLA on a TPU folds converts into float16 dots too).
   if ((element == ElementType::BF16 || element == ElementType::F16) && accumulated_.count(v.id)) {
     return convert(round_significand_on_bits(v, element), element);
+  }
+  if (const auto it = merged_rows_.find(v.id); it != merged_rows_.end()) {
+    const Value unmerged = it->second;  // a copy: the calls below may grow the map
+    return reshape(convert(unmerged, element), v.dims());
   }
   TensorType t{element, v.dims()};
   Value widened = emit("stablehlo.convert " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
@@ -200,9 +208,29 @@ Value Builder::broadcast_to(const Value& v, const std::vector<int64_t>& dims) {
 
 Value Builder::reshape(const Value& v, const std::vector<int64_t>& dims) {
   if (v.dims() == dims) return v;
+  for (const auto* earlier : {&merged_rows_, &reshaped_from_}) {
+    if (const auto it = earlier->find(v.id); it != earlier->end()) {
+      const Value source = it->second;  // a copy: the call below grows the maps
+      return reshape(source, dims);
+    }
+  }
   TensorType t{v.element(), dims};
   const Value reshaped = emit("stablehlo.reshape " + name(v) + " : (" + v.type.mlir() + ") -> " + t.mlir(), t);
   if (accumulated_.count(v.id)) accumulated_.insert(reshaped.id);
+  reshaped_from_.emplace(reshaped.id, v);
+  // [M, K] rows of v's leading dims: v itself where its last dim is K, else v as [leading..., K].
+  if (dims.size() == 2 && v.result < 0) {
+    int64_t trailing = 1;
+    for (int split = v.rank() - 1; split >= 2; --split) {
+      trailing *= v.dims()[static_cast<size_t>(split)];
+      if (trailing > dims[1]) break;
+      if (trailing != dims[1]) continue;
+      std::vector<int64_t> unmerged(v.dims().begin(), v.dims().begin() + split);
+      unmerged.push_back(dims[1]);
+      merged_rows_.emplace(reshaped.id, reshape(v, unmerged));
+      break;
+    }
+  }
   return reshaped;
 }
 

@@ -613,6 +613,8 @@ class Builder {
     int next_id = 0;
     std::vector<std::pair<int, Value>> widened;
     std::vector<int> accumulated;
+    std::vector<std::pair<int, Value>> merged_rows;
+    std::vector<std::pair<int, Value>> reshaped_from;
     ElementType nominal_element = ElementType::F64;
     int64_t random_counters = 0;
   };
@@ -682,6 +684,16 @@ class Builder {
   // float32 sums and products of a reduce (and reshapes or transposes of them): converted to bfloat16
   // or float16, they are rounded on their bits first (convert says why).
   std::unordered_set<int> accumulated_;
+  // Matrices that merge the leading dims of a higher-rank value (id -> that value): PyTorch's linear
+  // and matmul fold [..., K] inputs into [M, K] around mm. A contraction over K takes the higher-rank
+  // value itself, converts and reshapes go through it, so that XLA sees jax's [B, L, K] x [K, N]
+  // (on a v5e the folded form left the 110M Llama's residual stream transposed, with a relayout copy
+  // around each projection: 50 copies against jax's 2).
+  std::unordered_map<int, Value> merged_rows_;
+  // Reshapes (id -> the value reshaped, itself no reshape): a reshape of a reshape reshapes the first
+  // value, so that rows merged through a flat storage read ([B, L, H, D] -> [B*L*H*D] -> [B*L, H*D], the
+  // attention output before its projection) are seen as merged from [B, L, H*D].
+  std::unordered_map<int, Value> reshaped_from_;
   // A float32 value rounded to the significand of `element` (bfloat16 or float16), still float32.
   Value round_significand_on_bits(const Value& v, ElementType element);
 };

@@ -59,6 +59,13 @@ Value Builder::dot_general(const Value& a, const Value& b, const std::vector<int
     dims.push_back(b.dims()[i]);
   }
   TensorType t{a.element(), dims};
+  // [M, K] rows merged from [..., K] (merged_rows_ says why): the contraction of the unmerged value.
+  if (const auto rows = merged_rows_.find(a.id);
+      rows != merged_rows_.end() && lhs_batch.empty() && lhs_contract == std::vector<int64_t>{1} && a.result < 0 &&
+      is_float(a.element())) {
+    const Value unmerged = rows->second;
+    return reshape(dot_general(unmerged, b, {}, rhs_batch, {unmerged.rank() - 1}, rhs_contract), dims);
+  }
   if (a.element() == ElementType::S64 || a.element() == ElementType::U64) {
     // libtpu has no 64-bit integer dot ("rewriting computation to not contain X64 ... not implemented"):
     // products and sums, which wrap like PyTorch's, on operands laid out as [batch, a's free, b's free, k].
