@@ -348,8 +348,23 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     compile_backward = lambda g, inputs: _compile_graph(g, inputs, f"backward{next(names)}")  # noqa: E731
     aot = aot_autograd(fw_compiler=compile_forward, bw_compiler=compile_backward,
                        inference_compiler=compile_forward, decompositions=_decompositions(),
-                       keep_inference_input_mutations=True)
+                       keep_inference_input_mutations=True, partition_fn=_partition)
     return aot(gm, example_inputs, **kwargs)
+
+
+def _partition(joint_module: torch.fx.GraphModule, joint_inputs, **kwargs):
+    """What the forward keeps for the backward: AOTAutograd's min-cut partition, which recomputes
+    cheap elementwise work in the backward rather than saving its results, also where the recomputed
+    value feeds a matmul. Its default bans that (a GPU kernel would have to write the value out);
+    XLA fuses such a convert or product into the dot's operand, so the backward re-reads the float32
+    weight instead of keeping a bfloat16 copy of every weight. On the CPU plugin, 110M Llama with
+    bfloat16 autocast, 512 tokens: 117 MiB kept for the backward, against 433 MiB with AOTAutograd's
+    default (save every intermediate the backward reads) and 352 MiB with the min-cut's own bans."""
+    from torch._functorch import config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    with config.patch(ban_recompute_materialized_backward=False):
+        return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
 
 
 def register_device_interface() -> None:
