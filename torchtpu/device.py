@@ -104,8 +104,6 @@ class _DeviceProperties:
                 f"platform_version={self.platform_version!r}, index={self.index})")
 
 
-# Each device has a default generator, a (seed, offset) pair that random ops advance; a seed
-# reproduces the stream on tpu (it is not the CPU generator's stream).
 MATH_MODES = ("accurate", "fast")
 
 
@@ -160,6 +158,8 @@ def eager_mode(mode: str):
         set_eager_mode(before)
 
 
+# Each device has a default generator, a (seed, offset) pair that random ops advance; a seed
+# reproduces the stream on tpu (it is not the CPU generator's stream).
 def manual_seed(seed: int) -> None:
     """Seeds the current device's generator."""
     _C().set_generator_state(current_device(), int(seed) & 0xFFFFFFFFFFFFFFFF, 0)
