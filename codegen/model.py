@@ -18,7 +18,10 @@ A spec entry (see README "Adding an op"):
       runtime: [lr]                   # float arguments passed at run time (default: compile-time)
       foreach: true                   # the lowering is per element of the list arguments (_foreach_*);
                                       # elementwise: also element by element within each tensor, so lists
-                                      # of 0-d tensors run it once over one vector of their values
+                                      # of 0-d tensors run it once over one vector of their values;
+                                      # lists: the lowering is one call of a list primitive (declared
+                                      # `std::vector<Value> name(...)`), given the whole lists, giving
+                                      # every result
       generator: implicit             # draws from the default generator, named `generator` in the lowering
       test: {opinfo: add, dtypes: [float32, int64], atol: 1e-5, rtol: 1e-5}
                                       # grad_atol / grad_rtol: for the gradient comparison (default: atol / rtol)
@@ -82,10 +85,21 @@ _PARAMETER_KINDS = {"const Value&": "value", "const std::vector<Value>&": "value
                     "const std::vector<double>&": "floats"}
 
 
-@functools.lru_cache(maxsize=None)
 def builder_primitives(repo_root: str) -> dict[str, tuple[str, ...]]:
+    """The primitives giving one Value: name -> the kinds of its parameters."""
+    return _declared_primitives(repo_root)[0]
+
+
+def list_primitives(repo_root: str) -> dict[str, tuple[str, ...]]:
+    """The primitives giving a std::vector<Value> (a `foreach: lists` lowering's every result)."""
+    return _declared_primitives(repo_root)[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _declared_primitives(repo_root: str) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
     path = os.path.join(repo_root, BUILDER_HEADER)
     primitives: dict[str, tuple[str, ...]] = {}
+    lists: dict[str, tuple[str, ...]] = {}
     in_section = False
     for number, line in enumerate(open(path), 1):
         stripped = line.strip()
@@ -94,20 +108,23 @@ def builder_primitives(repo_root: str) -> dict[str, tuple[str, ...]]:
             continue
         if in_section and stripped.startswith("// ---"):
             break
-        match = re.match(r"Value (\w+)\((.*?)\)\s*(?:const\s*)?[;{]", stripped) if in_section else None
+        match = re.match(r"(std::vector<Value>|Value) (\w+)\((.*?)\)\s*(?:const\s*)?[;{]", stripped) if in_section else None
         if not match:
             continue
+        returns, name, parameters = match.groups()
         kinds = []
-        for parameter in filter(None, (p.strip() for p in match.group(2).split(","))):
-            declared_type = parameter.rsplit(" ", 1)[0].strip()
+        declared_types = [p.rsplit(" ", 1)[0].strip() for p in filter(None, (p.strip() for p in parameters.split(",")))]
+        if returns != "Value" and not set(declared_types) <= set(_PARAMETER_KINDS):
+            continue  # a builder helper giving several values (while_loop), not a list primitive
+        for declared_type in declared_types:
             if declared_type not in _PARAMETER_KINDS:
-                raise SpecError(BUILDER_HEADER, number, f"primitive {match.group(1)}: parameter type "
+                raise SpecError(BUILDER_HEADER, number, f"primitive {name}: parameter type "
                                                         f"{declared_type!r} is not one specs can pass")
             kinds.append(_PARAMETER_KINDS[declared_type])
-        primitives[match.group(1)] = tuple(kinds)
+        (primitives if returns == "Value" else lists)[name] = tuple(kinds)
     if not primitives:
         raise SpecError(BUILDER_HEADER, 1, f"no primitives found after {_SECTION_START!r}")
-    return primitives
+    return primitives, lists
 
 
 # How a schema argument reaches the kernel and the emitter, by its torchgen type.
@@ -402,10 +419,12 @@ class _LoweringCompiler:
     """Turns a lowering expression into C++ over the builder, checking names and arity."""
 
     def __init__(self, spec_path: str, line: int, arguments: list[Argument], primitives: dict[str, tuple[str, ...]],
-                 foreach: bool = False):
+                 foreach: bool | str = False, lists: dict[str, tuple[str, ...]] | None = None):
         self.path, self.line = spec_path, line
         self.primitives = primitives
-        if foreach:  # a foreach lowering names one element of each list argument
+        self.lists = lists or {}
+        self.whole_lists = foreach == "lists"
+        if foreach and not self.whole_lists:  # a per-element foreach lowering names one element of each list
             arguments = [dataclasses.replace(a, access="value") if a.kind in ("TensorList", "ScalarList") else a
                          for a in arguments]
         self.args = {a.name: (i, a) for i, a in enumerate(arguments)}
@@ -423,6 +442,8 @@ class _LoweringCompiler:
             self.fail(f"lowering is not an expression: {e.msg} in {text!r}")
         if not statements or not isinstance(statements[-1], ast.Expr):
             self.fail("a lowering ends with the result expression")
+        if self.whole_lists:
+            return self.list_call(statements)
         self.locals: dict[str, str] = {}
         lines = []
         for statement in statements[:-1]:
@@ -440,6 +461,17 @@ class _LoweringCompiler:
         if not lines:
             return returned
         return "[&]() -> std::vector<Value> { " + " ".join(lines) + f" return {returned}; }}()"
+
+    def list_call(self, statements: list) -> str:
+        """A `foreach: lists` lowering: one call of a list primitive, which gives every result."""
+        call = statements[0].value
+        if len(statements) != 1 or not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                                        and call.func.id in self.lists):
+            self.fail(f"a foreach: lists lowering is one call of a list primitive ({', '.join(sorted(self.lists))})")
+        params = self.lists[call.func.id]
+        if call.keywords or len(call.args) != len(params):
+            self.fail(f"{call.func.id}() takes {len(params)} arguments ({', '.join(params)}), got {len(call.args)}")
+        return f"b.{call.func.id}({', '.join(self.expr(a, p) for a, p in zip(call.args, params))})"
 
     # Forms over optional schema arguments (not builder primitives):
     #   default(arg, literal)  arg, or literal where arg is None (e.g. default(correction, 1))
@@ -478,6 +510,9 @@ class _LoweringCompiler:
                 and node.func.id not in self.primitives:
             return self.special_form(node, want)
         if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Name) and node.func.id in self.lists:
+                self.fail(f"{node.func.id}() gives a list of results: it is the whole lowering of a "
+                          f"foreach: lists spec")
             if not isinstance(node.func, ast.Name) or node.func.id not in self.primitives:
                 name = ast.unparse(node.func)
                 self.fail(f"unknown builder primitive {name!r}; known: {', '.join(sorted(self.primitives))}")
@@ -709,8 +744,8 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
         writes = entry.get("writes", [])
         foreach = entry.get("foreach", False)
         generator = entry.get("generator")
-        if foreach not in (True, False, "elementwise"):
-            raise SpecError(display_path, line, "foreach is true, elementwise or false")
+        if foreach not in (True, False, "elementwise", "lists"):
+            raise SpecError(display_path, line, "foreach is true, elementwise, lists or false")
         if generator not in (None, "implicit"):
             raise SpecError(display_path, line, "generator: implicit is the only form (the op's schema has no generator)")
         for listed, what in ((promote, "promote"), (compile_time, "compile_time"), (runtime, "runtime"),
@@ -774,9 +809,10 @@ def load_spec_file(path: str, display_path: str, repo_root: str) -> list[Spec]:
             outs = [i for i, a in enumerate(fargs) if a in f.func.arguments.out]
             promoted = [i for i, a in enumerate(arguments) if a.name in promote and i not in outs]
             compiler_args = arguments + ([Argument("generator", "Generator", "Generator", "value")] if generator else [])
-            compiler = _LoweringCompiler(display_path, line, compiler_args, builder_primitives(repo_root), foreach)
+            compiler = _LoweringCompiler(display_path, line, compiler_args, builder_primitives(repo_root), foreach,
+                                         list_primitives(repo_root))
             expression = compiler.compile(str(entry["lowering"]))
-            if foreach:
+            if foreach in (True, "elementwise"):
                 list_args = [i for i, a in enumerate(arguments) if a.kind in ("TensorList", "ScalarList")]
                 elementwise = "true" if foreach == "elementwise" else "false"
                 expression = (f"foreach_results(b, a, {{{', '.join(map(str, list_args))}}}, {elementwise}, "

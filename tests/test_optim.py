@@ -117,7 +117,7 @@ def test_foreach_ops_over_0d_tensors_run_as_one_vector(no_fallback):
         for a, e in zip(results, expected):
             assert a.shape == e.shape == ()
             torch.testing.assert_close(a.cpu(), e, atol=0, rtol=rtol)
-    norms = torch._foreach_norm(steps)  # a reduction: per tensor, never joined
+    norms = torch._foreach_norm(steps)  # a reduction: each tensor's sum alone, the roots as one vector
     for n, e in zip(norms, torch._foreach_norm(steps_cpu)):
         torch.testing.assert_close(n.cpu(), e)
 
@@ -147,6 +147,37 @@ def test_capturable_bias_corrections_are_one_power_for_every_parameter(tmp_path)
     # by a join and a slice per parameter, not by a power
     (modules_4, lines_4), (modules_16, lines_16) = logs
     assert modules_4 == modules_16 and lines_16 - lines_4 < 4 * 12 < lines_4, logs
+
+
+NORMS = """
+import os, pathlib, torch, torchtpu
+count = int(os.environ["COUNT"])
+grads = [torch.randn(7 * n + 3, 5) for n in range(count)] + [torch.randn(())]  # and a 0-d one
+for ord in (2.0, 3.0, float("inf"), 1.0):
+    got = torch._foreach_norm([g.to("tpu") for g in grads], ord)
+    for g, w in zip(got, torch._foreach_norm(grads, ord)):
+        assert g.shape == w.shape == ()
+        torch.testing.assert_close(g.cpu(), w)
+texts = [path.read_text() for path in pathlib.Path(os.environ["TORCHTPU_DUMP_DIR"]).iterdir()]
+print(" ".join(str(sum(t.count(op) for t in texts)) for op in ("stablehlo.sqrt", "stablehlo.power")))
+"""
+
+
+def test_foreach_norm_takes_the_root_once_for_the_whole_list(tmp_path):
+    # clip_grad_norm_'s _foreach_norm: one sqrt (an accurate float32 sqrt is ~60 ops) or one root power
+    # over the joined sums, whatever the list's length (one per tensor made clip_grad_norm_ over a
+    # 110M Llama's gradients ~4,800 ops of its compiled step); values as CPU's.
+    from conftest import run_python
+    counts = []
+    for count in (3, 12):
+        result = run_python(NORMS, env={"COUNT": str(count), "TORCHTPU_DUMP_DIR": str(tmp_path / f"m{count}"),
+                                        "TORCHTPU_CACHE_DIR": str(tmp_path / "cache"), "TORCHTPU_EAGER_MODE": "strict"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        counts.append([int(word) for word in result.stdout.split()[-2:]])
+    sqrts_3, powers_3 = counts[0]
+    # ord 2: one sqrt; ord 3: a power per tensor (|g|^3) and one root; inf and 1 take no root
+    assert sqrts_3 == 1 and counts[1][0] == 1, counts
+    assert powers_3 == 3 + 1 + 1 and counts[1][1] == 12 + 1 + 1, counts
 
 
 SMALL_LISTS = """

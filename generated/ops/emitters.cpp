@@ -1754,10 +1754,10 @@ std::vector<Value> emit__foreach_zero_(Builder& b, const EmitArgs& a) { return f
 // _foreach_zero.out = mul(self, 0)  (specs/optim.yaml:385)
 std::vector<Value> emit__foreach_zero__out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 1}, true, [&b](const EmitArgs& a) -> std::vector<Value> { return {[&] { const Value anchor = a.value(0); return b.mul(anchor, b.scalar_like(0.0, anchor)); }()}; }); }
 
-// _foreach_norm.Scalar = vector_norm(self, ord, [], False)  (specs/optim.yaml:392)
-std::vector<Value> emit__foreach_norm__Scalar(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
-// _foreach_norm.Scalar_out = vector_norm(self, ord, [], False)  (specs/optim.yaml:392)
-std::vector<Value> emit__foreach_norm__Scalar_out(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0, 3}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.vector_norm(a.value(0), a.real(1), std::vector<int64_t>{}, false)}; }); }
+// _foreach_norm.Scalar = foreach_vector_norm(self, ord)  (specs/optim.yaml:392)
+std::vector<Value> emit__foreach_norm__Scalar(Builder& b, const EmitArgs& a) { return b.foreach_vector_norm(a.values(0), a.real(1)); }
+// _foreach_norm.Scalar_out = foreach_vector_norm(self, ord)  (specs/optim.yaml:392)
+std::vector<Value> emit__foreach_norm__Scalar_out(Builder& b, const EmitArgs& a) { return b.foreach_vector_norm(a.values(0), a.real(1)); }
 
 // _foreach_max = amax(self, [], False)  (specs/optim.yaml:400)
 std::vector<Value> emit__foreach_max(Builder& b, const EmitArgs& a) { return foreach_results(b, a, {0}, false, [&b](const EmitArgs& a) -> std::vector<Value> { return {b.amax(a.value(0), std::vector<int64_t>{}, false)}; }); }

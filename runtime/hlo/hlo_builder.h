@@ -211,6 +211,9 @@ class Builder {
   Value stddev(const Value& v, const std::vector<int64_t>& dims, double correction, bool keepdim);
   Value logsumexp(const Value& v, const std::vector<int64_t>& dims, bool keepdim);
   Value vector_norm(const Value& v, double ord, const std::vector<int64_t>& dims, bool keepdim);
+  // Each tensor's vector_norm over all its dims, the root taken once over the N sums joined into one
+  // vector (a `foreach: lists` lowering: a list primitive gives every result).
+  std::vector<Value> foreach_vector_norm(const std::vector<Value>& tensors, double ord);
   Value cumsum(const Value& v, int64_t dim);
   Value cumprod(const Value& v, int64_t dim);
 

@@ -231,6 +231,32 @@ Value Builder::vector_norm(const Value& v, double ord, const std::vector<int64_t
   return binary("power", sum(powered, dims, keepdim), scalar_like(1.0 / ord, a));
 }
 
+// The root of a 2- or p-norm is its costly part to compile (an accurate float32 sqrt is ~60 ops): one
+// per tensor made clip_grad_norm_ over a 110M Llama's 75 gradients ~4,800 ops of its compiled step.
+// The sums are joined into one vector (N scalars: no memory traffic) and the root runs once over it.
+std::vector<Value> Builder::foreach_vector_norm(const std::vector<Value>& tensors, double ord) {
+  const bool rooted = std::isfinite(ord) && ord != 0 && ord != 1;
+  const bool one_dtype = std::all_of(tensors.begin(), tensors.end(),
+                                     [&](const Value& v) { return v.element() == tensors.front().element(); });
+  std::vector<Value> norms;
+  if (!rooted || !one_dtype || tensors.size() < 2) {
+    for (const Value& v : tensors) norms.push_back(vector_norm(v, ord, {}, false));
+    return norms;
+  }
+  std::vector<Value> sums;
+  for (const Value& v : tensors) {
+    const Value a = unary("abs", v);
+    const Value powered = ord == 2 ? mul(a, a) : binary("power", a, scalar_like(ord, a));
+    sums.push_back(reshape(sum(powered, {}, false), {1}));
+  }
+  const Value joined = concatenate(sums, 0);
+  const Value roots = ord == 2 ? sqrt(joined) : binary("power", joined, scalar_like(1.0 / ord, joined));
+  for (int64_t i = 0; i < static_cast<int64_t>(tensors.size()); ++i) {
+    norms.push_back(reshape(slice(roots, {i}, {i + 1}, {1}), {}));
+  }
+  return norms;
+}
+
 namespace {
 
 // Inclusive scan along `dim` by doubling steps (Hillis-Steele): x += x shifted by 1, 2, 4, ...
