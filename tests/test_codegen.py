@@ -60,6 +60,10 @@ def write_spec(tmp_path, text):
          "test.tpu takes"),
         ("- op: neg\n  lowering: neg(self)\n  test: {opinfo: neg, random_when: \"dropout p\"}\n", 3,
          "test.random_when names a sample's keyword argument"),
+        ("- op: _foreach_norm.Scalar\n  foreach: lists\n  lowering: vector_norm(self, ord, [], False)\n", 1,
+         "a foreach: lists lowering is one call of a list primitive (foreach_vector_norm"),
+        ("- op: _foreach_norm.Scalar\n  foreach: true\n  lowering: foreach_vector_norm(self, ord)\n", 1,
+         "foreach_vector_norm() gives a list of results: it is the whole lowering of a foreach: lists spec"),
     ],
 )
 def test_bad_spec_names_file_and_line(tmp_path, text, line, message):
