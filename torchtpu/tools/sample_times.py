@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         info = find_opinfo(name)
         grads = dtype.is_floating_point and info.supports_autograd
         for index, sample in enumerate(info.sample_inputs("cpu", dtype, requires_grad=grads)):
-            say(f"{name} {dtype_name} sample {index}: input {tuple(sample.input.shape)} kwargs {sample.kwargs}")
+            shape = ([tuple(t.shape) for t in sample.input] if isinstance(sample.input, (list, tuple))  # _foreach_*
+                     else tuple(sample.input.shape))
+            say(f"{name} {dtype_name} sample {index}: input {shape} kwargs {sample.kwargs}")
             tpu_args = to_device((sample.input, *sample.args), "tpu")
             kwargs = to_device(sample.kwargs, "tpu")
             try:
@@ -60,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                 first = result if isinstance(result, torch.Tensor) else result[0]
                 if info.supports_out:
                     timed("out=", lambda: info.op(*tpu_args, **kwargs, out=torch.empty_like(first)))
-                inputs = [a for a in tpu_args if isinstance(a, torch.Tensor) and a.requires_grad]
+                flat = [t for a in tpu_args for t in (a if isinstance(a, (list, tuple)) else [a])]
+                inputs = [a for a in flat if isinstance(a, torch.Tensor) and a.requires_grad]
                 if grads and inputs and first.requires_grad:
                     timed("backward", lambda: torch.autograd.grad(first.sum(), inputs, allow_unused=True))
             except Exception as error:  # noqa: BLE001 - CPU may reject the sample too; go on
