@@ -220,37 +220,46 @@ Value Builder::logsumexp(const Value& v, const std::vector<int64_t>& dims_in, bo
   return add(log(s), shift);
 }
 
+namespace {
+
+// A 2- or p-norm in two parts: the sum of |v|^ord over dims, then its root (sqrt for ord 2).
+Value powered_sum(Builder& b, const Value& v, double ord, const std::vector<int64_t>& dims, bool keepdim) {
+  const Value a = b.unary("abs", v);
+  return b.sum(ord == 2 ? b.mul(a, a) : b.binary("power", a, b.scalar_like(ord, a)), dims, keepdim);
+}
+
+Value norm_root(Builder& b, const Value& sum, double ord) {
+  return ord == 2 ? b.sqrt(sum) : b.binary("power", sum, b.scalar_like(1.0 / ord, sum));
+}
+
+// inf, -inf, 0 and 1 are a max, a min, a count and a sum; every other ord (NaN too) takes the power path.
+bool has_root(double ord) { return ord != HUGE_VAL && ord != -HUGE_VAL && ord != 0 && ord != 1; }
+
+}  // namespace
+
 Value Builder::vector_norm(const Value& v, double ord, const std::vector<int64_t>& dims, bool keepdim) {
+  if (has_root(ord)) return norm_root(*this, powered_sum(*this, v, ord, dims, keepdim), ord);
   Value a = unary("abs", v);
   if (ord == HUGE_VAL) return amax(a, dims, keepdim);
   if (ord == -HUGE_VAL) return amin(a, dims, keepdim);
   if (ord == 0) return sum(convert(ne(v, scalar_like(0, v)), v.element()), dims, keepdim);
-  if (ord == 1) return sum(a, dims, keepdim);
-  if (ord == 2) return sqrt(sum(mul(a, a), dims, keepdim));
-  Value powered = binary("power", a, scalar_like(ord, a));
-  return binary("power", sum(powered, dims, keepdim), scalar_like(1.0 / ord, a));
+  return sum(a, dims, keepdim);  // ord 1
 }
 
 // The root of a 2- or p-norm is its costly part to compile (an accurate float32 sqrt is ~60 ops): one
 // per tensor made clip_grad_norm_ over a 110M Llama's 75 gradients ~4,800 ops of its compiled step.
 // The sums are joined into one vector (N scalars: no memory traffic) and the root runs once over it.
 std::vector<Value> Builder::foreach_vector_norm(const std::vector<Value>& tensors, double ord) {
-  const bool rooted = std::isfinite(ord) && ord != 0 && ord != 1;
   const bool one_dtype = std::all_of(tensors.begin(), tensors.end(),
                                      [&](const Value& v) { return v.element() == tensors.front().element(); });
   std::vector<Value> norms;
-  if (!rooted || !one_dtype || tensors.size() < 2) {
+  if (!has_root(ord) || !one_dtype || tensors.size() < 2) {
     for (const Value& v : tensors) norms.push_back(vector_norm(v, ord, {}, false));
     return norms;
   }
   std::vector<Value> sums;
-  for (const Value& v : tensors) {
-    const Value a = unary("abs", v);
-    const Value powered = ord == 2 ? mul(a, a) : binary("power", a, scalar_like(ord, a));
-    sums.push_back(reshape(sum(powered, {}, false), {1}));
-  }
-  const Value joined = concatenate(sums, 0);
-  const Value roots = ord == 2 ? sqrt(joined) : binary("power", joined, scalar_like(1.0 / ord, joined));
+  for (const Value& v : tensors) sums.push_back(reshape(powered_sum(*this, v, ord, {}, false), {1}));
+  const Value roots = norm_root(*this, concatenate(sums, 0), ord);
   for (int64_t i = 0; i < static_cast<int64_t>(tensors.size()); ++i) {
     norms.push_back(reshape(slice(roots, {i}, {i + 1}, {1}), {}));
   }
