@@ -183,14 +183,47 @@ def test_a_size_bound_splits_long_blocks():
     try:
         with eager_mode("fused"):
             before = fused_metrics()
-            t = torch.zeros(4, device=TPU)
-            for _ in range(9):
+            t = torch.ones(4).to(TPU).neg()  # the upload is written at once: the block begins at neg
+            for _ in range(13):
                 t = t + 1
             runs = fused_metrics()["blocks_run"] - before["blocks_run"]
-            assert runs == 2  # two blocks of four ran before any value was read
-            assert torch.equal(t.cpu(), torch.full((4,), 9.0))
+            # neg and five adds (its first op never comes again: cut at one and a half bounds), then
+            # four adds (cut where the block's first op, an add, comes again past the bound)
+            assert runs == 2
+            assert torch.equal(t.cpu(), torch.full((4,), 12.0))
     finally:
         torchtpu._C._set_fused_max_ops(10000)
+
+
+def test_a_training_loop_with_no_optimizer_step_repeats_its_blocks():
+    # A hand-written update ends no block, and the loop reads nothing: cut at the bound exactly, its
+    # blocks would start at every offset of its steps and each compile; past the bound a block ends
+    # where its first op comes again, so the blocks are whole steps and repeat.
+    def train(mode: str, device: str) -> torch.Tensor:
+        w = torch.linspace(-1, 1, 8, device=device).requires_grad_()
+        x = torch.linspace(0, 2, 8, device=device)
+        with eager_mode(mode):
+            for _ in range(30):
+                loss = ((x * w).sin() * 3 + w).square().sum()
+                loss.backward()
+                with torch.no_grad():
+                    w -= 0.01 * w.grad
+                w.grad = None
+            return w.detach().cpu()
+
+    torchtpu._C._set_fused_max_ops(40)
+    try:
+        strict = train("strict", TPU)
+        before = fused_metrics()
+        fused = train("fused", TPU)
+        after = fused_metrics()
+    finally:
+        torchtpu._C._set_fused_max_ops(10000)
+    runs = after["blocks_run"] - before["blocks_run"]
+    compiled = after["blocks_compiled"] - before["blocks_compiled"]
+    assert compiled <= 3 < runs, (compiled, runs)  # the first block, the steady one, the tail
+    torch.testing.assert_close(fused, strict)
+    torch.testing.assert_close(fused, train("strict", "cpu"))
 
 
 def test_an_inference_loop_that_reads_nothing_replays_one_block():

@@ -903,7 +903,7 @@ class FusedRecorder final : public GraphCapture {
     names_.push_back(spec.overload);
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
     ops_replayed_ += replayed;
-    if (block.ops() >= static_cast<int64_t>(max_ops_)) flush("size bound");
+    if (block.ops() >= hard_max_ops()) flush("size bound");
     return true;
   }
 
@@ -943,7 +943,7 @@ class FusedRecorder final : public GraphCapture {
     names_.push_back(kCompiledGraphName);
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
     graphs_recorded_++;
-    if (block.ops() >= static_cast<int64_t>(max_ops_)) flush("size bound");
+    if (block.ops() >= hard_max_ops()) flush("size bound");
     return std::make_tuple(graph->id, std::move(*outputs));
   }
 
@@ -965,7 +965,7 @@ class FusedRecorder final : public GraphCapture {
     block.copy(src, dst);
     names_.push_back("_copy_from");
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
-    if (block.ops() >= static_cast<int64_t>(max_ops_)) flush("size bound");
+    if (block.ops() >= hard_max_ops()) flush("size bound");
     return true;
   }
 
@@ -1062,13 +1062,21 @@ class FusedRecorder final : public GraphCapture {
   // inference loop that reads nothing then runs as blocks that start at the same step and replay one
   // executable, where cuts at the size bound fell on every offset of the loop's period and compiled a
   // block for each (tiny Llama, 300 steps, CPU plugin: 3 blocks of 10,000 ops compiled, 24.6 s; now 2
-  // compiled and 9 replayed, 3.0 s). Never a training block: cut there, its gradients and saved
-  // activations would get buffers.
+  // compiled and 9 replayed, 3.0 s). Not a training block below the bound: cut there, its gradients and
+  // saved activations would get buffers. Past the bound any block is cut anyway: where its first op
+  // comes again, up to half the bound later, so that a training loop with no optimizer step to end its
+  // blocks (a hand-written update) and no read for many steps repeats a few blocks too, instead of
+  // compiling one for every offset (a 30-op step read every 1,000: 4 blocks of 10,000 ops compiled).
   void cut_where_a_loop_repeats(const OpSpec& spec, const c10::IValue* args) {
-    if (!block_ || !inference_only_ || first_op_.first != &spec) return;
-    if (block_->ops() < static_cast<int64_t>(max_ops_ / 4) || first_op_.second != loop_signature(spec, args)) return;
-    flush("a repeat of the block's first op");
+    if (!block_ || first_op_.first != &spec) return;
+    const int64_t ops = block_->ops();
+    const bool past_bound = ops >= static_cast<int64_t>(max_ops_);
+    if (!past_bound && !(inference_only_ && ops >= static_cast<int64_t>(max_ops_ / 4))) return;
+    if (first_op_.second != loop_signature(spec, args)) return;
+    flush(past_bound ? "size bound" : "a repeat of the block's first op");
   }
+  // Past the bound a block waits for its first op to come again (above) until this many ops.
+  int64_t hard_max_ops() const { return static_cast<int64_t>(max_ops_ + max_ops_ / 2); }
   void note_block_op(const Capture& block, const OpSpec* spec, const c10::IValue* args) {
     if (block.ops() == 0) {
       first_op_ = spec ? FirstOp{spec, loop_signature(*spec, args)} : FirstOp{};
